@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/**
+ * @file driver.h
+ * @brief Driver SDK: the seam every moshpit transport fills.
+ *
+ * This header is for transport drivers (drivers/<name>/), not for
+ * applications. A driver fills one `static const struct mp_driver_ops` with
+ * designated initializers. The table starts with its own size so that
+ * entries can be appended without breaking drivers built against an older
+ * header: the core treats an entry that lies beyond `size`, or is NULL, as
+ * not implemented (-ENOTSUP).
+ *
+ * The model is non-blocking and completion based, like NCCL's net plugins:
+ *
+ *  - Addresses are opaque blobs of at most ::MP_DRV_ADDR_MAX bytes that the
+ *    core moves between peers out of band; drivers convert them to and from
+ *    text for hostfiles and logs.
+ *  - `connect` returns a connection at once; the transfer of posted sends
+ *    starts when the connection is established. `accept` hands over
+ *    connections as they arrive, or -EAGAIN.
+ *  - Messages are posted (`isend`, `irecv`) and complete later; the core
+ *    calls `test` on each posted request. Messages on one connection match
+ *    receives in posting order, and a received message may be shorter than
+ *    the posted buffer (its length is reported); a longer one fails the
+ *    receive with -EMSGSIZE.
+ *  - -EAGAIN from `isend`/`irecv` is back-pressure, not an error: post again
+ *    after `progress`.
+ *  - `progress` moves bytes and may wait up to its timeout for something to
+ *    happen; `wake` interrupts that wait from another thread.
+ *
+ * How the transports map onto this: tcp posts frames on non-blocking sockets
+ * driven by epoll; dpdk segments messages into UDP frames with its own
+ * sequence numbers, acknowledgements and retransmission inside the driver;
+ * verbs turns a posted receive into a clear-to-send record written into the
+ * sender's ring and the send into an RDMA WRITE with immediate, completed from
+ * the completion queue. See doc/design.md.
+ */
+#ifndef MOSHPIT_DRIVER_H
+#define MOSHPIT_DRIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <moshpit/moshpit.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** ABI generation of this header; bumped on incompatible changes. */
+#define MP_DRIVER_ABI 1
+/** Largest opaque address blob. */
+#define MP_DRV_ADDR_MAX 128
+/** Largest scatter list accepted by isend. */
+#define MP_DRV_IOV_MAX 2
+
+/** Capability flags (struct mp_drv_caps::flags). */
+enum mp_drv_cap {
+	MP_DRV_CAP_ORDERED = 1u << 0,    /**< messages of a connection arrive in posting order */
+	MP_DRV_CAP_RDMA_WRITE = 1u << 1, /**< one-sided writes into registered remote memory */
+	MP_DRV_CAP_DEVICE_MEM = 1u << 2, /**< can move ::MP_MEM_CUDA / ::MP_MEM_DMABUF memory */
+	MP_DRV_CAP_ZERO_COPY = 1u << 3,  /**< sends leave from registered memory without a copy */
+	MP_DRV_CAP_INPROC = 1u << 4,     /**< all peers live in one process */
+};
+
+/** What a driver instance can do. */
+struct mp_drv_caps {
+	uint32_t flags;           /**< ::mp_drv_cap bits */
+	size_t max_msg;           /**< largest message one isend may carry */
+	int default_streams;      /**< connections per peer pair that suit this transport */
+};
+
+/** Parameters for a driver instance. */
+struct mp_drv_params {
+	size_t size;              /**< sizeof(struct mp_drv_params) */
+	const char *run_name;     /**< run name (the loop driver keys its registry on it) */
+	int rank;                 /**< owning peer's rank, for logs */
+	int connect_timeout_ms;   /**< how long connection attempts may take */
+};
+
+/** A scatter list element for isend. */
+struct mp_iov {
+	const void *base; /**< start */
+	size_t len;       /**< bytes */
+};
+
+/** Driver instance; drivers embed it as the first member of their own state. */
+struct mp_drv {
+	const struct mp_driver_ops *ops; /**< the driver's table */
+};
+struct mp_drv_listener; /**< driver-defined listening endpoint */
+struct mp_drv_conn;     /**< driver-defined connection */
+struct mp_drv_mr;       /**< driver-defined memory registration */
+struct mp_drv_req;      /**< driver-defined posted operation */
+
+/** The ops table. Every entry returns 0 or a negative errno unless noted. */
+struct mp_driver_ops {
+	size_t size;      /**< sizeof(struct mp_driver_ops) the driver was built with */
+	unsigned abi;     /**< ::MP_DRIVER_ABI the driver was built with */
+	const char *name; /**< transport name as users type it ("tcp") */
+
+	/** Create an instance. */
+	int (*init)(const struct mp_drv_params *p, struct mp_drv **out);
+	/** Destroy an instance; closes everything it still owns. */
+	void (*fini)(struct mp_drv *d);
+	/** Report capabilities. */
+	int (*query)(struct mp_drv *d, struct mp_drv_caps *caps);
+
+	/** Text ("host:port") to blob; -EINVAL if malformed. */
+	int (*addr_parse)(struct mp_drv *d, const char *text, void *blob, size_t *len);
+	/** Blob to text; -ENOSPC if @p cap is too small. */
+	int (*addr_format)(struct mp_drv *d, const void *blob, size_t len, char *text, size_t cap);
+
+	/** Listen on @p bind (text, may say port 0); the bound address comes back as a blob. */
+	int (*listen)(struct mp_drv *d, const char *bind, void *blob, size_t *len,
+		      struct mp_drv_listener **out);
+	/** Take one arrived connection; -EAGAIN when none is pending. */
+	int (*accept)(struct mp_drv_listener *l, struct mp_drv_conn **out);
+	/** Stop listening. */
+	void (*close_listener)(struct mp_drv_listener *l);
+	/** Start connecting; the connection is usable for posting at once. */
+	int (*connect)(struct mp_drv *d, const void *blob, size_t len, struct mp_drv_conn **out);
+	/** Close a connection; its posted requests complete with -ECANCELED. */
+	void (*close)(struct mp_drv_conn *c);
+
+	/** Register memory so that it can be sent from or received into. */
+	int (*reg_mr)(struct mp_drv *d, void *buf, size_t len, enum mp_mem_kind kind,
+		      struct mp_drv_mr **out);
+	/** Release a registration. */
+	void (*dereg_mr)(struct mp_drv *d, struct mp_drv_mr *mr);
+
+	/** Post a send of @p iovcnt (<= ::MP_DRV_IOV_MAX) pieces as one message; -EAGAIN = later. */
+	int (*isend)(struct mp_drv_conn *c, const struct mp_iov *iov, int iovcnt, struct mp_drv_mr *mr,
+		     struct mp_drv_req **out);
+	/** Post a receive into @p buf of @p cap bytes; -EAGAIN = later. */
+	int (*irecv)(struct mp_drv_conn *c, void *buf, size_t cap, struct mp_drv_mr *mr,
+		     struct mp_drv_req **out);
+	/**
+	 * Check a request. When *done is set the request is released. Returns the
+	 * request's error (negative errno) once done and failed, else 0.
+	 * @p nbytes receives the message length (may be NULL).
+	 */
+	int (*test)(struct mp_drv_req *r, int *done, size_t *nbytes);
+	/** Make progress, waiting up to @p timeout_ms (0 = poll) for an event. */
+	int (*progress)(struct mp_drv *d, int timeout_ms);
+	/** Wake a thread blocked in progress (may be called from any thread). */
+	void (*wake)(struct mp_drv *d);
+};
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOSHPIT_DRIVER_H */

@@ -1,0 +1,286 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/**
+ * @file moshpit.h
+ * @brief libmoshpit public API: average float vectors across unreliable peers
+ *        with Moshpit All-Reduce.
+ *
+ * A peer creates one context (::mp_ctx) from a configuration, tells it where
+ * its peers are, then averages buffers with ::mp_average (blocking) or
+ * ::mp_average_start / ::mp_test / ::mp_wait (asynchronous, so training can
+ * overlap compute with averaging).
+ *
+ * Every call that can fail returns 0 (or a count) on success and a negative
+ * errno value on failure; ::mp_strerror names the code and ::mp_last_error
+ * gives the context's last message in words.
+ *
+ * Thread safety: a context may be used from one application thread at a time
+ * (calls on one context must be serialised by the caller); distinct contexts
+ * are fully independent and may be driven from different threads of one
+ * process (this is how the `loop` transport simulates many peers). Each
+ * context runs one private progress thread that performs the averaging, so an
+ * operation started with ::mp_average_start advances while the caller
+ * computes. A request may be tested or waited on from any one thread.
+ */
+#ifndef MOSHPIT_MOSHPIT_H
+#define MOSHPIT_MOSHPIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Library version, major part. */
+#define MP_VERSION_MAJOR 0
+/** Library version, minor part. */
+#define MP_VERSION_MINOR 1
+/** Library version, patch part. */
+#define MP_VERSION_PATCH 0
+
+/** Largest number of grid dimensions. */
+#define MP_MAX_GRID_DIMS 8
+/** Longest textual peer address ("host:port"), including the terminating NUL. */
+#define MP_ADDR_STRLEN 128
+
+/** Opaque peer context: one per participating process (or per simulated peer). */
+typedef struct mp_ctx mp_ctx;
+/** Opaque handle of a registered memory region. */
+typedef struct mp_mr mp_mr;
+/** Opaque handle of an asynchronous averaging operation. */
+typedef struct mp_request mp_request;
+
+/** Where a buffer lives. Transports advertise which kinds they can move. */
+enum mp_mem_kind {
+	MP_MEM_HOST = 0,   /**< ordinary host memory */
+	MP_MEM_CUDA = 1,   /**< CUDA device memory (not supported yet: -ENOTSUP) */
+	MP_MEM_DMABUF = 2, /**< memory exported as a dma-buf (not supported yet: -ENOTSUP) */
+};
+
+/** Averaging algorithm. */
+enum mp_algo {
+	MP_ALGO_MOSHPIT = 0,   /**< Moshpit All-Reduce on a virtual grid (default) */
+	MP_ALGO_RING = 1,      /**< baseline: ring all-reduce over all peers */
+	MP_ALGO_BUTTERFLY = 2, /**< baseline: one butterfly group of all peers */
+};
+
+/** Codec used on the wire; the values are the stable wire ids. */
+enum mp_codec {
+	MP_CODEC_NONE = 0, /**< fp32, uncompressed */
+	MP_CODEC_FP16 = 1, /**< IEEE half precision, round to nearest even, clamped */
+};
+
+/** Log verbosity, as set by MP_DEBUG=WARN|INFO|TRACE. */
+enum mp_log_level {
+	MP_LOG_NONE = 0,
+	MP_LOG_WARN = 1,
+	MP_LOG_INFO = 2,
+	MP_LOG_TRACE = 3,
+};
+
+/**
+ * Peer configuration. Initialise with ::mp_config_init (defaults), optionally
+ * apply ::mp_config_from_env, then override fields. Strings are copied by
+ * ::mp_init; the caller keeps ownership.
+ *
+ * Each field names the environment variable that can set it.
+ */
+struct mp_config {
+	size_t size;            /**< sizeof(struct mp_config); set by ::mp_config_init */
+	int rank;               /**< MP_RANK: this peer's index in the peer list; -1 = from mpirun/srun */
+	int npeers;             /**< MP_NPEERS: number of peers; 0 = from list, hostfile or mpirun/srun */
+	const char *peers;      /**< MP_PEERS: comma-separated addresses in rank order ("host:port,...") */
+	const char *hostfile;   /**< MP_HOSTFILE: file with one "host[:port]" per line, in rank order */
+	const char *listen;     /**< MP_LISTEN: address to listen on; NULL = own entry of the list, or
+	                             "127.0.0.1:0" when there is none */
+	const char *run_name;   /**< MP_RUN: run name; peers of another run are rejected */
+	const char *transport;  /**< MP_TRANSPORT: "tcp" (default) or "loop" */
+	const char *grid;       /**< MP_GRID: "M1xM2x...", NULL = chosen from npeers */
+	const char *bandwidths; /**< MP_BANDWIDTHS: comma-separated per-rank part weights; NULL = equal */
+	int algo;               /**< MP_ALGO: ::mp_algo ("moshpit", "ring", "butterfly") */
+	int rounds;             /**< MP_ROUNDS: Moshpit rounds per average; 0 = number of grid dims */
+	int codec;              /**< MP_CODEC: ::mp_codec ("none", "fp16") */
+	size_t chunk_bytes;     /**< MP_CHUNK_BYTES: fp32 bytes per streamed chunk (default 256 KiB) */
+	int streams;            /**< MP_NSTREAMS: connections per peer pair; 0 = transport default */
+	int window;             /**< MP_WINDOW: chunks in flight per connection and direction (default 4) */
+	int connect_timeout_ms; /**< MP_CONNECT_TIMEOUT_MS: give up on an unreachable peer (default 10000) */
+	int round_timeout_ms;   /**< MP_ROUND_TIMEOUT_MS: longest silence from a peer within a round (default 10000) */
+	int checksum_payload;   /**< MP_CHECKSUM=payload: CRC32C also covers payloads (default header only) */
+	int log_level;          /**< MP_DEBUG: ::mp_log_level; -1 = leave the process-wide level alone */
+};
+
+/** Counters of one averaging operation. */
+struct mp_result {
+	int rounds;              /**< rounds (group all-reduces or ring passes) completed */
+	int peers;               /**< distinct peers whose contributions reached this peer's result */
+	float weight;            /**< this peer's weight after averaging (Σw of its last group / its size) */
+	uint64_t bytes_sent;     /**< payload and header bytes this peer sent */
+	uint64_t bytes_received; /**< payload and header bytes this peer received */
+	uint64_t frames_rejected;/**< malformed, foreign or unexpected frames dropped */
+	int failed_peers;        /**< peers dropped in this operation (timeouts, errors, bad frames) */
+};
+
+/**
+ * Fill @p cfg with defaults: tcp, Moshpit, automatic grid, codec none,
+ * rank -1, run "moshpit", 256 KiB chunks, 10 s timeouts.
+ * @param cfg configuration to initialise (not NULL)
+ */
+void mp_config_init(struct mp_config *cfg);
+
+/**
+ * Override fields of @p cfg from MP_* environment variables that are set.
+ * String fields then point into the environment (valid while it is unchanged).
+ * @param cfg configuration initialised by ::mp_config_init
+ * @return 0, or -EINVAL if a variable has an unparsable value (named in the log)
+ */
+int mp_config_from_env(struct mp_config *cfg);
+
+/**
+ * Create a peer context: checks the configuration, starts the transport and
+ * listens. When the configuration names all peers (peers, hostfile, or an
+ * mpirun/srun rank with a hostfile) the peer list is set as well; otherwise
+ * call ::mp_set_peers before averaging.
+ * @param cfg configuration (not NULL)
+ * @param[out] out new context
+ * @return 0; -EINVAL for a bad configuration; -ENOENT for an unknown transport;
+ *         -EADDRINUSE / other negative errno from the transport; -ENOMEM
+ */
+int mp_init(const struct mp_config *cfg, mp_ctx **out);
+
+/**
+ * This peer's listening address as text, to hand to the other peers out of
+ * band (for example through mpbench's launcher, a file, or a control plane).
+ * @param ctx context
+ * @param buf destination
+ * @param len size of @p buf; ::MP_ADDR_STRLEN always suffices
+ * @return 0, or -ENOSPC if @p buf is too small
+ */
+int mp_local_address(mp_ctx *ctx, char *buf, size_t len);
+
+/**
+ * Set the addresses of all peers, in rank order (this peer's own entry included).
+ * May be called once, before the first average.
+ * @param ctx context
+ * @param addrs @p n addresses as produced by ::mp_local_address
+ * @param n number of peers; must equal the configured npeers when that was set
+ * @return 0; -EINVAL (bad count or address); -EBUSY if already set
+ */
+int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n);
+
+/** This peer's rank. @param ctx context @return rank (>= 0) */
+int mp_rank(const mp_ctx *ctx);
+/** Number of peers. @param ctx context @return peer count (>= 1) */
+int mp_npeers(const mp_ctx *ctx);
+
+/**
+ * Stop the progress thread, close connections, free everything. Operations
+ * still in flight are cancelled.
+ * @param ctx context, or NULL (no-op)
+ * @return 0
+ */
+int mp_finalize(mp_ctx *ctx);
+
+/**
+ * Register a buffer with the transport (pins, or creates an RDMA memory
+ * region). Averaging a registered buffer avoids per-call registration.
+ * @param ctx context
+ * @param buf start of the region
+ * @param len length in bytes (> 0)
+ * @param kind where the memory lives
+ * @param[out] out handle
+ * @return 0; -EINVAL; -ENOTSUP for a kind neither the library nor the
+ *         transport supports (CUDA and dma-buf today); -ENOMEM
+ */
+int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out);
+
+/**
+ * Release a registration. The buffer must not be in use by an operation.
+ * @param ctx context
+ * @param mr handle from ::mp_mem_register, or NULL (no-op)
+ * @return 0, or -EBUSY while an operation uses it
+ */
+int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
+
+/**
+ * Start averaging @p count fp32 values in place with weight @p weight. All
+ * peers must average buffers of the same count in the same order. The buffer
+ * must not be touched until the request completes.
+ * @param ctx context
+ * @param buf values, replaced with the (weighted) average
+ * @param count number of floats (> 0)
+ * @param weight this peer's weight (>= 0, finite; 1 for a plain mean)
+ * @param mr registration covering @p buf, or NULL (registered internally)
+ * @param[out] req request to test or wait on
+ * @return 0; -EINVAL; -ENOTCONN if peers are not set; -ENOMEM
+ */
+int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+		     mp_request **req);
+
+/**
+ * Check a request without blocking. When it is done the request is released
+ * and must not be used again.
+ * @param req request
+ * @param[out] done set to 1 when complete
+ * @param[out] res counters of the operation (may be NULL); filled when done
+ * @return 0 while running or on success; a negative errno if the operation
+ *         failed (-ETIMEDOUT, -ECONNREFUSED, -EPROTO, -ECANCELED, ...)
+ */
+int mp_test(mp_request *req, int *done, struct mp_result *res);
+
+/**
+ * Wait for a request to complete, then release it.
+ * @param req request
+ * @param timeout_ms longest wait; negative = the context's own deadlines only
+ * @param[out] res counters of the operation (may be NULL)
+ * @return 0; -ETIMEDOUT if @p timeout_ms passed (the request stays valid);
+ *         or the operation's negative errno
+ */
+int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
+
+/**
+ * Blocking convenience: ::mp_average_start then ::mp_wait.
+ * @param ctx context
+ * @param buf values, replaced with the average
+ * @param count number of floats
+ * @param weight this peer's weight
+ * @param[out] res counters (may be NULL)
+ * @return as ::mp_average_start and ::mp_wait
+ */
+int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res);
+
+/**
+ * Name of a negative errno returned by this library.
+ * @param err negative errno
+ * @return static string
+ */
+const char *mp_strerror(int err);
+
+/**
+ * The context's last error message in words (empty if none).
+ * @param ctx context, or NULL for the calling thread's last mp_init failure
+ * @return string valid until the next call on @p ctx
+ */
+const char *mp_last_error(const mp_ctx *ctx);
+
+/**
+ * Set process-wide logging (also read once from MP_DEBUG and MP_DEBUG_FILE).
+ * @param level ::mp_log_level
+ */
+void mp_log_set_level(int level);
+
+/**
+ * Parse an algorithm name. @param s "moshpit", "ring" or "butterfly"
+ * @return ::mp_algo value, or -EINVAL
+ */
+int mp_algo_from_name(const char *s);
+
+/**
+ * Parse a codec name. @param s "none" or "fp16"
+ * @return ::mp_codec value, or -EINVAL
+ */
+int mp_codec_from_name(const char *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOSHPIT_MOSHPIT_H */

@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Virtual grid and group formation. Group formation sits behind an ops table
+ * because static membership (this file's grid grouping) will be joined by a
+ * decentralised matchmaker, where a peer's next coordinate is its part index.
+ */
+#ifndef MP_GRID_H
+#define MP_GRID_H
+
+#include <stdint.h>
+#include <moshpit/moshpit.h>
+
+struct mp_grid {
+	int ndims;
+	int dims[MP_MAX_GRID_DIMS];
+};
+
+/* "4x4", "2x2x2", "8" -> grid; -EINVAL if malformed, a dim < 1 or too many dims. */
+int mp_grid_parse(const char *s, struct mp_grid *g);
+/* Smallest near-cubic grid with >= npeers cells: d = 1 up to 8 peers, else 2 (or 3 above 256). */
+int mp_grid_auto(int npeers, struct mp_grid *g);
+/* Number of cells (product of dims). */
+uint64_t mp_grid_cells(const struct mp_grid *g);
+/* Cell index (row-major, dim 0 fastest) <-> coordinates. */
+void mp_grid_coords(const struct mp_grid *g, uint64_t cell, int *coords);
+uint64_t mp_grid_cell(const struct mp_grid *g, const int *coords);
+/* "2x2x2" into buf. */
+void mp_grid_format(const struct mp_grid *g, char *buf, size_t len);
+
+/* One round's group, as seen by one member. */
+struct mp_group {
+	uint32_t id;     /* same for every member */
+	int size;        /* members */
+	int my_index;    /* this peer's part index */
+	int *members;    /* ranks, in part-index order; capacity = npeers */
+};
+
+struct mp_grouping_ops {
+	const char *name;
+	/* Form the group of @rank for global round @round. Returns 0 or negative errno. */
+	int (*form)(void *state, uint32_t round, int rank, struct mp_group *out);
+	/* Told after each round; a dynamic matchmaker derives the next coordinate. */
+	void (*after_round)(void *state, uint32_t round, const struct mp_group *g);
+};
+
+/*
+ * Static grid grouping: rank r sits in cell r (npeers <= cells). In round t
+ * the group is every present peer sharing all coordinates but dim t mod d,
+ * ordered by that coordinate, which is also its part index.
+ */
+struct mp_grid_grouping {
+	struct mp_grid grid;
+	int npeers;
+};
+extern const struct mp_grouping_ops mp_grid_grouping_ops;
+int mp_grid_grouping_init(struct mp_grid_grouping *gg, const struct mp_grid *g, int npeers);
+
+#endif

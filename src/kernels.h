@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * CPU compute kernels (kernels/cpu). Each has a scalar reference and vector
+ * versions picked once at run time from the CPU's features; MP_KERNELS=scalar
+ * (or avx2, avx512) forces one.
+ */
+#ifndef MP_KERNELS_H
+#define MP_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* acc[i] += w * x[i] */
+void mp_k_axpy(float *acc, const float *x, float w, size_t n);
+/* dst[i] = w * x[i] (dst may equal x) */
+void mp_k_scale(float *dst, const float *x, float w, size_t n);
+/* dst[i] = fp16(src[i]), round to nearest even, clamped to +-65504; NaN stays NaN */
+void mp_k_f32_to_f16(uint16_t *dst, const float *src, size_t n);
+/* dst[i] = float(src[i]) */
+void mp_k_f16_to_f32(float *dst, const uint16_t *src, size_t n);
+/* acc[i] += w * float(src[i]) */
+void mp_k_f16_axpy(float *acc, const uint16_t *src, float w, size_t n);
+
+/* Name of the variant in use ("scalar", "avx2", "avx512"). */
+const char *mp_k_variant(void);
+/* Force a variant (tests); returns 0 or -ENOTSUP if the CPU lacks it. */
+int mp_k_force(const char *variant);
+
+#endif

@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+#include "log.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+int mp_log_level = MP_LOG_WARN;
+
+static FILE *log_file;
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static _Thread_local int log_rank = -1;
+static char log_host[64];
+
+static int parse_level(const char *s)
+{
+	if (!s)
+		return -1;
+	if (!strcasecmp(s, "NONE") || !strcasecmp(s, "0"))
+		return MP_LOG_NONE;
+	if (!strcasecmp(s, "WARN") || !strcasecmp(s, "1"))
+		return MP_LOG_WARN;
+	if (!strcasecmp(s, "INFO") || !strcasecmp(s, "2"))
+		return MP_LOG_INFO;
+	if (!strcasecmp(s, "TRACE") || !strcasecmp(s, "3"))
+		return MP_LOG_TRACE;
+	return -1;
+}
+
+static void log_setup(void)
+{
+	const char *lvl = getenv("MP_DEBUG");
+	int l = parse_level(lvl);
+
+	if (l >= 0)
+		mp_log_level = l;
+	else if (lvl && *lvl)
+		fprintf(stderr, "[moshpit] WARN MP_DEBUG=%s not understood (NONE, WARN, INFO, TRACE)\n", lvl);
+
+	/* MP_DEBUG_FILE=path.%h.%p, as NCCL_DEBUG_FILE: %h host, %p pid. */
+	gethostname(log_host, sizeof(log_host) - 1);
+	const char *f = getenv("MP_DEBUG_FILE");
+	if (f && *f) {
+		char path[512];
+		size_t o = 0;
+		for (const char *p = f; *p && o + 32 < sizeof(path); p++) {
+			if (p[0] == '%' && p[1] == 'h') {
+				o += (size_t)snprintf(path + o, sizeof(path) - o, "%s", log_host);
+				p++;
+			} else if (p[0] == '%' && p[1] == 'p') {
+				o += (size_t)snprintf(path + o, sizeof(path) - o, "%d", (int)getpid());
+				p++;
+			} else {
+				path[o++] = *p;
+			}
+		}
+		path[o] = '\0';
+		log_file = fopen(path, "a");
+		if (log_file)
+			setvbuf(log_file, NULL, _IOLBF, 0);
+	}
+}
+
+void mp_log_init(void)
+{
+	pthread_once(&log_once, log_setup);
+}
+
+void mp_log_set_level(int level)
+{
+	mp_log_init();
+	if (level >= MP_LOG_NONE && level <= MP_LOG_TRACE)
+		mp_log_level = level;
+}
+
+void mp_log_set_rank(int rank)
+{
+	log_rank = rank;
+}
+
+void mp_log_emit(int level, const char *file, int line, const char *fmt, ...)
+{
+	static const char *names[] = {"NONE", "WARN", "INFO", "TRACE"};
+	char msg[1024];
+	va_list ap;
+	FILE *out;
+	int n;
+
+	mp_log_init();
+	out = log_file ? log_file : stderr;
+	n = snprintf(msg, sizeof(msg), "%s:%d:%d [moshpit] %s ", log_host, (int)getpid(), log_rank,
+		     names[level]);
+	if (level >= MP_LOG_TRACE && n > 0 && (size_t)n < sizeof(msg)) {
+		const char *base = strrchr(file, '/');
+		n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s:%d ", base ? base + 1 : file, line);
+	}
+	va_start(ap, fmt);
+	if (n > 0 && (size_t)n < sizeof(msg))
+		vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
+	va_end(ap);
+	/* One fputs per line so lines from concurrent peers do not interleave. */
+	n = (int)strlen(msg);
+	if (n + 1 < (int)sizeof(msg)) {
+		msg[n] = '\n';
+		msg[n + 1] = '\0';
+	}
+	fputs(msg, out);
+}
