@@ -60,6 +60,7 @@ enum mp_wire_reject {
 	MP_REJ_CHECKSUM,
 	MP_REJ_FOREIGN_RUN,
 	MP_REJ_UNEXPECTED,  /* valid frame, but not what this connection expects now */
+	MP_REJ_WEIGHT,      /* weight negative, NaN or infinite */
 	MP_REJ_MAX,
 };
 

@@ -112,7 +112,9 @@ struct mp_config {
 /** Counters of one averaging operation. */
 struct mp_result {
 	int rounds;              /**< rounds (group all-reduces or ring passes) completed */
-	int peers;               /**< distinct peers whose contributions reached this peer's result */
+	int peers;               /**< peers whose contributions reached this result: exact for ring and
+	                              butterfly and for d rounds on a full grid; in general the product of
+	                              the live group sizes of the rounds, capped at the peer count */
 	float weight;            /**< this peer's weight after averaging (Σw of its last group / its size) */
 	uint64_t bytes_sent;     /**< payload and header bytes this peer sent */
 	uint64_t bytes_received; /**< payload and header bytes this peer received */

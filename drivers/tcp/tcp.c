@@ -1,0 +1,1499 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tcp transport: framed messages on non-blocking TCP sockets, one epoll
+ * instance per driver instance (doc/tcp.md).
+ *
+ * Wire framing: every message is preceded by an 8-byte driver header,
+ * little-endian { u32 tag = TCP_FRAME_MAGIC, u32 payload length }. The tag
+ * lets a receiver notice a stream that is not ours (or that lost sync) and
+ * fail the connection with -EPROTO instead of scribbling into user buffers.
+ *
+ * Flow control is the kernel's: a connection polls EPOLLIN only while a
+ * receive is posted, so unsolicited data stays in the socket buffer and TCP
+ * pushes back on the sender. Payloads are read straight into the posted
+ * buffer; only the 8-byte header goes through the connection.
+ *
+ * Environment:
+ *   MP_TCP_SOCKBUF  socket send and receive buffer size in bytes, optional
+ *                   K/M/G suffix (default 4M). 0 leaves the kernel's buffer
+ *                   autotuning alone. A size above net.core.{r,w}mem_max is
+ *                   not applied either: the kernel would clamp it to a
+ *                   smaller fixed buffer than autotuning reaches.
+ *
+ * Threading: an instance is driven by one thread at a time; only wake() may
+ * be called concurrently with the others.
+ */
+/* accept4, MSG_NOSIGNAL and friends, also when the build does not ask for them. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <moshpit/driver.h>
+
+#include "log.h"
+
+extern const struct mp_driver_ops mp_tcp_driver_ops;
+
+#define TCP_FRAME_MAGIC 0x3154504dU /* bytes "MPT1" on the wire */
+#define TCP_HDR_SIZE 8
+#define TCP_MAX_MSG ((size_t)1 << 30)
+#define TCP_QUEUE_MAX 64      /* posted requests per connection and direction */
+#define TCP_REQ_BLOCK 64      /* requests allocated at once */
+#define TCP_GATHER_MAX 64     /* iovecs handed to one sendmsg */
+#define TCP_EVENTS 64         /* epoll events taken per wait */
+#define TCP_BACKLOG 1024
+#define TCP_SOCKBUF_DEFAULT (4 << 20)
+#define TCP_NAME_MAX 64       /* "[v6]:port" for logs */
+
+#define tcp_container_of(ptr, type, member) \
+	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+/* Address blob: moved between hosts, so every field is a byte array. */
+struct tcp_addr {
+	uint8_t family;   /* 4 or 6 */
+	uint8_t reserved; /* zero */
+	uint8_t port[2];  /* big-endian */
+	uint8_t ip[16];   /* 4 bytes used for IPv4 */
+};
+#define TCP_ADDR_LEN4 (offsetof(struct tcp_addr, ip) + 4)
+#define TCP_ADDR_LEN6 (offsetof(struct tcp_addr, ip) + 16)
+_Static_assert(sizeof(struct tcp_addr) == 20, "tcp_addr must stay packed");
+_Static_assert(sizeof(struct tcp_addr) <= MP_DRV_ADDR_MAX, "tcp_addr too large");
+
+/* What an epoll event's data.ptr points at. */
+enum tcp_ep_kind {
+	TCP_EP_WAKE,
+	TCP_EP_LISTENER,
+	TCP_EP_CONN,
+};
+
+struct tcp_ep {
+	enum tcp_ep_kind kind;
+};
+
+enum tcp_req_state {
+	TCP_REQ_FREE,
+	TCP_REQ_POSTED,
+	TCP_REQ_DONE,
+};
+
+struct tcp_drv;
+
+struct tcp_req {
+	struct tcp_req *next; /* queue or free list */
+	struct tcp_drv *drv;
+	enum tcp_req_state state;
+	int status;
+	size_t nbytes; /* send: payload bytes; recv: message length */
+	union {
+		struct {
+			/* header + payload pieces; consumed in place as bytes go out */
+			struct iovec iov[1 + MP_DRV_IOV_MAX];
+			int iovcnt;
+			int cur;
+			unsigned char hdr[TCP_HDR_SIZE];
+		} s;
+		struct {
+			unsigned char *buf;
+			size_t cap;
+		} r;
+	};
+};
+
+struct tcp_req_block {
+	struct tcp_req_block *next;
+	struct tcp_req reqs[TCP_REQ_BLOCK];
+};
+
+struct tcp_queue {
+	struct tcp_req *head;
+	struct tcp_req *tail;
+	int n;
+};
+
+enum tcp_conn_state {
+	TCP_CONNECTING,
+	TCP_OPEN,
+	TCP_FAILED,
+};
+
+struct tcp_conn {
+	struct tcp_ep ep;
+	struct tcp_drv *drv;
+	struct tcp_conn *prev, *next;
+	int fd;
+	enum tcp_conn_state state;
+	int err;            /* sticky error once failed */
+	uint32_t events;    /* epoll interest currently registered */
+	int want_out;       /* the last write would have blocked */
+	int64_t deadline;   /* connect deadline, ms on CLOCK_MONOTONIC; 0 = none */
+	struct tcp_queue sq;
+	struct tcp_queue rq;
+	unsigned char rhdr[TCP_HDR_SIZE];
+	size_t rhdr_got;    /* header bytes of the current incoming message */
+	size_t rlen;        /* its payload length, once the header is in */
+	size_t rgot;        /* payload bytes already in the posted buffer */
+	char name[TCP_NAME_MAX];
+};
+
+struct tcp_listener {
+	struct tcp_ep ep;
+	struct tcp_drv *drv;
+	struct tcp_listener *prev, *next;
+	int fd;
+	char name[TCP_NAME_MAX];
+};
+
+struct tcp_mr {
+	void *buf;
+	size_t len;
+};
+
+struct tcp_drv {
+	struct mp_drv base; /* first: the core hands us &base */
+	struct tcp_ep wake_ep;
+	int epfd;
+	int wakefd;
+	int rank;
+	int connect_timeout_ms;
+	int sndbuf;         /* 0 = leave the kernel default */
+	int rcvbuf;
+	int nconnecting;
+	struct tcp_conn *conns;
+	struct tcp_listener *listeners;
+	struct tcp_req *free_reqs;
+	struct tcp_req_block *blocks;
+};
+
+static inline struct tcp_drv *tcp_drv_of(struct mp_drv *d)
+{
+	return tcp_container_of(d, struct tcp_drv, base);
+}
+
+static inline struct tcp_conn *tcp_conn_of(struct mp_drv_conn *c)
+{
+	return (struct tcp_conn *)(void *)c;
+}
+
+static inline struct tcp_listener *tcp_listener_of(struct mp_drv_listener *l)
+{
+	return (struct tcp_listener *)(void *)l;
+}
+
+static inline struct tcp_req *tcp_req_of(struct mp_drv_req *r)
+{
+	return (struct tcp_req *)(void *)r;
+}
+
+static void tcp_put_le32(unsigned char *p, uint32_t v)
+{
+	p[0] = (unsigned char)v;
+	p[1] = (unsigned char)(v >> 8);
+	p[2] = (unsigned char)(v >> 16);
+	p[3] = (unsigned char)(v >> 24);
+}
+
+static uint32_t tcp_get_le32(const unsigned char *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int64_t tcp_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+static struct tcp_req *tcp_req_get(struct tcp_drv *d)
+{
+	struct tcp_req *r;
+
+	if (!d->free_reqs) {
+		/* Grow in blocks so steady state never touches malloc. */
+		struct tcp_req_block *b = calloc(1, sizeof(*b));
+
+		if (!b)
+			return NULL;
+		b->next = d->blocks;
+		d->blocks = b;
+		for (int i = TCP_REQ_BLOCK - 1; i >= 0; i--) {
+			b->reqs[i].drv = d;
+			b->reqs[i].state = TCP_REQ_FREE;
+			b->reqs[i].next = d->free_reqs;
+			d->free_reqs = &b->reqs[i];
+		}
+	}
+	r = d->free_reqs;
+	d->free_reqs = r->next;
+	r->next = NULL;
+	r->state = TCP_REQ_POSTED;
+	r->status = 0;
+	r->nbytes = 0;
+	return r;
+}
+
+static void tcp_req_put(struct tcp_req *r)
+{
+	struct tcp_drv *d = r->drv;
+
+	r->state = TCP_REQ_FREE;
+	r->next = d->free_reqs;
+	d->free_reqs = r;
+}
+
+static void tcp_req_complete(struct tcp_req *r, int status)
+{
+	r->status = status;
+	r->state = TCP_REQ_DONE;
+	r->next = NULL;
+}
+
+static void tcp_q_push(struct tcp_queue *q, struct tcp_req *r)
+{
+	r->next = NULL;
+	if (q->tail)
+		q->tail->next = r;
+	else
+		q->head = r;
+	q->tail = r;
+	q->n++;
+}
+
+static struct tcp_req *tcp_q_pop(struct tcp_queue *q)
+{
+	struct tcp_req *r = q->head;
+
+	if (r) {
+		q->head = r->next;
+		if (!q->head)
+			q->tail = NULL;
+		q->n--;
+		r->next = NULL;
+	}
+	return r;
+}
+
+static void tcp_q_fail(struct tcp_queue *q, int err)
+{
+	struct tcp_req *r;
+
+	while ((r = tcp_q_pop(q)))
+		tcp_req_complete(r, err);
+}
+
+/* ---- addresses --------------------------------------------------------- */
+
+/* Split "host:port" or "[v6]:port"; an empty host comes back as "". */
+static int tcp_split(const char *text, char *host, size_t hcap, unsigned *port)
+{
+	const char *h, *hend, *p;
+	unsigned long v = 0;
+	size_t len;
+
+	if (!text)
+		return -EINVAL;
+	if (text[0] == '[') {
+		h = text + 1;
+		hend = strchr(h, ']');
+		if (!hend || hend[1] != ':')
+			return -EINVAL;
+		p = hend + 2;
+	} else {
+		hend = strrchr(text, ':');
+		/* A bare IPv6 literal is ambiguous ("::1:80"): brackets required. */
+		if (!hend || memchr(text, ':', (size_t)(hend - text)))
+			return -EINVAL;
+		h = text;
+		p = hend + 1;
+	}
+	len = (size_t)(hend - h);
+	if (len >= hcap)
+		return -EINVAL;
+	if (!*p || strlen(p) > 5)
+		return -EINVAL;
+	for (const char *q = p; *q; q++) {
+		if (*q < '0' || *q > '9')
+			return -EINVAL;
+		v = v * 10 + (unsigned long)(*q - '0');
+	}
+	if (v > 65535)
+		return -EINVAL;
+	memcpy(host, h, len);
+	host[len] = '\0';
+	*port = (unsigned)v;
+	return 0;
+}
+
+/* Resolve text to a socket address; @passive lets an empty or "*" host mean any. */
+static int tcp_resolve(const char *text, int passive, struct sockaddr_storage *ss, socklen_t *sl)
+{
+	struct addrinfo hints, *res = NULL, *ai;
+	char host[256], serv[8];
+	unsigned port;
+	int rc;
+
+	rc = tcp_split(text, host, sizeof(host), &port);
+	if (rc)
+		return rc;
+	memset(ss, 0, sizeof(*ss));
+	if (!host[0] || !strcmp(host, "*")) {
+		struct sockaddr_in *sin = (struct sockaddr_in *)ss;
+
+		if (!passive)
+			return -EINVAL;
+		sin->sin_family = AF_INET;
+		sin->sin_port = htons((uint16_t)port);
+		sin->sin_addr.s_addr = htonl(INADDR_ANY);
+		*sl = sizeof(*sin);
+		return 0;
+	}
+	snprintf(serv, sizeof(serv), "%u", port);
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_NUMERICSERV;
+	rc = getaddrinfo(host, serv, &hints, &res);
+	if (rc) {
+		MP_INFO("tcp: cannot resolve '%s': %s", host, gai_strerror(rc));
+		switch (rc) {
+		case EAI_AGAIN:
+			return -EAGAIN;
+		case EAI_MEMORY:
+			return -ENOMEM;
+		case EAI_SYSTEM:
+			return errno ? -errno : -EINVAL;
+		default:
+			return -EINVAL;
+		}
+	}
+	rc = -EINVAL;
+	for (ai = res; ai; ai = ai->ai_next) {
+		if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6)
+			continue;
+		if (ai->ai_addrlen > sizeof(*ss))
+			continue;
+		memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+		*sl = ai->ai_addrlen;
+		rc = 0;
+		break;
+	}
+	freeaddrinfo(res);
+	return rc;
+}
+
+static int tcp_sa_to_blob(const struct sockaddr *sa, struct tcp_addr *a, size_t *len)
+{
+	memset(a, 0, sizeof(*a));
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
+
+		a->family = 4;
+		memcpy(a->port, &sin->sin_port, 2);
+		memcpy(a->ip, &sin->sin_addr, 4);
+		*len = TCP_ADDR_LEN4;
+		return 0;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)sa;
+
+		memcpy(a->port, &sin6->sin6_port, 2);
+		if (IN6_IS_ADDR_V4MAPPED(&sin6->sin6_addr)) {
+			a->family = 4;
+			memcpy(a->ip, &sin6->sin6_addr.s6_addr[12], 4);
+			*len = TCP_ADDR_LEN4;
+			return 0;
+		}
+		/* The scope id names a local interface: meaningless on another host. */
+		if (sin6->sin6_scope_id) {
+			MP_INFO("tcp: scoped (link-local) IPv6 addresses are not supported");
+			return -EINVAL;
+		}
+		a->family = 6;
+		memcpy(a->ip, &sin6->sin6_addr, 16);
+		*len = TCP_ADDR_LEN6;
+		return 0;
+	}
+	return -EAFNOSUPPORT;
+}
+
+static int tcp_blob_to_sa(const void *blob, size_t len, struct sockaddr_storage *ss, socklen_t *sl)
+{
+	struct tcp_addr a;
+
+	if (!blob || len < TCP_ADDR_LEN4 || len > sizeof(a))
+		return -EINVAL;
+	memset(&a, 0, sizeof(a));
+	memcpy(&a, blob, len);
+	if (a.reserved)
+		return -EINVAL;
+	memset(ss, 0, sizeof(*ss));
+	if (a.family == 4 && len == TCP_ADDR_LEN4) {
+		struct sockaddr_in *sin = (struct sockaddr_in *)ss;
+
+		sin->sin_family = AF_INET;
+		memcpy(&sin->sin_port, a.port, 2);
+		memcpy(&sin->sin_addr, a.ip, 4);
+		*sl = sizeof(*sin);
+		return 0;
+	}
+	if (a.family == 6 && len == TCP_ADDR_LEN6) {
+		struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
+
+		sin6->sin6_family = AF_INET6;
+		memcpy(&sin6->sin6_port, a.port, 2);
+		memcpy(&sin6->sin6_addr, a.ip, 16);
+		*sl = sizeof(*sin6);
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static int tcp_sa_format(const struct sockaddr *sa, char *text, size_t cap)
+{
+	char ip[INET6_ADDRSTRLEN];
+	int n;
+
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
+
+		if (!inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip)))
+			return -EINVAL;
+		n = snprintf(text, cap, "%s:%u", ip, (unsigned)ntohs(sin->sin_port));
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)sa;
+
+		if (!inet_ntop(AF_INET6, &sin6->sin6_addr, ip, sizeof(ip)))
+			return -EINVAL;
+		n = snprintf(text, cap, "[%s]:%u", ip, (unsigned)ntohs(sin6->sin6_port));
+	} else {
+		return -EAFNOSUPPORT;
+	}
+	if (n < 0 || (size_t)n >= cap)
+		return -ENOSPC;
+	return 0;
+}
+
+/* Best-effort text for logs. */
+static void tcp_sa_name(const struct sockaddr *sa, char *name, size_t cap)
+{
+	if (tcp_sa_format(sa, name, cap))
+		snprintf(name, cap, "?");
+}
+
+static int tcp_addr_parse(struct mp_drv *d, const char *text, void *blob, size_t *len)
+{
+	struct sockaddr_storage ss;
+	struct tcp_addr a;
+	socklen_t sl;
+	size_t n;
+	int rc;
+
+	(void)d;
+	if (!blob || !len)
+		return -EINVAL;
+	rc = tcp_resolve(text, 0, &ss, &sl);
+	if (rc)
+		return rc;
+	rc = tcp_sa_to_blob((struct sockaddr *)&ss, &a, &n);
+	if (rc)
+		return rc == -EAFNOSUPPORT ? -EINVAL : rc;
+	memcpy(blob, &a, n);
+	*len = n;
+	return 0;
+}
+
+static int tcp_addr_format(struct mp_drv *d, const void *blob, size_t len, char *text, size_t cap)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	int rc;
+
+	(void)d;
+	if (!text)
+		return -EINVAL;
+	rc = tcp_blob_to_sa(blob, len, &ss, &sl);
+	if (rc)
+		return rc;
+	return tcp_sa_format((struct sockaddr *)&ss, text, cap);
+}
+
+/* ---- sockets ----------------------------------------------------------- */
+
+/* Errors that mean "the peer went away" all read as -ECONNRESET upstream. */
+static int tcp_peer_err(int e)
+{
+	if (e == EPIPE || e == ESHUTDOWN || e == 0)
+		return -ECONNRESET;
+	return -e;
+}
+
+static int tcp_so_error(int fd)
+{
+	int e = 0;
+	socklen_t sl = sizeof(e);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) < 0)
+		return errno;
+	return e;
+}
+
+static void tcp_sock_tune(struct tcp_drv *d, int fd)
+{
+	int one = 1;
+
+	/* Small control messages must not wait behind Nagle. */
+	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0)
+		MP_TRACE("tcp: TCP_NODELAY: %s", strerror(errno));
+	/*
+	 * Buffers before connect()/listen(): the window scale is fixed by the
+	 * SYN, so a later increase could not be used fully.
+	 */
+	if (d->sndbuf && setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &d->sndbuf, sizeof(d->sndbuf)) < 0)
+		MP_TRACE("tcp: SO_SNDBUF %d: %s", d->sndbuf, strerror(errno));
+	if (d->rcvbuf && setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &d->rcvbuf, sizeof(d->rcvbuf)) < 0)
+		MP_TRACE("tcp: SO_RCVBUF %d: %s", d->rcvbuf, strerror(errno));
+}
+
+static long tcp_read_sysctl(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	long v = -1;
+
+	if (!f)
+		return -1;
+	if (fscanf(f, "%ld", &v) != 1)
+		v = -1;
+	fclose(f);
+	return v;
+}
+
+static int tcp_sockbuf_config(struct tcp_drv *d)
+{
+	const char *s = getenv("MP_TCP_SOCKBUF");
+	unsigned long long v = TCP_SOCKBUF_DEFAULT;
+	long rmax, wmax;
+
+	if (s && *s) {
+		char *end;
+
+		errno = 0;
+		v = strtoull(s, &end, 10);
+		if (errno || end == s || *s == '-')
+			goto bad;
+		switch (*end) {
+		case 'k': case 'K':
+			v <<= 10;
+			end++;
+			break;
+		case 'm': case 'M':
+			v <<= 20;
+			end++;
+			break;
+		case 'g': case 'G':
+			v <<= 30;
+			end++;
+			break;
+		default:
+			break;
+		}
+		if (*end || v > INT_MAX / 2)
+			goto bad;
+	}
+	if (!v) {
+		MP_INFO("tcp: MP_TCP_SOCKBUF=0, socket buffers left to the kernel");
+		return 0;
+	}
+	/*
+	 * Setting a buffer switches off the kernel's autotuning for it; when the
+	 * request exceeds the sysctl cap the kernel clamps it, which usually
+	 * ends up smaller than what autotuning would have reached.
+	 */
+	rmax = tcp_read_sysctl("/proc/sys/net/core/rmem_max");
+	wmax = tcp_read_sysctl("/proc/sys/net/core/wmem_max");
+	d->rcvbuf = (rmax < 0 || (unsigned long long)rmax >= v) ? (int)v : 0;
+	d->sndbuf = (wmax < 0 || (unsigned long long)wmax >= v) ? (int)v : 0;
+	if (!d->rcvbuf || !d->sndbuf)
+		MP_INFO("tcp: socket buffer %llu exceeds net.core.rmem_max=%ld/wmem_max=%ld; "
+			"leaving %s to kernel autotuning", v, rmax, wmax,
+			!d->rcvbuf && !d->sndbuf ? "both" : !d->rcvbuf ? "SO_RCVBUF" : "SO_SNDBUF");
+	return 0;
+bad:
+	MP_WARN("tcp: MP_TCP_SOCKBUF=%s not understood (bytes, optional K/M/G suffix)", s);
+	return -EINVAL;
+}
+
+/* ---- connections ------------------------------------------------------- */
+
+static void tcp_conn_close_fd(struct tcp_conn *c)
+{
+	if (c->fd < 0)
+		return;
+	epoll_ctl(c->drv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+	close(c->fd);
+	c->fd = -1;
+	c->events = 0;
+}
+
+/* Fail the connection: every posted request completes with @err, later posts get it too. */
+static void tcp_conn_fail(struct tcp_conn *c, int err)
+{
+	if (c->state == TCP_FAILED)
+		return;
+	if (c->state == TCP_CONNECTING)
+		c->drv->nconnecting--;
+	c->state = TCP_FAILED;
+	c->err = err;
+	tcp_conn_close_fd(c);
+	tcp_q_fail(&c->sq, err);
+	tcp_q_fail(&c->rq, err);
+}
+
+/*
+ * Bring the epoll interest in line with what the connection waits for.
+ * Outside event handling (@exact == 0) bits are only added: dropping one
+ * costs an epoll_ctl per message, while a stale bit costs at most one
+ * spurious event, after which the handler trims it with @exact.
+ */
+static void tcp_conn_arm(struct tcp_conn *c, int exact)
+{
+	struct epoll_event ev;
+	uint32_t want = 0;
+
+	if (c->fd < 0)
+		return;
+	if (c->state == TCP_CONNECTING) {
+		want = EPOLLOUT;
+	} else {
+		if (c->rq.n)
+			want |= EPOLLIN;
+		if (c->sq.n && c->want_out)
+			want |= EPOLLOUT;
+	}
+	if (!exact)
+		want |= c->events;
+	if (want == c->events)
+		return;
+	memset(&ev, 0, sizeof(ev));
+	ev.events = want;
+	ev.data.ptr = &c->ep;
+	if (epoll_ctl(c->drv->epfd, EPOLL_CTL_MOD, c->fd, &ev) < 0) {
+		int err = -errno;
+
+		MP_WARN("tcp: %s: epoll_ctl: %s", c->name, strerror(-err));
+		tcp_conn_fail(c, err);
+		return;
+	}
+	c->events = want;
+}
+
+/* Account @n written bytes against the head of the send queue. */
+static void tcp_send_consume(struct tcp_conn *c, size_t n)
+{
+	struct tcp_req *r;
+
+	while (n && (r = c->sq.head)) {
+		for (; r->s.cur < r->s.iovcnt; r->s.cur++) {
+			struct iovec *iv = &r->s.iov[r->s.cur];
+
+			if (iv->iov_len > n) {
+				iv->iov_base = (char *)iv->iov_base + n;
+				iv->iov_len -= n;
+				return;
+			}
+			n -= iv->iov_len;
+			iv->iov_len = 0;
+		}
+		tcp_q_pop(&c->sq);
+		tcp_req_complete(r, 0);
+	}
+}
+
+/* Write as much of the send queue as the socket takes, several messages per call. */
+static void tcp_conn_flush(struct tcp_conn *c)
+{
+	struct iovec v[TCP_GATHER_MAX];
+	struct msghdr msg;
+
+	while (c->state == TCP_OPEN && c->sq.head) {
+		size_t want = 0;
+		ssize_t w;
+		int n = 0;
+
+		for (struct tcp_req *r = c->sq.head; r && n + 1 + MP_DRV_IOV_MAX <= TCP_GATHER_MAX;
+		     r = r->next) {
+			for (int i = r->s.cur; i < r->s.iovcnt; i++) {
+				if (!r->s.iov[i].iov_len)
+					continue;
+				v[n++] = r->s.iov[i];
+				want += r->s.iov[i].iov_len;
+			}
+		}
+		memset(&msg, 0, sizeof(msg));
+		msg.msg_iov = v;
+		msg.msg_iovlen = (size_t)n;
+		/* MSG_NOSIGNAL: a dead peer must be an error code, not SIGPIPE. */
+		w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				c->want_out = 1;
+				break;
+			}
+			MP_INFO("tcp: %s: send: %s", c->name, strerror(errno));
+			tcp_conn_fail(c, tcp_peer_err(errno));
+			return;
+		}
+		tcp_send_consume(c, (size_t)w);
+		/* A short write means the socket buffer is full: wait for EPOLLOUT. */
+		if ((size_t)w < want) {
+			c->want_out = 1;
+			break;
+		}
+	}
+	if (!c->sq.head)
+		c->want_out = 0;
+	tcp_conn_arm(c, 0);
+}
+
+/*
+ * Handle a recv() result that is not a positive count. Returns 1 if reading
+ * should stop for now (would block, or the connection failed).
+ */
+static int tcp_read_stop(struct tcp_conn *c, ssize_t n)
+{
+	if (n == 0) {
+		if (c->rhdr_got == 0)
+			MP_INFO("tcp: %s: peer closed the connection", c->name);
+		else
+			MP_INFO("tcp: %s: peer closed the connection in the middle of a message",
+				c->name);
+		tcp_conn_fail(c, -ECONNRESET);
+		return 1;
+	}
+	if (errno == EINTR)
+		return 0;
+	if (errno == EAGAIN || errno == EWOULDBLOCK)
+		return 1;
+	MP_INFO("tcp: %s: recv: %s", c->name, strerror(errno));
+	tcp_conn_fail(c, tcp_peer_err(errno));
+	return 1;
+}
+
+/* Read incoming messages into posted receives, in posting order. */
+static void tcp_conn_read(struct tcp_conn *c)
+{
+	struct tcp_req *r;
+	ssize_t n;
+
+	while (c->state == TCP_OPEN && (r = c->rq.head)) {
+		if (c->rhdr_got < TCP_HDR_SIZE) {
+			size_t ask = TCP_HDR_SIZE - c->rhdr_got;
+			uint32_t tag, len;
+
+			n = recv(c->fd, c->rhdr + c->rhdr_got, ask, 0);
+			if (n <= 0) {
+				if (tcp_read_stop(c, n))
+					break;
+				continue;
+			}
+			c->rhdr_got += (size_t)n;
+			if ((size_t)n < ask)
+				break; /* drained; level-triggered EPOLLIN brings us back */
+			tag = tcp_get_le32(c->rhdr);
+			len = tcp_get_le32(c->rhdr + 4);
+			if (tag != TCP_FRAME_MAGIC || len > TCP_MAX_MSG) {
+				MP_WARN("tcp: %s: bad frame header (tag 0x%08x, length %u); "
+					"not a moshpit tcp stream or out of sync, closing",
+					c->name, tag, len);
+				tcp_conn_fail(c, -EPROTO);
+				break;
+			}
+			if (len > r->r.cap) {
+				/*
+				 * The rest of the message would have to be read
+				 * somewhere or the stream loses sync: give up on
+				 * the connection.
+				 */
+				MP_WARN("tcp: %s: message of %u bytes exceeds the posted receive "
+					"of %zu bytes, closing", c->name, len, r->r.cap);
+				tcp_q_pop(&c->rq);
+				r->nbytes = len;
+				tcp_req_complete(r, -EMSGSIZE);
+				tcp_conn_fail(c, -ECONNRESET);
+				break;
+			}
+			c->rlen = len;
+			c->rgot = 0;
+		}
+		if (c->rgot < c->rlen) {
+			size_t ask = c->rlen - c->rgot;
+
+			n = recv(c->fd, r->r.buf + c->rgot, ask, 0);
+			if (n <= 0) {
+				if (tcp_read_stop(c, n))
+					break;
+				continue;
+			}
+			c->rgot += (size_t)n;
+			if ((size_t)n < ask)
+				break;
+		}
+		tcp_q_pop(&c->rq);
+		r->nbytes = c->rlen;
+		tcp_req_complete(r, 0);
+		c->rhdr_got = 0;
+		c->rlen = 0;
+		c->rgot = 0;
+	}
+	tcp_conn_arm(c, 0);
+}
+
+static void tcp_conn_established(struct tcp_conn *c)
+{
+	c->state = TCP_OPEN;
+	c->drv->nconnecting--;
+	c->deadline = 0;
+	MP_INFO("tcp: connected to %s", c->name);
+	tcp_conn_flush(c);
+	tcp_conn_read(c);
+	tcp_conn_arm(c, 1);
+}
+
+static void tcp_conn_event(struct tcp_conn *c, uint32_t ev)
+{
+	if (c->state == TCP_FAILED)
+		return;
+	if (c->state == TCP_CONNECTING) {
+		int e;
+
+		if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+			return;
+		e = tcp_so_error(c->fd);
+		if (e || (ev & (EPOLLERR | EPOLLHUP))) {
+			MP_INFO("tcp: connect to %s: %s", c->name, strerror(e ? e : ECONNREFUSED));
+			tcp_conn_fail(c, e ? -e : -ECONNREFUSED);
+			return;
+		}
+		tcp_conn_established(c);
+		return;
+	}
+	/* Reading or writing surfaces a pending socket error with its own errno. */
+	if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP))
+		tcp_conn_read(c);
+	if (ev & (EPOLLOUT | EPOLLERR | EPOLLHUP))
+		tcp_conn_flush(c);
+	if (c->state == TCP_OPEN && (ev & (EPOLLERR | EPOLLHUP))) {
+		/* Reset while idle: the error is level-triggered, so act on it now. */
+		int e = tcp_so_error(c->fd);
+
+		MP_INFO("tcp: %s: connection lost: %s", c->name,
+			strerror(e ? e : ECONNRESET));
+		tcp_conn_fail(c, tcp_peer_err(e));
+		return;
+	}
+	tcp_conn_arm(c, 1);
+}
+
+static int tcp_conn_new(struct tcp_drv *d, int fd, enum tcp_conn_state state,
+			const struct sockaddr *peer, struct tcp_conn **out)
+{
+	struct epoll_event ev;
+	struct tcp_conn *c;
+	int err;
+
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		err = -ENOMEM;
+		goto err_close;
+	}
+	c->ep.kind = TCP_EP_CONN;
+	c->drv = d;
+	c->fd = fd;
+	c->state = state;
+	tcp_sa_name(peer, c->name, sizeof(c->name));
+	memset(&ev, 0, sizeof(ev));
+	/* Registered from the start so that errors and hang-ups are always seen. */
+	ev.events = state == TCP_CONNECTING ? EPOLLOUT : 0;
+	ev.data.ptr = &c->ep;
+	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		err = -errno;
+		MP_WARN("tcp: epoll_ctl: %s", strerror(-err));
+		goto err_free;
+	}
+	c->events = ev.events;
+	if (state == TCP_CONNECTING) {
+		d->nconnecting++;
+		if (d->connect_timeout_ms > 0)
+			c->deadline = tcp_now_ms() + d->connect_timeout_ms;
+	}
+	c->next = d->conns;
+	if (d->conns)
+		d->conns->prev = c;
+	d->conns = c;
+	*out = c;
+	return 0;
+
+err_free:
+	free(c);
+err_close:
+	close(fd);
+	return err;
+}
+
+static int tcp_connect(struct mp_drv *dp, const void *blob, size_t len, struct mp_drv_conn **out)
+{
+	struct tcp_drv *d = tcp_drv_of(dp);
+	struct sockaddr_storage ss;
+	struct tcp_conn *c;
+	socklen_t sl;
+	int fd, rc;
+
+	if (!out)
+		return -EINVAL;
+	rc = tcp_blob_to_sa(blob, len, &ss, &sl);
+	if (rc)
+		return rc;
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		rc = -errno;
+		MP_WARN("tcp: socket: %s", strerror(-rc));
+		return rc;
+	}
+	tcp_sock_tune(d, fd);
+	rc = tcp_conn_new(d, fd, TCP_CONNECTING, (struct sockaddr *)&ss, &c);
+	if (rc)
+		return rc;
+	if (connect(fd, (struct sockaddr *)&ss, sl) == 0) {
+		tcp_conn_established(c);
+	} else if (errno != EINPROGRESS && errno != EINTR) {
+		/* EINTR: the connection still completes asynchronously. */
+		int e = errno == EAGAIN ? EADDRNOTAVAIL : errno; /* out of local ports */
+
+		/* Still hand the connection over: its posts fail with the reason. */
+		MP_INFO("tcp: connect to %s: %s", c->name, strerror(e));
+		tcp_conn_fail(c, -e);
+	} else {
+		MP_TRACE("tcp: connecting to %s", c->name);
+	}
+	*out = (struct mp_drv_conn *)(void *)c;
+	return 0;
+}
+
+static void tcp_close(struct mp_drv_conn *cp)
+{
+	struct tcp_conn *c = tcp_conn_of(cp);
+	struct tcp_drv *d;
+
+	if (!c)
+		return;
+	d = c->drv;
+	MP_TRACE("tcp: closing connection with %s", c->name);
+	tcp_conn_fail(c, -ECANCELED);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		d->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	free(c);
+}
+
+/* ---- listeners --------------------------------------------------------- */
+
+static int tcp_listen(struct mp_drv *dp, const char *bind_text, void *blob, size_t *len,
+		      struct mp_drv_listener **out)
+{
+	struct tcp_drv *d = tcp_drv_of(dp);
+	struct sockaddr_storage ss;
+	struct tcp_listener *l;
+	struct epoll_event ev;
+	struct tcp_addr a;
+	socklen_t sl;
+	size_t alen;
+	int one = 1;
+	int rc;
+
+	if (!out)
+		return -EINVAL;
+	rc = tcp_resolve(bind_text, 1, &ss, &sl);
+	if (rc)
+		return rc;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	l->ep.kind = TCP_EP_LISTENER;
+	l->drv = d;
+	l->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (l->fd < 0) {
+		rc = -errno;
+		goto err_free;
+	}
+	/* Restarted peers must be able to rebind while old sockets sit in TIME_WAIT. */
+	if (setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0)
+		MP_TRACE("tcp: SO_REUSEADDR: %s", strerror(errno));
+	/* Accepted sockets inherit these, in time for the SYN-ACK's window scale. */
+	tcp_sock_tune(d, l->fd);
+	if (bind(l->fd, (struct sockaddr *)&ss, sl) < 0) {
+		rc = -errno;
+		goto err_close;
+	}
+	if (listen(l->fd, TCP_BACKLOG) < 0) {
+		rc = -errno;
+		goto err_close;
+	}
+	sl = sizeof(ss);
+	if (getsockname(l->fd, (struct sockaddr *)&ss, &sl) < 0) {
+		rc = -errno;
+		goto err_close;
+	}
+	rc = tcp_sa_to_blob((struct sockaddr *)&ss, &a, &alen);
+	if (rc)
+		goto err_close;
+	tcp_sa_name((struct sockaddr *)&ss, l->name, sizeof(l->name));
+	/*
+	 * Edge-triggered: a new arrival ends a progress() wait once, but a
+	 * backlog the core does not accept yet cannot make it spin.
+	 */
+	memset(&ev, 0, sizeof(ev));
+	ev.events = EPOLLIN | EPOLLET;
+	ev.data.ptr = &l->ep;
+	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, l->fd, &ev) < 0) {
+		rc = -errno;
+		goto err_close;
+	}
+	if (blob)
+		memcpy(blob, &a, alen);
+	if (len)
+		*len = alen;
+	l->next = d->listeners;
+	if (d->listeners)
+		d->listeners->prev = l;
+	d->listeners = l;
+	MP_INFO("tcp: listening on %s", l->name);
+	*out = (struct mp_drv_listener *)(void *)l;
+	return 0;
+
+err_close:
+	MP_WARN("tcp: cannot listen on %s: %s", bind_text, strerror(-rc));
+	close(l->fd);
+err_free:
+	free(l);
+	return rc;
+}
+
+static int tcp_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
+{
+	struct tcp_listener *l = tcp_listener_of(lp);
+	struct sockaddr_storage ss;
+	struct tcp_conn *c;
+	socklen_t sl;
+	int fd, rc;
+
+	if (!l || !out)
+		return -EINVAL;
+	for (;;) {
+		sl = sizeof(ss);
+		fd = accept4(l->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd >= 0)
+			break;
+		switch (errno) {
+		case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+		case EWOULDBLOCK:
+#endif
+			return -EAGAIN;
+		/* The connection died in the backlog (see accept(2)): take the next. */
+		case EINTR:
+		case ECONNABORTED:
+		case EPROTO:
+		case ENETDOWN:
+		case ENOPROTOOPT:
+		case EHOSTDOWN:
+		case ENONET:
+		case EHOSTUNREACH:
+		case ENETUNREACH:
+			continue;
+		default:
+			rc = -errno;
+			MP_WARN("tcp: accept on %s: %s", l->name, strerror(-rc));
+			return rc;
+		}
+	}
+	/* Buffers come from the listener; NODELAY is set again for kernels that do not inherit it. */
+	{
+		int one = 1;
+
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	}
+	rc = tcp_conn_new(l->drv, fd, TCP_OPEN, (struct sockaddr *)&ss, &c);
+	if (rc)
+		return rc;
+	MP_INFO("tcp: accepted connection from %s on %s", c->name, l->name);
+	*out = (struct mp_drv_conn *)(void *)c;
+	return 0;
+}
+
+static void tcp_close_listener(struct mp_drv_listener *lp)
+{
+	struct tcp_listener *l = tcp_listener_of(lp);
+	struct tcp_drv *d;
+
+	if (!l)
+		return;
+	d = l->drv;
+	epoll_ctl(d->epfd, EPOLL_CTL_DEL, l->fd, NULL);
+	close(l->fd);
+	if (l->prev)
+		l->prev->next = l->next;
+	else
+		d->listeners = l->next;
+	if (l->next)
+		l->next->prev = l->prev;
+	MP_TRACE("tcp: stopped listening on %s", l->name);
+	free(l);
+}
+
+/* ---- posting and progress ---------------------------------------------- */
+
+static int tcp_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovcnt,
+		     struct mp_drv_mr *mr, struct mp_drv_req **out)
+{
+	struct tcp_conn *c = tcp_conn_of(cp);
+	struct tcp_req *r;
+	size_t total = 0;
+
+	(void)mr; /* host memory needs no registration here */
+	if (!c || !out || iovcnt < 0 || iovcnt > MP_DRV_IOV_MAX || (iovcnt && !iov))
+		return -EINVAL;
+	for (int i = 0; i < iovcnt; i++) {
+		if (iov[i].len && !iov[i].base)
+			return -EINVAL;
+		if (iov[i].len > TCP_MAX_MSG - total)
+			return -EMSGSIZE;
+		total += iov[i].len;
+	}
+	if (c->state == TCP_FAILED)
+		return c->err;
+	if (c->sq.n >= TCP_QUEUE_MAX)
+		return -EAGAIN;
+	r = tcp_req_get(c->drv);
+	if (!r)
+		return -ENOMEM;
+	tcp_put_le32(r->s.hdr, TCP_FRAME_MAGIC);
+	tcp_put_le32(r->s.hdr + 4, (uint32_t)total);
+	r->s.iov[0].iov_base = r->s.hdr;
+	r->s.iov[0].iov_len = TCP_HDR_SIZE;
+	for (int i = 0; i < iovcnt; i++) {
+		r->s.iov[1 + i].iov_base = (void *)(uintptr_t)iov[i].base;
+		r->s.iov[1 + i].iov_len = iov[i].len;
+	}
+	r->s.iovcnt = 1 + iovcnt;
+	r->s.cur = 0;
+	r->nbytes = total;
+	tcp_q_push(&c->sq, r);
+	*out = (struct mp_drv_req *)(void *)r;
+	/* Try the write now for latency, unless earlier sends already wait for room. */
+	if (c->state == TCP_OPEN && !c->want_out)
+		tcp_conn_flush(c);
+	return 0;
+}
+
+static int tcp_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_drv_mr *mr,
+		     struct mp_drv_req **out)
+{
+	struct tcp_conn *c = tcp_conn_of(cp);
+	struct tcp_req *r;
+
+	(void)mr;
+	if (!c || !out || (cap && !buf))
+		return -EINVAL;
+	if (c->state == TCP_FAILED)
+		return c->err;
+	if (c->rq.n >= TCP_QUEUE_MAX)
+		return -EAGAIN;
+	r = tcp_req_get(c->drv);
+	if (!r)
+		return -ENOMEM;
+	r->r.buf = buf;
+	r->r.cap = cap;
+	tcp_q_push(&c->rq, r);
+	*out = (struct mp_drv_req *)(void *)r;
+	/* The message may already sit in the socket buffer. */
+	if (c->state == TCP_OPEN && c->rq.head == r)
+		tcp_conn_read(c);
+	else
+		tcp_conn_arm(c, 0);
+	return 0;
+}
+
+static int tcp_test(struct mp_drv_req *rp, int *done, size_t *nbytes)
+{
+	struct tcp_req *r = tcp_req_of(rp);
+	int status;
+
+	if (!done)
+		return -EINVAL;
+	if (!r || r->state == TCP_REQ_FREE) {
+		*done = 0;
+		return -EINVAL;
+	}
+	if (r->state == TCP_REQ_POSTED) {
+		*done = 0;
+		return 0;
+	}
+	*done = 1;
+	if (nbytes)
+		*nbytes = r->nbytes;
+	status = r->status;
+	tcp_req_put(r);
+	return status;
+}
+
+static void tcp_check_deadlines(struct tcp_drv *d)
+{
+	int64_t now = tcp_now_ms();
+
+	for (struct tcp_conn *c = d->conns; c; c = c->next) {
+		if (c->state != TCP_CONNECTING || !c->deadline || now < c->deadline)
+			continue;
+		MP_INFO("tcp: connect to %s timed out after %d ms", c->name, d->connect_timeout_ms);
+		tcp_conn_fail(c, -ETIMEDOUT);
+	}
+}
+
+/* Shorten a wait so that connect deadlines are noticed on time. */
+static int tcp_clip_timeout(struct tcp_drv *d, int timeout_ms)
+{
+	int64_t now, first = 0;
+
+	for (struct tcp_conn *c = d->conns; c; c = c->next)
+		if (c->state == TCP_CONNECTING && c->deadline && (!first || c->deadline < first))
+			first = c->deadline;
+	if (!first)
+		return timeout_ms;
+	now = tcp_now_ms();
+	if (first <= now)
+		return 0;
+	if (timeout_ms < 0 || first - now < timeout_ms)
+		return (int)(first - now);
+	return timeout_ms;
+}
+
+static int tcp_progress(struct mp_drv *dp, int timeout_ms)
+{
+	struct tcp_drv *d = tcp_drv_of(dp);
+	struct epoll_event evs[TCP_EVENTS];
+	int n;
+
+	if (d->nconnecting)
+		timeout_ms = tcp_clip_timeout(d, timeout_ms);
+	n = epoll_wait(d->epfd, evs, TCP_EVENTS, timeout_ms);
+	if (n < 0) {
+		if (errno != EINTR) {
+			int err = -errno;
+
+			MP_WARN("tcp: epoll_wait: %s", strerror(-err));
+			return err;
+		}
+		n = 0;
+	}
+	for (int i = 0; i < n; i++) {
+		struct tcp_ep *ep = evs[i].data.ptr;
+
+		switch (ep->kind) {
+		case TCP_EP_WAKE: {
+			uint64_t v;
+			ssize_t rc = read(d->wakefd, &v, sizeof(v));
+
+			(void)rc; /* EAGAIN: someone else drained it; fine */
+			break;
+		}
+		case TCP_EP_LISTENER:
+			/* accept() picks the connection up; the wait just ends. */
+			break;
+		case TCP_EP_CONN:
+			tcp_conn_event(tcp_container_of(ep, struct tcp_conn, ep), evs[i].events);
+			break;
+		}
+	}
+	if (d->nconnecting)
+		tcp_check_deadlines(d);
+	return 0;
+}
+
+static void tcp_wake(struct mp_drv *dp)
+{
+	struct tcp_drv *d = tcp_drv_of(dp);
+	uint64_t one = 1;
+	ssize_t rc;
+
+	/* Only a counter bump: safe against a concurrent progress(). */
+	rc = write(d->wakefd, &one, sizeof(one));
+	(void)rc; /* EAGAIN: the counter is saturated, a wake is pending anyway */
+}
+
+/* ---- memory ------------------------------------------------------------ */
+
+static int tcp_reg_mr(struct mp_drv *d, void *buf, size_t len, enum mp_mem_kind kind,
+		      struct mp_drv_mr **out)
+{
+	struct tcp_mr *m;
+
+	(void)d;
+	if (kind != MP_MEM_HOST)
+		return -ENOTSUP;
+	if (!out || (len && !buf))
+		return -EINVAL;
+	m = malloc(sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->buf = buf;
+	m->len = len;
+	*out = (struct mp_drv_mr *)(void *)m;
+	return 0;
+}
+
+static void tcp_dereg_mr(struct mp_drv *d, struct mp_drv_mr *mr)
+{
+	(void)d;
+	free(mr);
+}
+
+/* ---- instance ---------------------------------------------------------- */
+
+static int tcp_query(struct mp_drv *d, struct mp_drv_caps *caps)
+{
+	(void)d;
+	if (!caps)
+		return -EINVAL;
+	caps->flags = MP_DRV_CAP_ORDERED;
+	caps->max_msg = TCP_MAX_MSG;
+	caps->default_streams = 1;
+	return 0;
+}
+
+static int tcp_init(const struct mp_drv_params *p, struct mp_drv **out)
+{
+	struct epoll_event ev;
+	struct tcp_drv *d;
+	int rc;
+
+	if (!out)
+		return -EINVAL;
+	mp_log_init();
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->base.ops = &mp_tcp_driver_ops;
+	d->wake_ep.kind = TCP_EP_WAKE;
+	d->rank = -1;
+	d->epfd = -1;
+	d->wakefd = -1;
+	/* Read only the fields the caller's (possibly older) struct has. */
+	if (p && p->size >= offsetof(struct mp_drv_params, rank) + sizeof(p->rank))
+		d->rank = p->rank;
+	if (p && p->size >= offsetof(struct mp_drv_params, connect_timeout_ms) +
+				    sizeof(p->connect_timeout_ms))
+		d->connect_timeout_ms = p->connect_timeout_ms;
+	rc = tcp_sockbuf_config(d);
+	if (rc)
+		goto err_free;
+	d->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (d->epfd < 0) {
+		rc = -errno;
+		goto err_free;
+	}
+	d->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (d->wakefd < 0) {
+		rc = -errno;
+		goto err_epoll;
+	}
+	memset(&ev, 0, sizeof(ev));
+	ev.events = EPOLLIN;
+	ev.data.ptr = &d->wake_ep;
+	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->wakefd, &ev) < 0) {
+		rc = -errno;
+		goto err_wake;
+	}
+	MP_TRACE("tcp: instance for rank %d (sndbuf %d, rcvbuf %d, connect timeout %d ms)",
+		 d->rank, d->sndbuf, d->rcvbuf, d->connect_timeout_ms);
+	*out = &d->base;
+	return 0;
+
+err_wake:
+	close(d->wakefd);
+err_epoll:
+	close(d->epfd);
+err_free:
+	if (rc != -EINVAL)
+		MP_WARN("tcp: cannot create instance: %s", strerror(-rc));
+	free(d);
+	return rc;
+}
+
+static void tcp_fini(struct mp_drv *dp)
+{
+	struct tcp_drv *d;
+
+	if (!dp)
+		return;
+	d = tcp_drv_of(dp);
+	while (d->conns)
+		tcp_close((struct mp_drv_conn *)(void *)d->conns);
+	while (d->listeners)
+		tcp_close_listener((struct mp_drv_listener *)(void *)d->listeners);
+	/* Requests die with the instance, tested or not. */
+	while (d->blocks) {
+		struct tcp_req_block *b = d->blocks;
+
+		d->blocks = b->next;
+		free(b);
+	}
+	close(d->wakefd);
+	close(d->epfd);
+	free(d);
+}
+
+const struct mp_driver_ops mp_tcp_driver_ops = {
+	.size = sizeof(struct mp_driver_ops),
+	.abi = MP_DRIVER_ABI,
+	.name = "tcp",
+	.init = tcp_init,
+	.fini = tcp_fini,
+	.query = tcp_query,
+	.addr_parse = tcp_addr_parse,
+	.addr_format = tcp_addr_format,
+	.listen = tcp_listen,
+	.accept = tcp_accept,
+	.close_listener = tcp_close_listener,
+	.connect = tcp_connect,
+	.close = tcp_close,
+	.reg_mr = tcp_reg_mr,
+	.dereg_mr = tcp_dereg_mr,
+	.isend = tcp_isend,
+	.irecv = tcp_irecv,
+	.test = tcp_test,
+	.progress = tcp_progress,
+	.wake = tcp_wake,
+};

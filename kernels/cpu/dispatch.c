@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Run-time choice of the CPU kernel variant.
+ *
+ * The variant is picked once per process, on the first kernel call, from the
+ * CPU's features (cpuid, with the OS's consent to the wider registers, which
+ * __builtin_cpu_supports checks) and MP_KERNELS. All variants give
+ * bit-identical results (see reduce.c and fp16.c), so the choice is purely
+ * about speed; mp_k_force exists so that the tests can compare them.
+ *
+ * The current table sits behind one atomic pointer: a kernel call costs one
+ * relaxed load and an indirect call, and a concurrent mp_k_force (tests
+ * only) is not a data race.
+ */
+#include "kernels.h"
+#include "log.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define MP_K_X86 1
+#endif
+
+#define MP_K_HIDDEN __attribute__((visibility("hidden")))
+
+/* Defined in reduce.c and fp16.c. */
+MP_K_HIDDEN void mp_kcpu_axpy_scalar(float *acc, const float *x, float w, size_t n);
+MP_K_HIDDEN void mp_kcpu_scale_scalar(float *dst, const float *x, float w, size_t n);
+MP_K_HIDDEN void mp_kcpu_f32_to_f16_scalar(uint16_t *dst, const float *src, size_t n);
+MP_K_HIDDEN void mp_kcpu_f16_to_f32_scalar(float *dst, const uint16_t *src, size_t n);
+MP_K_HIDDEN void mp_kcpu_f16_axpy_scalar(float *acc, const uint16_t *src, float w, size_t n);
+#ifdef MP_K_X86
+MP_K_HIDDEN void mp_kcpu_axpy_avx2(float *acc, const float *x, float w, size_t n);
+MP_K_HIDDEN void mp_kcpu_scale_avx2(float *dst, const float *x, float w, size_t n);
+MP_K_HIDDEN void mp_kcpu_f32_to_f16_avx2(uint16_t *dst, const float *src, size_t n);
+MP_K_HIDDEN void mp_kcpu_f16_to_f32_avx2(float *dst, const uint16_t *src, size_t n);
+MP_K_HIDDEN void mp_kcpu_f16_axpy_avx2(float *acc, const uint16_t *src, float w, size_t n);
+MP_K_HIDDEN void mp_kcpu_axpy_avx512(float *acc, const float *x, float w, size_t n);
+MP_K_HIDDEN void mp_kcpu_scale_avx512(float *dst, const float *x, float w, size_t n);
+MP_K_HIDDEN void mp_kcpu_f32_to_f16_avx512(uint16_t *dst, const float *src, size_t n);
+MP_K_HIDDEN void mp_kcpu_f16_to_f32_avx512(float *dst, const uint16_t *src, size_t n);
+MP_K_HIDDEN void mp_kcpu_f16_axpy_avx512(float *acc, const uint16_t *src, float w, size_t n);
+#endif
+
+struct kvariant {
+	const char *name;
+	int (*supported)(void);
+	void (*axpy)(float *acc, const float *x, float w, size_t n);
+	void (*scale)(float *dst, const float *x, float w, size_t n);
+	void (*f32_to_f16)(uint16_t *dst, const float *src, size_t n);
+	void (*f16_to_f32)(float *dst, const uint16_t *src, size_t n);
+	void (*f16_axpy)(float *acc, const uint16_t *src, float w, size_t n);
+};
+
+static int have_scalar(void)
+{
+	return 1;
+}
+
+#ifdef MP_K_X86
+static int have_avx2(void)
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+
+static int have_avx512(void)
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx512f");
+}
+#endif
+
+/* Best first. */
+static const struct kvariant variants[] = {
+#ifdef MP_K_X86
+	{"avx512", have_avx512, mp_kcpu_axpy_avx512, mp_kcpu_scale_avx512, mp_kcpu_f32_to_f16_avx512,
+	 mp_kcpu_f16_to_f32_avx512, mp_kcpu_f16_axpy_avx512},
+	{"avx2", have_avx2, mp_kcpu_axpy_avx2, mp_kcpu_scale_avx2, mp_kcpu_f32_to_f16_avx2,
+	 mp_kcpu_f16_to_f32_avx2, mp_kcpu_f16_axpy_avx2},
+#endif
+	{"scalar", have_scalar, mp_kcpu_axpy_scalar, mp_kcpu_scale_scalar, mp_kcpu_f32_to_f16_scalar,
+	 mp_kcpu_f16_to_f32_scalar, mp_kcpu_f16_axpy_scalar},
+};
+#define NVARIANTS (sizeof(variants) / sizeof(variants[0]))
+
+static _Atomic(const struct kvariant *) cur;
+static pthread_once_t cur_once = PTHREAD_ONCE_INIT;
+
+static const struct kvariant *find(const char *name)
+{
+	for (size_t i = 0; i < NVARIANTS; i++)
+		if (!strcmp(variants[i].name, name))
+			return &variants[i];
+	return NULL;
+}
+
+static const struct kvariant *best(void)
+{
+	for (size_t i = 0; i < NVARIANTS; i++)
+		if (variants[i].supported())
+			return &variants[i];
+	return &variants[NVARIANTS - 1];
+}
+
+static void pick(void)
+{
+	const struct kvariant *v = best();
+	const char *env = getenv("MP_KERNELS");
+
+	if (env && *env && strcmp(env, "auto") != 0) {
+		const struct kvariant *want = find(env);
+
+		if (!want)
+			MP_WARN("MP_KERNELS=%s not understood (scalar, avx2, avx512); using %s", env,
+				v->name);
+		else if (!want->supported())
+			MP_WARN("MP_KERNELS=%s: this CPU cannot run it; using %s", env, v->name);
+		else
+			v = want;
+	}
+	MP_INFO("CPU kernels: %s", v->name);
+	atomic_store_explicit(&cur, v, memory_order_release);
+}
+
+static inline const struct kvariant *kv(void)
+{
+	const struct kvariant *v = atomic_load_explicit(&cur, memory_order_acquire);
+
+	if (__builtin_expect(v == NULL, 0)) {
+		pthread_once(&cur_once, pick);
+		v = atomic_load_explicit(&cur, memory_order_acquire);
+	}
+	return v;
+}
+
+void mp_k_axpy(float *acc, const float *x, float w, size_t n)
+{
+	kv()->axpy(acc, x, w, n);
+}
+
+void mp_k_scale(float *dst, const float *x, float w, size_t n)
+{
+	kv()->scale(dst, x, w, n);
+}
+
+void mp_k_f32_to_f16(uint16_t *dst, const float *src, size_t n)
+{
+	kv()->f32_to_f16(dst, src, n);
+}
+
+void mp_k_f16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+	kv()->f16_to_f32(dst, src, n);
+}
+
+void mp_k_f16_axpy(float *acc, const uint16_t *src, float w, size_t n)
+{
+	kv()->f16_axpy(acc, src, w, n);
+}
+
+const char *mp_k_variant(void)
+{
+	return kv()->name;
+}
+
+int mp_k_force(const char *variant)
+{
+	const struct kvariant *v;
+
+	if (!variant)
+		return -EINVAL;
+	/* Run the one-time pick first so that it cannot overwrite this choice later. */
+	kv();
+	if (!strcmp(variant, "auto")) {
+		v = best();
+	} else {
+		v = find(variant);
+		if (!v) {
+#ifndef MP_K_X86
+			/* Known names of vector variants this build has none of. */
+			if (!strcmp(variant, "avx2") || !strcmp(variant, "avx512"))
+				return -ENOTSUP;
+#endif
+			return -EINVAL;
+		}
+		if (!v->supported())
+			return -ENOTSUP;
+	}
+	atomic_store_explicit(&cur, v, memory_order_release);
+	return 0;
+}

@@ -1,0 +1,234 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Codec registry: wire id 0 "none" (fp32 little endian) and 1 "fp16" (IEEE
+ * half, little endian, round to nearest even, clamped to +-65504).
+ *
+ * Both are stateless. Decoders insist on the exact payload length for the
+ * element count the header announces: the count comes from a validated
+ * header, so any other length is a malformed frame (-EBADMSG), never
+ * something to read past.
+ *
+ * Payloads sit wherever the transport put them (after a 64-byte header, at
+ * the start of a chunk); if one is not aligned for its element type it goes
+ * through a small bounce buffer rather than through a misaligned pointer.
+ */
+#include "codec.h"
+#include "kernels.h"
+
+#include <moshpit/moshpit.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "codec.c assumes a little-endian host; add byte swapping for this one"
+#endif
+
+/* Elements per bounce-buffer step for misaligned payloads (16 KiB of fp32). */
+#define BOUNCE 4096
+
+static inline int aligned(const void *p, size_t a)
+{
+	return ((uintptr_t)p & (a - 1)) == 0;
+}
+
+/* ---- none: raw fp32 ---- */
+
+static size_t none_max_encoded(size_t count)
+{
+	return count > SIZE_MAX / sizeof(float) ? SIZE_MAX : count * sizeof(float);
+}
+
+static int none_encode(struct mp_codec_state *st, size_t offset, const float *src, size_t count,
+		       void *dst, size_t cap, size_t *len)
+{
+	(void)st;
+	(void)offset;
+	if (count > SIZE_MAX / sizeof(float) || cap < count * sizeof(float))
+		return -ENOSPC;
+	if (count)
+		memcpy(dst, src, count * sizeof(float));
+	*len = count * sizeof(float);
+	return 0;
+}
+
+static int none_decode(const void *src, size_t len, float *dst, size_t count)
+{
+	if (count > SIZE_MAX / sizeof(float) || len != count * sizeof(float))
+		return -EBADMSG;
+	if (count)
+		memcpy(dst, src, len);
+	return 0;
+}
+
+static int none_decode_acc(const void *src, size_t len, float *acc, size_t count, float weight)
+{
+	if (count > SIZE_MAX / sizeof(float) || len != count * sizeof(float))
+		return -EBADMSG;
+	if (aligned(src, _Alignof(float))) {
+		mp_k_axpy(acc, (const float *)src, weight, count);
+		return 0;
+	}
+	float tmp[BOUNCE];
+	const unsigned char *p = src;
+
+	for (size_t i = 0; i < count; i += BOUNCE) {
+		size_t k = count - i < BOUNCE ? count - i : BOUNCE;
+
+		memcpy(tmp, p + i * sizeof(float), k * sizeof(float));
+		mp_k_axpy(acc + i, tmp, weight, k);
+	}
+	return 0;
+}
+
+/* ---- fp16 ---- */
+
+static size_t fp16_max_encoded(size_t count)
+{
+	return count > SIZE_MAX / sizeof(uint16_t) ? SIZE_MAX : count * sizeof(uint16_t);
+}
+
+static int fp16_encode(struct mp_codec_state *st, size_t offset, const float *src, size_t count,
+		       void *dst, size_t cap, size_t *len)
+{
+	(void)st;
+	(void)offset;
+	if (count > SIZE_MAX / sizeof(uint16_t) || cap < count * sizeof(uint16_t))
+		return -ENOSPC;
+	if (aligned(dst, _Alignof(uint16_t))) {
+		mp_k_f32_to_f16((uint16_t *)dst, src, count);
+	} else {
+		uint16_t tmp[BOUNCE];
+		unsigned char *p = dst;
+
+		for (size_t i = 0; i < count; i += BOUNCE) {
+			size_t k = count - i < BOUNCE ? count - i : BOUNCE;
+
+			mp_k_f32_to_f16(tmp, src + i, k);
+			memcpy(p + i * sizeof(uint16_t), tmp, k * sizeof(uint16_t));
+		}
+	}
+	*len = count * sizeof(uint16_t);
+	return 0;
+}
+
+static int fp16_decode(const void *src, size_t len, float *dst, size_t count)
+{
+	if (count > SIZE_MAX / sizeof(uint16_t) || len != count * sizeof(uint16_t))
+		return -EBADMSG;
+	if (aligned(src, _Alignof(uint16_t))) {
+		mp_k_f16_to_f32(dst, (const uint16_t *)src, count);
+		return 0;
+	}
+	uint16_t tmp[BOUNCE];
+	const unsigned char *p = src;
+
+	for (size_t i = 0; i < count; i += BOUNCE) {
+		size_t k = count - i < BOUNCE ? count - i : BOUNCE;
+
+		memcpy(tmp, p + i * sizeof(uint16_t), k * sizeof(uint16_t));
+		mp_k_f16_to_f32(dst + i, tmp, k);
+	}
+	return 0;
+}
+
+static int fp16_decode_acc(const void *src, size_t len, float *acc, size_t count, float weight)
+{
+	if (count > SIZE_MAX / sizeof(uint16_t) || len != count * sizeof(uint16_t))
+		return -EBADMSG;
+	if (aligned(src, _Alignof(uint16_t))) {
+		mp_k_f16_axpy(acc, (const uint16_t *)src, weight, count);
+		return 0;
+	}
+	uint16_t tmp[BOUNCE];
+	const unsigned char *p = src;
+
+	for (size_t i = 0; i < count; i += BOUNCE) {
+		size_t k = count - i < BOUNCE ? count - i : BOUNCE;
+
+		memcpy(tmp, p + i * sizeof(uint16_t), k * sizeof(uint16_t));
+		mp_k_f16_axpy(acc + i, tmp, weight, k);
+	}
+	return 0;
+}
+
+/* ---- registry, indexed by wire id ---- */
+
+static const struct mp_codec_ops codecs[] = {
+	[MP_CODEC_NONE] = {
+		.id = MP_CODEC_NONE,
+		.name = "none",
+		.stateful = 0,
+		.max_encoded = none_max_encoded,
+		.encode = none_encode,
+		.decode = none_decode,
+		.decode_acc = none_decode_acc,
+	},
+	[MP_CODEC_FP16] = {
+		.id = MP_CODEC_FP16,
+		.name = "fp16",
+		.stateful = 0,
+		.max_encoded = fp16_max_encoded,
+		.encode = fp16_encode,
+		.decode = fp16_decode,
+		.decode_acc = fp16_decode_acc,
+	},
+};
+#define NCODECS (sizeof(codecs) / sizeof(codecs[0]))
+
+unsigned mp_codec_count(void)
+{
+	return (unsigned)NCODECS;
+}
+
+const struct mp_codec_ops *mp_codec_by_id(unsigned id)
+{
+	return id < NCODECS ? &codecs[id] : NULL;
+}
+
+/* Names are matched without regard to case: MP_CODEC=FP16 should just work. */
+const struct mp_codec_ops *mp_codec_by_name(const char *name)
+{
+	if (!name)
+		return NULL;
+	for (size_t i = 0; i < NCODECS; i++)
+		if (!strcasecmp(codecs[i].name, name))
+			return &codecs[i];
+	return NULL;
+}
+
+int mp_codec_from_name(const char *s)
+{
+	const struct mp_codec_ops *c = mp_codec_by_name(s);
+
+	return c ? (int)c->id : -EINVAL;
+}
+
+int mp_codec_state_init(struct mp_codec_state *st, const struct mp_codec_ops *ops, size_t count)
+{
+	if (!st || !ops)
+		return -EINVAL;
+	st->ops = ops;
+	st->count = count;
+	st->residue = NULL;
+	if (ops->stateful && count) {
+		/* Error feedback starts at zero: nothing has been lost yet. */
+		st->residue = calloc(count, sizeof(float));
+		if (!st->residue)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+void mp_codec_state_fini(struct mp_codec_state *st)
+{
+	if (!st)
+		return;
+	free(st->residue);
+	st->residue = NULL;
+	st->count = 0;
+	st->ops = NULL;
+}

@@ -1,0 +1,416 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Configuration: defaults, MP_* environment variables, peer lists. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "internal.h"
+#include "log.h"
+
+#define MP_DEFAULT_PORT 29500
+
+void mp_config_init(struct mp_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->size = sizeof(*cfg);
+	cfg->rank = -1;
+	cfg->run_name = "moshpit";
+	cfg->transport = "tcp";
+	cfg->algo = MP_ALGO_MOSHPIT;
+	cfg->codec = MP_CODEC_NONE;
+	cfg->chunk_bytes = 256 * 1024;
+	cfg->window = 4;
+	cfg->connect_timeout_ms = 10000;
+	cfg->round_timeout_ms = 10000;
+	cfg->log_level = -1;
+}
+
+int mp_algo_from_name(const char *s)
+{
+	if (!s)
+		return -EINVAL;
+	if (!strcasecmp(s, "moshpit"))
+		return MP_ALGO_MOSHPIT;
+	if (!strcasecmp(s, "ring"))
+		return MP_ALGO_RING;
+	if (!strcasecmp(s, "butterfly"))
+		return MP_ALGO_BUTTERFLY;
+	return -EINVAL;
+}
+
+/* Parses a whole decimal integer with an optional K/M/G suffix (powers of 1024). */
+static int parse_size(const char *s, long long min, long long max, long long *out)
+{
+	char *end;
+	long long v;
+
+	if (!s || !*s)
+		return -EINVAL;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (toupper((unsigned char)*end)) {
+	case 'K': v *= 1024LL; end++; break;
+	case 'M': v *= 1024LL * 1024; end++; break;
+	case 'G': v *= 1024LL * 1024 * 1024; end++; break;
+	default: break;
+	}
+	if (*end || v < min || v > max)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+static int env_int(const char *name, long long min, long long max, long long *out)
+{
+	const char *v = getenv(name);
+
+	if (!v || !*v)
+		return 0;
+	if (parse_size(v, min, max, out)) {
+		MP_WARN("%s=%s is not a number in [%lld, %lld]", name, v, min, max);
+		return -EINVAL;
+	}
+	return 1;
+}
+
+static const char *env_str(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && *v ? v : NULL;
+}
+
+int mp_config_from_env(struct mp_config *cfg)
+{
+	long long v;
+	const char *s;
+	int rc, bad = 0;
+
+	mp_log_init();
+#define INT_VAR(var, field, lo, hi)                          \
+	rc = env_int(var, lo, hi, &v);                      \
+	if (rc < 0)                                         \
+		bad = 1;                                    \
+	else if (rc > 0)                                    \
+		cfg->field = (__typeof__(cfg->field))v;
+	INT_VAR("MP_RANK", rank, 0, 1 << 24)
+	INT_VAR("MP_NPEERS", npeers, 1, 1 << 24)
+	INT_VAR("MP_ROUNDS", rounds, 0, 1 << 20)
+	INT_VAR("MP_CHUNK_BYTES", chunk_bytes, 4, 1LL << 28)
+	INT_VAR("MP_NSTREAMS", streams, 0, 64)
+	INT_VAR("MP_WINDOW", window, 1, 1024)
+	INT_VAR("MP_CONNECT_TIMEOUT_MS", connect_timeout_ms, 1, 1 << 30)
+	INT_VAR("MP_ROUND_TIMEOUT_MS", round_timeout_ms, 1, 1 << 30)
+#undef INT_VAR
+	if ((s = env_str("MP_PEERS")))
+		cfg->peers = s;
+	if ((s = env_str("MP_HOSTFILE")))
+		cfg->hostfile = s;
+	if ((s = env_str("MP_LISTEN")))
+		cfg->listen = s;
+	if ((s = env_str("MP_RUN")))
+		cfg->run_name = s;
+	if ((s = env_str("MP_TRANSPORT")))
+		cfg->transport = s;
+	if ((s = env_str("MP_GRID")))
+		cfg->grid = s;
+	if ((s = env_str("MP_BANDWIDTHS")))
+		cfg->bandwidths = s;
+	if ((s = env_str("MP_ALGO"))) {
+		rc = mp_algo_from_name(s);
+		if (rc < 0) {
+			MP_WARN("MP_ALGO=%s: expected moshpit, ring or butterfly", s);
+			bad = 1;
+		} else {
+			cfg->algo = rc;
+		}
+	}
+	if ((s = env_str("MP_CODEC"))) {
+		rc = mp_codec_from_name(s);
+		if (rc < 0) {
+			MP_WARN("MP_CODEC=%s: expected none or fp16", s);
+			bad = 1;
+		} else {
+			cfg->codec = rc;
+		}
+	}
+	if ((s = env_str("MP_CHECKSUM"))) {
+		if (!strcasecmp(s, "payload"))
+			cfg->checksum_payload = 1;
+		else if (!strcasecmp(s, "header"))
+			cfg->checksum_payload = 0;
+		else {
+			MP_WARN("MP_CHECKSUM=%s: expected header or payload", s);
+			bad = 1;
+		}
+	}
+	/* MP_DEBUG is applied process-wide by the logger itself. */
+	return bad ? -EINVAL : 0;
+}
+
+void mp_free_list(char **list, int n)
+{
+	if (!list)
+		return;
+	for (int i = 0; i < n; i++)
+		free(list[i]);
+	free(list);
+}
+
+static int list_push(char ***list, int *n, int *cap, const char *s, size_t len)
+{
+	if (*n == *cap) {
+		int nc = *cap ? *cap * 2 : 16;
+		char **nl = realloc(*list, (size_t)nc * sizeof(*nl));
+		if (!nl)
+			return -ENOMEM;
+		*list = nl;
+		*cap = nc;
+	}
+	(*list)[*n] = strndup(s, len);
+	if (!(*list)[*n])
+		return -ENOMEM;
+	(*n)++;
+	return 0;
+}
+
+/* "a:1,b:2" -> list of addresses. */
+static int split_peers(const char *s, char ***list, int *n)
+{
+	int cap = 0, rc;
+
+	*list = NULL;
+	*n = 0;
+	while (*s) {
+		const char *e = strchr(s, ',');
+		size_t len = e ? (size_t)(e - s) : strlen(s);
+		while (len && isspace((unsigned char)*s)) {
+			s++;
+			len--;
+		}
+		while (len && isspace((unsigned char)s[len - 1]))
+			len--;
+		if (!len || len >= MP_ADDR_STRLEN) {
+			mp_set_init_error("peer list: empty or overlong entry %d", *n);
+			mp_free_list(*list, *n);
+			return -EINVAL;
+		}
+		rc = list_push(list, n, &cap, s, len);
+		if (rc) {
+			mp_free_list(*list, *n);
+			return rc;
+		}
+		s += len;
+		while (*s && *s != ',')
+			s++;
+		if (*s == ',')
+			s++;
+	}
+	return 0;
+}
+
+/*
+ * Hostfile: one "host[:port]" per line in rank order; '#' starts a comment;
+ * "slots=N" after the host (OpenMPI style) repeats the host N times. A
+ * missing port is 29500 plus the number of earlier entries on that host, so
+ * several local ranks on one machine get distinct ports.
+ */
+static int read_hostfile(const char *path, char ***list, int *n)
+{
+	FILE *f = fopen(path, "r");
+	char line[512];
+	int cap = 0, rc = 0, lineno = 0;
+
+	*list = NULL;
+	*n = 0;
+	if (!f) {
+		rc = -errno;
+		mp_set_init_error("hostfile %s: %s", path, strerror(errno));
+		return rc;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char host[MP_ADDR_STRLEN], addr[MP_ADDR_STRLEN + 16];
+		char *p = line, *hash = strchr(line, '#');
+		long slots = 1;
+
+		lineno++;
+		if (hash)
+			*hash = '\0';
+		while (isspace((unsigned char)*p))
+			p++;
+		if (!*p)
+			continue;
+		size_t hl = strcspn(p, " \t\r\n");
+		if (hl >= sizeof(host)) {
+			mp_set_init_error("hostfile %s:%d: host too long", path, lineno);
+			rc = -EINVAL;
+			break;
+		}
+		memcpy(host, p, hl);
+		host[hl] = '\0';
+		char *sl = strstr(p + hl, "slots=");
+		if (sl) {
+			slots = strtol(sl + 6, NULL, 10);
+			if (slots < 1 || slots > 4096) {
+				mp_set_init_error("hostfile %s:%d: bad slots", path, lineno);
+				rc = -EINVAL;
+				break;
+			}
+		}
+		for (long s = 0; s < slots && !rc; s++) {
+			/* A port is present if the text after the last ':' is all digits
+			 * and the host is not a bare IPv6 address. */
+			const char *colon = strrchr(host, ':');
+			int has_port = colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1) &&
+				       (host[0] == '[' || strchr(host, ':') == colon);
+			if (has_port) {
+				snprintf(addr, sizeof(addr), "%s", host);
+			} else {
+				int same = 0;
+				for (int i = 0; i < *n; i++)
+					if (!strncmp((*list)[i], host, hl) && (*list)[i][hl] == ':')
+						same++;
+				snprintf(addr, sizeof(addr), "%s:%d", host, MP_DEFAULT_PORT + same);
+			}
+			rc = list_push(list, n, &cap, addr, strlen(addr));
+		}
+		if (rc)
+			break;
+	}
+	fclose(f);
+	if (!rc && *n == 0) {
+		mp_set_init_error("hostfile %s lists no hosts", path);
+		rc = -EINVAL;
+	}
+	if (rc) {
+		mp_free_list(*list, *n);
+		*list = NULL;
+		*n = 0;
+	}
+	return rc;
+}
+
+/* Rank and size from mpirun (OpenMPI, PMI) or srun. */
+static void launcher_env(int *rank, int *size)
+{
+	static const char *pairs[][2] = {
+		{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+		{"PMI_RANK", "PMI_SIZE"},
+		{"SLURM_PROCID", "SLURM_NTASKS"},
+	};
+	for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+		const char *r = getenv(pairs[i][0]), *s = getenv(pairs[i][1]);
+		if (r && s) {
+			*rank = atoi(r);
+			*size = atoi(s);
+			return;
+		}
+	}
+}
+
+int mp_parse_doubles(const char *s, double *out, int n)
+{
+	for (int i = 0; i < n; i++) {
+		char *end;
+		errno = 0;
+		out[i] = strtod(s, &end);
+		if (errno || end == s || !isfinite(out[i]))
+			return -EINVAL;
+		s = end;
+		if (i + 1 < n) {
+			if (*s != ',')
+				return -EINVAL;
+			s++;
+		}
+	}
+	return *s ? -EINVAL : 0;
+}
+
+/*
+ * Turn the user's configuration into a checked one: rank and peer count
+ * settled, peer addresses listed when known (NULL list = set later with
+ * mp_set_peers).
+ */
+int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char ***peer_list,
+		      int *npeers)
+{
+	int rc;
+
+	if (!in || in->size < offsetof(struct mp_config, log_level) + sizeof(int)) {
+		mp_set_init_error("config: not initialised with mp_config_init");
+		return -EINVAL;
+	}
+	*out = *in;
+	out->size = sizeof(*out);
+	*peer_list = NULL;
+	*npeers = 0;
+	if (out->rank < 0 || out->npeers == 0) {
+		int r = -1, s = 0;
+		launcher_env(&r, &s);
+		if (out->rank < 0)
+			out->rank = r;
+		if (out->npeers == 0)
+			out->npeers = s;
+	}
+	if (out->peers) {
+		rc = split_peers(out->peers, peer_list, npeers);
+		if (rc)
+			return rc;
+	} else if (out->hostfile) {
+		rc = read_hostfile(out->hostfile, peer_list, npeers);
+		if (rc)
+			return rc;
+	}
+	if (*peer_list) {
+		if (out->npeers && out->npeers != *npeers) {
+			mp_set_init_error("config: npeers %d but the peer list has %d entries", out->npeers,
+					  *npeers);
+			goto bad;
+		}
+		out->npeers = *npeers;
+	}
+	if (out->npeers < 1) {
+		mp_set_init_error("config: peer count unknown (set npeers/MP_NPEERS, a peer list, "
+				  "a hostfile, or run under mpirun/srun)");
+		goto bad;
+	}
+	if (out->rank < 0 || out->rank >= out->npeers) {
+		mp_set_init_error("config: rank %d is not in [0, %d) (set rank/MP_RANK)", out->rank,
+				  out->npeers);
+		goto bad;
+	}
+	if (!out->run_name || !*out->run_name || strlen(out->run_name) > 200) {
+		mp_set_init_error("config: run name must be 1 to 200 characters");
+		goto bad;
+	}
+	if (out->algo < MP_ALGO_MOSHPIT || out->algo > MP_ALGO_BUTTERFLY) {
+		mp_set_init_error("config: unknown algorithm %d", out->algo);
+		goto bad;
+	}
+	if (!mp_codec_by_id((unsigned)out->codec)) {
+		mp_set_init_error("config: unknown codec %d", out->codec);
+		goto bad;
+	}
+	if (out->chunk_bytes < 4 || out->chunk_bytes > (1u << 28) || out->chunk_bytes % 4) {
+		mp_set_init_error("config: chunk_bytes %zu must be a multiple of 4 in [4, 256 MiB]",
+				  out->chunk_bytes);
+		goto bad;
+	}
+	if (out->window < 1 || out->window > 1024 || out->streams < 0 || out->streams > 64 ||
+	    out->rounds < 0 || out->connect_timeout_ms < 1 || out->round_timeout_ms < 1) {
+		mp_set_init_error("config: window, streams, rounds or a timeout out of range");
+		goto bad;
+	}
+	return 0;
+bad:
+	mp_free_list(*peer_list, *npeers);
+	*peer_list = NULL;
+	*npeers = 0;
+	return -EINVAL;
+}

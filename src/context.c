@@ -1,0 +1,598 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The peer context: configuration, transport, peers, and the progress thread
+ * that runs averaging operations one after another while the caller computes.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "conn.h"
+#include "internal.h"
+#include "log.h"
+
+static char *dup_or_null(const char *s)
+{
+	return s ? strdup(s) : NULL;
+}
+
+static int choose_grid(struct mp_ctx *ctx)
+{
+	char buf[64];
+	int rc;
+
+	if (ctx->cfg.grid) {
+		rc = mp_grid_parse(ctx->cfg.grid, &ctx->grid);
+		if (rc) {
+			mp_set_init_error("grid \"%s\" is not M1xM2x... with each M >= 1", ctx->cfg.grid);
+			return rc;
+		}
+	} else {
+		mp_grid_auto(ctx->npeers, &ctx->grid);
+	}
+	if (mp_grid_cells(&ctx->grid) < (uint64_t)ctx->npeers) {
+		mp_grid_format(&ctx->grid, buf, sizeof(buf));
+		mp_set_init_error("grid %s has %llu cells, fewer than the %d peers", buf,
+				  (unsigned long long)mp_grid_cells(&ctx->grid), ctx->npeers);
+		return -EINVAL;
+	}
+	rc = mp_grid_grouping_init(&ctx->grouping_state, &ctx->grid, ctx->npeers);
+	if (rc)
+		return rc;
+	ctx->grouping = &mp_grid_grouping_ops;
+	return 0;
+}
+
+static int alloc_peers(struct mp_ctx *ctx)
+{
+	int n = ctx->npeers, S = ctx->streams;
+
+	ctx->peers = calloc((size_t)n, sizeof(*ctx->peers));
+	if (!ctx->peers)
+		return -ENOMEM;
+	for (int i = 0; i < n; i++) {
+		struct mp_peer *p = &ctx->peers[i];
+		p->bandwidth = 1.0;
+		p->conns = calloc((size_t)S, sizeof(*p->conns));
+		p->hello = calloc((size_t)S, sizeof(*p->hello));
+		p->hello_buf = calloc((size_t)S, sizeof(*p->hello_buf));
+		p->ready = calloc((size_t)S, sizeof(*p->ready));
+		p->retry_at_ns = calloc((size_t)S, sizeof(*p->retry_at_ns));
+		if (!p->conns || !p->hello || !p->hello_buf || !p->ready || !p->retry_at_ns)
+			return -ENOMEM;
+	}
+	if (ctx->cfg.bandwidths) {
+		double *bw = malloc((size_t)n * sizeof(double));
+		if (!bw)
+			return -ENOMEM;
+		if (mp_parse_doubles(ctx->cfg.bandwidths, bw, n)) {
+			free(bw);
+			mp_set_init_error("bandwidths \"%s\": expected %d comma-separated numbers",
+					  ctx->cfg.bandwidths, n);
+			return -EINVAL;
+		}
+		for (int i = 0; i < n; i++)
+			ctx->peers[i].bandwidth = bw[i];
+		free(bw);
+	}
+	return 0;
+}
+
+static void free_peers(struct mp_ctx *ctx)
+{
+	if (!ctx->peers)
+		return;
+	for (int i = 0; i < ctx->npeers; i++) {
+		struct mp_peer *p = &ctx->peers[i];
+		free(p->conns);
+		free(p->hello);
+		free(p->hello_buf);
+		free(p->ready);
+		free(p->retry_at_ns);
+	}
+	free(ctx->peers);
+	ctx->peers = NULL;
+}
+
+static void *progress_main(void *arg);
+
+int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
+{
+	struct mp_config cfg;
+	struct mp_ctx *ctx;
+	char **list = NULL;
+	int nlist = 0, rc;
+
+	mp_log_init();
+	if (!out)
+		return -EINVAL;
+	*out = NULL;
+	rc = mp_config_resolve(cfg_in, &cfg, &list, &nlist);
+	if (rc)
+		return rc;
+	if (cfg.log_level >= 0)
+		mp_log_set_level(cfg.log_level);
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx) {
+		mp_free_list(list, nlist);
+		return -ENOMEM;
+	}
+	ctx->cfg = cfg;
+	ctx->rank = cfg.rank;
+	ctx->npeers = cfg.npeers;
+	mp_log_set_rank(ctx->rank);
+	ctx->run_name = strdup(cfg.run_name);
+	ctx->transport = strdup(cfg.transport ? cfg.transport : "tcp");
+	ctx->listen_addr = dup_or_null(cfg.listen);
+	/* Borrowed strings of the caller must not outlive this call. */
+	ctx->cfg.run_name = ctx->run_name;
+	ctx->cfg.transport = ctx->transport;
+	ctx->cfg.listen = ctx->listen_addr;
+	ctx->cfg.peers = ctx->cfg.hostfile = NULL;
+	ctx->cfg.grid = NULL;
+	pthread_mutex_init(&ctx->mu, NULL);
+	pthread_cond_init(&ctx->cv, NULL);
+	if (!ctx->run_name || !ctx->transport || (cfg.listen && !ctx->listen_addr)) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	ctx->run_id = mp_wire_run_id(ctx->run_name);
+	ctx->codec = mp_codec_by_id((unsigned)cfg.codec);
+	ctx->chunk_elems = cfg.chunk_bytes / sizeof(float);
+	ctx->window = cfg.window;
+
+	ctx->ops = mp_driver_find(ctx->transport);
+	if (!ctx->ops) {
+		mp_set_init_error("transport \"%s\" is not built in (have: %s)", ctx->transport,
+				  mp_driver_names());
+		rc = -ENOENT;
+		goto fail;
+	}
+	struct mp_drv_params dp = {.size = sizeof(dp), .run_name = ctx->run_name, .rank = ctx->rank,
+				   .connect_timeout_ms = cfg.connect_timeout_ms};
+	rc = ctx->ops->init(&dp, &ctx->drv);
+	if (rc) {
+		mp_set_init_error("transport %s: initialisation failed: %s", ctx->transport, mp_strerror(rc));
+		goto fail;
+	}
+	ctx->ops->query(ctx->drv, &ctx->caps);
+	ctx->streams = cfg.streams ? cfg.streams : (ctx->caps.default_streams > 0 ? ctx->caps.default_streams : 1);
+	if (cfg.chunk_bytes + 4096 > ctx->caps.max_msg) {
+		mp_set_init_error("chunk of %zu bytes exceeds the %s transport's largest message",
+				  cfg.chunk_bytes, ctx->transport);
+		rc = -EINVAL;
+		goto fail;
+	}
+
+	/* grid */
+	ctx->cfg.grid = cfg.grid;
+	rc = choose_grid(ctx);
+	ctx->cfg.grid = NULL;
+	if (rc)
+		goto fail;
+	rc = alloc_peers(ctx);
+	ctx->cfg.bandwidths = NULL;
+	if (rc)
+		goto fail;
+
+	/* listen */
+	const char *bind = ctx->listen_addr;
+	if (!bind && list)
+		bind = list[ctx->rank];
+	if (!bind)
+		bind = strcmp(ctx->transport, "loop") ? "127.0.0.1:0" : "loop:*";
+	uint8_t blob[MP_DRV_ADDR_MAX];
+	size_t blen = sizeof(blob);
+	rc = ctx->ops->listen(ctx->drv, bind, blob, &blen, &ctx->listener);
+	if (rc) {
+		mp_set_init_error("cannot listen on %s: %s", bind, mp_strerror(rc));
+		goto fail;
+	}
+	rc = ctx->ops->addr_format(ctx->drv, blob, blen, ctx->local_addr, sizeof(ctx->local_addr));
+	if (rc)
+		goto fail;
+
+	rc = pthread_create(&ctx->thread, NULL, progress_main, ctx);
+	if (rc) {
+		rc = -rc;
+		goto fail;
+	}
+	ctx->thread_started = 1;
+	if (list) {
+		rc = mp_set_peers(ctx, (const char *const *)list, nlist);
+		if (rc) {
+			mp_set_init_error("%s", ctx->err);
+			goto fail;
+		}
+	}
+	mp_free_list(list, nlist);
+	char gbuf[64];
+	mp_grid_format(&ctx->grid, gbuf, sizeof(gbuf));
+	MP_INFO("rank %d of %d, run %s, transport %s, listening on %s, grid %s, codec %s, %d stream(s)",
+		ctx->rank, ctx->npeers, ctx->run_name, ctx->transport, ctx->local_addr, gbuf,
+		ctx->codec->name, ctx->streams);
+	*out = ctx;
+	return 0;
+fail:
+	mp_free_list(list, nlist);
+	mp_finalize(ctx);
+	return rc;
+}
+
+int mp_local_address(mp_ctx *ctx, char *buf, size_t len)
+{
+	if (!ctx || !buf)
+		return -EINVAL;
+	if (strlen(ctx->local_addr) >= len)
+		return -ENOSPC;
+	strcpy(buf, ctx->local_addr);
+	return 0;
+}
+
+int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n)
+{
+	int rc;
+
+	if (!ctx || !addrs)
+		return -EINVAL;
+	if (ctx->peers_set) {
+		mp_set_error(ctx, "peers already set");
+		return -EBUSY;
+	}
+	if (n != ctx->npeers) {
+		mp_set_error(ctx, "%d peer addresses given for %d peers", n, ctx->npeers);
+		return -EINVAL;
+	}
+	for (int i = 0; i < n; i++) {
+		struct mp_peer *p = &ctx->peers[i];
+		if (!addrs[i] || strlen(addrs[i]) >= sizeof(p->addr)) {
+			mp_set_error(ctx, "peer %d: missing or overlong address", i);
+			return -EINVAL;
+		}
+		p->blob_len = sizeof(p->blob);
+		rc = ctx->ops->addr_parse(ctx->drv, addrs[i], p->blob, &p->blob_len);
+		if (rc) {
+			mp_set_error(ctx, "peer %d: \"%s\" is not a %s address", i, addrs[i], ctx->transport);
+			return -EINVAL;
+		}
+		strcpy(p->addr, addrs[i]);
+	}
+	pthread_mutex_lock(&ctx->mu);
+	ctx->peers_set = 1;
+	pthread_mutex_unlock(&ctx->mu);
+	return 0;
+}
+
+int mp_rank(const mp_ctx *ctx)
+{
+	return ctx->rank;
+}
+
+int mp_npeers(const mp_ctx *ctx)
+{
+	return ctx->npeers;
+}
+
+int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out)
+{
+	struct mp_mr *mr;
+	int rc;
+
+	if (!ctx || !buf || !len || !out)
+		return -EINVAL;
+	if (kind != MP_MEM_HOST) {
+		/* The enum and this path exist so device memory can arrive without an
+		 * API change; the reducer reads memory on the CPU today. */
+		if (kind != MP_MEM_CUDA && kind != MP_MEM_DMABUF)
+			return -EINVAL;
+		mp_set_error(ctx, "memory kind %d is not supported by this build", (int)kind);
+		return -ENOTSUP;
+	}
+	mr = calloc(1, sizeof(*mr));
+	if (!mr)
+		return -ENOMEM;
+	rc = ctx->ops->reg_mr(ctx->drv, buf, len, kind, &mr->dmr);
+	if (rc) {
+		free(mr);
+		mp_set_error(ctx, "transport %s cannot register %zu bytes: %s", ctx->transport, len,
+			     mp_strerror(rc));
+		return rc;
+	}
+	mr->buf = buf;
+	mr->len = len;
+	mr->kind = kind;
+	*out = mr;
+	return 0;
+}
+
+int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr)
+{
+	int users;
+
+	if (!ctx || !mr)
+		return 0;
+	pthread_mutex_lock(&ctx->mu);
+	users = mr->users;
+	pthread_mutex_unlock(&ctx->mu);
+	if (users)
+		return -EBUSY;
+	ctx->ops->dereg_mr(ctx->drv, mr->dmr);
+	free(mr);
+	return 0;
+}
+
+/* ---- averaging ---------------------------------------------------------- */
+
+static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
+{
+	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : ctx->grid.ndims;
+	int *members = malloc((size_t)ctx->npeers * sizeof(int));
+	int rc = 0, ok_rounds = 0;
+
+	if (!members)
+		return -ENOMEM;
+	for (int t = 0; t < rounds; t++) {
+		struct mp_group g = {.members = members};
+		uint32_t round = ctx->round++;
+
+		rc = ctx->grouping->form(&ctx->grouping_state, round, ctx->rank, &g);
+		if (rc)
+			break;
+		MP_TRACE("round %u: group %08x of %d, part %d", round, g.id, g.size, g.my_index);
+		rc = mp_group_allreduce(ctx, &g, round, a);
+		ctx->grouping->after_round(&ctx->grouping_state, round, &g);
+		if (rc == -EHOSTUNREACH) {
+			/* An isolated round leaves our values as they were; other
+			 * rounds' groups may still be reachable. */
+			rc = 0;
+			continue;
+		}
+		if (rc)
+			break;
+		ok_rounds++;
+	}
+	free(members);
+	if (!rc && !ok_rounds && rounds > 0 && ctx->npeers > 1) {
+		mp_set_error(ctx, "no round could reach any group member");
+		rc = -EHOSTUNREACH;
+	}
+	return rc;
+}
+
+static int run_butterfly(struct mp_ctx *ctx, struct mp_avg *a)
+{
+	int *members = malloc((size_t)ctx->npeers * sizeof(int));
+	struct mp_group g = {.members = members, .size = ctx->npeers, .my_index = ctx->rank};
+	uint32_t round = ctx->round++;
+	int rc;
+
+	if (!members)
+		return -ENOMEM;
+	for (int i = 0; i < ctx->npeers; i++)
+		members[i] = i;
+	g.id = round * 2654435761u;
+	rc = mp_group_allreduce(ctx, &g, round, a);
+	free(members);
+	return rc;
+}
+
+static int run_average(struct mp_ctx *ctx, struct mp_request *req)
+{
+	struct mp_avg a = {.x = req->buf, .n = req->count, .weight = req->weight,
+			   .dmr = req->mr->dmr, .res = &req->res};
+	int rc;
+
+	a.influence = 1;
+	switch (ctx->cfg.algo) {
+	case MP_ALGO_RING:
+		rc = mp_ring_allreduce(ctx, ctx->round++, &a);
+		break;
+	case MP_ALGO_BUTTERFLY:
+		rc = run_butterfly(ctx, &a);
+		break;
+	default:
+		rc = run_moshpit(ctx, &a);
+		break;
+	}
+	req->res.weight = a.weight;
+	req->res.peers = (int)a.influence;
+	return rc;
+}
+
+static void *progress_main(void *arg)
+{
+	struct mp_ctx *ctx = arg;
+
+	mp_log_set_rank(ctx->rank);
+	pthread_mutex_lock(&ctx->mu);
+	for (;;) {
+		struct mp_request *req;
+
+		while (!ctx->qhead && !ctx->stop)
+			pthread_cond_wait(&ctx->cv, &ctx->mu);
+		if (ctx->stop)
+			break;
+		req = ctx->qhead;
+		ctx->qhead = req->next;
+		if (!ctx->qhead)
+			ctx->qtail = NULL;
+		req->state = REQ_RUNNING;
+		pthread_mutex_unlock(&ctx->mu);
+
+		int rc = run_average(ctx, req);
+
+		pthread_mutex_lock(&ctx->mu);
+		req->status = rc;
+		req->state = REQ_DONE;
+		pthread_cond_broadcast(&ctx->cv);
+	}
+	/* Finalizing: what never started is cancelled. */
+	for (struct mp_request *r = ctx->qhead; r; r = r->next) {
+		r->status = -ECANCELED;
+		r->state = REQ_DONE;
+	}
+	ctx->qhead = ctx->qtail = NULL;
+	pthread_cond_broadcast(&ctx->cv);
+	pthread_mutex_unlock(&ctx->mu);
+	return NULL;
+}
+
+int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+		     mp_request **out)
+{
+	struct mp_request *req;
+	int rc;
+
+	if (!ctx || !buf || !count || !out || !isfinite(weight) || weight < 0.0f)
+		return -EINVAL;
+	*out = NULL;
+	if (count > (size_t)UINT32_MAX * ctx->chunk_elems || count > SIZE_MAX / sizeof(float)) {
+		mp_set_error(ctx, "%zu values are more than one operation can carry", count);
+		return -EINVAL;
+	}
+	if (mr && ((const char *)buf < (const char *)mr->buf ||
+		   (const char *)(buf + count) > (const char *)mr->buf + mr->len)) {
+		mp_set_error(ctx, "the registration does not cover the buffer");
+		return -EINVAL;
+	}
+	if (!ctx->peers_set) {
+		mp_set_error(ctx, "peers are not set: call mp_set_peers first");
+		return -ENOTCONN;
+	}
+	req = calloc(1, sizeof(*req));
+	if (!req)
+		return -ENOMEM;
+	if (!mr) {
+		rc = mp_mem_register(ctx, buf, count * sizeof(float), MP_MEM_HOST, &mr);
+		if (rc) {
+			free(req);
+			return rc;
+		}
+		req->own_mr = 1;
+	}
+	req->ctx = ctx;
+	req->buf = buf;
+	req->count = count;
+	req->weight = weight;
+	req->mr = mr;
+	pthread_mutex_lock(&ctx->mu);
+	mr->users++;
+	req->state = REQ_QUEUED;
+	if (ctx->qtail)
+		ctx->qtail->next = req;
+	else
+		ctx->qhead = req;
+	ctx->qtail = req;
+	pthread_cond_broadcast(&ctx->cv);
+	pthread_mutex_unlock(&ctx->mu);
+	*out = req;
+	return 0;
+}
+
+/* Called with ctx->mu held and req done: copy out and release. */
+static int finish_request(struct mp_request *req, struct mp_result *res)
+{
+	struct mp_ctx *ctx = req->ctx;
+	int status = req->status;
+
+	if (res)
+		*res = req->res;
+	req->mr->users--;
+	pthread_mutex_unlock(&ctx->mu);
+	if (req->own_mr)
+		mp_mem_deregister(ctx, req->mr);
+	free(req);
+	return status;
+}
+
+int mp_test(mp_request *req, int *done, struct mp_result *res)
+{
+	struct mp_ctx *ctx;
+
+	if (!req || !done)
+		return -EINVAL;
+	ctx = req->ctx;
+	pthread_mutex_lock(&ctx->mu);
+	if (req->state != REQ_DONE) {
+		pthread_mutex_unlock(&ctx->mu);
+		*done = 0;
+		return 0;
+	}
+	*done = 1;
+	return finish_request(req, res);
+}
+
+int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res)
+{
+	struct mp_ctx *ctx;
+	struct timespec dl;
+
+	if (!req)
+		return -EINVAL;
+	ctx = req->ctx;
+	clock_gettime(CLOCK_REALTIME, &dl);
+	if (timeout_ms >= 0) {
+		dl.tv_sec += timeout_ms / 1000;
+		dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+		if (dl.tv_nsec >= 1000000000L) {
+			dl.tv_sec++;
+			dl.tv_nsec -= 1000000000L;
+		}
+	}
+	pthread_mutex_lock(&ctx->mu);
+	while (req->state != REQ_DONE) {
+		if (timeout_ms < 0) {
+			pthread_cond_wait(&ctx->cv, &ctx->mu);
+		} else if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &dl) == ETIMEDOUT &&
+			   req->state != REQ_DONE) {
+			pthread_mutex_unlock(&ctx->mu);
+			return -ETIMEDOUT;
+		}
+	}
+	return finish_request(req, res);
+}
+
+int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res)
+{
+	mp_request *req;
+	int rc = mp_average_start(ctx, buf, count, weight, NULL, &req);
+
+	if (rc)
+		return rc;
+	return mp_wait(req, -1, res);
+}
+
+int mp_finalize(mp_ctx *ctx)
+{
+	if (!ctx)
+		return 0;
+	if (ctx->thread_started) {
+		pthread_mutex_lock(&ctx->mu);
+		__atomic_store_n(&ctx->stop, 1, __ATOMIC_RELEASE);
+		pthread_cond_broadcast(&ctx->cv);
+		pthread_mutex_unlock(&ctx->mu);
+		if (ctx->ops && ctx->drv)
+			ctx->ops->wake(ctx->drv);
+		pthread_join(ctx->thread, NULL);
+	}
+	if (ctx->drv) {
+		mp_conn_close_all(ctx);
+		if (ctx->listener)
+			ctx->ops->close_listener(ctx->listener);
+		if (ctx->slab_mr)
+			ctx->ops->dereg_mr(ctx->drv, ctx->slab_mr);
+		ctx->ops->fini(ctx->drv);
+	}
+	free(ctx->slab);
+	free(ctx->pend);
+	free_peers(ctx);
+	pthread_cond_destroy(&ctx->cv);
+	pthread_mutex_destroy(&ctx->mu);
+	free(ctx->run_name);
+	free(ctx->transport);
+	free(ctx->listen_addr);
+	free(ctx);
+	return 0;
+}

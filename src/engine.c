@@ -1,0 +1,377 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The transfer engine: runs one exchange (a group all-reduce, a ring pass)
+ * over the driver seam. Each channel (peer, stream) keeps a window of posted
+ * sends and a window of posted receives in registered slab memory; the
+ * algorithm decides what to send next and what a received frame means.
+ *
+ * Every frame is validated (wire.c) before the algorithm sees it, and a peer
+ * whose connection fails, who sends a bad frame, or who stays silent past the
+ * round timeout is dropped for the exchange: its connection is closed so that
+ * nothing stale of it can arrive in a later round.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "conn.h"
+#include "internal.h"
+#include "log.h"
+
+struct mp_xslot {
+	uint8_t *buf; /* send: header then encoded payload; receive: whole frame */
+	struct mp_drv_req *req;
+	size_t len;   /* send: frame bytes */
+};
+
+uint64_t mp_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static size_t frame_max(const struct mp_ctx *ctx)
+{
+	return MP_WIRE_HDR_SIZE + ctx->codec->max_encoded(ctx->chunk_elems);
+}
+
+/* Codec none sends straight from the user's buffer; others encode into the slot. */
+static int zero_copy(const struct mp_ctx *ctx)
+{
+	return ctx->codec->id == MP_CODEC_NONE;
+}
+
+uint8_t *mp_slab(struct mp_ctx *ctx, size_t bytes)
+{
+	if (bytes <= ctx->slab_size)
+		return ctx->slab;
+	if (ctx->slab_mr)
+		ctx->ops->dereg_mr(ctx->drv, ctx->slab_mr);
+	ctx->slab_mr = NULL;
+	free(ctx->slab);
+	ctx->slab_size = 0;
+	bytes = (bytes + 4095) & ~(size_t)4095;
+	ctx->slab = aligned_alloc(4096, bytes);
+	if (!ctx->slab)
+		return NULL;
+	if (ctx->ops->reg_mr(ctx->drv, ctx->slab, bytes, MP_MEM_HOST, &ctx->slab_mr)) {
+		free(ctx->slab);
+		ctx->slab = NULL;
+		return NULL;
+	}
+	ctx->slab_size = bytes;
+	return ctx->slab;
+}
+
+static void reap_slots(struct mp_ctx *ctx, struct mp_xslot *sl, int head, int n, int window)
+{
+	for (int i = 0; i < n; i++) {
+		struct mp_xslot *s = &sl[(head + i) % window];
+		int done = 0;
+		for (int k = 0; !done && k < 1000; k++) {
+			ctx->ops->test(s->req, &done, NULL);
+			if (!done)
+				ctx->ops->progress(ctx->drv, 0);
+		}
+		s->req = NULL;
+	}
+}
+
+static void fail_peer(struct mp_xfer *x, int peer, int err, const char *why)
+{
+	struct mp_ctx *ctx = x->ctx;
+	int first = 1;
+
+	for (int i = 0; i < x->nch; i++) {
+		struct mp_chan *ch = &x->ch[i];
+		if (ch->peer != peer || ch->failed)
+			continue;
+		if (first) {
+			MP_WARN("%s round %u: dropping peer %d (%s): %s (%s)", x->what, x->round, peer,
+				ctx->peers[peer].addr, why, mp_strerror(err));
+			first = 0;
+		}
+		ch->failed = err ? err : -EPROTO;
+		/* Closing cancels what is posted; the slots are then reaped. */
+		mp_conn_drop(ctx, peer, ch->stream);
+		reap_slots(ctx, ch->ss, ch->s_head, ch->s_n, ctx->window);
+		reap_slots(ctx, ch->rs, ch->r_head, ch->r_n, ctx->window);
+		ch->s_n = ch->r_n = 0;
+	}
+	if (!first) {
+		x->res->failed_peers++;
+		x->xops->peer_failed(x->op, peer);
+	}
+}
+
+static void reject(struct mp_xfer *x, struct mp_chan *ch, enum mp_wire_reject why)
+{
+	x->ctx->rejected[why]++;
+	x->res->frames_rejected++;
+	fail_peer(x, ch->peer, -EPROTO, mp_wire_reject_name(why));
+}
+
+/* A frame arrived in slot @s of @ch: validate, then hand it to the algorithm. */
+static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, size_t len)
+{
+	struct mp_ctx *ctx = x->ctx;
+	struct mp_wire_hdr h;
+	enum mp_wire_reject why = MP_REJ_NONE;
+
+	x->res->bytes_received += len;
+	if (mp_wire_decode(s->buf, len, ctx->run_id, mp_codec_count(), &h, &why)) {
+		reject(x, ch, why);
+		return;
+	}
+	if (h.round != x->round || h.group_id != x->group_id || h.sender != (uint32_t)ch->peer ||
+	    h.codec != ctx->codec->id) {
+		MP_TRACE("unexpected frame: round %u/%u group %u/%u sender %u/%d codec %u/%u", h.round,
+			 x->round, h.group_id, x->group_id, h.sender, ch->peer, h.codec, ctx->codec->id);
+		reject(x, ch, MP_REJ_UNEXPECTED);
+		return;
+	}
+	if (x->xops->consume(x->op, ch, &h, s->buf + MP_WIRE_HDR_SIZE)) {
+		reject(x, ch, MP_REJ_UNEXPECTED);
+		return;
+	}
+	ch->received++;
+}
+
+/* Ask the algorithm for the next message and post it. Returns 1 if posted. */
+static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *conn)
+{
+	struct mp_ctx *ctx = x->ctx;
+	struct mp_xslot *s = &ch->ss[(ch->s_head + ch->s_n) % ctx->window];
+	struct mp_wire_hdr h;
+	const float *src;
+	struct mp_iov iov[2];
+	int iovcnt = 1, rc;
+	size_t plen;
+
+	memset(&h, 0, sizeof(h));
+	if (!x->xops->produce(x->op, ch, &h, &src))
+		return 0;
+	h.codec = (uint8_t)ctx->codec->id;
+	h.run_id = ctx->run_id;
+	h.round = x->round;
+	h.group_id = x->group_id;
+	h.sender = (uint32_t)ctx->rank;
+	h.flags = ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
+	if (zero_copy(ctx)) {
+		plen = (size_t)h.count * sizeof(float);
+		iov[1].base = src;
+		iov[1].len = plen;
+		iovcnt = 2;
+	} else {
+		rc = ctx->codec->encode(NULL, (size_t)h.offset, src, h.count, s->buf + MP_WIRE_HDR_SIZE,
+					frame_max(ctx) - MP_WIRE_HDR_SIZE, &plen);
+		if (rc) {
+			fail_peer(x, ch->peer, rc, "encode failed");
+			return 0;
+		}
+	}
+	h.length = (uint32_t)plen;
+	mp_wire_encode(&h, s->buf, iovcnt == 2 ? (const void *)src : s->buf + MP_WIRE_HDR_SIZE);
+	iov[0].base = s->buf;
+	iov[0].len = iovcnt == 2 ? MP_WIRE_HDR_SIZE : MP_WIRE_HDR_SIZE + plen;
+	s->len = MP_WIRE_HDR_SIZE + plen;
+	rc = ctx->ops->isend(conn, iov, iovcnt, iovcnt == 2 ? x->user_mr : ctx->slab_mr, &s->req);
+	if (rc) {
+		/* The algorithm already counted the message as produced: a send that
+		 * cannot be posted drops the peer rather than losing a chunk. */
+		fail_peer(x, ch->peer, rc, "send could not be posted");
+		return 0;
+	}
+	ch->s_n++;
+	ch->send_posted++;
+	return 1;
+}
+
+/* Lays out slots for every channel in the slab. */
+static int setup_slots(struct mp_xfer *x)
+{
+	struct mp_ctx *ctx = x->ctx;
+	size_t fmax = frame_max(ctx);
+	size_t sbytes = zero_copy(ctx) ? MP_WIRE_HDR_SIZE : fmax;
+	size_t per_ch, slots_bytes;
+	uint8_t *base;
+
+	sbytes = (sbytes + 63) & ~(size_t)63;
+	fmax = (fmax + 63) & ~(size_t)63;
+	per_ch = (size_t)ctx->window * (sbytes + fmax);
+	slots_bytes = (size_t)x->nch * 2 * (size_t)ctx->window * sizeof(struct mp_xslot);
+	base = mp_slab(ctx, per_ch * (size_t)x->nch);
+	if (!base)
+		return -ENOMEM;
+	struct mp_xslot *sl = calloc(1, slots_bytes ? slots_bytes : 1);
+	if (!sl)
+		return -ENOMEM;
+	for (int i = 0; i < x->nch; i++) {
+		struct mp_chan *ch = &x->ch[i];
+		uint8_t *p = base + per_ch * (size_t)i;
+		ch->ss = sl + (size_t)i * 2 * (size_t)ctx->window;
+		ch->rs = ch->ss + ctx->window;
+		for (int w = 0; w < ctx->window; w++) {
+			ch->ss[w].buf = p;
+			p += sbytes;
+			ch->rs[w].buf = p;
+			p += fmax;
+		}
+	}
+	return 0;
+}
+
+int mp_xfer_run(struct mp_xfer *x)
+{
+	struct mp_ctx *ctx = x->ctx;
+	const uint64_t conn_to = (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
+	const uint64_t round_to = (uint64_t)ctx->cfg.round_timeout_ms * 1000000ull;
+	const size_t fmax = frame_max(ctx);
+	uint64_t start = mp_now_ns();
+	uint64_t *last;
+	int rc, *conn_err;
+
+	if (x->nch == 0)
+		return 0;
+	rc = setup_slots(x);
+	last = calloc((size_t)x->nch, sizeof(*last) + sizeof(*conn_err));
+	if (rc || !last) {
+		free(last);
+		if (!rc)
+			free(x->ch[0].ss);
+		return -ENOMEM;
+	}
+	conn_err = (int *)(last + x->nch);
+	for (int i = 0; i < x->nch; i++)
+		last[i] = start;
+	ctx->cur_res = x->res;
+
+	for (;;) {
+		int active = 0, moved = 0;
+		uint64_t now = mp_now_ns();
+
+		if (__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+			for (int i = 0; i < x->nch; i++)
+				if (!x->ch[i].failed)
+					fail_peer(x, x->ch[i].peer, -ECANCELED, "context finalizing");
+			rc = -ECANCELED;
+			break;
+		}
+		mp_conn_poll(ctx);
+		for (int i = 0; i < x->nch; i++) {
+			struct mp_chan *ch = &x->ch[i];
+			struct mp_drv_conn *conn;
+			int err = 0, chmoved = 0;
+
+			if (ch->failed)
+				continue;
+			conn = mp_conn_get(ctx, ch->peer, ch->stream, &err);
+			if (err)
+				conn_err[i] = err;
+			if (!conn) {
+				if (now - start > conn_to) {
+					char why[96];
+					snprintf(why, sizeof(why), "not connected after %d ms",
+						 ctx->cfg.connect_timeout_ms);
+					fail_peer(x, ch->peer,
+						  conn_err[i] ? conn_err[i] : -ETIMEDOUT, why);
+				} else {
+					active = 1;
+				}
+				continue;
+			}
+			/* Completions, in posting order. */
+			while (ch->s_n) {
+				struct mp_xslot *s = &ch->ss[ch->s_head];
+				int done = 0;
+				rc = ctx->ops->test(s->req, &done, NULL);
+				if (!done)
+					break;
+				s->req = NULL;
+				ch->s_head = (ch->s_head + 1) % ctx->window;
+				ch->s_n--;
+				if (rc) {
+					fail_peer(x, ch->peer, rc, "send failed");
+					break;
+				}
+				ch->sent++;
+				x->res->bytes_sent += s->len;
+				chmoved = 1;
+			}
+			while (!ch->failed && ch->r_n) {
+				struct mp_xslot *s = &ch->rs[ch->r_head];
+				size_t len = 0;
+				int done = 0;
+				rc = ctx->ops->test(s->req, &done, &len);
+				if (!done)
+					break;
+				s->req = NULL;
+				ch->r_head = (ch->r_head + 1) % ctx->window;
+				ch->r_n--;
+				chmoved = 1;
+				if (rc == -EMSGSIZE) {
+					reject(x, ch, MP_REJ_LENGTH);
+					break;
+				}
+				if (rc) {
+					fail_peer(x, ch->peer, rc, "receive failed");
+					break;
+				}
+				deliver(x, ch, s, len);
+			}
+			if (ch->failed)
+				continue;
+			if (chmoved)
+				last[i] = now;
+			moved |= chmoved;
+			/* Post more receives and sends, up to the window. */
+			while (ch->r_n < ctx->window && (uint64_t)ch->r_n < x->xops->recv_left(x->op, ch)) {
+				struct mp_xslot *s = &ch->rs[(ch->r_head + ch->r_n) % ctx->window];
+				rc = ctx->ops->irecv(conn, s->buf, fmax, ctx->slab_mr, &s->req);
+				if (rc == -EAGAIN)
+					break;
+				if (rc) {
+					fail_peer(x, ch->peer, rc, "receive could not be posted");
+					break;
+				}
+				ch->r_n++;
+				ch->recv_posted++;
+			}
+			while (!ch->failed && ch->s_n < ctx->window && post_send(x, ch, conn))
+				moved = 1;
+			if (ch->failed)
+				continue;
+			if (ch->s_n || ch->r_n || x->xops->send_left(x->op, ch) ||
+			    x->xops->recv_left(x->op, ch)) {
+				active = 1;
+				if (now - last[i] > round_to) {
+					char why[96];
+					snprintf(why, sizeof(why), "silent for %d ms",
+						 ctx->cfg.round_timeout_ms);
+					fail_peer(x, ch->peer, -ETIMEDOUT, why);
+				}
+			}
+		}
+		if (!active) {
+			rc = 0;
+			break;
+		}
+		/* Poll when something moved (more may be ready); otherwise sleep in
+		 * the driver until an event, bounded so timeouts are noticed. */
+		rc = ctx->ops->progress(ctx->drv, moved ? 0 : 10);
+		if (rc && rc != -EAGAIN && rc != -EINTR) {
+			MP_WARN("%s: transport progress failed: %s", x->what, mp_strerror(rc));
+			for (int i = 0; i < x->nch; i++)
+				if (!x->ch[i].failed)
+					fail_peer(x, x->ch[i].peer, rc, "transport failure");
+		}
+	}
+	ctx->cur_res = NULL;
+	free(x->ch[0].ss);
+	free(last);
+	return rc;
+}

@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Private to src/: the context, the transfer engine and the algorithms. */
+#ifndef MP_INTERNAL_H
+#define MP_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <moshpit/moshpit.h>
+#include <moshpit/driver.h>
+
+#include "codec.h"
+#include "grid.h"
+#include "wire.h"
+
+/* Built-in drivers (src/driver.c). */
+const struct mp_driver_ops *mp_driver_find(const char *name);
+/* Comma-separated list of built-in driver names, for messages. */
+const char *mp_driver_names(void);
+
+uint64_t mp_now_ns(void);
+
+/* A peer as this context knows it. */
+struct mp_peer {
+	char addr[MP_ADDR_STRLEN];
+	uint8_t blob[MP_DRV_ADDR_MAX];
+	size_t blob_len;
+	double bandwidth;           /* part-size weight; < 0 unknown */
+	struct mp_drv_conn **conns; /* one per stream; NULL = none yet */
+	struct mp_drv_req **hello;  /* connector side: our HELLO still in flight */
+	uint8_t (*hello_buf)[MP_WIRE_HDR_SIZE];
+	int *ready;                 /* per stream: HELLO exchanged, usable */
+	uint64_t *retry_at_ns;      /* connector side: when to dial again after a refusal */
+};
+
+/* An accepted connection whose HELLO has not arrived yet. */
+struct mp_pending {
+	struct mp_drv_conn *conn;
+	struct mp_drv_req *req;
+	uint64_t since_ns;
+	uint8_t buf[MP_WIRE_HDR_SIZE];
+};
+
+struct mp_mr {
+	void *buf;
+	size_t len;
+	enum mp_mem_kind kind;
+	struct mp_drv_mr *dmr;
+	int users;
+};
+
+struct mp_request {
+	struct mp_ctx *ctx;
+	float *buf;
+	size_t count;
+	float weight;
+	mp_mr *mr;
+	int own_mr;               /* mr registered for this request only */
+	int state;                /* REQ_QUEUED, REQ_RUNNING, REQ_DONE */
+	int status;
+	struct mp_result res;
+	struct mp_request *next;
+};
+
+enum { REQ_QUEUED, REQ_RUNNING, REQ_DONE };
+
+struct mp_ctx {
+	/* configuration, with strings owned */
+	struct mp_config cfg;
+	char *run_name, *transport, *listen_addr;
+	int rank, npeers;
+	uint64_t run_id;
+	int streams, window;
+	size_t chunk_elems;
+	const struct mp_codec_ops *codec;
+	struct mp_grid grid;
+	struct mp_grid_grouping grouping_state;
+	const struct mp_grouping_ops *grouping;
+
+	/* transport */
+	const struct mp_driver_ops *ops;
+	struct mp_drv *drv;
+	struct mp_drv_caps caps;
+	struct mp_drv_listener *listener;
+	char local_addr[MP_ADDR_STRLEN];
+
+	/* peers */
+	struct mp_peer *peers;
+	int peers_set;
+	struct mp_pending *pend;
+	int npend, pend_cap;
+
+	/* rounds */
+	uint32_t round; /* global round number, agreed by all peers */
+
+	/* scratch memory for frames, grown between operations, registered */
+	uint8_t *slab;
+	size_t slab_size;
+	struct mp_drv_mr *slab_mr;
+
+	/* statistics of the context's life */
+	uint64_t rejected[MP_REJ_MAX];
+	struct mp_result *cur_res; /* counters of the operation running, or NULL */
+
+	/* progress thread and its queue */
+	pthread_t thread;
+	int thread_started;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int stop;
+	struct mp_request *qhead, *qtail;
+
+	char err[256];
+};
+
+/* Record a message as the context's last error (and log it at WARN). */
+void mp_set_error(struct mp_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Thread-local error of the last failed mp_init. */
+void mp_set_init_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Configuration helpers (config.c). */
+int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char ***peer_list,
+		      int *npeers);
+int mp_parse_doubles(const char *s, double *out, int n);
+void mp_free_list(char **list, int n);
+
+/* ---- transfer engine (engine.c) ---------------------------------------- */
+
+struct mp_chan;
+
+/* What an algorithm plugs into the engine for one exchange. */
+struct mp_xfer_ops {
+	/* Next message to send on @ch, if one is ready: fill @h (type, part,
+	 * offset, count, weight, aux) and the fp32 source; return 1, else 0. */
+	int (*produce)(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const float **src);
+	/* A validated frame arrived on @ch: check it is the expected one and apply
+	 * it. Return 0, or -EPROTO for an unexpected frame (counted, peer dropped). */
+	int (*consume)(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, const void *payload);
+	/* Messages still expected on @ch (including those posted). */
+	uint64_t (*recv_left)(void *op, struct mp_chan *ch);
+	/* Messages still to send on @ch (including those in flight). */
+	uint64_t (*send_left)(void *op, struct mp_chan *ch);
+	/* A peer failed (error, bad frame or silence): stop expecting from it. */
+	void (*peer_failed)(void *op, int peer);
+};
+
+/* One connection of an exchange: (peer, stream). */
+struct mp_chan {
+	int peer;
+	int stream;
+	int failed;
+	uint64_t sent, received;         /* messages */
+	uint64_t send_posted, recv_posted;
+	void *user;                      /* algorithm's per-channel state */
+	/* engine-private */
+	struct mp_xslot *ss, *rs;        /* window send / receive slots */
+	int s_head, s_n, r_head, r_n;
+};
+
+struct mp_xfer {
+	struct mp_ctx *ctx;
+	const struct mp_xfer_ops *xops;
+	void *op;
+	uint32_t round, group_id;
+	struct mp_chan *ch;
+	int nch;
+	struct mp_drv_mr *user_mr; /* registration of the user's buffer (zero-copy sends) */
+	struct mp_result *res;
+	const char *what;          /* for messages: "group all-reduce", "ring" */
+};
+
+/* Run an exchange until every channel is done or failed. Returns 0 when the
+ * exchange finished (maybe with failed peers), or a negative errno when the
+ * context is stopping (-ECANCELED). */
+int mp_xfer_run(struct mp_xfer *x);
+
+/* ---- algorithms ---------------------------------------------------------- */
+
+struct mp_avg {
+	float *x;
+	size_t n;
+	float weight;
+	struct mp_drv_mr *dmr;
+	struct mp_result *res;
+	uint64_t influence; /* peers whose values can have reached ours (see mp_result.peers) */
+};
+
+/* One butterfly all-reduce in group @g (group_allreduce.c). */
+int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
+		       struct mp_avg *a);
+/* Ring all-reduce over all peers (ring.c). */
+int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a);
+
+/* Make sure the slab holds @bytes; returns it or NULL (-ENOMEM). */
+uint8_t *mp_slab(struct mp_ctx *ctx, size_t bytes);
+
+#endif

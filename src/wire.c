@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Wire header encoding and validation. Every field is stored and loaded byte
+ * by byte in little-endian order, so the format does not depend on the host's
+ * endianness, alignment or struct padding.
+ */
+#include "wire.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+/* Byte offsets within the header. */
+enum {
+	OFF_MAGIC = 0,
+	OFF_VERSION = 4,
+	OFF_TYPE = 5,
+	OFF_CODEC = 6,
+	OFF_FLAGS = 7,
+	OFF_RUN_ID = 8,
+	OFF_ROUND = 16,
+	OFF_GROUP = 20,
+	OFF_SENDER = 24,
+	OFF_PART = 28,
+	OFF_OFFSET = 32,
+	OFF_COUNT = 40,
+	OFF_LENGTH = 44,
+	OFF_WEIGHT = 48,
+	OFF_AUX = 52,
+	OFF_RESERVED = 56,
+	OFF_CRC = 60,
+};
+
+static void put32(unsigned char *p, uint32_t v)
+{
+	p[0] = (unsigned char)v;
+	p[1] = (unsigned char)(v >> 8);
+	p[2] = (unsigned char)(v >> 16);
+	p[3] = (unsigned char)(v >> 24);
+}
+
+static void put64(unsigned char *p, uint64_t v)
+{
+	put32(p, (uint32_t)v);
+	put32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const unsigned char *p)
+{
+	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+static const char *const reject_names[MP_REJ_MAX] = {
+	[MP_REJ_NONE] = "none",
+	[MP_REJ_TRUNCATED] = "truncated",
+	[MP_REJ_MAGIC] = "magic",
+	[MP_REJ_VERSION] = "version",
+	[MP_REJ_TYPE] = "type",
+	[MP_REJ_CODEC] = "codec",
+	[MP_REJ_FLAGS] = "flags",
+	[MP_REJ_LENGTH] = "length",
+	[MP_REJ_CHECKSUM] = "checksum",
+	[MP_REJ_FOREIGN_RUN] = "foreign-run",
+	[MP_REJ_UNEXPECTED] = "unexpected",
+	[MP_REJ_WEIGHT] = "weight",
+};
+
+const char *mp_wire_reject_name(enum mp_wire_reject why)
+{
+	if ((unsigned)why >= MP_REJ_MAX || !reject_names[why])
+		return "unknown";
+	return reject_names[why];
+}
+
+uint64_t mp_wire_run_id(const char *run_name)
+{
+	uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a 64 offset basis */
+
+	if (!run_name)
+		return h;
+	for (const unsigned char *p = (const unsigned char *)run_name; *p; p++) {
+		h ^= *p;
+		h *= 0x100000001b3ULL; /* FNV-1a 64 prime */
+	}
+	return h;
+}
+
+void mp_wire_encode(const struct mp_wire_hdr *h, void *buf, const void *payload)
+{
+	unsigned char *b = buf;
+	uint32_t wbits, crc;
+
+	memcpy(&wbits, &h->weight, sizeof(wbits));
+	put32(b + OFF_MAGIC, MP_WIRE_MAGIC);
+	b[OFF_VERSION] = MP_WIRE_VERSION;
+	b[OFF_TYPE] = h->type;
+	b[OFF_CODEC] = h->codec;
+	b[OFF_FLAGS] = h->flags;
+	put64(b + OFF_RUN_ID, h->run_id);
+	put32(b + OFF_ROUND, h->round);
+	put32(b + OFF_GROUP, h->group_id);
+	put32(b + OFF_SENDER, h->sender);
+	put32(b + OFF_PART, h->part);
+	put64(b + OFF_OFFSET, h->offset);
+	put32(b + OFF_COUNT, h->count);
+	put32(b + OFF_LENGTH, h->length);
+	put32(b + OFF_WEIGHT, wbits);
+	put32(b + OFF_AUX, h->aux);
+	put32(b + OFF_RESERVED, 0);
+
+	crc = mp_crc32c(0, b, OFF_CRC);
+	if ((h->flags & MP_WIRE_F_PAYLOAD_CRC) && h->length)
+		crc = mp_crc32c(crc, payload, h->length);
+	put32(b + OFF_CRC, crc);
+}
+
+static int reject(enum mp_wire_reject *why, enum mp_wire_reject r, int err)
+{
+	if (why)
+		*why = r;
+	return err;
+}
+
+int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodecs,
+		   struct mp_wire_hdr *h, enum mp_wire_reject *why)
+{
+	const unsigned char *b = buf;
+	struct mp_wire_hdr t;
+	size_t avail;
+	uint32_t crc, wbits;
+
+	if (len < MP_WIRE_HDR_SIZE)
+		return reject(why, MP_REJ_TRUNCATED, -EMSGSIZE);
+	/* Magic and version first: a stranger or a peer of another protocol
+	 * version is worth a precise reason, and is not a corrupted frame. */
+	if (get32(b + OFF_MAGIC) != MP_WIRE_MAGIC)
+		return reject(why, MP_REJ_MAGIC, -EBADMSG);
+	if (b[OFF_VERSION] != MP_WIRE_VERSION)
+		return reject(why, MP_REJ_VERSION, -EPROTO);
+
+	/*
+	 * Then the checksum, before any other field is believed. With the
+	 * payload flag the sender covered its payload too; we cover the bytes
+	 * we actually got, so a frame whose payload was cut short or padded
+	 * fails here as well (nothing after the header is trusted yet, not
+	 * even the length field, to choose how much to checksum).
+	 */
+	avail = len - MP_WIRE_HDR_SIZE;
+	crc = mp_crc32c(0, b, OFF_CRC);
+	if (b[OFF_FLAGS] & MP_WIRE_F_PAYLOAD_CRC)
+		crc = mp_crc32c(crc, b + MP_WIRE_HDR_SIZE, avail);
+	if (crc != get32(b + OFF_CRC))
+		return reject(why, MP_REJ_CHECKSUM, -EBADMSG);
+
+	t.type = b[OFF_TYPE];
+	t.codec = b[OFF_CODEC];
+	t.flags = b[OFF_FLAGS];
+	t.run_id = get64(b + OFF_RUN_ID);
+	t.round = get32(b + OFF_ROUND);
+	t.group_id = get32(b + OFF_GROUP);
+	t.sender = get32(b + OFF_SENDER);
+	t.part = get32(b + OFF_PART);
+	t.offset = get64(b + OFF_OFFSET);
+	t.count = get32(b + OFF_COUNT);
+	t.length = get32(b + OFF_LENGTH);
+	wbits = get32(b + OFF_WEIGHT);
+	memcpy(&t.weight, &wbits, sizeof(t.weight));
+	t.aux = get32(b + OFF_AUX);
+
+	if (t.type == 0 || t.type > MP_MSG_TYPE_MAX)
+		return reject(why, MP_REJ_TYPE, -EPROTO);
+	if (t.codec >= ncodecs)
+		return reject(why, MP_REJ_CODEC, -EPROTO);
+	if ((t.flags & ~MP_WIRE_F_KNOWN) || get32(b + OFF_RESERVED) != 0)
+		return reject(why, MP_REJ_FLAGS, -EPROTO);
+	if (t.length > MP_WIRE_MAX_PAYLOAD)
+		return reject(why, MP_REJ_LENGTH, -EMSGSIZE);
+	if (avail < t.length)
+		return reject(why, MP_REJ_TRUNCATED, -EMSGSIZE);
+	if (avail > t.length)
+		return reject(why, MP_REJ_LENGTH, -EMSGSIZE);
+	/* The weight scales a peer's contribution: a NaN or negative one
+	 * would poison or flip every sum it enters. -0.0 compares equal to 0
+	 * and is harmless. */
+	if (!isfinite(t.weight) || t.weight < 0.0f)
+		return reject(why, MP_REJ_WEIGHT, -EPROTO);
+	if (t.run_id != run_id)
+		return reject(why, MP_REJ_FOREIGN_RUN, -EPROTO);
+
+	if (h)
+		*h = t;
+	return reject(why, MP_REJ_NONE, 0);
+}

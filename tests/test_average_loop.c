@@ -1,0 +1,401 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Averaging end to end with every peer a thread of this process (loop
+ * transport): Moshpit on full and partial grids, ring, butterfly, weights,
+ * fp16, several streams, the asynchronous API and argument checking.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <moshpit/moshpit.h>
+
+#define MAXP 32
+
+struct scenario {
+	const char *name;
+	int npeers;
+	const char *grid;
+	int algo;
+	int rounds;
+	int codec;
+	int streams;
+	size_t chunk_bytes;
+	size_t count;
+	int weighted;
+	double tol;        /* max |out - mean| allowed */
+	int async;
+	int expect_rounds; /* 0 = do not check */
+	int expect_peers;  /* 0 = do not check */
+};
+
+struct shared {
+	const struct scenario *sc;
+	pthread_barrier_t bar;
+	char addr[MAXP][MP_ADDR_STRLEN];
+	float *out[MAXP];
+	struct mp_result res[MAXP];
+	int rc[MAXP];
+};
+
+struct arg {
+	struct shared *sh;
+	int rank;
+};
+
+static float input(int rank, size_t i)
+{
+	/* Distinct, exactly representable values so the mean is known precisely. */
+	return (float)((int)((rank * 7919 + (int)i * 104729) % 2001) - 1000) / 64.0f;
+}
+
+static float weight_of(const struct scenario *sc, int rank)
+{
+	return sc->weighted ? (float)(rank + 1) : 1.0f;
+}
+
+static void *peer_main(void *p)
+{
+	struct arg *a = p;
+	struct shared *sh = a->sh;
+	const struct scenario *sc = sh->sc;
+	struct mp_config cfg;
+	mp_ctx *ctx = NULL;
+	char run[64];
+	int rc;
+
+	snprintf(run, sizeof(run), "loop-%s", sc->name);
+	mp_config_init(&cfg);
+	cfg.transport = "loop";
+	cfg.run_name = run;
+	cfg.rank = a->rank;
+	cfg.npeers = sc->npeers;
+	cfg.grid = sc->grid;
+	cfg.algo = sc->algo;
+	cfg.rounds = sc->rounds;
+	cfg.codec = sc->codec;
+	cfg.streams = sc->streams;
+	cfg.connect_timeout_ms = 5000;
+	cfg.round_timeout_ms = 5000;
+	if (sc->chunk_bytes)
+		cfg.chunk_bytes = sc->chunk_bytes;
+	rc = mp_init(&cfg, &ctx);
+	if (!rc)
+		mp_local_address(ctx, sh->addr[a->rank], MP_ADDR_STRLEN);
+	pthread_barrier_wait(&sh->bar);
+	if (rc) {
+		sh->rc[a->rank] = rc;
+		pthread_barrier_wait(&sh->bar);
+		return NULL;
+	}
+	const char *addrs[MAXP];
+	for (int i = 0; i < sc->npeers; i++)
+		addrs[i] = sh->addr[i];
+	rc = mp_set_peers(ctx, addrs, sc->npeers);
+	float *buf = sh->out[a->rank];
+	for (size_t i = 0; i < sc->count; i++)
+		buf[i] = input(a->rank, i);
+	if (!rc && sc->async) {
+		mp_request *req;
+		int done = 0;
+		rc = mp_average_start(ctx, buf, sc->count, weight_of(sc, a->rank), NULL, &req);
+		if (!rc) {
+			for (int k = 0; k < 20000 && !done && !rc; k++) {
+				rc = mp_test(req, &done, &sh->res[a->rank]);
+				if (!done)
+					rc = rc ? rc : 0;
+			}
+			if (!done && !rc)
+				rc = mp_wait(req, 20000, &sh->res[a->rank]);
+		}
+	} else if (!rc) {
+		rc = mp_average(ctx, buf, sc->count, weight_of(sc, a->rank), &sh->res[a->rank]);
+	}
+	sh->rc[a->rank] = rc;
+	/* Nobody leaves before everyone is done: a peer's departure would look
+	 * like a failure to the others. */
+	pthread_barrier_wait(&sh->bar);
+	mp_finalize(ctx);
+	return NULL;
+}
+
+static double run_err(const struct scenario *sc)
+{
+	struct shared sh = {.sc = sc};
+	pthread_t th[MAXP];
+	struct arg args[MAXP];
+	double *mean = calloc(sc->count, sizeof(double));
+	double wsum = 0;
+
+	assert_true(sc->npeers <= MAXP);
+	pthread_barrier_init(&sh.bar, NULL, (unsigned)sc->npeers);
+	for (int r = 0; r < sc->npeers; r++) {
+		sh.out[r] = malloc(sc->count * sizeof(float));
+		args[r] = (struct arg){&sh, r};
+		assert_int_equal(pthread_create(&th[r], NULL, peer_main, &args[r]), 0);
+	}
+	for (int r = 0; r < sc->npeers; r++)
+		pthread_join(th[r], NULL);
+	for (int r = 0; r < sc->npeers; r++) {
+		double w = weight_of(sc, r);
+		wsum += w;
+		for (size_t i = 0; i < sc->count; i++)
+			mean[i] += w * input(r, i);
+	}
+	double maxerr = 0;
+	for (int r = 0; r < sc->npeers; r++) {
+		if (sh.rc[r])
+			fail_msg("%s: peer %d failed: %s", sc->name, r, mp_strerror(sh.rc[r]));
+		for (size_t i = 0; i < sc->count; i++) {
+			double e = fabs(sh.out[r][i] - mean[i] / wsum);
+			if (e > maxerr)
+				maxerr = e;
+		}
+		if (sc->expect_rounds)
+			assert_int_equal(sh.res[r].rounds, sc->expect_rounds);
+		if (sc->expect_peers)
+			assert_int_equal(sh.res[r].peers, sc->expect_peers);
+		assert_int_equal(sh.res[r].failed_peers, 0);
+		assert_int_equal(sh.res[r].frames_rejected, 0);
+		if (sc->npeers > 1)
+			assert_true(sh.res[r].bytes_sent > 0 && sh.res[r].bytes_received > 0);
+		if (sc->weighted && sc->expect_peers == sc->npeers)
+			assert_float_equal(sh.res[r].weight, wsum / sc->npeers, 1e-4);
+	}
+	for (int r = 0; r < sc->npeers; r++)
+		free(sh.out[r]);
+	free(mean);
+	pthread_barrier_destroy(&sh.bar);
+	return maxerr;
+}
+
+static void run(const struct scenario *sc)
+{
+	double maxerr = run_err(sc);
+
+	if (maxerr > sc->tol)
+		fail_msg("%s: max error %g above %g", sc->name, maxerr, sc->tol);
+}
+
+static void moshpit_2x2x2(void **s)
+{
+	(void)s;
+	struct scenario sc = {"m222", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 10000, 0, 1e-5, 0, 3, 8};
+	run(&sc);
+}
+
+static void moshpit_4x4(void **s)
+{
+	(void)s;
+	struct scenario sc = {"m44", 16, "4x4", MP_ALGO_MOSHPIT, 0, 0, 0, 4096, 12345, 0, 1e-5, 0, 2, 16};
+	run(&sc);
+}
+
+static void moshpit_one_round_is_not_the_mean(void **s)
+{
+	/* One round of a 2x2x2 grid averages pairs only: the peers must still
+	 * differ from the global mean, or the check above proves nothing. */
+	(void)s;
+	struct scenario sc = {"m222r1", 8, "2x2x2", MP_ALGO_MOSHPIT, 1, 0, 0, 0, 1000, 0, 1e-5, 0, 1, 2};
+	assert_true(run_err(&sc) > 1.0);
+}
+
+static void moshpit_weighted(void **s)
+{
+	(void)s;
+	struct scenario sc = {"m222w", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 5000, 1, 1e-5, 0, 3, 8};
+	run(&sc);
+}
+
+static void moshpit_partial_grid_converges(void **s)
+{
+	(void)s;
+	/* 6 peers on 8 cells: never exact in d rounds, but mean-preserving, so
+	 * enough rounds reach the exact mean to float precision. */
+	struct scenario sc = {"m6", 6, "2x2x2", MP_ALGO_MOSHPIT, 60, 0, 0, 0, 777, 0, 1e-4, 0, 60, 0};
+	run(&sc);
+}
+
+static void moshpit_streams_small_chunks(void **s)
+{
+	(void)s;
+	struct scenario sc = {"m222s3", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 3, 64, 1001, 0, 1e-5, 0, 3, 8};
+	run(&sc);
+}
+
+static void ring_8(void **s)
+{
+	(void)s;
+	struct scenario sc = {"ring8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 1024, 10007, 1, 1e-5, 0, 1, 8};
+	run(&sc);
+}
+
+static void ring_3_streams(void **s)
+{
+	(void)s;
+	struct scenario sc = {"ring3", 3, NULL, MP_ALGO_RING, 0, 0, 2, 256, 999, 0, 1e-5, 0, 1, 3};
+	run(&sc);
+}
+
+static void ring_fewer_values_than_peers(void **s)
+{
+	(void)s;
+	struct scenario sc = {"ring5of8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 0, 5, 0, 1e-5, 0, 1, 8};
+	run(&sc);
+}
+
+static void ring_2(void **s)
+{
+	(void)s;
+	struct scenario sc = {"ring2", 2, NULL, MP_ALGO_RING, 0, 0, 0, 128, 1000, 1, 1e-5, 0, 1, 2};
+	run(&sc);
+}
+
+static void butterfly_8(void **s)
+{
+	(void)s;
+	struct scenario sc = {"bf8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 10000, 1, 1e-5, 1, 1, 8};
+	run(&sc);
+}
+
+static void butterfly_tiny(void **s)
+{
+	(void)s;
+	struct scenario sc = {"bf3of8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 3, 0, 1e-5, 0, 1, 8};
+	run(&sc);
+}
+
+static void butterfly_fp16(void **s)
+{
+	(void)s;
+	/* Inputs within ±16: fp16 keeps 11 significant bits, so each peer's
+	 * contribution and the returned mean are off by at most 2^-7 each. */
+	struct scenario sc = {"bf16", 4, NULL, MP_ALGO_BUTTERFLY, 0, MP_CODEC_FP16, 0, 1024, 5000, 0,
+			      2.0 / 128, 0, 1, 4};
+	run(&sc);
+}
+
+static void single_peer(void **s)
+{
+	(void)s;
+	struct scenario sc = {"solo", 1, NULL, MP_ALGO_MOSHPIT, 0, 0, 0, 0, 100, 0, 0, 0, 0, 1};
+	run(&sc);
+}
+
+static void bad_arguments(void **s)
+{
+	struct mp_config cfg;
+	mp_ctx *ctx = NULL;
+	mp_mr *mr;
+	float buf[4] = {0};
+
+	(void)s;
+	mp_config_init(&cfg);
+	cfg.transport = "loop";
+	cfg.npeers = 2;
+	cfg.rank = 5;
+	assert_int_equal(mp_init(&cfg, &ctx), -EINVAL);
+	assert_null(ctx);
+	assert_true(strlen(mp_last_error(NULL)) > 0);
+	cfg.rank = 0;
+	cfg.transport = "carrier-pigeon";
+	assert_int_equal(mp_init(&cfg, &ctx), -ENOENT);
+	cfg.transport = "loop";
+	cfg.grid = "1x1";
+	assert_int_equal(mp_init(&cfg, &ctx), -EINVAL);
+	cfg.grid = "2xq";
+	assert_int_equal(mp_init(&cfg, &ctx), -EINVAL);
+	cfg.grid = NULL;
+	cfg.chunk_bytes = 6;
+	assert_int_equal(mp_init(&cfg, &ctx), -EINVAL);
+	cfg.chunk_bytes = 4096;
+	cfg.bandwidths = "1,x";
+	assert_int_equal(mp_init(&cfg, &ctx), -EINVAL);
+	cfg.bandwidths = NULL;
+	cfg.run_name = "bad-args";
+	assert_int_equal(mp_init(&cfg, &ctx), 0);
+	/* Before peers are known, averaging is refused, not hung. */
+	mp_request *req;
+	assert_int_equal(mp_average_start(ctx, buf, 4, 1.0f, NULL, &req), -ENOTCONN);
+	const char *bad[] = {"loop:a", "tcp:nope"};
+	assert_int_equal(mp_set_peers(ctx, bad, 1), -EINVAL);
+	assert_int_equal(mp_set_peers(ctx, bad, 2), -EINVAL);
+	const char *good[] = {"loop:a", "loop:b"};
+	assert_int_equal(mp_set_peers(ctx, good, 2), 0);
+	assert_int_equal(mp_set_peers(ctx, good, 2), -EBUSY);
+	assert_int_equal(mp_average_start(ctx, buf, 0, 1.0f, NULL, &req), -EINVAL);
+	assert_int_equal(mp_average_start(ctx, NULL, 4, 1.0f, NULL, &req), -EINVAL);
+	assert_int_equal(mp_average_start(ctx, buf, 4, NAN, NULL, &req), -EINVAL);
+	assert_int_equal(mp_average_start(ctx, buf, 4, -1.0f, NULL, &req), -EINVAL);
+	assert_int_equal(mp_mem_register(ctx, buf, sizeof(buf), MP_MEM_CUDA, &mr), -ENOTSUP);
+	assert_int_equal(mp_mem_register(ctx, buf, 0, MP_MEM_HOST, &mr), -EINVAL);
+	assert_int_equal(mp_mem_register(ctx, buf, 2 * sizeof(float), MP_MEM_HOST, &mr), 0);
+	/* A registration that does not cover the buffer is refused. */
+	assert_int_equal(mp_average_start(ctx, buf, 4, 1.0f, mr, &req), -EINVAL);
+	assert_int_equal(mp_mem_deregister(ctx, mr), 0);
+	assert_string_equal(mp_strerror(-ETIMEDOUT), "timed out");
+	assert_int_equal(mp_algo_from_name("ring"), MP_ALGO_RING);
+	assert_int_equal(mp_algo_from_name("tree"), -EINVAL);
+	mp_finalize(ctx);
+}
+
+static void unreachable_peer_times_out(void **s)
+{
+	/* Peer 1 never exists: the average must end with an error after the
+	 * connect timeout, not hang. */
+	struct mp_config cfg;
+	mp_ctx *ctx;
+	struct mp_result res;
+	float buf[16] = {0};
+
+	(void)s;
+	mp_config_init(&cfg);
+	cfg.transport = "loop";
+	cfg.run_name = "unreachable";
+	cfg.npeers = 2;
+	cfg.rank = 0;
+	cfg.algo = MP_ALGO_BUTTERFLY;
+	cfg.connect_timeout_ms = 300;
+	assert_int_equal(mp_init(&cfg, &ctx), 0);
+	const char *addrs[] = {"loop:unreachable-0", "loop:nobody-listens-here"};
+	assert_int_equal(mp_set_peers(ctx, addrs, 2), 0);
+	int rc = mp_average(ctx, buf, 16, 1.0f, &res);
+	assert_int_equal(rc, -EHOSTUNREACH);
+	assert_int_equal(res.failed_peers, 1);
+	assert_true(strstr(mp_last_error(ctx), "failed") != NULL);
+	for (int i = 0; i < 16; i++)
+		assert_true(buf[i] == 0.0f);
+	mp_finalize(ctx);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(moshpit_2x2x2),
+		cmocka_unit_test(moshpit_4x4),
+		cmocka_unit_test(moshpit_one_round_is_not_the_mean),
+		cmocka_unit_test(moshpit_weighted),
+		cmocka_unit_test(moshpit_partial_grid_converges),
+		cmocka_unit_test(moshpit_streams_small_chunks),
+		cmocka_unit_test(ring_8),
+		cmocka_unit_test(ring_3_streams),
+		cmocka_unit_test(ring_fewer_values_than_peers),
+		cmocka_unit_test(ring_2),
+		cmocka_unit_test(butterfly_8),
+		cmocka_unit_test(butterfly_tiny),
+		cmocka_unit_test(butterfly_fp16),
+		cmocka_unit_test(single_peer),
+		cmocka_unit_test(bad_arguments),
+		cmocka_unit_test(unreachable_peer_times_out),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

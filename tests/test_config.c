@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Configuration: defaults, MP_* environment variables, hostfiles, launchers. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static void clear_env(void)
+{
+	static const char *vars[] = {"MP_RANK", "MP_NPEERS", "MP_PEERS", "MP_HOSTFILE", "MP_LISTEN",
+				     "MP_RUN", "MP_TRANSPORT", "MP_GRID", "MP_BANDWIDTHS", "MP_ALGO",
+				     "MP_ROUNDS", "MP_CODEC", "MP_CHUNK_BYTES", "MP_NSTREAMS", "MP_WINDOW",
+				     "MP_CONNECT_TIMEOUT_MS", "MP_ROUND_TIMEOUT_MS", "MP_CHECKSUM",
+				     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+				     "SLURM_PROCID", "SLURM_NTASKS"};
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+		unsetenv(vars[i]);
+}
+
+static void defaults(void **s)
+{
+	struct mp_config c;
+
+	(void)s;
+	mp_config_init(&c);
+	assert_int_equal(c.size, sizeof(c));
+	assert_int_equal(c.rank, -1);
+	assert_string_equal(c.transport, "tcp");
+	assert_int_equal(c.algo, MP_ALGO_MOSHPIT);
+	assert_int_equal(c.codec, MP_CODEC_NONE);
+	assert_int_equal(c.chunk_bytes, 256 * 1024);
+	assert_true(c.connect_timeout_ms > 0 && c.round_timeout_ms > 0);
+}
+
+static void every_field_from_env(void **s)
+{
+	struct mp_config c;
+
+	(void)s;
+	clear_env();
+	setenv("MP_RANK", "3", 1);
+	setenv("MP_NPEERS", "8", 1);
+	setenv("MP_PEERS", "a:1,b:2", 1);
+	setenv("MP_HOSTFILE", "/tmp/hf", 1);
+	setenv("MP_LISTEN", "0.0.0.0:7000", 1);
+	setenv("MP_RUN", "exp42", 1);
+	setenv("MP_TRANSPORT", "loop", 1);
+	setenv("MP_GRID", "2x4", 1);
+	setenv("MP_BANDWIDTHS", "1,2", 1);
+	setenv("MP_ALGO", "ring", 1);
+	setenv("MP_ROUNDS", "5", 1);
+	setenv("MP_CODEC", "fp16", 1);
+	setenv("MP_CHUNK_BYTES", "64K", 1);
+	setenv("MP_NSTREAMS", "2", 1);
+	setenv("MP_WINDOW", "8", 1);
+	setenv("MP_CONNECT_TIMEOUT_MS", "1500", 1);
+	setenv("MP_ROUND_TIMEOUT_MS", "2500", 1);
+	setenv("MP_CHECKSUM", "payload", 1);
+	mp_config_init(&c);
+	assert_int_equal(mp_config_from_env(&c), 0);
+	assert_int_equal(c.rank, 3);
+	assert_int_equal(c.npeers, 8);
+	assert_string_equal(c.peers, "a:1,b:2");
+	assert_string_equal(c.hostfile, "/tmp/hf");
+	assert_string_equal(c.listen, "0.0.0.0:7000");
+	assert_string_equal(c.run_name, "exp42");
+	assert_string_equal(c.transport, "loop");
+	assert_string_equal(c.grid, "2x4");
+	assert_string_equal(c.bandwidths, "1,2");
+	assert_int_equal(c.algo, MP_ALGO_RING);
+	assert_int_equal(c.rounds, 5);
+	assert_int_equal(c.codec, MP_CODEC_FP16);
+	assert_int_equal(c.chunk_bytes, 65536);
+	assert_int_equal(c.streams, 2);
+	assert_int_equal(c.window, 8);
+	assert_int_equal(c.connect_timeout_ms, 1500);
+	assert_int_equal(c.round_timeout_ms, 2500);
+	assert_int_equal(c.checksum_payload, 1);
+	clear_env();
+}
+
+static void bad_env_values(void **s)
+{
+	struct mp_config c;
+	static const char *cases[][2] = {
+		{"MP_RANK", "x"}, {"MP_NPEERS", "0"}, {"MP_ALGO", "tree"}, {"MP_CODEC", "zip"},
+		{"MP_CHUNK_BYTES", "12Q"}, {"MP_WINDOW", "-1"}, {"MP_CHECKSUM", "maybe"},
+	};
+
+	(void)s;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		clear_env();
+		setenv(cases[i][0], cases[i][1], 1);
+		mp_config_init(&c);
+		if (mp_config_from_env(&c) != -EINVAL)
+			fail_msg("%s=%s accepted", cases[i][0], cases[i][1]);
+	}
+	clear_env();
+}
+
+static void hostfile_and_launcher(void **s)
+{
+	char path[] = "/tmp/mp-hostfile-XXXXXX";
+	int fd = mkstemp(path);
+	struct mp_config c, out;
+	char **list;
+	int n;
+
+	(void)s;
+	clear_env();
+	assert_true(fd >= 0);
+	const char *text = "# cluster\nnode1 slots=2\nnode2:4000\n\n[::1]:5000  # v6\nnode3\n";
+	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+	setenv("OMPI_COMM_WORLD_RANK", "4", 1);
+	setenv("OMPI_COMM_WORLD_SIZE", "5", 1);
+	mp_config_init(&c);
+	c.hostfile = path;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), 0);
+	assert_int_equal(n, 5);
+	assert_int_equal(out.rank, 4);
+	assert_int_equal(out.npeers, 5);
+	assert_string_equal(list[0], "node1:29500");
+	assert_string_equal(list[1], "node1:29501");
+	assert_string_equal(list[2], "node2:4000");
+	assert_string_equal(list[3], "[::1]:5000");
+	assert_string_equal(list[4], "node3:29500");
+	mp_free_list(list, n);
+
+	/* The launcher's size must match the hostfile. */
+	setenv("OMPI_COMM_WORLD_SIZE", "7", 1);
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	clear_env();
+	setenv("SLURM_PROCID", "1", 1);
+	setenv("SLURM_NTASKS", "2", 1);
+	mp_config_init(&c);
+	c.peers = "h1:1, h2:2";
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), 0);
+	assert_int_equal(out.rank, 1);
+	assert_string_equal(list[1], "h2:2");
+	mp_free_list(list, n);
+	clear_env();
+	unlink(path);
+	c.hostfile = "/nonexistent/hostfile";
+	c.peers = NULL;
+	c.rank = 0;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -ENOENT);
+}
+
+static void resolve_rejects(void **s)
+{
+	struct mp_config c, out;
+	char **list;
+	int n;
+
+	(void)s;
+	clear_env();
+	mp_config_init(&c);
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL); /* no peer count */
+	c.npeers = 4;
+	c.rank = 4;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	c.rank = 0;
+	c.peers = "a:1,,b:2";
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	c.peers = "a:1,b:2";
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL); /* 4 peers, 2 listed */
+	c.peers = NULL;
+	c.run_name = "";
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	c.run_name = "x";
+	c.codec = 77;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	c.codec = 0;
+	c.size = 8; /* not from mp_config_init */
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(defaults),
+		cmocka_unit_test(every_field_from_env),
+		cmocka_unit_test(bad_env_values),
+		cmocka_unit_test(hostfile_and_launcher),
+		cmocka_unit_test(resolve_rejects),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

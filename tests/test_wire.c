@@ -1,0 +1,496 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wire.h"
+
+/* Table implementation, exported by crc32c.c for this comparison. */
+extern uint32_t mp_crc32c_sw(uint32_t crc, const void *buf, size_t len);
+
+#define NCODECS 2
+#define RUN "test-run"
+
+/* Deterministic xorshift so failures reproduce. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+
+static uint64_t rng(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return rng_state;
+}
+
+static void fill_random(unsigned char *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (unsigned char)rng();
+}
+
+static struct mp_wire_hdr sample_hdr(uint32_t length, uint8_t flags)
+{
+	struct mp_wire_hdr h;
+
+	memset(&h, 0, sizeof(h));
+	h.type = MP_MSG_SCATTER;
+	h.codec = 1;
+	h.flags = flags;
+	h.run_id = mp_wire_run_id(RUN);
+	h.round = 0x01020304u;
+	h.group_id = 0xdeadbeefu;
+	h.sender = 77;
+	h.part = 3;
+	h.offset = 0x0123456789abcdefULL;
+	h.count = 1000;
+	h.length = length;
+	h.weight = 2.5f;
+	h.aux = 0xa5a5a5a5u;
+	return h;
+}
+
+static void put32(unsigned char *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+/* Fix the header CRC after a deliberate edit, so that the intended check
+ * (not the checksum) is what rejects the frame. */
+static void reseal(unsigned char *buf, size_t len)
+{
+	uint32_t crc = mp_crc32c(0, buf, 60);
+
+	if (buf[7] & MP_WIRE_F_PAYLOAD_CRC)
+		crc = mp_crc32c(crc, buf + 64, len - 64);
+	put32(buf + 60, crc);
+}
+
+static void expect_reject(const unsigned char *buf, size_t len, int err,
+			  enum mp_wire_reject reason)
+{
+	struct mp_wire_hdr h;
+	enum mp_wire_reject why = MP_REJ_NONE;
+
+	assert_int_equal(mp_wire_decode(buf, len, mp_wire_run_id(RUN), NCODECS, &h, &why), err);
+	assert_int_equal(why, reason);
+}
+
+static void test_crc_vectors(void **st)
+{
+	static const unsigned char zeros[32], ones[32] = {
+		0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+		0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+		0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+	};
+	unsigned char inc[32];
+
+	(void)st;
+	for (int i = 0; i < 32; i++)
+		inc[i] = (unsigned char)i;
+	/* check value from the CRC catalogue and RFC 3720 B.4 vectors */
+	assert_int_equal(mp_crc32c(0, "123456789", 9), 0xe3069283u);
+	assert_int_equal(mp_crc32c_sw(0, "123456789", 9), 0xe3069283u);
+	assert_int_equal(mp_crc32c(0, zeros, 32), 0x8a9136aau);
+	assert_int_equal(mp_crc32c(0, ones, 32), 0x62a8ab43u);
+	assert_int_equal(mp_crc32c(0, inc, 32), 0x46dd794eu);
+	assert_int_equal(mp_crc32c_sw(0, zeros, 32), 0x8a9136aau);
+	assert_int_equal(mp_crc32c_sw(0, inc, 32), 0x46dd794eu);
+	assert_int_equal(mp_crc32c(0, NULL, 0), 0);
+	/* chaining */
+	assert_int_equal(mp_crc32c(mp_crc32c(0, "1234", 4), "56789", 5), 0xe3069283u);
+	assert_int_equal(mp_crc32c_sw(mp_crc32c_sw(0, "12345", 5), "6789", 4), 0xe3069283u);
+}
+
+/* Hardware (when present) and table paths agree for every length and
+ * alignment, including the three-stream blocks and their seams. */
+static void test_crc_hw_equals_sw(void **st)
+{
+	const size_t big = (1u << 20) + 64;
+	unsigned char *buf = malloc(big + 16);
+
+	(void)st;
+	assert_non_null(buf);
+	fill_random(buf, big + 16);
+	for (size_t len = 0; len <= 4100; len++) {
+		size_t off = len % 8;
+		uint32_t seed = (uint32_t)rng();
+
+		assert_int_equal(mp_crc32c(0, buf + off, len), mp_crc32c_sw(0, buf + off, len));
+		assert_int_equal(mp_crc32c(seed, buf + off + 1, len),
+				 mp_crc32c_sw(seed, buf + off + 1, len));
+	}
+	/* lengths around multiples of 3 * 4096 and 3 * 256, and large ones */
+	static const size_t lens[] = { 767, 768, 769, 12287, 12288, 12289, 13057,
+				       24576 + 7, 65536, 100003, (1u << 20) };
+	for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
+		for (size_t off = 0; off < 16; off += 3)
+			assert_int_equal(mp_crc32c(0, buf + off, lens[i]),
+					 mp_crc32c_sw(0, buf + off, lens[i]));
+	/* chaining over an arbitrary split of a large buffer */
+	for (int i = 0; i < 50; i++) {
+		size_t cut = (size_t)(rng() % big);
+
+		assert_int_equal(mp_crc32c(mp_crc32c(0, buf, cut), buf + cut, big - cut),
+				 mp_crc32c_sw(0, buf, big));
+	}
+	free(buf);
+}
+
+static void test_run_id(void **st)
+{
+	(void)st;
+	/* FNV-1a 64 reference values */
+	assert_true(mp_wire_run_id("") == 0xcbf29ce484222325ULL);
+	assert_true(mp_wire_run_id("a") == 0xaf63dc4c8601ec8cULL);
+	assert_true(mp_wire_run_id("foobar") == 0x85944171f73967e8ULL);
+	assert_true(mp_wire_run_id("run-a") != mp_wire_run_id("run-b"));
+}
+
+static void test_reject_names(void **st)
+{
+	(void)st;
+	for (int r = 0; r < MP_REJ_MAX; r++) {
+		assert_non_null(mp_wire_reject_name((enum mp_wire_reject)r));
+		assert_string_not_equal(mp_wire_reject_name((enum mp_wire_reject)r), "unknown");
+	}
+	assert_string_equal(mp_wire_reject_name(MP_REJ_CHECKSUM), "checksum");
+	assert_string_equal(mp_wire_reject_name(MP_REJ_WEIGHT), "weight");
+	assert_string_equal(mp_wire_reject_name(MP_REJ_MAX), "unknown");
+}
+
+static void round_trip(uint8_t flags, uint32_t length)
+{
+	unsigned char *buf = malloc(64 + length + 1);
+	struct mp_wire_hdr h = sample_hdr(length, flags), out;
+	enum mp_wire_reject why = MP_REJ_MAX;
+
+	assert_non_null(buf);
+	fill_random(buf + 64, length);
+	mp_wire_encode(&h, buf, buf + 64);
+	assert_int_equal(get32(buf), MP_WIRE_MAGIC);
+	assert_memory_equal(buf, "MSPH", 4);
+	assert_int_equal(buf[4], MP_WIRE_VERSION);
+	memset(&out, 0xee, sizeof(out));
+	assert_int_equal(mp_wire_decode(buf, 64 + length, h.run_id, NCODECS, &out, &why), 0);
+	assert_int_equal(why, MP_REJ_NONE);
+	assert_int_equal(out.type, h.type);
+	assert_int_equal(out.codec, h.codec);
+	assert_int_equal(out.flags, h.flags);
+	assert_true(out.run_id == h.run_id);
+	assert_int_equal(out.round, h.round);
+	assert_int_equal(out.group_id, h.group_id);
+	assert_int_equal(out.sender, h.sender);
+	assert_int_equal(out.part, h.part);
+	assert_true(out.offset == h.offset);
+	assert_int_equal(out.count, h.count);
+	assert_int_equal(out.length, h.length);
+	assert_true(out.weight == h.weight);
+	assert_int_equal(out.aux, h.aux);
+	free(buf);
+}
+
+static void test_round_trip(void **st)
+{
+	(void)st;
+	round_trip(0, 0);
+	round_trip(0, 100);
+	round_trip(MP_WIRE_F_PAYLOAD_CRC, 0);
+	round_trip(MP_WIRE_F_PAYLOAD_CRC, 4097);
+}
+
+/* Byte layout is fixed little-endian, whatever the host. */
+static void test_layout(void **st)
+{
+	static const unsigned char expect[60] = {
+		0x4d, 0x53, 0x50, 0x48, 0x01, 0x02, 0x01, 0x00,             /* magic ver type codec flags */
+		0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,             /* run_id (patched below) */
+		0x04, 0x03, 0x02, 0x01, 0xef, 0xbe, 0xad, 0xde,             /* round group */
+		0x4d, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00,             /* sender part */
+		0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01,             /* offset */
+		0xe8, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,             /* count length */
+		0x00, 0x00, 0x20, 0x40, 0xa5, 0xa5, 0xa5, 0xa5,             /* weight 2.5f, aux */
+		0x00, 0x00, 0x00, 0x00,                                     /* reserved */
+	};
+	unsigned char buf[64], want[60];
+	struct mp_wire_hdr h = sample_hdr(0, 0);
+
+	(void)st;
+	memcpy(want, expect, sizeof(want));
+	for (int i = 0; i < 8; i++)
+		want[8 + i] = (unsigned char)(h.run_id >> (8 * i));
+	mp_wire_encode(&h, buf, NULL);
+	assert_memory_equal(buf, want, 60);
+	assert_int_equal(get32(buf + 60), mp_crc32c(0, buf, 60));
+}
+
+static void encode_into(unsigned char *buf, uint32_t length, uint8_t flags)
+{
+	struct mp_wire_hdr h = sample_hdr(length, flags);
+
+	fill_random(buf + 64, length);
+	mp_wire_encode(&h, buf, buf + 64);
+}
+
+static void test_truncated(void **st)
+{
+	unsigned char buf[64 + 32];
+
+	(void)st;
+	encode_into(buf, 32, 0);
+	for (size_t len = 0; len < 64; len++)
+		expect_reject(buf, len, -EMSGSIZE, MP_REJ_TRUNCATED);
+	/* header complete, payload short */
+	expect_reject(buf, 64, -EMSGSIZE, MP_REJ_TRUNCATED);
+	expect_reject(buf, 64 + 31, -EMSGSIZE, MP_REJ_TRUNCATED);
+	/* with the payload checksum, a cut payload fails the checksum */
+	encode_into(buf, 32, MP_WIRE_F_PAYLOAD_CRC);
+	expect_reject(buf, 64 + 31, -EBADMSG, MP_REJ_CHECKSUM);
+}
+
+static void test_magic(void **st)
+{
+	unsigned char buf[64];
+
+	(void)st;
+	encode_into(buf, 0, 0);
+	buf[0] ^= 0x20;
+	reseal(buf, 64);
+	expect_reject(buf, 64, -EBADMSG, MP_REJ_MAGIC);
+}
+
+static void test_version(void **st)
+{
+	unsigned char buf[64];
+
+	(void)st;
+	encode_into(buf, 0, 0);
+	for (int v = 0; v < 256; v++) {
+		if (v == MP_WIRE_VERSION)
+			continue;
+		buf[4] = (unsigned char)v;
+		reseal(buf, 64);
+		expect_reject(buf, 64, -EPROTO, MP_REJ_VERSION);
+	}
+	/* an unsealed version change still reads as a version problem */
+	encode_into(buf, 0, 0);
+	buf[4] = 2;
+	expect_reject(buf, 64, -EPROTO, MP_REJ_VERSION);
+}
+
+static void test_type(void **st)
+{
+	unsigned char buf[64];
+
+	(void)st;
+	encode_into(buf, 0, 0);
+	for (int t = 0; t < 256; t++) {
+		struct mp_wire_hdr h;
+		enum mp_wire_reject why;
+		int rc;
+
+		buf[5] = (unsigned char)t;
+		reseal(buf, 64);
+		rc = mp_wire_decode(buf, 64, mp_wire_run_id(RUN), NCODECS, &h, &why);
+		if (t >= 1 && t <= MP_MSG_TYPE_MAX) {
+			assert_int_equal(rc, 0);
+			assert_int_equal(h.type, t);
+		} else {
+			assert_int_equal(rc, -EPROTO);
+			assert_int_equal(why, MP_REJ_TYPE);
+		}
+	}
+}
+
+static void test_codec(void **st)
+{
+	unsigned char buf[64];
+	struct mp_wire_hdr h;
+	enum mp_wire_reject why;
+
+	(void)st;
+	encode_into(buf, 0, 0);
+	for (int c = NCODECS; c < 256; c++) {
+		buf[6] = (unsigned char)c;
+		reseal(buf, 64);
+		expect_reject(buf, 64, -EPROTO, MP_REJ_CODEC);
+	}
+	buf[6] = NCODECS - 1;
+	reseal(buf, 64);
+	assert_int_equal(mp_wire_decode(buf, 64, mp_wire_run_id(RUN), NCODECS, &h, &why), 0);
+	/* the limit is the caller's */
+	assert_int_equal(mp_wire_decode(buf, 64, mp_wire_run_id(RUN), 1, &h, &why), -EPROTO);
+	assert_int_equal(why, MP_REJ_CODEC);
+}
+
+static void test_flags_reserved(void **st)
+{
+	unsigned char buf[64];
+
+	(void)st;
+	for (int bit = 1; bit < 8; bit++) {
+		encode_into(buf, 0, 0);
+		buf[7] = (unsigned char)(1u << bit);
+		reseal(buf, 64);
+		expect_reject(buf, 64, -EPROTO, MP_REJ_FLAGS);
+	}
+	for (int i = 56; i < 60; i++) {
+		encode_into(buf, 0, 0);
+		buf[i] = 0x10;
+		reseal(buf, 64);
+		expect_reject(buf, 64, -EPROTO, MP_REJ_FLAGS);
+	}
+}
+
+static void test_length(void **st)
+{
+	unsigned char buf[64 + 64];
+
+	(void)st;
+	/* frame longer than the length field says */
+	encode_into(buf, 16, 0);
+	expect_reject(buf, 64 + 17, -EMSGSIZE, MP_REJ_LENGTH);
+	expect_reject(buf, 64 + 64, -EMSGSIZE, MP_REJ_LENGTH);
+	/* length field larger than the frame */
+	encode_into(buf, 16, 0);
+	put32(buf + 44, 17);
+	reseal(buf, 64 + 16);
+	expect_reject(buf, 64 + 16, -EMSGSIZE, MP_REJ_TRUNCATED);
+	/* field smaller than the frame */
+	put32(buf + 44, 15);
+	reseal(buf, 64 + 16);
+	expect_reject(buf, 64 + 16, -EMSGSIZE, MP_REJ_LENGTH);
+	/* too large, even if the caller's buffer claims to hold it */
+	put32(buf + 44, MP_WIRE_MAX_PAYLOAD + 1);
+	reseal(buf, 64 + 16);
+	expect_reject(buf, 64 + 16, -EMSGSIZE, MP_REJ_LENGTH);
+	put32(buf + 44, 0xffffffffu);
+	reseal(buf, 64 + 16);
+	expect_reject(buf, 64 + 16, -EMSGSIZE, MP_REJ_LENGTH);
+}
+
+static void test_checksum(void **st)
+{
+	unsigned char buf[64 + 100];
+
+	(void)st;
+	/* header bit flip outside magic/version */
+	encode_into(buf, 100, 0);
+	buf[30] ^= 0x04;
+	expect_reject(buf, sizeof(buf), -EBADMSG, MP_REJ_CHECKSUM);
+	/* payload bit flip: unseen without the flag ... */
+	encode_into(buf, 100, 0);
+	buf[64 + 50] ^= 0x80;
+	expect_reject(buf, sizeof(buf), 0, MP_REJ_NONE);
+	/* ... caught with it */
+	for (size_t i = 64; i < sizeof(buf); i += 7) {
+		encode_into(buf, 100, MP_WIRE_F_PAYLOAD_CRC);
+		expect_reject(buf, sizeof(buf), 0, MP_REJ_NONE);
+		buf[i] ^= (unsigned char)(1u << (i % 8));
+		expect_reject(buf, sizeof(buf), -EBADMSG, MP_REJ_CHECKSUM);
+	}
+	/* a flip in the stored CRC itself */
+	encode_into(buf, 100, 0);
+	buf[63] ^= 1;
+	expect_reject(buf, sizeof(buf), -EBADMSG, MP_REJ_CHECKSUM);
+}
+
+static void test_weight(void **st)
+{
+	static const float bad[] = { -1.0f, -1e-30f, INFINITY, -INFINITY, NAN };
+	unsigned char buf[64];
+	struct mp_wire_hdr h;
+
+	(void)st;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		h = sample_hdr(0, 0);
+		h.weight = bad[i];
+		mp_wire_encode(&h, buf, NULL);
+		expect_reject(buf, 64, -EPROTO, MP_REJ_WEIGHT);
+	}
+	h = sample_hdr(0, 0);
+	h.weight = 0.0f;
+	mp_wire_encode(&h, buf, NULL);
+	expect_reject(buf, 64, 0, MP_REJ_NONE);
+	h.weight = -0.0f;
+	mp_wire_encode(&h, buf, NULL);
+	expect_reject(buf, 64, 0, MP_REJ_NONE);
+}
+
+static void test_foreign_run(void **st)
+{
+	unsigned char buf[64];
+	struct mp_wire_hdr h = sample_hdr(0, 0);
+	enum mp_wire_reject why;
+
+	(void)st;
+	h.run_id = mp_wire_run_id("another-run");
+	mp_wire_encode(&h, buf, NULL);
+	expect_reject(buf, 64, -EPROTO, MP_REJ_FOREIGN_RUN);
+	assert_int_equal(mp_wire_decode(buf, 64, h.run_id, NCODECS, NULL, &why), 0);
+	assert_int_equal(mp_wire_decode(buf, 64, h.run_id, NCODECS, NULL, NULL), 0);
+}
+
+/* No single-bit error anywhere in a valid header (or its payload, with the
+ * flag) may produce a frame that decodes. */
+static void test_every_bit_flip(void **st)
+{
+	unsigned char buf[64 + 24];
+	struct mp_wire_hdr h;
+	enum mp_wire_reject why;
+
+	(void)st;
+	for (int pass = 0; pass < 2; pass++) {
+		uint8_t flags = pass ? MP_WIRE_F_PAYLOAD_CRC : 0;
+		size_t nbits = pass ? sizeof(buf) * 8 : 64 * 8;
+
+		encode_into(buf, 24, flags);
+		for (size_t bit = 0; bit < nbits; bit++) {
+			buf[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+			assert_int_not_equal(mp_wire_decode(buf, sizeof(buf), mp_wire_run_id(RUN),
+							    NCODECS, &h, &why), 0);
+			assert_int_not_equal(why, MP_REJ_NONE);
+			buf[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+		}
+		assert_int_equal(mp_wire_decode(buf, sizeof(buf), mp_wire_run_id(RUN), NCODECS,
+						&h, &why), 0);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_crc_vectors),
+		cmocka_unit_test(test_crc_hw_equals_sw),
+		cmocka_unit_test(test_run_id),
+		cmocka_unit_test(test_reject_names),
+		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_layout),
+		cmocka_unit_test(test_truncated),
+		cmocka_unit_test(test_magic),
+		cmocka_unit_test(test_version),
+		cmocka_unit_test(test_type),
+		cmocka_unit_test(test_codec),
+		cmocka_unit_test(test_flags_reserved),
+		cmocka_unit_test(test_length),
+		cmocka_unit_test(test_checksum),
+		cmocka_unit_test(test_weight),
+		cmocka_unit_test(test_foreign_run),
+		cmocka_unit_test(test_every_bit_flip),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,2181 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * mpbench - run and benchmark Moshpit All-Reduce (and the ring and butterfly
+ * baselines) through the public libmoshpit API, with nccl-tests-like output.
+ *
+ * Three ways to run:
+ *
+ *  - local, one process per peer (default, --transport=tcp): the parent forks
+ *    N children; each listens on 127.0.0.1:0 and sends its address up a pipe,
+ *    the parent sends the full list back down, and the children report one
+ *    result per size. The parent prints the table.
+ *  - local, one thread per peer (--transport=loop): the same, with the peers
+ *    as threads of this process and the pipes replaced by in-memory queues.
+ *  - multi-host (--hostfile, MP_HOSTFILE or MP_PEERS, with a rank from
+ *    --rank, MP_RANK, mpirun, PMI or srun): this process is one peer; the
+ *    library finds the others; rank 0 prints its own measurements.
+ *
+ * Every wait is bounded: pipe and queue reads poll with a deadline, every
+ * average waits at most a safety limit on top of the library's own
+ * deadlines, and a peer that stays silent too long is reported and killed.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <moshpit/moshpit.h>
+
+#define PROG "mpbench"
+
+/* Exit statuses. */
+#define EXIT_OK 0
+#define EXIT_FAIL 1
+#define EXIT_USAGE 2
+
+/* Messages between a peer and the coordinator (parent process or main thread). */
+enum {
+	MSG_ADDR = 1,      /* peer -> coord: listening address (text) */
+	MSG_PEERS = 2,     /* coord -> peer: every address, '\n'-separated, rank order */
+	MSG_RESULT = 3,    /* peer -> coord: struct size_result */
+	MSG_HEARTBEAT = 4, /* peer -> coord: still busy */
+	MSG_ERROR = 5,     /* peer -> coord: what went wrong (text); the peer stops */
+	MSG_DONE = 6,      /* peer -> coord: finished and finalized */
+	MSG_EOF = 7,       /* made up by the coordinator: the peer's pipe closed */
+};
+
+#define MSG_MAX_LEN (1u << 24)
+#define HEARTBEAT_S 1.0
+
+struct msg_hdr {
+	uint32_t type;
+	int32_t rank;
+	uint32_t len;
+};
+
+struct msg {
+	uint32_t type;
+	int rank;
+	uint32_t len;
+	char *data; /* len bytes plus a NUL; malloc'd, NULL when len is 0 */
+};
+
+/* One peer's measurement of one size, and (combined) one table row. */
+struct size_result {
+	uint32_t size_idx;
+	int32_t rounds;       /* rounds completed (min over peers) */
+	int32_t peers;        /* contributions that reached the result (min over peers) */
+	int32_t failed_peers; /* peers dropped (max over iterations and peers) */
+	int64_t wrong;        /* elements beyond the tolerance; -1 = not counted */
+	double time_us;       /* mean time per timed iteration (max over peers) */
+	double max_err;       /* max |out - exact|; < 0 = not checked */
+	double rms_err;       /* rms of out - exact; < 0 = not checked */
+	double bytes_sent;    /* per operation (summed over peers) */
+	double bytes_received;
+};
+
+struct gridinfo {
+	int ndims;
+	int dims[MP_MAX_GRID_DIMS];
+	uint64_t cells;
+	int given; /* from --grid / MP_GRID, not guessed */
+};
+
+/* Settings, fixed before any peer starts (children and threads only read it). */
+struct bench {
+	struct mp_config cfg; /* after MP_* environment and options */
+	uint64_t *sizes;
+	int nsizes;
+	uint64_t minbytes, maxbytes, stepfactor;
+	int iters, warmup, check, weighted;
+	uint64_t seed;
+	double tol;
+	int tol_set;
+	const char *json;
+	const char *transport;
+	const char *run;
+	char run_buf[64];
+	int multi;  /* multi-host mode */
+	int loop;   /* local mode with threads */
+	int npeers; /* local mode: peers to start; multi-host: known after mp_init */
+	/* Derived by bench_derive once npeers is known. */
+	struct gridinfo grid;
+	int rounds_eff; /* Moshpit rounds per average */
+	int exact;      /* the result must equal the exact weighted mean */
+	char inexact_why[128];
+	double bus_factor;
+	int op_cap_ms;  /* safety limit on one average */
+	int silence_ms; /* longest silence the coordinator tolerates from a peer */
+};
+
+static const char *const algo_names[] = { "moshpit", "ring", "butterfly" };
+static const char *const codec_names[] = { "none", "fp16" };
+
+static const char *algo_name(int a)
+{
+	return a >= 0 && a < 3 ? algo_names[a] : "?";
+}
+
+static const char *codec_name(int c)
+{
+	return c >= 0 && c < 2 ? codec_names[c] : "?";
+}
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                             */
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void die_oom(void)
+{
+	fprintf(stderr, PROG ": out of memory\n");
+	fflush(NULL);
+	_exit(EXIT_FAIL);
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+
+	if (!p)
+		die_oom();
+	return p;
+}
+
+static void *xcalloc(size_t n, size_t sz)
+{
+	void *p = calloc(n ? n : 1, sz ? sz : 1);
+
+	if (!p)
+		die_oom();
+	return p;
+}
+
+static int clamp_ms(int64_t ms)
+{
+	if (ms > INT_MAX)
+		return INT_MAX;
+	if (ms < 0)
+		return 0;
+	return (int)ms;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Test data: a cheap counter-based generator                                */
+
+static inline uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* Key of the input of peer @rank in iteration @it. */
+static uint64_t stream_key(uint64_t seed, int rank, int it)
+{
+	uint64_t k = ((uint64_t)(uint32_t)rank << 32) | (uint32_t)it;
+
+	return mix64(seed ^ mix64(k + 0x9e3779b97f4a7c15ULL));
+}
+
+/* Element @i of a stream: a float in [-1, 1), exact in fp32 (24-bit grid). */
+static inline float gen_value(uint64_t key, uint64_t i)
+{
+	uint64_t h = mix64(key + (i + 1) * 0x9e3779b97f4a7c15ULL);
+
+	return (float)(int32_t)(h >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+
+static float peer_weight(const struct bench *b, int rank)
+{
+	return b->weighted ? (float)(rank + 1) : 1.0f;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pipes with deadlines                                                      */
+
+static int set_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return -errno;
+	return 0;
+}
+
+/* Write all of @buf to non-blocking @fd within @timeout_ms. */
+static int fd_write_all(int fd, const void *buf, size_t len, int timeout_ms)
+{
+	const char *p = buf;
+	int64_t deadline = now_ms() + timeout_ms;
+
+	while (len > 0) {
+		ssize_t n = write(fd, p, len);
+
+		if (n > 0) {
+			p += n;
+			len -= (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+
+		int64_t left = deadline - now_ms();
+		struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		int rc = poll(&pfd, 1, clamp_ms(left));
+
+		if (rc < 0 && errno != EINTR)
+			return -errno;
+		if (rc > 0 && !(pfd.revents & POLLOUT) && (pfd.revents & (POLLERR | POLLHUP)))
+			return -EPIPE;
+	}
+	return 0;
+}
+
+/* Read exactly @len bytes within @timeout_ms: 1, 0 on EOF before the first byte,
+ * -EPIPE on EOF midway, -ETIMEDOUT or another negative errno. */
+static int fd_read_all(int fd, void *buf, size_t len, int timeout_ms)
+{
+	char *p = buf;
+	size_t got = 0;
+	int64_t deadline = now_ms() + timeout_ms;
+
+	while (got < len) {
+		int64_t left = deadline - now_ms();
+		struct pollfd pfd = { .fd = fd, .events = POLLIN };
+		int rc = poll(&pfd, 1, clamp_ms(left));
+
+		if (rc < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (rc == 0)
+			return -ETIMEDOUT;
+
+		ssize_t n = read(fd, p + got, len - got);
+
+		if (n < 0) {
+			if (errno == EINTR || errno == EAGAIN)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return got ? -EPIPE : 0;
+		got += (size_t)n;
+	}
+	return 1;
+}
+
+static int fd_send_msg(int fd, uint32_t type, int rank, const void *data, uint32_t len,
+		       int timeout_ms)
+{
+	struct msg_hdr h = { .type = type, .rank = rank, .len = len };
+	size_t total = sizeof(h) + len;
+	char stackbuf[1024];
+	char *buf = total <= sizeof(stackbuf) ? stackbuf : xmalloc(total);
+	int rc;
+
+	/* One write: messages up to PIPE_BUF reach the pipe whole. */
+	memcpy(buf, &h, sizeof(h));
+	if (len)
+		memcpy(buf + sizeof(h), data, len);
+	rc = fd_write_all(fd, buf, total, timeout_ms);
+	if (buf != stackbuf)
+		free(buf);
+	return rc;
+}
+
+/* 1 with a message, 0 on a clean EOF, negative errno otherwise. */
+static int fd_recv_msg(int fd, struct msg *m, int timeout_ms)
+{
+	struct msg_hdr h;
+	int rc = fd_read_all(fd, &h, sizeof(h), timeout_ms);
+
+	if (rc <= 0)
+		return rc;
+	if (h.len > MSG_MAX_LEN)
+		return -EPROTO;
+	m->type = h.type;
+	m->rank = h.rank;
+	m->len = h.len;
+	m->data = NULL;
+	if (h.len) {
+		m->data = xmalloc((size_t)h.len + 1);
+		rc = fd_read_all(fd, m->data, h.len, timeout_ms);
+		if (rc <= 0) {
+			free(m->data);
+			m->data = NULL;
+			return rc == 0 ? -EPIPE : rc;
+		}
+		m->data[h.len] = '\0';
+	}
+	return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* In-memory message queues (loop transport: peers are threads)              */
+
+struct qmsg {
+	struct qmsg *next;
+	struct msg m;
+};
+
+struct mq {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct qmsg *head, *tail;
+};
+
+static int mq_init(struct mq *q)
+{
+	pthread_condattr_t ca;
+
+	memset(q, 0, sizeof(*q));
+	if (pthread_mutex_init(&q->mu, NULL))
+		return -ENOMEM;
+	if (pthread_condattr_init(&ca))
+		return -ENOMEM;
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	if (pthread_cond_init(&q->cv, &ca)) {
+		pthread_condattr_destroy(&ca);
+		return -ENOMEM;
+	}
+	pthread_condattr_destroy(&ca);
+	return 0;
+}
+
+static int mq_put(struct mq *q, uint32_t type, int rank, const void *data, uint32_t len)
+{
+	struct qmsg *e = xcalloc(1, sizeof(*e));
+
+	e->m.type = type;
+	e->m.rank = rank;
+	e->m.len = len;
+	if (len) {
+		e->m.data = xmalloc((size_t)len + 1);
+		memcpy(e->m.data, data, len);
+		e->m.data[len] = '\0';
+	}
+	pthread_mutex_lock(&q->mu);
+	if (q->tail)
+		q->tail->next = e;
+	else
+		q->head = e;
+	q->tail = e;
+	pthread_cond_signal(&q->cv);
+	pthread_mutex_unlock(&q->mu);
+	return 0;
+}
+
+/* 1 with a message, 0 on timeout. */
+static int mq_get(struct mq *q, struct msg *m, int timeout_ms)
+{
+	struct timespec dl;
+	struct qmsg *e;
+
+	clock_gettime(CLOCK_MONOTONIC, &dl);
+	dl.tv_sec += timeout_ms / 1000;
+	dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (dl.tv_nsec >= 1000000000L) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&q->mu);
+	while (!q->head) {
+		int rc = pthread_cond_timedwait(&q->cv, &q->mu, &dl);
+
+		if (rc == ETIMEDOUT && !q->head) {
+			pthread_mutex_unlock(&q->mu);
+			return 0;
+		}
+	}
+	e = q->head;
+	q->head = e->next;
+	if (!q->head)
+		q->tail = NULL;
+	pthread_mutex_unlock(&q->mu);
+	*m = e->m;
+	free(e);
+	return 1;
+}
+
+/* A one-way channel: a pipe end (fd >= 0) or a queue. */
+struct chan {
+	int fd;
+	struct mq *q;
+};
+
+static int chan_send(const struct chan *c, uint32_t type, int rank, const void *data,
+		     uint32_t len, int timeout_ms)
+{
+	if (c->q)
+		return mq_put(c->q, type, rank, data, len);
+	return fd_send_msg(c->fd, type, rank, data, len, timeout_ms);
+}
+
+/* 1 with a message, 0 on timeout, -EPIPE when the other side is gone. */
+static int chan_recv(const struct chan *c, struct msg *m, int timeout_ms)
+{
+	int rc;
+
+	if (c->q)
+		return mq_get(c->q, m, timeout_ms);
+	rc = fd_recv_msg(c->fd, m, timeout_ms);
+	if (rc == 0)
+		return -EPIPE;
+	if (rc == -ETIMEDOUT)
+		return 0;
+	return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Grid, exactness and bus bandwidth                                         */
+
+/* "4x4", "2x2x2", "8" -> 0, or -1 if malformed. */
+static int grid_parse(const char *s, struct gridinfo *g)
+{
+	const char *p = s;
+
+	memset(g, 0, sizeof(*g));
+	g->cells = 1;
+	if (!s || !*s)
+		return -1;
+	for (;;) {
+		char *end;
+		long v;
+
+		if (*p < '0' || *p > '9')
+			return -1;
+		errno = 0;
+		v = strtol(p, &end, 10);
+		if (errno || v < 1 || v > 1000000 || g->ndims == MP_MAX_GRID_DIMS)
+			return -1;
+		g->dims[g->ndims++] = (int)v;
+		g->cells *= (uint64_t)v;
+		if (g->cells > (1ULL << 40))
+			return -1;
+		if (*end == '\0')
+			break;
+		if (*end != 'x' && *end != 'X')
+			return -1;
+		p = end + 1;
+	}
+	g->given = 1;
+	return 0;
+}
+
+/*
+ * What the library picks when no grid is given: one dimension up to 8 peers
+ * (a single group of everyone), else a near-square (or above 256 peers a
+ * near-cubic) grid with at least npeers cells. Only the one-dimensional case
+ * is relied upon (exactness); beyond 8 peers this is a guess used for the
+ * bus bandwidth, as the library does not report its grid.
+ */
+static void grid_auto_guess(int n, struct gridinfo *g)
+{
+	int d = n <= 8 ? 1 : n <= 256 ? 2 : 3;
+	int a = 1;
+	uint64_t cells;
+
+	memset(g, 0, sizeof(*g));
+	for (;;) {
+		cells = 1;
+		for (int i = 0; i < d; i++)
+			cells *= (uint64_t)a;
+		if (cells >= (uint64_t)n)
+			break;
+		a++;
+	}
+	g->ndims = d;
+	for (int i = 0; i < d; i++)
+		g->dims[i] = a;
+	for (int i = d - 1; i >= 0; i--) {
+		uint64_t c2 = cells / (uint64_t)a * (uint64_t)(a - 1);
+
+		if (a > 1 && c2 >= (uint64_t)n) {
+			g->dims[i] = a - 1;
+			cells = c2;
+		}
+	}
+	g->cells = cells;
+}
+
+static void grid_format(const struct gridinfo *g, char *buf, size_t len)
+{
+	size_t off = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < g->ndims && off < len; i++)
+		off += (size_t)snprintf(buf + off, len - off, "%s%d", i ? "x" : "", g->dims[i]);
+}
+
+/*
+ * Everything that depends on the peer count: the grid, whether the result
+ * must be the exact weighted mean, the bus bandwidth factor, the tolerance
+ * and the safety limits. All knowledge of the library's grid choice is here.
+ *
+ * Exact: ring and butterfly always; Moshpit when every grid cell holds a
+ * peer (no partial grid) and it runs at least one round per dimension. Left
+ * to the library (no grid given) that is known only up to 8 peers, where the
+ * grid is one group of all peers.
+ */
+static void bench_derive(struct bench *b, int npeers)
+{
+	const struct mp_config *c = &b->cfg;
+	int64_t cto = c->connect_timeout_ms > 0 ? c->connect_timeout_ms : 10000;
+	int64_t rto = c->round_timeout_ms > 0 ? c->round_timeout_ms : 10000;
+	int64_t cap;
+
+	b->npeers = npeers;
+	if (!c->grid || grid_parse(c->grid, &b->grid) < 0)
+		grid_auto_guess(npeers, &b->grid);
+	b->rounds_eff = c->rounds > 0 ? c->rounds : b->grid.ndims;
+
+	b->exact = 1;
+	b->inexact_why[0] = '\0';
+	if (c->algo != MP_ALGO_MOSHPIT) {
+		/* ring and butterfly reduce over every peer */
+	} else if (!b->grid.given && npeers > 8) {
+		b->exact = 0;
+		snprintf(b->inexact_why, sizeof(b->inexact_why),
+			 "automatic grid above 8 peers, not known to be full");
+	} else if (b->grid.cells != (uint64_t)npeers) {
+		b->exact = 0;
+		snprintf(b->inexact_why, sizeof(b->inexact_why),
+			 "partial grid, %d peers on %" PRIu64 " cells", npeers, b->grid.cells);
+	} else if (b->rounds_eff < b->grid.ndims) {
+		b->exact = 0;
+		snprintf(b->inexact_why, sizeof(b->inexact_why),
+			 "%d round(s) on a %d-dimensional grid", b->rounds_eff, b->grid.ndims);
+	}
+
+	b->bus_factor = 0.0;
+	if (c->algo == MP_ALGO_MOSHPIT) {
+		for (int t = 0; t < b->rounds_eff; t++) {
+			int k = b->grid.dims[t % b->grid.ndims];
+
+			b->bus_factor += 2.0 * (k - 1) / k;
+		}
+	} else if (npeers > 0) {
+		b->bus_factor = 2.0 * (npeers - 1) / npeers;
+	}
+
+	if (!b->tol_set)
+		b->tol = c->codec == MP_CODEC_FP16 ? 2e-3 : 1e-5;
+
+	/* Safety net only: the library's deadlines should fire long before. */
+	cap = 30000 + cto + rto * (int64_t)(b->rounds_eff + 4) + (int64_t)(b->maxbytes / 1000);
+	b->op_cap_ms = clamp_ms(cap);
+	b->silence_ms = clamp_ms(cap + 30000);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Output: table, progress, JSON                                             */
+
+struct agg {
+	const struct bench *b;
+	int nrep;   /* reports per size */
+	int print;  /* this process prints the table */
+	struct size_result *rows;
+	int *count;
+	double *algbw, *busbw;
+	int next;   /* next row to print */
+	double busbw_sum;
+	int nrows;
+	int64_t wrong_total;
+	int counted; /* rows whose wrong values were counted */
+};
+
+static void agg_init(struct agg *a, const struct bench *b, int nrep, int print)
+{
+	memset(a, 0, sizeof(*a));
+	a->b = b;
+	a->nrep = nrep;
+	a->print = print;
+	a->rows = xcalloc((size_t)b->nsizes, sizeof(*a->rows));
+	a->count = xcalloc((size_t)b->nsizes, sizeof(*a->count));
+	a->algbw = xcalloc((size_t)b->nsizes, sizeof(double));
+	a->busbw = xcalloc((size_t)b->nsizes, sizeof(double));
+}
+
+static void agg_free(struct agg *a)
+{
+	free(a->rows);
+	free(a->count);
+	free(a->algbw);
+	free(a->busbw);
+}
+
+static void progress(const struct agg *a)
+{
+	if (!a->print || a->next >= a->b->nsizes)
+		return;
+	fprintf(stderr, PROG ": size %" PRIu64 " (%d/%d) ...\n", a->b->sizes[a->next],
+		a->next + 1, a->b->nsizes);
+}
+
+static void print_header(const struct bench *b, const char *mode)
+{
+	const struct mp_config *c = &b->cfg;
+	char g[96], gdesc[128];
+
+	grid_format(&b->grid, g, sizeof(g));
+	if (c->algo != MP_ALGO_MOSHPIT)
+		snprintf(gdesc, sizeof(gdesc), "-  rounds -");
+	else if (b->grid.given)
+		snprintf(gdesc, sizeof(gdesc), "%s  rounds %d", g, b->rounds_eff);
+	else
+		snprintf(gdesc, sizeof(gdesc), "auto (%s%s)  rounds %d",
+			 b->npeers <= 8 ? "" : "assumed ", g, b->rounds_eff);
+	printf("# " PROG " %d.%d.%d: %s\n", MP_VERSION_MAJOR, MP_VERSION_MINOR,
+	       MP_VERSION_PATCH, mode);
+	printf("# transport %s  peers %d  algo %s  grid %s  codec %s\n", b->transport,
+	       b->npeers, algo_name(c->algo), gdesc, codec_name(c->codec));
+	printf("# minBytes %" PRIu64 "  maxBytes %" PRIu64 "  step %" PRIu64
+	       " (factor)  iters %d  warmup %d  check %d  weighted %d  seed %" PRIu64 "\n",
+	       b->minbytes, b->maxbytes, b->stepfactor, b->iters, b->warmup, b->check,
+	       b->weighted, b->seed);
+	printf("# chunk %zu  streams %d  timeouts %d/%d ms (connect/round)  run %s\n",
+	       c->chunk_bytes, c->streams, c->connect_timeout_ms, c->round_timeout_ms,
+	       b->run ? b->run : "(default)");
+	if (!b->check)
+		printf("# check off: max_err and #wrong are not computed\n");
+	else if (b->exact)
+		printf("# check: exact weighted mean, tolerance %g\n", b->tol);
+	else
+		printf("# check: approximate by design (%s): errors shown, #wrong n/a\n",
+		       b->inexact_why);
+	printf("#\n");
+	printf("# %10s %12s %6s %6s %10s %6s %6s %10s %8s %8s %9s %7s\n", "size", "count",
+	       "type", "codec", "algo", "peers", "rounds", "time", "algbw", "busbw", "max_err",
+	       "#wrong");
+	printf("# %10s %12s %6s %6s %10s %6s %6s %10s %8s %8s %9s %7s\n", "(B)",
+	       "(elements)", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "");
+	fflush(stdout);
+}
+
+static void print_row(struct agg *a, int s)
+{
+	const struct bench *b = a->b;
+	const struct size_result *r = &a->rows[s];
+	uint64_t bytes = b->sizes[s];
+	double algbw = r->time_us > 0 ? (double)bytes / r->time_us / 1e3 : 0.0;
+	double busbw = algbw * b->bus_factor;
+	char err[32], wrong[32];
+
+	a->algbw[s] = algbw;
+	a->busbw[s] = busbw;
+	a->busbw_sum += busbw;
+	a->nrows++;
+	if (r->wrong >= 0) {
+		a->wrong_total += r->wrong;
+		a->counted++;
+	}
+	if (!a->print)
+		return;
+	if (r->max_err >= 0)
+		snprintf(err, sizeof(err), "%9.2e", r->max_err);
+	else
+		snprintf(err, sizeof(err), "%9s", "n/a");
+	if (r->wrong >= 0)
+		snprintf(wrong, sizeof(wrong), "%7" PRId64, r->wrong);
+	else
+		snprintf(wrong, sizeof(wrong), "%7s", "n/a");
+	printf("  %10" PRIu64 " %12" PRIu64 " %6s %6s %10s %6d %6d %10.1f %8.3f %8.3f %s %s\n",
+	       bytes, bytes / 4, "float", codec_name(b->cfg.codec), algo_name(b->cfg.algo),
+	       b->npeers, r->rounds, r->time_us, algbw, busbw, err, wrong);
+	fflush(stdout);
+	if (r->failed_peers > 0)
+		fprintf(stderr, PROG ": warning: size %" PRIu64 ": %d peer(s) dropped during the "
+			"averages\n", bytes, r->failed_peers);
+}
+
+/* Fold one peer's report of one size in; print rows as they complete. */
+static void agg_add(struct agg *a, const struct size_result *in)
+{
+	uint32_t s = in->size_idx;
+	struct size_result *r;
+
+	if (s >= (uint32_t)a->b->nsizes)
+		return;
+	r = &a->rows[s];
+	if (a->count[s]++ == 0) {
+		*r = *in;
+	} else {
+		if (in->time_us > r->time_us)
+			r->time_us = in->time_us;
+		if (in->max_err > r->max_err)
+			r->max_err = in->max_err;
+		if (in->rms_err > r->rms_err)
+			r->rms_err = in->rms_err;
+		if (in->wrong < 0 || r->wrong < 0)
+			r->wrong = -1;
+		else
+			r->wrong += in->wrong;
+		if (in->rounds < r->rounds)
+			r->rounds = in->rounds;
+		if (in->peers < r->peers)
+			r->peers = in->peers;
+		if (in->failed_peers > r->failed_peers)
+			r->failed_peers = in->failed_peers;
+		r->bytes_sent += in->bytes_sent;
+		r->bytes_received += in->bytes_received;
+	}
+	while (a->next < a->b->nsizes && a->count[a->next] == a->nrep) {
+		print_row(a, a->next);
+		a->next++;
+		progress(a);
+	}
+}
+
+static void print_footer(const struct agg *a)
+{
+	printf("# Avg bus bandwidth : %g\n", a->nrows ? a->busbw_sum / a->nrows : 0.0);
+	if (!a->counted)
+		printf("# Out of bounds values : n/a\n");
+	else
+		printf("# Out of bounds values : %" PRId64 " %s\n", a->wrong_total,
+		       a->wrong_total ? "FAILED" : "OK");
+	printf("#\n");
+	fflush(stdout);
+}
+
+static void json_str(FILE *f, const char *s)
+{
+	if (!s) {
+		fputs("null", f);
+		return;
+	}
+	fputc('"', f);
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		switch (ch) {
+		case '"':
+			fputs("\\\"", f);
+			break;
+		case '\\':
+			fputs("\\\\", f);
+			break;
+		case '\n':
+			fputs("\\n", f);
+			break;
+		case '\r':
+			fputs("\\r", f);
+			break;
+		case '\t':
+			fputs("\\t", f);
+			break;
+		default:
+			if (ch < 0x20)
+				fprintf(f, "\\u%04x", ch);
+			else
+				fputc(ch, f);
+		}
+	}
+	fputc('"', f);
+}
+
+static void json_num(FILE *f, double v)
+{
+	if (isfinite(v))
+		fprintf(f, "%.6g", v);
+	else
+		fputs("null", f);
+}
+
+/* Results are written one object per line (bench_vs_mpi.sh relies on it). */
+static int write_json(const struct agg *a, const char *mode, int rank)
+{
+	const struct bench *b = a->b;
+	const struct mp_config *c = &b->cfg;
+	char g[96];
+	FILE *f = fopen(b->json, "w");
+
+	if (!f) {
+		fprintf(stderr, PROG ": cannot write %s: %s\n", b->json, strerror(errno));
+		return -1;
+	}
+	grid_format(&b->grid, g, sizeof(g));
+	fprintf(f, "{\n  \"settings\": {\n");
+	fprintf(f, "    \"version\": \"%d.%d.%d\",\n", MP_VERSION_MAJOR, MP_VERSION_MINOR,
+		MP_VERSION_PATCH);
+	fprintf(f, "    \"mode\": ");
+	json_str(f, mode);
+	fprintf(f, ",\n    \"rank\": %d,\n    \"transport\": ", rank);
+	json_str(f, b->transport);
+	fprintf(f, ",\n    \"peers\": %d,\n    \"algo\": ", b->npeers);
+	json_str(f, algo_name(c->algo));
+	fprintf(f, ",\n    \"grid\": ");
+	json_str(f, b->grid.given ? c->grid : NULL);
+	fprintf(f, ",\n    \"grid_assumed\": ");
+	json_str(f, g);
+	fprintf(f, ",\n    \"rounds\": %d,\n    \"codec\": ", c->rounds);
+	json_str(f, codec_name(c->codec));
+	fprintf(f, ",\n    \"minbytes\": %" PRIu64 ",\n    \"maxbytes\": %" PRIu64
+		",\n    \"stepfactor\": %" PRIu64 ",\n", b->minbytes, b->maxbytes, b->stepfactor);
+	fprintf(f, "    \"iters\": %d,\n    \"warmup_iters\": %d,\n    \"check\": %d,\n",
+		b->iters, b->warmup, b->check);
+	fprintf(f, "    \"weighted\": %s,\n    \"seed\": %" PRIu64 ",\n    \"run\": ",
+		b->weighted ? "true" : "false", b->seed);
+	json_str(f, b->run);
+	fprintf(f, ",\n    \"hostfile\": ");
+	json_str(f, c->hostfile);
+	fprintf(f, ",\n    \"chunk_bytes\": %zu,\n    \"streams\": %d,\n", c->chunk_bytes,
+		c->streams);
+	fprintf(f, "    \"connect_timeout_ms\": %d,\n    \"round_timeout_ms\": %d,\n",
+		c->connect_timeout_ms, c->round_timeout_ms);
+	fprintf(f, "    \"exact\": %s,\n    \"tolerance\": ", b->exact ? "true" : "false");
+	json_num(f, b->tol);
+	fprintf(f, "\n  },\n  \"results\": [\n");
+	for (int s = 0; s < a->nrows; s++) {
+		const struct size_result *r = &a->rows[s];
+
+		fprintf(f, "    {\"bytes\": %" PRIu64 ", \"count\": %" PRIu64 ", \"codec\": ",
+			b->sizes[s], b->sizes[s] / 4);
+		json_str(f, codec_name(c->codec));
+		fprintf(f, ", \"algo\": ");
+		json_str(f, algo_name(c->algo));
+		fprintf(f, ", \"peers\": %d, \"rounds\": %d, \"time_us\": ", b->npeers, r->rounds);
+		json_num(f, r->time_us);
+		fprintf(f, ", \"algbw_gbs\": ");
+		json_num(f, a->algbw[s]);
+		fprintf(f, ", \"busbw_gbs\": ");
+		json_num(f, a->busbw[s]);
+		fprintf(f, ", \"max_err\": ");
+		json_num(f, r->max_err >= 0 ? r->max_err : NAN);
+		fprintf(f, ", \"rms_err\": ");
+		json_num(f, r->rms_err >= 0 ? r->rms_err : NAN);
+		if (r->wrong >= 0)
+			fprintf(f, ", \"wrong\": %" PRId64, r->wrong);
+		else
+			fprintf(f, ", \"wrong\": null");
+		fprintf(f, ", \"bytes_sent\": ");
+		json_num(f, r->bytes_sent);
+		fprintf(f, ", \"bytes_received\": ");
+		json_num(f, r->bytes_received);
+		fprintf(f, ", \"failed_peers\": %d}%s\n", r->failed_peers,
+			s + 1 < a->nrows ? "," : "");
+	}
+	fprintf(f, "  ],\n  \"avg_busbw_gbs\": ");
+	json_num(f, a->nrows ? a->busbw_sum / a->nrows : 0.0);
+	if (a->counted)
+		fprintf(f, ",\n  \"out_of_bounds\": %" PRId64 "\n}\n", a->wrong_total);
+	else
+		fprintf(f, ",\n  \"out_of_bounds\": null\n}\n");
+	if (fclose(f) != 0) {
+		fprintf(stderr, PROG ": cannot write %s: %s\n", b->json, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* One peer: initialise, exchange addresses, benchmark every size            */
+
+struct peer {
+	const struct bench *b;
+	int rank, npeers;
+	mp_ctx *ctx;
+	const struct chan *up;   /* to the coordinator; NULL in multi-host mode */
+	const struct chan *down; /* from the coordinator */
+	struct agg *agg;         /* multi-host mode: results go here directly */
+	double last_hb;
+};
+
+static void peer_heartbeat(struct peer *p)
+{
+	double t;
+
+	if (!p->up)
+		return;
+	t = now_s();
+	if (t - p->last_hb < HEARTBEAT_S)
+		return;
+	p->last_hb = t;
+	chan_send(p->up, MSG_HEARTBEAT, p->rank, NULL, 0, p->b->silence_ms);
+}
+
+__attribute__((format(printf, 2, 3)))
+static void peer_fail(struct peer *p, const char *fmt, ...)
+{
+	char text[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	if (p->up)
+		chan_send(p->up, MSG_ERROR, p->rank, text, (uint32_t)strlen(text),
+			  p->b->silence_ms);
+	else
+		fprintf(stderr, PROG ": rank %d: %s\n", p->rank, text);
+}
+
+static void fill(struct peer *p, float *buf, size_t count, uint64_t key)
+{
+	const size_t block = (size_t)1 << 20;
+
+	for (size_t i0 = 0; i0 < count; i0 += block) {
+		size_t i1 = i0 + block < count ? i0 + block : count;
+
+		for (size_t i = i0; i < i1; i++)
+			buf[i] = gen_value(key, i);
+		peer_heartbeat(p);
+	}
+}
+
+/* Compare @out with the exact weighted mean of every peer's input of @it. */
+static void verify(struct peer *p, const float *out, size_t count, int it,
+		   struct size_result *r)
+{
+	const struct bench *b = p->b;
+	const size_t block = (size_t)1 << 18;
+	int n = p->npeers;
+	uint64_t *keys = xmalloc((size_t)n * sizeof(*keys));
+	double *w = xmalloc((size_t)n * sizeof(*w));
+	double wsum = 0.0, maxe = 0.0, sumsq = 0.0;
+	int64_t wrong = 0;
+
+	for (int q = 0; q < n; q++) {
+		keys[q] = stream_key(b->seed, q, it);
+		w[q] = peer_weight(b, q);
+		wsum += w[q];
+	}
+	for (size_t i0 = 0; i0 < count; i0 += block) {
+		size_t i1 = i0 + block < count ? i0 + block : count;
+
+		for (size_t i = i0; i < i1; i++) {
+			double e = 0.0, d;
+
+			for (int q = 0; q < n; q++)
+				e += w[q] * gen_value(keys[q], i);
+			e /= wsum;
+			d = fabs((double)out[i] - e);
+			if (isnan(d))
+				d = INFINITY;
+			if (!(d <= b->tol))
+				wrong++;
+			if (d > maxe)
+				maxe = d;
+			sumsq += d * d;
+		}
+		peer_heartbeat(p);
+	}
+	r->max_err = maxe;
+	r->rms_err = count ? sqrt(sumsq / (double)count) : 0.0;
+	r->wrong = b->exact ? wrong : -1;
+	free(keys);
+	free(w);
+}
+
+/* One average, bounded by the library's deadlines and our safety limit. */
+static int peer_average(struct peer *p, float *buf, size_t count, float weight, mp_mr *mr,
+			struct mp_result *res, char *why, size_t whylen)
+{
+	mp_request *req = NULL;
+	double t0;
+	int rc;
+
+	rc = mp_average_start(p->ctx, buf, count, weight, mr, &req);
+	if (rc) {
+		snprintf(why, whylen, "mp_average_start: %s: %s", mp_strerror(rc),
+			 mp_last_error(p->ctx));
+		return rc;
+	}
+	t0 = now_s();
+	rc = mp_wait(req, p->b->op_cap_ms, res);
+	if (rc == -ETIMEDOUT && now_s() - t0 >= p->b->op_cap_ms * 1e-3 - 0.05) {
+		snprintf(why, whylen, "no completion within the safety limit of %d s "
+			 "(the library's own deadlines did not fire)", p->b->op_cap_ms / 1000);
+		return rc;
+	}
+	if (rc)
+		snprintf(why, whylen, "mp_wait: %s: %s", mp_strerror(rc), mp_last_error(p->ctx));
+	return rc;
+}
+
+static void peer_report(struct peer *p, const struct size_result *r)
+{
+	if (p->up)
+		chan_send(p->up, MSG_RESULT, p->rank, r, sizeof(*r), p->b->silence_ms);
+	else
+		agg_add(p->agg, r);
+}
+
+static int peer_bench(struct peer *p)
+{
+	const struct bench *b = p->b;
+	uint64_t maxb = b->sizes[b->nsizes - 1];
+	size_t alloc = (size_t)((maxb + 4095) & ~(uint64_t)4095);
+	float *buf = aligned_alloc(4096, alloc);
+	float w = peer_weight(b, p->rank);
+	mp_mr *mr = NULL;
+	int rc = 0;
+
+	if (!buf) {
+		peer_fail(p, "cannot allocate %" PRIu64 " bytes", maxb);
+		return -1;
+	}
+	memset(buf, 0, alloc);
+	rc = mp_mem_register(p->ctx, buf, (size_t)maxb, MP_MEM_HOST, &mr);
+	if (rc) {
+		if (p->rank == 0)
+			fprintf(stderr, PROG ": warning: mp_mem_register: %s: %s (averaging "
+				"unregistered memory)\n", mp_strerror(rc), mp_last_error(p->ctx));
+		mr = NULL;
+		rc = 0;
+	}
+
+	for (int s = 0; s < b->nsizes && rc == 0; s++) {
+		uint64_t bytes = b->sizes[s];
+		size_t count = (size_t)(bytes / 4);
+		int total = b->warmup + b->iters;
+		struct size_result r;
+		double tsum = 0.0, sent = 0.0, recvd = 0.0;
+
+		memset(&r, 0, sizeof(r));
+		r.size_idx = (uint32_t)s;
+		r.max_err = -1.0;
+		r.rms_err = -1.0;
+		r.wrong = -1;
+		for (int it = 0; it < total; it++) {
+			struct mp_result res;
+			char why[768];
+			double t0, t1;
+
+			memset(&res, 0, sizeof(res));
+			fill(p, buf, count, stream_key(b->seed, p->rank, it));
+			t0 = now_s();
+			rc = peer_average(p, buf, count, w, mr, &res, why, sizeof(why));
+			t1 = now_s();
+			if (rc) {
+				peer_fail(p, "size %" PRIu64 " B, iteration %d: %s", bytes, it, why);
+				break;
+			}
+			peer_heartbeat(p);
+			if (it >= b->warmup) {
+				tsum += t1 - t0;
+				sent += (double)res.bytes_sent;
+				recvd += (double)res.bytes_received;
+			}
+			if (res.failed_peers > r.failed_peers)
+				r.failed_peers = res.failed_peers;
+			r.rounds = res.rounds;
+			r.peers = res.peers;
+		}
+		if (rc)
+			break;
+		r.time_us = tsum / b->iters * 1e6;
+		r.bytes_sent = sent / b->iters;
+		r.bytes_received = recvd / b->iters;
+		if (b->check)
+			verify(p, buf, count, total - 1, &r);
+		peer_report(p, &r);
+	}
+	if (mr)
+		mp_mem_deregister(p->ctx, mr);
+	free(buf);
+	return rc ? -1 : 0;
+}
+
+/* Split "a\nb\nc" in place into @n strings. */
+static int split_lines(char *text, const char **out, int n)
+{
+	int k = 0;
+	char *s = text;
+
+	while (s && *s && k < n) {
+		char *nl = strchr(s, '\n');
+
+		if (nl)
+			*nl = '\0';
+		out[k++] = s;
+		s = nl ? nl + 1 : NULL;
+	}
+	return k == n && (!s || !*s) ? 0 : -1;
+}
+
+/* A local peer (child process or thread). 0 on success. */
+static int peer_main(const struct bench *b, int rank, const struct chan *up,
+		     const struct chan *down)
+{
+	struct peer p = { .b = b, .rank = rank, .npeers = b->npeers, .up = up, .down = down };
+	struct mp_config cfg = b->cfg;
+	char addr[MP_ADDR_STRLEN];
+	const char **addrs = NULL;
+	struct msg m = { 0 };
+	int rc;
+
+	cfg.rank = rank;
+	cfg.npeers = b->npeers;
+	cfg.peers = NULL;
+	cfg.hostfile = NULL;
+	cfg.transport = b->transport;
+	cfg.run_name = b->run;
+	if (b->loop)
+		cfg.listen = "loop:*";
+	else if (strcmp(b->transport, "tcp") == 0)
+		cfg.listen = "127.0.0.1:0";
+	else
+		cfg.listen = NULL;
+
+	rc = mp_init(&cfg, &p.ctx);
+	if (rc) {
+		peer_fail(&p, "mp_init: %s: %s", mp_strerror(rc), mp_last_error(NULL));
+		return -1;
+	}
+	rc = mp_local_address(p.ctx, addr, sizeof(addr));
+	if (rc) {
+		peer_fail(&p, "mp_local_address: %s: %s", mp_strerror(rc), mp_last_error(p.ctx));
+		goto out;
+	}
+	rc = chan_send(up, MSG_ADDR, rank, addr, (uint32_t)strlen(addr), b->silence_ms);
+	if (rc)
+		goto out;
+	p.last_hb = now_s();
+
+	rc = chan_recv(down, &m, b->silence_ms * 2 > b->silence_ms ? b->silence_ms * 2 : INT_MAX);
+	if (rc <= 0 || m.type != MSG_PEERS || !m.data) {
+		peer_fail(&p, "no peer list from the launcher (%s)",
+			  rc == 0 ? "timed out" : rc < 0 ? strerror(-rc) : "unexpected message");
+		rc = -1;
+		goto out;
+	}
+	addrs = xcalloc((size_t)b->npeers, sizeof(*addrs));
+	if (split_lines(m.data, addrs, b->npeers) < 0) {
+		peer_fail(&p, "malformed peer list from the launcher");
+		rc = -1;
+		goto out;
+	}
+	rc = mp_set_peers(p.ctx, addrs, b->npeers);
+	if (rc) {
+		peer_fail(&p, "mp_set_peers: %s: %s", mp_strerror(rc), mp_last_error(p.ctx));
+		goto out;
+	}
+	rc = peer_bench(&p);
+out:
+	free(addrs);
+	free(m.data);
+	mp_finalize(p.ctx);
+	if (rc == 0)
+		chan_send(up, MSG_DONE, rank, NULL, 0, b->silence_ms);
+	return rc ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Coordinator of local peers                                                */
+
+struct coord {
+	int n;
+	struct mq *upq;    /* threads: one queue shared by all peers */
+	int *up_fd;        /* processes: one pipe per peer, -1 once closed */
+	struct chan *down; /* per peer */
+	pid_t *pid;        /* processes; 0 once reaped */
+	int rr;
+};
+
+/* 1 with a message (MSG_EOF when a pipe closed), 0 on timeout, < 0 on error. */
+static int coord_recv(struct coord *c, struct msg *m, int timeout_ms)
+{
+	struct pollfd *pfd;
+	int *who, np = 0, rc;
+
+	if (c->upq)
+		return mq_get(c->upq, m, timeout_ms);
+	pfd = xcalloc((size_t)c->n, sizeof(*pfd));
+	who = xcalloc((size_t)c->n, sizeof(*who));
+	for (int k = 0; k < c->n; k++) {
+		int r = (c->rr + k) % c->n;
+
+		if (c->up_fd[r] < 0)
+			continue;
+		pfd[np].fd = c->up_fd[r];
+		pfd[np].events = POLLIN;
+		who[np++] = r;
+	}
+	rc = poll(pfd, (nfds_t)np, np ? timeout_ms : 0);
+	if (rc <= 0) {
+		rc = rc < 0 && errno != EINTR ? -errno : 0;
+		goto out;
+	}
+	for (int k = 0; k < np; k++) {
+		int r = who[k];
+
+		if (!pfd[k].revents)
+			continue;
+		c->rr = (r + 1) % c->n;
+		rc = fd_recv_msg(c->up_fd[r], m, 5000);
+		if (rc <= 0) {
+			/* EOF or a broken pipe: the peer is gone. */
+			close(c->up_fd[r]);
+			c->up_fd[r] = -1;
+			memset(m, 0, sizeof(*m));
+			m->type = MSG_EOF;
+		}
+		m->rank = r;
+		rc = 1;
+		goto out;
+	}
+	rc = 0;
+out:
+	free(pfd);
+	free(who);
+	return rc;
+}
+
+static void describe_status(int status, char *buf, size_t len)
+{
+	if (WIFEXITED(status))
+		snprintf(buf, len, "exited with status %d", WEXITSTATUS(status));
+	else if (WIFSIGNALED(status))
+		snprintf(buf, len, "was killed by signal %d (%s)", WTERMSIG(status),
+			 strsignal(WTERMSIG(status)));
+	else
+		snprintf(buf, len, "stopped (status 0x%x)", status);
+}
+
+static void peer_name(const struct coord *c, int r, char *buf, size_t len)
+{
+	if (c->pid && c->pid[r] > 0)
+		snprintf(buf, len, "peer %d (pid %ld)", r, (long)c->pid[r]);
+	else
+		snprintf(buf, len, "peer %d", r);
+}
+
+/* Kill and reap every child still around. */
+static void coord_kill_all(struct coord *c)
+{
+	int64_t deadline;
+
+	if (!c->pid)
+		return;
+	for (int r = 0; r < c->n; r++)
+		if (c->pid[r] > 0)
+			kill(c->pid[r], SIGKILL);
+	deadline = now_ms() + 5000;
+	for (int r = 0; r < c->n; r++) {
+		while (c->pid[r] > 0) {
+			pid_t w = waitpid(c->pid[r], NULL, WNOHANG);
+
+			if (w == c->pid[r] || (w < 0 && errno != EINTR) || now_ms() > deadline) {
+				c->pid[r] = 0;
+				break;
+			}
+			usleep(2000);
+		}
+	}
+}
+
+/* A peer's pipe closed before it said it was done: say how it ended. */
+static void report_eof(struct coord *c, int r)
+{
+	char name[64], how[96];
+	int status = 0;
+	int64_t deadline = now_ms() + 2000;
+	pid_t w = 0;
+
+	peer_name(c, r, name, sizeof(name));
+	while (c->pid && c->pid[r] > 0) {
+		w = waitpid(c->pid[r], &status, WNOHANG);
+		if (w != 0 || now_ms() > deadline)
+			break;
+		usleep(2000);
+	}
+	if (w > 0) {
+		describe_status(status, how, sizeof(how));
+		c->pid[r] = 0;
+		fprintf(stderr, PROG ": %s %s without finishing the benchmark\n", name, how);
+	} else {
+		fprintf(stderr, PROG ": %s closed its pipe without finishing the benchmark\n",
+			name);
+	}
+}
+
+/*
+ * Drive the local peers: relay addresses, collect results into @a, wait for
+ * everyone to finish. 0, or -1 after a clear message on stderr.
+ */
+static int coordinate(const struct bench *b, struct coord *c, struct agg *a)
+{
+	int n = c->n;
+	char (*addrs)[MP_ADDR_STRLEN] = xcalloc((size_t)n, sizeof(*addrs));
+	int64_t *seen = xcalloc((size_t)n, sizeof(*seen));
+	char *done = xcalloc((size_t)n, 1);
+	char *have_addr = xcalloc((size_t)n, 1);
+	int naddr = 0, ndone = 0, sent_peers = 0, rc = -1;
+	char name[64];
+
+	for (int r = 0; r < n; r++)
+		seen[r] = now_ms();
+	while (ndone < n) {
+		struct msg m = { 0 };
+		int got = coord_recv(c, &m, 1000);
+		int64_t t = now_ms();
+
+		if (got < 0) {
+			fprintf(stderr, PROG ": waiting for peers: %s\n", strerror(-got));
+			goto out;
+		}
+		if (got > 0 && (m.rank < 0 || m.rank >= n)) {
+			fprintf(stderr, PROG ": message from unknown peer %d\n", m.rank);
+			free(m.data);
+			goto out;
+		}
+		if (got > 0) {
+			int r = m.rank;
+
+			seen[r] = t;
+			peer_name(c, r, name, sizeof(name));
+			switch (m.type) {
+			case MSG_ADDR:
+				if (have_addr[r] || !m.data || m.len >= MP_ADDR_STRLEN) {
+					fprintf(stderr, PROG ": %s sent a bad address\n", name);
+					free(m.data);
+					goto out;
+				}
+				memcpy(addrs[r], m.data, m.len + 1);
+				have_addr[r] = 1;
+				naddr++;
+				break;
+			case MSG_RESULT:
+				if (m.len != sizeof(struct size_result)) {
+					fprintf(stderr, PROG ": %s sent a malformed result\n", name);
+					free(m.data);
+					goto out;
+				} else {
+					struct size_result sr;
+
+					memcpy(&sr, m.data, sizeof(sr));
+					agg_add(a, &sr);
+				}
+				break;
+			case MSG_HEARTBEAT:
+				break;
+			case MSG_ERROR:
+				fprintf(stderr, PROG ": %s: %s\n", name, m.data ? m.data : "failed");
+				free(m.data);
+				goto out;
+			case MSG_DONE:
+				done[r] = 1;
+				ndone++;
+				break;
+			case MSG_EOF:
+				if (done[r])
+					break; /* exited after saying it is done */
+				report_eof(c, r);
+				goto out;
+			default:
+				fprintf(stderr, PROG ": %s sent unknown message %u\n", name, m.type);
+				free(m.data);
+				goto out;
+			}
+			free(m.data);
+		}
+		if (naddr == n && !sent_peers) {
+			size_t len = 0;
+			char *list = xmalloc((size_t)n * MP_ADDR_STRLEN + 1);
+
+			for (int r = 0; r < n; r++)
+				len += (size_t)sprintf(list + len, "%s%s", r ? "\n" : "", addrs[r]);
+			for (int r = 0; r < n; r++) {
+				int e = chan_send(&c->down[r], MSG_PEERS, -1, list, (uint32_t)len,
+						  b->silence_ms);
+
+				if (e) {
+					peer_name(c, r, name, sizeof(name));
+					fprintf(stderr, PROG ": cannot send the peer list to %s: %s\n",
+						name, strerror(-e));
+					free(list);
+					goto out;
+				}
+			}
+			free(list);
+			sent_peers = 1;
+		}
+		for (int r = 0; r < n; r++) {
+			if (done[r] || t - seen[r] <= b->silence_ms)
+				continue;
+			peer_name(c, r, name, sizeof(name));
+			fprintf(stderr, PROG ": %s has been silent for %d s (%s); giving up\n", name,
+				(int)((t - seen[r]) / 1000),
+				have_addr[r] ? "stuck in the benchmark" : "stuck in mp_init");
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	free(addrs);
+	free(seen);
+	free(done);
+	free(have_addr);
+	return rc;
+}
+
+/* Reap children that said they are done; 0 if all exited cleanly. */
+static int reap_children(const struct bench *b, struct coord *c)
+{
+	int64_t deadline = now_ms() + 10000 + (b->cfg.connect_timeout_ms > 0 ?
+					     b->cfg.connect_timeout_ms : 10000);
+	int rc = 0;
+
+	for (int r = 0; r < c->n; r++) {
+		char name[64], how[96];
+		int status = 0;
+
+		peer_name(c, r, name, sizeof(name));
+		while (c->pid[r] > 0) {
+			pid_t w = waitpid(c->pid[r], &status, WNOHANG);
+
+			if (w == c->pid[r]) {
+				c->pid[r] = 0;
+				if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+					describe_status(status, how, sizeof(how));
+					fprintf(stderr, PROG ": %s %s after finishing\n", name, how);
+					rc = -1;
+				}
+				break;
+			}
+			if (w < 0 && errno != EINTR) {
+				c->pid[r] = 0;
+				break;
+			}
+			if (now_ms() > deadline) {
+				fprintf(stderr, PROG ": %s did not exit after finishing; killing it\n",
+					name);
+				rc = -1;
+				coord_kill_all(c);
+				break;
+			}
+			usleep(2000);
+		}
+	}
+	return rc;
+}
+
+static int run_local_procs(const struct bench *b, struct agg *a)
+{
+	int n = b->npeers;
+	struct coord c = { .n = n };
+	pid_t self = getpid();
+	int rc;
+
+	c.up_fd = xcalloc((size_t)n, sizeof(int));
+	c.down = xcalloc((size_t)n, sizeof(struct chan));
+	c.pid = xcalloc((size_t)n, sizeof(pid_t));
+	for (int r = 0; r < n; r++) {
+		c.up_fd[r] = -1;
+		c.down[r].fd = -1;
+	}
+	fflush(NULL);
+	for (int k = 0; k < n; k++) {
+		int up[2], down[2];
+		pid_t pid;
+
+		if (pipe(up) < 0) {
+			fprintf(stderr, PROG ": pipe: %s\n", strerror(errno));
+			goto fail;
+		}
+		if (pipe(down) < 0) {
+			fprintf(stderr, PROG ": pipe: %s\n", strerror(errno));
+			close(up[0]);
+			close(up[1]);
+			goto fail;
+		}
+		pid = fork();
+		if (pid < 0) {
+			fprintf(stderr, PROG ": cannot start peer %d: fork: %s\n", k,
+				strerror(errno));
+			close(up[0]);
+			close(up[1]);
+			close(down[0]);
+			close(down[1]);
+			goto fail;
+		}
+		if (pid == 0) {
+			struct chan cu = { .fd = up[1] }, cd = { .fd = down[0] };
+
+#ifdef __linux__
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+			if (getppid() != self)
+				_exit(EXIT_FAIL);
+			for (int j = 0; j < k; j++) {
+				close(c.up_fd[j]);
+				close(c.down[j].fd);
+			}
+			close(up[0]);
+			close(down[1]);
+			set_nonblock(up[1]);
+			_exit(peer_main(b, k, &cu, &cd) ? EXIT_FAIL : EXIT_OK);
+		}
+		close(up[1]);
+		close(down[0]);
+		set_nonblock(down[1]);
+		c.up_fd[k] = up[0];
+		c.down[k].fd = down[1];
+		c.pid[k] = pid;
+	}
+	rc = coordinate(b, &c, a);
+	if (rc == 0)
+		rc = reap_children(b, &c);
+	else
+		coord_kill_all(&c);
+	goto out;
+fail:
+	coord_kill_all(&c);
+	rc = -1;
+out:
+	for (int r = 0; r < n; r++) {
+		if (c.up_fd[r] >= 0)
+			close(c.up_fd[r]);
+		if (c.down[r].fd >= 0)
+			close(c.down[r].fd);
+	}
+	free(c.up_fd);
+	free(c.down);
+	free(c.pid);
+	return rc;
+}
+
+struct loop_arg {
+	const struct bench *b;
+	int rank;
+	struct chan up, down;
+};
+
+static void *loop_thread(void *arg)
+{
+	struct loop_arg *la = arg;
+
+	if (peer_main(la->b, la->rank, &la->up, &la->down) != 0) {
+		/* peer_main reported why; make sure the coordinator stops waiting. */
+	}
+	return NULL;
+}
+
+/* Peers as threads of this process. On failure the caller exits at once
+ * (threads may still be inside the library). */
+static int run_local_threads(const struct bench *b, struct agg *a)
+{
+	int n = b->npeers;
+	struct mq upq;
+	struct mq *downq = xcalloc((size_t)n, sizeof(*downq));
+	struct chan *down = xcalloc((size_t)n, sizeof(*down));
+	struct loop_arg *la = xcalloc((size_t)n, sizeof(*la));
+	pthread_t *th = xcalloc((size_t)n, sizeof(*th));
+	struct coord c = { .n = n, .upq = &upq, .down = down };
+	int rc;
+
+	if (mq_init(&upq)) {
+		fprintf(stderr, PROG ": cannot create a message queue\n");
+		return -1;
+	}
+	for (int r = 0; r < n; r++) {
+		if (mq_init(&downq[r])) {
+			fprintf(stderr, PROG ": cannot create a message queue\n");
+			return -1;
+		}
+		down[r].fd = -1;
+		down[r].q = &downq[r];
+		la[r].b = b;
+		la[r].rank = r;
+		la[r].up.fd = -1;
+		la[r].up.q = &upq;
+		la[r].down = down[r];
+	}
+	for (int r = 0; r < n; r++) {
+		int e = pthread_create(&th[r], NULL, loop_thread, &la[r]);
+
+		if (e) {
+			fprintf(stderr, PROG ": cannot start peer %d: pthread_create: %s\n", r,
+				strerror(e));
+			return -1;
+		}
+	}
+	rc = coordinate(b, &c, a);
+	if (rc)
+		return rc;
+	for (int r = 0; r < n; r++) {
+		struct timespec dl;
+		int e;
+
+		clock_gettime(CLOCK_REALTIME, &dl);
+		dl.tv_sec += 10;
+		e = pthread_timedjoin_np(th[r], NULL, &dl);
+		if (e) {
+			fprintf(stderr, PROG ": peer %d did not finish: %s\n", r, strerror(e));
+			return -1;
+		}
+	}
+	free(downq);
+	free(down);
+	free(la);
+	free(th);
+	return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Options                                                                   */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: " PROG " [OPTIONS]\n"
+		"Benchmark Moshpit All-Reduce (libmoshpit) in the style of nccl-tests.\n"
+		"\n"
+		"Sizes and iterations:\n"
+		"  -b, --minbytes=SIZE      smallest message (default 64K)\n"
+		"  -e, --maxbytes=SIZE      largest message (default 16M)\n"
+		"  -f, --stepfactor=F       multiply the size by F each step (default 2)\n"
+		"  -n, --iters=N            timed iterations per size (default 5)\n"
+		"  -w, --warmup_iters=N     untimed iterations per size (default 1)\n"
+		"  -c, --check=0|1          compare with the exact mean (default 1)\n"
+		"      --tol=X              error above which an element is wrong\n"
+		"                           (default 1e-5, or 2e-3 with --codec=fp16)\n"
+		"  SIZE takes K, M or G (powers of 1024) and must be a multiple of 4.\n"
+		"\n"
+		"Averaging:\n"
+		"      --algo=NAME          moshpit (default), ring or butterfly\n"
+		"      --grid=MxNx...       Moshpit grid (default: the library's choice)\n"
+		"      --rounds=R           Moshpit rounds per average (0 = grid dimensions)\n"
+		"      --codec=NAME         none (default) or fp16\n"
+		"      --weighted           peer r averages with weight r+1 instead of 1\n"
+		"      --seed=S             seed of the test data (default 42)\n"
+		"      --chunk=SIZE         bytes per streamed chunk\n"
+		"      --streams=N          connections per peer pair (0 = transport default)\n"
+		"      --timeout=MS         connect and round timeouts in milliseconds\n"
+		"\n"
+		"Peers:\n"
+		"      --transport=NAME     tcp (default) or loop (threads of one process)\n"
+		"      --peers=N            number of peers (default 8 when run locally)\n"
+		"      --run=NAME           run name (default mpbench-<pid> locally)\n"
+		"      --hostfile=FILE      multi-host: one host[:port] per line, rank order\n"
+		"      --rank=R             multi-host: this process's rank (else from\n"
+		"                           MP_RANK, mpirun, PMI or srun)\n"
+		"\n"
+		"Output:\n"
+		"      --json=FILE          also write settings and results as JSON\n"
+		"  -h, --help               show this help\n"
+		"\n"
+		"Every MP_* variable of libmoshpit applies; options override them.\n"
+		"Exit status: 0 ok, 1 wrong results or a failure, 2 bad usage.\n");
+}
+
+__attribute__((format(printf, 1, 2), noreturn))
+static void usage_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, PROG ": ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\n\n");
+	usage(stderr);
+	exit(EXIT_USAGE);
+}
+
+static int64_t parse_int(const char *opt, const char *s, int64_t lo, int64_t hi)
+{
+	char *end;
+	long long v;
+
+	errno = 0;
+	v = strtoll(s, &end, 0);
+	if (errno || end == s || *end || v < lo || v > hi)
+		usage_error("bad value '%s' for %s (an integer from %lld to %lld)", s, opt,
+			    (long long)lo, (long long)hi);
+	return v;
+}
+
+/* "64K", "16M", "1G", "4096" -> bytes; powers of 1024. */
+static uint64_t parse_size(const char *opt, const char *s)
+{
+	char *end;
+	unsigned long long v;
+	uint64_t mul = 1;
+
+	if (!*s || *s == '-' || *s == '+')
+		usage_error("bad size '%s' for %s", s, opt);
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		usage_error("bad size '%s' for %s", s, opt);
+	switch (*end) {
+	case 'k':
+	case 'K':
+		mul = 1ULL << 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		mul = 1ULL << 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		mul = 1ULL << 30;
+		end++;
+		break;
+	default:
+		break;
+	}
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end || (v && v > UINT64_MAX / mul))
+		usage_error("bad size '%s' for %s (a number with K, M or G)", s, opt);
+	return v * mul;
+}
+
+static uint64_t parse_u64(const char *opt, const char *s)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	if (*s == '-')
+		usage_error("bad value '%s' for %s", s, opt);
+	v = strtoull(s, &end, 0);
+	if (errno || end == s || *end)
+		usage_error("bad value '%s' for %s", s, opt);
+	return v;
+}
+
+enum {
+	OPT_TRANSPORT = 256,
+	OPT_PEERS,
+	OPT_ALGO,
+	OPT_GRID,
+	OPT_ROUNDS,
+	OPT_CODEC,
+	OPT_JSON,
+	OPT_HOSTFILE,
+	OPT_RANK,
+	OPT_RUN,
+	OPT_CHUNK,
+	OPT_STREAMS,
+	OPT_TIMEOUT,
+	OPT_WEIGHTED,
+	OPT_SEED,
+	OPT_TOL,
+};
+
+static const struct option long_opts[] = {
+	{ "minbytes", required_argument, NULL, 'b' },
+	{ "maxbytes", required_argument, NULL, 'e' },
+	{ "stepfactor", required_argument, NULL, 'f' },
+	{ "iters", required_argument, NULL, 'n' },
+	{ "warmup_iters", required_argument, NULL, 'w' },
+	{ "check", required_argument, NULL, 'c' },
+	{ "transport", required_argument, NULL, OPT_TRANSPORT },
+	{ "peers", required_argument, NULL, OPT_PEERS },
+	{ "algo", required_argument, NULL, OPT_ALGO },
+	{ "grid", required_argument, NULL, OPT_GRID },
+	{ "rounds", required_argument, NULL, OPT_ROUNDS },
+	{ "codec", required_argument, NULL, OPT_CODEC },
+	{ "json", required_argument, NULL, OPT_JSON },
+	{ "hostfile", required_argument, NULL, OPT_HOSTFILE },
+	{ "rank", required_argument, NULL, OPT_RANK },
+	{ "run", required_argument, NULL, OPT_RUN },
+	{ "chunk", required_argument, NULL, OPT_CHUNK },
+	{ "streams", required_argument, NULL, OPT_STREAMS },
+	{ "timeout", required_argument, NULL, OPT_TIMEOUT },
+	{ "weighted", no_argument, NULL, OPT_WEIGHTED },
+	{ "seed", required_argument, NULL, OPT_SEED },
+	{ "tol", required_argument, NULL, OPT_TOL },
+	{ "help", no_argument, NULL, 'h' },
+	{ NULL, 0, NULL, 0 },
+};
+
+/* Launcher environment: 1 with rank and size when run by mpirun, PMI or srun. */
+static int launcher_env(int *rank, int *size, const char **name)
+{
+	static const char *const vars[][3] = {
+		{ "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun" },
+		{ "PMI_RANK", "PMI_SIZE", "PMI" },
+		{ "SLURM_PROCID", "SLURM_NTASKS", "srun" },
+	};
+
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *r = getenv(vars[i][0]), *s = getenv(vars[i][1]);
+		char *e1, *e2;
+		long rv, sv;
+
+		if (!r || !s)
+			continue;
+		rv = strtol(r, &e1, 10);
+		sv = strtol(s, &e2, 10);
+		if (*r && *s && !*e1 && !*e2 && rv >= 0 && sv > rv && sv <= INT_MAX) {
+			*rank = (int)rv;
+			*size = (int)sv;
+			*name = vars[i][2];
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
+			  int *peers_opt)
+{
+	struct mp_config *c = &b->cfg;
+	int o;
+
+	*rank_opt = -1;
+	*peers_opt = 0;
+	opterr = 0;
+	while ((o = getopt_long(argc, argv, ":b:e:f:n:w:c:h", long_opts, NULL)) != -1) {
+		const char *name = optind > 0 && optind <= argc ? argv[optind - 1] : "option";
+
+		switch (o) {
+		case 'b':
+			b->minbytes = parse_size("--minbytes", optarg);
+			break;
+		case 'e':
+			b->maxbytes = parse_size("--maxbytes", optarg);
+			break;
+		case 'f':
+			b->stepfactor = (uint64_t)parse_int("--stepfactor", optarg, 2, 1 << 20);
+			break;
+		case 'n':
+			b->iters = (int)parse_int("--iters", optarg, 1, INT_MAX / 2);
+			break;
+		case 'w':
+			b->warmup = (int)parse_int("--warmup_iters", optarg, 0, INT_MAX / 2);
+			break;
+		case 'c':
+			b->check = (int)parse_int("--check", optarg, 0, 1);
+			break;
+		case OPT_TRANSPORT:
+			if (!*optarg)
+				usage_error("empty --transport");
+			b->transport = optarg;
+			break;
+		case OPT_PEERS:
+			*peers_opt = (int)parse_int("--peers", optarg, 1, 1 << 20);
+			break;
+		case OPT_ALGO: {
+			int v = mp_algo_from_name(optarg);
+
+			if (v < 0)
+				usage_error("unknown --algo '%s' (moshpit, ring or butterfly)",
+					    optarg);
+			c->algo = v;
+			break;
+		}
+		case OPT_GRID: {
+			struct gridinfo g;
+
+			if (grid_parse(optarg, &g) < 0)
+				usage_error("bad --grid '%s' (like 4x4 or 2x2x2, at most %d "
+					    "dimensions)", optarg, MP_MAX_GRID_DIMS);
+			c->grid = optarg;
+			break;
+		}
+		case OPT_ROUNDS:
+			c->rounds = (int)parse_int("--rounds", optarg, 0, 1 << 16);
+			break;
+		case OPT_CODEC: {
+			int v = mp_codec_from_name(optarg);
+
+			if (v < 0)
+				usage_error("unknown --codec '%s' (none or fp16)", optarg);
+			c->codec = v;
+			break;
+		}
+		case OPT_JSON:
+			if (!*optarg)
+				usage_error("empty --json");
+			b->json = optarg;
+			break;
+		case OPT_HOSTFILE:
+			if (!*optarg)
+				usage_error("empty --hostfile");
+			c->hostfile = optarg;
+			break;
+		case OPT_RANK:
+			*rank_opt = (int)parse_int("--rank", optarg, 0, INT_MAX - 1);
+			break;
+		case OPT_RUN:
+			if (!*optarg)
+				usage_error("empty --run");
+			b->run = optarg;
+			break;
+		case OPT_CHUNK: {
+			uint64_t v = parse_size("--chunk", optarg);
+
+			if (v == 0 || v % 4 || v > SIZE_MAX / 2)
+				usage_error("bad --chunk '%s' (a positive multiple of 4 bytes)",
+					    optarg);
+			c->chunk_bytes = (size_t)v;
+			break;
+		}
+		case OPT_STREAMS:
+			c->streams = (int)parse_int("--streams", optarg, 0, 1024);
+			break;
+		case OPT_TIMEOUT: {
+			int v = (int)parse_int("--timeout", optarg, 1, INT_MAX / 64);
+
+			c->connect_timeout_ms = v;
+			c->round_timeout_ms = v;
+			break;
+		}
+		case OPT_WEIGHTED:
+			b->weighted = 1;
+			break;
+		case OPT_SEED:
+			b->seed = parse_u64("--seed", optarg);
+			break;
+		case OPT_TOL: {
+			char *end;
+			double v;
+
+			errno = 0;
+			v = strtod(optarg, &end);
+			if (errno || end == optarg || *end || !(v >= 0) || !isfinite(v))
+				usage_error("bad --tol '%s' (a non-negative number)", optarg);
+			b->tol = v;
+			b->tol_set = 1;
+			break;
+		}
+		case 'h':
+			usage(stdout);
+			exit(EXIT_OK);
+		case ':':
+			usage_error("%s needs a value", name);
+		case '?':
+		default:
+			usage_error("unknown or malformed option '%s'", name);
+		}
+	}
+	if (optind < argc)
+		usage_error("unexpected argument '%s'", argv[optind]);
+}
+
+/* Sizes from min to max, multiplying by the step factor. */
+static void make_sizes(struct bench *b)
+{
+	int cap = 0;
+
+	if (b->minbytes == 0 || b->minbytes % 4)
+		usage_error("--minbytes %" PRIu64 " is not a positive multiple of 4 bytes (fp32)",
+			    b->minbytes);
+	if (b->maxbytes == 0 || b->maxbytes % 4)
+		usage_error("--maxbytes %" PRIu64 " is not a positive multiple of 4 bytes (fp32)",
+			    b->maxbytes);
+	if (b->minbytes > b->maxbytes)
+		usage_error("--minbytes %" PRIu64 " is larger than --maxbytes %" PRIu64,
+			    b->minbytes, b->maxbytes);
+	if (b->maxbytes > SIZE_MAX / 2)
+		usage_error("--maxbytes %" PRIu64 " is too large", b->maxbytes);
+	for (uint64_t s = b->minbytes; s <= b->maxbytes; s *= b->stepfactor) {
+		if (b->nsizes == cap) {
+			cap = cap ? cap * 2 : 16;
+			b->sizes = realloc(b->sizes, (size_t)cap * sizeof(*b->sizes));
+			if (!b->sizes)
+				die_oom();
+		}
+		b->sizes[b->nsizes++] = s;
+		if (s > UINT64_MAX / b->stepfactor)
+			break;
+	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* Modes                                                                     */
+
+static int finish(struct agg *a, const char *mode, int rank, int failed)
+{
+	const struct bench *b = a->b;
+	int rc = failed ? EXIT_FAIL : EXIT_OK;
+
+	if (a->print && !failed) {
+		print_footer(a);
+		if (b->json && write_json(a, mode, rank) < 0)
+			rc = EXIT_FAIL;
+	}
+	if (a->wrong_total > 0) {
+		if (a->print)
+			fprintf(stderr, PROG ": %" PRId64 " value(s) out of bounds (tolerance %g)\n",
+				a->wrong_total, b->tol);
+		else
+			fprintf(stderr, PROG ": rank %d: %" PRId64 " value(s) out of bounds "
+				"(tolerance %g)\n", rank, a->wrong_total, b->tol);
+		rc = EXIT_FAIL;
+	}
+	return rc;
+}
+
+static int run_local(struct bench *b)
+{
+	struct agg a;
+	char mode[64];
+	int rc;
+
+	bench_derive(b, b->npeers);
+	snprintf(mode, sizeof(mode), "local, %d %s", b->npeers,
+		 b->loop ? "threads" : "processes");
+	print_header(b, mode);
+	agg_init(&a, b, b->npeers, 1);
+	progress(&a);
+	rc = b->loop ? run_local_threads(b, &a) : run_local_procs(b, &a);
+	if (rc && b->loop) {
+		/* Peer threads may still be inside the library. */
+		fflush(NULL);
+		_exit(EXIT_FAIL);
+	}
+	rc = finish(&a, b->loop ? "local-threads" : "local-processes", 0, rc != 0);
+	agg_free(&a);
+	return rc;
+}
+
+static int run_multi(struct bench *b, const char *how)
+{
+	struct mp_config cfg = b->cfg;
+	struct peer p = { .b = b };
+	struct agg a;
+	char mode[256];
+	int rc;
+
+	if (b->run)
+		cfg.run_name = b->run;
+	cfg.transport = b->transport;
+	rc = mp_init(&cfg, &p.ctx);
+	if (rc) {
+		if (cfg.rank >= 0)
+			fprintf(stderr, PROG ": rank %d: mp_init: %s: %s\n", cfg.rank,
+				mp_strerror(rc), mp_last_error(NULL));
+		else
+			fprintf(stderr, PROG ": mp_init: %s: %s\n", mp_strerror(rc),
+				mp_last_error(NULL));
+		return EXIT_FAIL;
+	}
+	p.rank = mp_rank(p.ctx);
+	p.npeers = mp_npeers(p.ctx);
+	bench_derive(b, p.npeers);
+	snprintf(mode, sizeof(mode), "multi-host (%s), rank %d of %d; errors are this rank's own",
+		 how, p.rank, p.npeers);
+	agg_init(&a, b, 1, p.rank == 0);
+	p.agg = &a;
+	if (a.print) {
+		print_header(b, mode);
+		progress(&a);
+	}
+	rc = peer_bench(&p);
+	mp_finalize(p.ctx);
+	rc = finish(&a, "multi-host", p.rank, rc != 0);
+	agg_free(&a);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	struct bench b;
+	int rank_opt, peers_opt, lrank = -1, lsize = 0, launched, rc;
+	const char *lname = NULL, *run_env;
+	char how[128];
+
+	memset(&b, 0, sizeof(b));
+	mp_config_init(&b.cfg);
+	rc = mp_config_from_env(&b.cfg);
+	if (rc) {
+		fprintf(stderr, PROG ": bad MP_* environment variable: %s (set MP_DEBUG=WARN "
+			"for details)\n", mp_strerror(rc));
+		return EXIT_USAGE;
+	}
+	b.minbytes = 64ULL << 10;
+	b.maxbytes = 16ULL << 20;
+	b.stepfactor = 2;
+	b.iters = 5;
+	b.warmup = 1;
+	b.check = 1;
+	b.seed = 42;
+	b.transport = b.cfg.transport && *b.cfg.transport ? b.cfg.transport : "tcp";
+	parse_options(&b, argc, argv, &rank_opt, &peers_opt);
+	make_sizes(&b);
+	b.loop = strcmp(b.transport, "loop") == 0;
+	signal(SIGPIPE, SIG_IGN);
+
+	launched = launcher_env(&lrank, &lsize, &lname);
+	b.multi = b.cfg.hostfile || b.cfg.peers || rank_opt >= 0 || b.cfg.rank >= 0 ||
+		  (launched && lsize > 1);
+	if (!b.multi) {
+		b.npeers = peers_opt ? peers_opt : b.cfg.npeers > 0 ? b.cfg.npeers : 8;
+		run_env = getenv("MP_RUN");
+		if (b.run == NULL && run_env && *run_env)
+			b.run = run_env;
+		if (b.run == NULL) {
+			snprintf(b.run_buf, sizeof(b.run_buf), PROG "-%ld", (long)getpid());
+			b.run = b.run_buf;
+		}
+		return run_local(&b);
+	}
+
+	if (!b.cfg.hostfile && !b.cfg.peers) {
+		if (launched)
+			usage_error("started by %s as rank %d of %d: multi-host mode needs "
+				    "--hostfile=FILE (or MP_HOSTFILE / MP_PEERS)", lname, lrank,
+				    lsize);
+		usage_error("a rank was given: multi-host mode needs --hostfile=FILE "
+			    "(or MP_HOSTFILE / MP_PEERS)");
+	}
+	if (b.loop)
+		usage_error("--transport=loop runs every peer in one process; it cannot be "
+			    "used across hosts");
+	if (!b.run)
+		b.run = b.cfg.run_name;
+	if (rank_opt >= 0)
+		b.cfg.rank = rank_opt;
+	else if (b.cfg.rank < 0 && launched)
+		b.cfg.rank = lrank;
+	if (peers_opt)
+		b.cfg.npeers = peers_opt;
+	else if (b.cfg.npeers <= 0 && launched && (rank_opt < 0 || lrank == rank_opt))
+		b.cfg.npeers = lsize;
+	snprintf(how, sizeof(how), "%s %s%s%s", b.cfg.hostfile ? "hostfile" : "peer list",
+		 b.cfg.hostfile ? b.cfg.hostfile : "MP_PEERS", lname ? ", started by " : "",
+		 lname ? lname : "");
+	return run_multi(&b, how);
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Shared set-up for demo.sh and test.sh: installs the Debian packages the
+# build needs when they are missing, then configures and builds into $1.
+set -euo pipefail
+
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+need=(gcc meson ninja-build pkg-config libcmocka-dev)
+# OpenMPI is the reference in tools/bench_vs_mpi.sh; tests do not need it.
+[ "${MP_WITH_MPI:-0}" = 1 ] && need+=(openmpi-bin libopenmpi-dev)
+
+missing=()
+for p in "${need[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "setup: installing ${missing[*]}" >&2
+	sudo=""
+	[ "$(id -u)" -ne 0 ] && sudo="sudo"
+	export DEBIAN_FRONTEND=noninteractive
+	$sudo apt-get update -qq >&2 || true
+	$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+# configure DIR [meson options...]: set up once, reconfigure when options change.
+mp_configure() {
+	local dir=$1
+	shift
+	if [ -f "$dir/build.ninja" ]; then
+		meson configure "$dir" "$@" >/dev/null
+	else
+		meson setup "$dir" "$top" "$@" >/dev/null
+	fi
+	ninja -C "$dir" >&2
+}
