@@ -24,6 +24,8 @@ struct mp_xslot {
 	uint8_t *buf; /* send: header then encoded payload; receive: whole frame */
 	struct mp_drv_req *req;
 	size_t len;   /* send: frame bytes */
+	struct mp_iov iov[2];
+	int iovcnt;
 };
 
 uint64_t mp_now_ns(void)
@@ -141,49 +143,65 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 	ch->received++;
 }
 
-/* Ask the algorithm for the next message and post it. Returns 1 if posted. */
+/*
+ * Ask the algorithm for the next message and post it. Returns 1 if posted.
+ * A message refused with -EAGAIN stays staged in its slot and is posted
+ * first next time, since the algorithm has already counted it as produced.
+ */
 static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *conn)
 {
 	struct mp_ctx *ctx = x->ctx;
 	struct mp_xslot *s = &ch->ss[(ch->s_head + ch->s_n) % ctx->window];
-	struct mp_wire_hdr h;
-	const float *src;
-	struct mp_iov iov[2];
-	int iovcnt = 1, rc;
-	size_t plen;
+	int rc;
 
-	memset(&h, 0, sizeof(h));
-	if (!x->xops->produce(x->op, ch, &h, &src))
-		return 0;
-	h.codec = (uint8_t)ctx->codec->id;
-	h.run_id = ctx->run_id;
-	h.round = x->round;
-	h.group_id = x->group_id;
-	h.sender = (uint32_t)ctx->rank;
-	h.flags = ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
-	if (zero_copy(ctx)) {
-		plen = (size_t)h.count * sizeof(float);
-		iov[1].base = src;
-		iov[1].len = plen;
-		iovcnt = 2;
-	} else {
-		rc = ctx->codec->encode(NULL, (size_t)h.offset, src, h.count, s->buf + MP_WIRE_HDR_SIZE,
-					frame_max(ctx) - MP_WIRE_HDR_SIZE, &plen);
-		if (rc) {
-			fail_peer(x, ch->peer, rc, "encode failed");
+	if (!ch->staged) {
+		struct mp_wire_hdr h;
+		const float *src;
+		size_t plen;
+
+		memset(&h, 0, sizeof(h));
+		if (!x->xops->produce(x->op, ch, &h, &src))
 			return 0;
+		h.codec = (uint8_t)ctx->codec->id;
+		h.run_id = ctx->run_id;
+		h.round = x->round;
+		h.group_id = x->group_id;
+		h.sender = (uint32_t)ctx->rank;
+		h.flags = ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
+		if (zero_copy(ctx)) {
+			plen = (size_t)h.count * sizeof(float);
+			s->iov[1].base = src;
+			s->iov[1].len = plen;
+			s->iovcnt = 2;
+		} else {
+			rc = ctx->codec->encode(NULL, (size_t)h.offset, src, h.count,
+						s->buf + MP_WIRE_HDR_SIZE,
+						frame_max(ctx) - MP_WIRE_HDR_SIZE, &plen);
+			if (rc) {
+				fail_peer(x, ch->peer, rc, "encode failed");
+				return 0;
+			}
+			s->iovcnt = 1;
 		}
+		h.length = (uint32_t)plen;
+		mp_wire_encode(&h, s->buf, s->iovcnt == 2 ? (const void *)src : s->buf + MP_WIRE_HDR_SIZE);
+		s->iov[0].base = s->buf;
+		s->iov[0].len = s->iovcnt == 2 ? MP_WIRE_HDR_SIZE : MP_WIRE_HDR_SIZE + plen;
+		s->len = MP_WIRE_HDR_SIZE + plen;
+		ch->staged = 1;
 	}
-	h.length = (uint32_t)plen;
-	mp_wire_encode(&h, s->buf, iovcnt == 2 ? (const void *)src : s->buf + MP_WIRE_HDR_SIZE);
-	iov[0].base = s->buf;
-	iov[0].len = iovcnt == 2 ? MP_WIRE_HDR_SIZE : MP_WIRE_HDR_SIZE + plen;
-	s->len = MP_WIRE_HDR_SIZE + plen;
-	rc = ctx->ops->isend(conn, iov, iovcnt, iovcnt == 2 ? x->user_mr : ctx->slab_mr, &s->req);
+	rc = ctx->ops->isend(conn, s->iov, s->iovcnt, s->iovcnt == 2 ? x->user_mr : ctx->slab_mr,
+			     &s->req);
+	if (rc == -EAGAIN)
+		return 0;
+	ch->staged = 0;
 	if (rc) {
-		/* The algorithm already counted the message as produced: a send that
-		 * cannot be posted drops the peer rather than losing a chunk. */
-		fail_peer(x, ch->peer, rc, "send could not be posted");
+		/* A broken connection: if requests are posted, their completions
+		 * carry the cause (e.g. -EMSGSIZE); otherwise report this one. */
+		if (ch->s_n || ch->r_n)
+			ch->defer_err = rc;
+		else
+			fail_peer(x, ch->peer, rc, "send could not be posted");
 		return 0;
 	}
 	ch->s_n++;
@@ -323,6 +341,8 @@ int mp_xfer_run(struct mp_xfer *x)
 				}
 				deliver(x, ch, s, len);
 			}
+			if (!ch->failed && ch->defer_err && !ch->s_n && !ch->r_n)
+				fail_peer(x, ch->peer, ch->defer_err, "connection broke");
 			if (ch->failed)
 				continue;
 			if (chmoved)
@@ -332,7 +352,11 @@ int mp_xfer_run(struct mp_xfer *x)
 			while (ch->r_n < ctx->window && (uint64_t)ch->r_n < x->xops->recv_left(x->op, ch)) {
 				struct mp_xslot *s = &ch->rs[(ch->r_head + ch->r_n) % ctx->window];
 				rc = ctx->ops->irecv(conn, s->buf, fmax, ctx->slab_mr, &s->req);
-				if (rc == -EAGAIN)
+				/* With receives posted, their completions say why the
+				 * connection broke (e.g. -EMSGSIZE); let them speak first. */
+				if (rc && rc != -EAGAIN && ch->r_n)
+					ch->defer_err = rc;
+				if (rc == -EAGAIN || (rc && ch->r_n))
 					break;
 				if (rc) {
 					fail_peer(x, ch->peer, rc, "receive could not be posted");
@@ -345,7 +369,7 @@ int mp_xfer_run(struct mp_xfer *x)
 				moved = 1;
 			if (ch->failed)
 				continue;
-			if (ch->s_n || ch->r_n || x->xops->send_left(x->op, ch) ||
+			if (ch->s_n || ch->r_n || ch->staged || x->xops->send_left(x->op, ch) ||
 			    x->xops->recv_left(x->op, ch)) {
 				active = 1;
 				if (now - last[i] > round_to) {

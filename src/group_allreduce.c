@@ -238,8 +238,11 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	double *bw = NULL;
 	int rc = -ENOMEM, k = g->size;
 
-	if (k < 2)
+	if (k < 2) {
+		/* Alone on its line of the grid (partial grids): nothing to average. */
+		a->res->rounds++;
 		return 0;
+	}
 	r.off = calloc((size_t)k * 3, sizeof(uint64_t));
 	r.failed = calloc((size_t)k, sizeof(int));
 	bw = malloc((size_t)k * sizeof(double));

@@ -154,6 +154,8 @@ struct mp_chan {
 	/* engine-private */
 	struct mp_xslot *ss, *rs;        /* window send / receive slots */
 	int s_head, s_n, r_head, r_n;
+	int staged;                      /* a produced message waits in the next send slot */
+	int defer_err;                   /* post failed; completions will tell why */
 };
 
 struct mp_xfer {

@@ -67,6 +67,11 @@ enum {
 
 #define MSG_MAX_LEN (1u << 24)
 #define HEARTBEAT_S 1.0
+/* Values generated per peer to check one size; above it every k-th element
+ * is checked instead of all, so the check stays bounded. */
+#ifndef CHECK_BUDGET
+#define CHECK_BUDGET (1ULL << 28)
+#endif
 
 struct msg_hdr {
 	uint32_t type;
@@ -88,6 +93,7 @@ struct size_result {
 	int32_t peers;        /* contributions that reached the result (min over peers) */
 	int32_t failed_peers; /* peers dropped (max over iterations and peers) */
 	int64_t wrong;        /* elements beyond the tolerance; -1 = not counted */
+	int64_t checked;      /* elements compared with the exact mean (per peer) */
 	double time_us;       /* mean time per timed iteration (max over peers) */
 	double max_err;       /* max |out - exact|; < 0 = not checked */
 	double rms_err;       /* rms of out - exact; < 0 = not checked */
@@ -759,6 +765,8 @@ static void agg_add(struct agg *a, const struct size_result *in)
 			r->peers = in->peers;
 		if (in->failed_peers > r->failed_peers)
 			r->failed_peers = in->failed_peers;
+		if (in->checked > r->checked)
+			r->checked = in->checked;
 		r->bytes_sent += in->bytes_sent;
 		r->bytes_received += in->bytes_received;
 	}
@@ -851,7 +859,8 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 	json_str(f, b->grid.given ? c->grid : NULL);
 	fprintf(f, ",\n    \"grid_assumed\": ");
 	json_str(f, g);
-	fprintf(f, ",\n    \"rounds\": %d,\n    \"codec\": ", c->rounds);
+	fprintf(f, ",\n    \"rounds\": %d,\n    \"rounds_effective\": %d,\n    \"codec\": ",
+		c->rounds, c->algo == MP_ALGO_MOSHPIT ? b->rounds_eff : 0);
 	json_str(f, codec_name(c->codec));
 	fprintf(f, ",\n    \"minbytes\": %" PRIu64 ",\n    \"maxbytes\": %" PRIu64
 		",\n    \"stepfactor\": %" PRIu64 ",\n", b->minbytes, b->maxbytes, b->stepfactor);
@@ -895,6 +904,7 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		json_num(f, r->bytes_sent);
 		fprintf(f, ", \"bytes_received\": ");
 		json_num(f, r->bytes_received);
+		fprintf(f, ", \"checked\": %" PRId64, r->checked);
 		fprintf(f, ", \"failed_peers\": %d}%s\n", r->failed_peers,
 			s + 1 < a->nrows ? "," : "");
 	}
@@ -973,6 +983,9 @@ static void verify(struct peer *p, const float *out, size_t count, int it,
 	const struct bench *b = p->b;
 	const size_t block = (size_t)1 << 18;
 	int n = p->npeers;
+	uint64_t work = (uint64_t)count * (uint64_t)n;
+	size_t stride = work > CHECK_BUDGET ? (size_t)((work + CHECK_BUDGET - 1) / CHECK_BUDGET) : 1;
+	int64_t checked = 0;
 	uint64_t *keys = xmalloc((size_t)n * sizeof(*keys));
 	double *w = xmalloc((size_t)n * sizeof(*w));
 	double wsum = 0.0, maxe = 0.0, sumsq = 0.0;
@@ -986,7 +999,9 @@ static void verify(struct peer *p, const float *out, size_t count, int it,
 	for (size_t i0 = 0; i0 < count; i0 += block) {
 		size_t i1 = i0 + block < count ? i0 + block : count;
 
-		for (size_t i = i0; i < i1; i++) {
+		size_t first = (i0 + stride - 1) / stride * stride;
+
+		for (size_t i = first; i < i1; i += stride) {
 			double e = 0.0, d;
 
 			for (int q = 0; q < n; q++)
@@ -1000,11 +1015,13 @@ static void verify(struct peer *p, const float *out, size_t count, int it,
 			if (d > maxe)
 				maxe = d;
 			sumsq += d * d;
+			checked++;
 		}
 		peer_heartbeat(p);
 	}
 	r->max_err = maxe;
-	r->rms_err = count ? sqrt(sumsq / (double)count) : 0.0;
+	r->rms_err = checked ? sqrt(sumsq / (double)checked) : 0.0;
+	r->checked = checked;
 	r->wrong = b->exact ? wrong : -1;
 	free(keys);
 	free(w);
@@ -1176,7 +1193,7 @@ static int peer_main(const struct bench *b, int rank, const struct chan *up,
 		goto out;
 	p.last_hb = now_s();
 
-	rc = chan_recv(down, &m, b->silence_ms * 2 > b->silence_ms ? b->silence_ms * 2 : INT_MAX);
+	rc = chan_recv(down, &m, clamp_ms((int64_t)b->silence_ms * 2));
 	if (rc <= 0 || m.type != MSG_PEERS || !m.data) {
 		peer_fail(&p, "no peer list from the launcher (%s)",
 			  rc == 0 ? "timed out" : rc < 0 ? strerror(-rc) : "unexpected message");
@@ -1589,9 +1606,8 @@ static void *loop_thread(void *arg)
 {
 	struct loop_arg *la = arg;
 
-	if (peer_main(la->b, la->rank, &la->up, &la->down) != 0) {
-		/* peer_main reported why; make sure the coordinator stops waiting. */
-	}
+	/* On failure peer_main has sent MSG_ERROR, which stops the coordinator. */
+	peer_main(la->b, la->rank, &la->up, &la->down);
 	return NULL;
 }
 
@@ -2150,7 +2166,9 @@ int main(int argc, char **argv)
 			snprintf(b.run_buf, sizeof(b.run_buf), PROG "-%ld", (long)getpid());
 			b.run = b.run_buf;
 		}
-		return run_local(&b);
+		rc = run_local(&b);
+		free(b.sizes);
+		return rc;
 	}
 
 	if (!b.cfg.hostfile && !b.cfg.peers) {
@@ -2177,5 +2195,7 @@ int main(int argc, char **argv)
 	snprintf(how, sizeof(how), "%s %s%s%s", b.cfg.hostfile ? "hostfile" : "peer list",
 		 b.cfg.hostfile ? b.cfg.hostfile : "MP_PEERS", lname ? ", started by " : "",
 		 lname ? lname : "");
-	return run_multi(&b, how);
+	rc = run_multi(&b, how);
+	free(b.sizes);
+	return rc;
 }
