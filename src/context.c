@@ -265,6 +265,25 @@ int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n)
 	return 0;
 }
 
+int mp_grid_shape(const char *grid, int npeers, int *dims, int max)
+{
+	struct mp_grid g;
+
+	if (npeers < 1 || !dims || max < 1)
+		return -EINVAL;
+	if (grid ? mp_grid_parse(grid, &g) : mp_grid_auto(npeers, &g))
+		return -EINVAL;
+	if (g.ndims > max || mp_grid_cells(&g) < (uint64_t)npeers)
+		return -EINVAL;
+	memcpy(dims, g.dims, (size_t)g.ndims * sizeof(int));
+	return g.ndims;
+}
+
+int mp_transport_available(const char *name)
+{
+	return name && mp_driver_find(name) != NULL;
+}
+
 int mp_rank(const mp_ctx *ctx)
 {
 	return ctx->rank;
@@ -325,6 +344,21 @@ int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr)
 
 /* ---- averaging ---------------------------------------------------------- */
 
+/*
+ * Start dialling every peer this operation will meet, before the first
+ * round. A peer held up in an early round (say, by a dead groupmate) has
+ * then already connected to its later groupmates, who would otherwise give
+ * up on it at their connect timeout and spread one failure down the rounds.
+ */
+static void dial_ahead(struct mp_ctx *ctx, const int *peers, int n)
+{
+	int err;
+
+	for (int i = 0; i < n; i++)
+		for (int s = 0; s < ctx->streams && peers[i] != ctx->rank; s++)
+			mp_conn_get(ctx, peers[i], s, &err);
+}
+
 static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 {
 	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : ctx->grid.ndims;
@@ -333,6 +367,11 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 
 	if (!members)
 		return -ENOMEM;
+	for (int t = 0; t < rounds && t < ctx->grid.ndims; t++) {
+		struct mp_group g = {.members = members};
+		if (!ctx->grouping->form(&ctx->grouping_state, ctx->round + (uint32_t)t, ctx->rank, &g))
+			dial_ahead(ctx, g.members, g.size);
+	}
 	for (int t = 0; t < rounds; t++) {
 		struct mp_group g = {.members = members};
 		uint32_t round = ctx->round++;
@@ -372,6 +411,7 @@ static int run_butterfly(struct mp_ctx *ctx, struct mp_avg *a)
 		return -ENOMEM;
 	for (int i = 0; i < ctx->npeers; i++)
 		members[i] = i;
+	dial_ahead(ctx, members, ctx->npeers);
 	g.id = round * 2654435761u;
 	rc = mp_group_allreduce(ctx, &g, round, a);
 	free(members);

@@ -253,10 +253,10 @@ int mp_xfer_run(struct mp_xfer *x)
 	uint64_t *last;
 	int rc, *conn_err;
 
-	if (x->nch == 0)
+	if (x->nch <= 0)
 		return 0;
 	rc = setup_slots(x);
-	last = calloc((size_t)x->nch, sizeof(*last) + sizeof(*conn_err));
+	last = calloc((unsigned)x->nch, sizeof(*last) + sizeof(*conn_err));
 	if (rc || !last) {
 		free(last);
 		if (!rc)

@@ -478,73 +478,21 @@ static int chan_recv(const struct chan *c, struct msg *m, int timeout_ms)
 /* ------------------------------------------------------------------------ */
 /* Grid, exactness and bus bandwidth                                         */
 
-/* "4x4", "2x2x2", "8" -> 0, or -1 if malformed. */
-static int grid_parse(const char *s, struct gridinfo *g)
+/* The grid the library will use: the one given, or its automatic choice. */
+static int grid_from_library(const char *spec, int n, struct gridinfo *g)
 {
-	const char *p = s;
+	int nd;
 
 	memset(g, 0, sizeof(*g));
-	g->cells = 1;
-	if (!s || !*s)
+	nd = mp_grid_shape(spec, n, g->dims, MP_MAX_GRID_DIMS);
+	if (nd < 0)
 		return -1;
-	for (;;) {
-		char *end;
-		long v;
-
-		if (*p < '0' || *p > '9')
-			return -1;
-		errno = 0;
-		v = strtol(p, &end, 10);
-		if (errno || v < 1 || v > 1000000 || g->ndims == MP_MAX_GRID_DIMS)
-			return -1;
-		g->dims[g->ndims++] = (int)v;
-		g->cells *= (uint64_t)v;
-		if (g->cells > (1ULL << 40))
-			return -1;
-		if (*end == '\0')
-			break;
-		if (*end != 'x' && *end != 'X')
-			return -1;
-		p = end + 1;
-	}
-	g->given = 1;
+	g->ndims = nd;
+	g->given = spec != NULL;
+	g->cells = 1;
+	for (int i = 0; i < nd; i++)
+		g->cells *= (uint64_t)g->dims[i];
 	return 0;
-}
-
-/*
- * What the library picks when no grid is given: one dimension up to 8 peers
- * (a single group of everyone), else a near-square (or above 256 peers a
- * near-cubic) grid with at least npeers cells. Only the one-dimensional case
- * is relied upon (exactness); beyond 8 peers this is a guess used for the
- * bus bandwidth, as the library does not report its grid.
- */
-static void grid_auto_guess(int n, struct gridinfo *g)
-{
-	int d = n <= 8 ? 1 : n <= 256 ? 2 : 3;
-	int a = 1;
-	uint64_t cells;
-
-	memset(g, 0, sizeof(*g));
-	for (;;) {
-		cells = 1;
-		for (int i = 0; i < d; i++)
-			cells *= (uint64_t)a;
-		if (cells >= (uint64_t)n)
-			break;
-		a++;
-	}
-	g->ndims = d;
-	for (int i = 0; i < d; i++)
-		g->dims[i] = a;
-	for (int i = d - 1; i >= 0; i--) {
-		uint64_t c2 = cells / (uint64_t)a * (uint64_t)(a - 1);
-
-		if (a > 1 && c2 >= (uint64_t)n) {
-			g->dims[i] = a - 1;
-			cells = c2;
-		}
-	}
-	g->cells = cells;
 }
 
 static void grid_format(const struct gridinfo *g, char *buf, size_t len)
@@ -556,15 +504,16 @@ static void grid_format(const struct gridinfo *g, char *buf, size_t len)
 		off += (size_t)snprintf(buf + off, len - off, "%s%d", i ? "x" : "", g->dims[i]);
 }
 
+static void usage_error(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
 /*
  * Everything that depends on the peer count: the grid, whether the result
  * must be the exact weighted mean, the bus bandwidth factor, the tolerance
  * and the safety limits. All knowledge of the library's grid choice is here.
  *
  * Exact: ring and butterfly always; Moshpit when every grid cell holds a
- * peer (no partial grid) and it runs at least one round per dimension. Left
- * to the library (no grid given) that is known only up to 8 peers, where the
- * grid is one group of all peers.
+ * peer (no partial grid) and it runs at least one round per dimension. The
+ * grid comes from the library (mp_grid_shape), so tool and library agree.
  */
 static void bench_derive(struct bench *b, int npeers)
 {
@@ -574,18 +523,14 @@ static void bench_derive(struct bench *b, int npeers)
 	int64_t cap;
 
 	b->npeers = npeers;
-	if (!c->grid || grid_parse(c->grid, &b->grid) < 0)
-		grid_auto_guess(npeers, &b->grid);
+	if (grid_from_library(c->grid, npeers, &b->grid) < 0)
+		usage_error("grid %s has fewer cells than the %d peers", c->grid, npeers);
 	b->rounds_eff = c->rounds > 0 ? c->rounds : b->grid.ndims;
 
 	b->exact = 1;
 	b->inexact_why[0] = '\0';
 	if (c->algo != MP_ALGO_MOSHPIT) {
 		/* ring and butterfly reduce over every peer */
-	} else if (!b->grid.given && npeers > 8) {
-		b->exact = 0;
-		snprintf(b->inexact_why, sizeof(b->inexact_why),
-			 "automatic grid above 8 peers, not known to be full");
 	} else if (b->grid.cells != (uint64_t)npeers) {
 		b->exact = 0;
 		snprintf(b->inexact_why, sizeof(b->inexact_why),
@@ -672,8 +617,7 @@ static void print_header(const struct bench *b, const char *mode)
 	else if (b->grid.given)
 		snprintf(gdesc, sizeof(gdesc), "%s  rounds %d", g, b->rounds_eff);
 	else
-		snprintf(gdesc, sizeof(gdesc), "auto (%s%s)  rounds %d",
-			 b->npeers <= 8 ? "" : "assumed ", g, b->rounds_eff);
+		snprintf(gdesc, sizeof(gdesc), "auto (%s)  rounds %d", g, b->rounds_eff);
 	printf("# " PROG " %d.%d.%d: %s\n", MP_VERSION_MAJOR, MP_VERSION_MINOR,
 	       MP_VERSION_PATCH, mode);
 	printf("# transport %s  peers %d  algo %s  grid %s  codec %s\n", b->transport,
@@ -1905,8 +1849,8 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			b->check = (int)parse_int("--check", optarg, 0, 1);
 			break;
 		case OPT_TRANSPORT:
-			if (!*optarg)
-				usage_error("empty --transport");
+			if (!mp_transport_available(optarg))
+				usage_error("--transport: not built into this library (tcp, loop)");
 			b->transport = optarg;
 			break;
 		case OPT_PEERS:
@@ -1924,7 +1868,9 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		case OPT_GRID: {
 			struct gridinfo g;
 
-			if (grid_parse(optarg, &g) < 0)
+			/* Syntax only here: the cell count is checked once the
+			 * number of peers is known. */
+			if (grid_from_library(optarg, 1, &g) < 0)
 				usage_error("bad --grid '%s' (like 4x4 or 2x2x2, at most %d "
 					    "dimensions)", optarg, MP_MAX_GRID_DIMS);
 			c->grid = optarg;

@@ -506,6 +506,7 @@ static int loop_init(const struct mp_drv_params *p, struct mp_drv **out)
 
 	if (!out)
 		return -EINVAL;
+	mp_log_init();
 	/* Fields beyond what the caller's struct holds keep their defaults. */
 	if (p) {
 		if (p->size >= offsetof(struct mp_drv_params, run_name) + sizeof(p->run_name) &&

@@ -271,6 +271,26 @@ const char *mp_last_error(const mp_ctx *ctx);
 void mp_log_set_level(int level);
 
 /**
+ * The grid a context would use: @p grid parsed, or when NULL the automatic
+ * choice for @p npeers peers (one dimension up to 8 peers, near-square up to
+ * 256, near-cubic above). Lets tools and launchers agree with the library.
+ * @param grid "M1xM2x..." or NULL
+ * @param npeers number of peers (>= 1)
+ * @param[out] dims sizes of the dimensions
+ * @param max capacity of @p dims (::MP_MAX_GRID_DIMS always suffices)
+ * @return number of dimensions, or -EINVAL (malformed, too few cells for
+ *         @p npeers, or more than @p max dimensions)
+ */
+int mp_grid_shape(const char *grid, int npeers, int *dims, int max);
+
+/**
+ * Whether a transport is built into this library.
+ * @param name "tcp", "loop", ...
+ * @return 1 if available, 0 if not
+ */
+int mp_transport_available(const char *name);
+
+/**
  * Parse an algorithm name. @param s "moshpit", "ring" or "butterfly"
  * @return ::mp_algo value, or -EINVAL
  */

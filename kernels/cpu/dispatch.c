@@ -23,6 +23,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define MP_K_X86 1
+#include <cpuid.h>
 #endif
 
 #define MP_K_HIDDEN __attribute__((visibility("hidden")))
@@ -62,10 +63,19 @@ static int have_scalar(void)
 }
 
 #ifdef MP_K_X86
+/* F16C straight from cpuid: not every compiler's __builtin_cpu_supports knows it. */
+static int have_f16c(void)
+{
+	unsigned a, b, c, d;
+
+	return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 static int have_avx2(void)
 {
+	/* __builtin_cpu_supports also checks that the OS saves the YMM state. */
 	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+	return __builtin_cpu_supports("avx2") && have_f16c();
 }
 
 static int have_avx512(void)
@@ -112,6 +122,7 @@ static void pick(void)
 	const struct kvariant *v = best();
 	const char *env = getenv("MP_KERNELS");
 
+	mp_log_init(); /* so that MP_DEBUG is known before the first message */
 	if (env && *env && strcmp(env, "auto") != 0) {
 		const struct kvariant *want = find(env);
 
