@@ -26,6 +26,7 @@ void mp_config_init(struct mp_config *cfg)
 	cfg->window = 4;
 	cfg->connect_timeout_ms = 10000;
 	cfg->round_timeout_ms = 10000;
+	cfg->spin_us = 0;
 	cfg->log_level = -1;
 }
 
@@ -107,6 +108,7 @@ int mp_config_from_env(struct mp_config *cfg)
 	INT_VAR("MP_WINDOW", window, 1, 1024)
 	INT_VAR("MP_CONNECT_TIMEOUT_MS", connect_timeout_ms, 1, 1 << 30)
 	INT_VAR("MP_ROUND_TIMEOUT_MS", round_timeout_ms, 1, 1 << 30)
+	INT_VAR("MP_SPIN_US", spin_us, 0, 1000000)
 #undef INT_VAR
 	if ((s = env_str("MP_PEERS")))
 		cfg->peers = s;
@@ -403,7 +405,8 @@ int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char **
 		goto bad;
 	}
 	if (out->window < 1 || out->window > 1024 || out->streams < 0 || out->streams > 64 ||
-	    out->rounds < 0 || out->connect_timeout_ms < 1 || out->round_timeout_ms < 1) {
+	    out->rounds < 0 || out->connect_timeout_ms < 1 || out->round_timeout_ms < 1 ||
+	    out->spin_us < 0 || out->spin_us > 1000000) {
 		mp_set_init_error("config: window, streams, rounds or a timeout out of range");
 		goto bad;
 	}

@@ -142,6 +142,7 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	ctx->codec = mp_codec_by_id((unsigned)cfg.codec);
 	ctx->chunk_elems = cfg.chunk_bytes / sizeof(float);
 	ctx->window = cfg.window;
+	ctx->spin_us = cfg.spin_us;
 
 	ctx->ops = mp_driver_find(ctx->transport);
 	if (!ctx->ops) {

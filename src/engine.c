@@ -249,7 +249,8 @@ int mp_xfer_run(struct mp_xfer *x)
 	const uint64_t conn_to = (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
 	const uint64_t round_to = (uint64_t)ctx->cfg.round_timeout_ms * 1000000ull;
 	const size_t fmax = frame_max(ctx);
-	uint64_t start = mp_now_ns();
+	uint64_t start = mp_now_ns(), last_move = start;
+	const uint64_t spin_ns = (uint64_t)ctx->spin_us * 1000u;
 	uint64_t *last;
 	int rc, *conn_err;
 
@@ -384,9 +385,12 @@ int mp_xfer_run(struct mp_xfer *x)
 			rc = 0;
 			break;
 		}
-		/* Poll when something moved (more may be ready); otherwise sleep in
-		 * the driver until an event, bounded so timeouts are noticed. */
-		rc = ctx->ops->progress(ctx->drv, moved ? 0 : 10);
+		/* Poll while things move and for a short spin after (a reply is
+		 * often microseconds away); then sleep in the driver until an
+		 * event, bounded so that timeouts are noticed. */
+		if (moved)
+			last_move = now;
+		rc = ctx->ops->progress(ctx->drv, moved || now - last_move < spin_ns ? 0 : 10);
 		if (rc && rc != -EAGAIN && rc != -EINTR) {
 			MP_WARN("%s: transport progress failed: %s", x->what, mp_strerror(rc));
 			for (int i = 0; i < x->nch; i++)

@@ -70,6 +70,7 @@ struct mp_ctx {
 	int rank, npeers;
 	uint64_t run_id;
 	int streams, window;
+	int spin_us;            /* busy-poll this long after the last progress */
 	size_t chunk_elems;
 	const struct mp_codec_ops *codec;
 	struct mp_grid grid;

@@ -36,6 +36,7 @@ struct scenario {
 	int async;
 	int expect_rounds; /* 0 = do not check */
 	int expect_peers;  /* 0 = do not check */
+	const char *bandwidths;
 };
 
 struct shared {
@@ -86,6 +87,7 @@ static void *peer_main(void *p)
 	cfg.streams = sc->streams;
 	cfg.connect_timeout_ms = 5000;
 	cfg.round_timeout_ms = 5000;
+	cfg.bandwidths = sc->bandwidths;
 	if (sc->chunk_bytes)
 		cfg.chunk_bytes = sc->chunk_bytes;
 	rc = mp_init(&cfg, &ctx);
@@ -171,6 +173,14 @@ static double run_err(const struct scenario *sc)
 		if (sc->weighted && sc->expect_peers == sc->npeers)
 			assert_float_equal(sh.res[r].weight, wsum / sc->npeers, 1e-4);
 	}
+	if (sc->bandwidths) {
+		/* "1,0,2,1": peer 1 reduces nothing, so it only gets results back
+		 * (n values); peer 2 reduces half the vector and takes three
+		 * contributions to it plus the other results (2n values). */
+		double r = (double)sh.res[2].bytes_received / (double)sh.res[1].bytes_received;
+		if (r < 1.9 || r > 2.1)
+			fail_msg("%s: received bytes of peer 2 / peer 1 = %.3f, expected ~2", sc->name, r);
+	}
 	for (int r = 0; r < sc->npeers; r++)
 		free(sh.out[r]);
 	free(mean);
@@ -189,14 +199,14 @@ static void run(const struct scenario *sc)
 static void moshpit_2x2x2(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m222", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 10000, 0, 1e-5, 0, 3, 8};
+	struct scenario sc = {"m222", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 10000, 0, 1e-5, 0, 3, 8, NULL};
 	run(&sc);
 }
 
 static void moshpit_4x4(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m44", 16, "4x4", MP_ALGO_MOSHPIT, 0, 0, 0, 4096, 12345, 0, 1e-5, 0, 2, 16};
+	struct scenario sc = {"m44", 16, "4x4", MP_ALGO_MOSHPIT, 0, 0, 0, 4096, 12345, 0, 1e-5, 0, 2, 16, NULL};
 	run(&sc);
 }
 
@@ -205,14 +215,14 @@ static void moshpit_one_round_is_not_the_mean(void **s)
 	/* One round of a 2x2x2 grid averages pairs only: the peers must still
 	 * differ from the global mean, or the check above proves nothing. */
 	(void)s;
-	struct scenario sc = {"m222r1", 8, "2x2x2", MP_ALGO_MOSHPIT, 1, 0, 0, 0, 1000, 0, 1e-5, 0, 1, 2};
+	struct scenario sc = {"m222r1", 8, "2x2x2", MP_ALGO_MOSHPIT, 1, 0, 0, 0, 1000, 0, 1e-5, 0, 1, 2, NULL};
 	assert_true(run_err(&sc) > 1.0);
 }
 
 static void moshpit_weighted(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m222w", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 5000, 1, 1e-5, 0, 3, 8};
+	struct scenario sc = {"m222w", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 5000, 1, 1e-5, 0, 3, 8, NULL};
 	run(&sc);
 }
 
@@ -221,56 +231,56 @@ static void moshpit_partial_grid_converges(void **s)
 	(void)s;
 	/* 6 peers on 8 cells: never exact in d rounds, but mean-preserving, so
 	 * enough rounds reach the exact mean to float precision. */
-	struct scenario sc = {"m6", 6, "2x2x2", MP_ALGO_MOSHPIT, 60, 0, 0, 0, 777, 0, 1e-4, 0, 60, 0};
+	struct scenario sc = {"m6", 6, "2x2x2", MP_ALGO_MOSHPIT, 60, 0, 0, 0, 777, 0, 1e-4, 0, 60, 0, NULL};
 	run(&sc);
 }
 
 static void moshpit_streams_small_chunks(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m222s3", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 3, 64, 1001, 0, 1e-5, 0, 3, 8};
+	struct scenario sc = {"m222s3", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 3, 64, 1001, 0, 1e-5, 0, 3, 8, NULL};
 	run(&sc);
 }
 
 static void ring_8(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 1024, 10007, 1, 1e-5, 0, 1, 8};
+	struct scenario sc = {"ring8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 1024, 10007, 1, 1e-5, 0, 1, 8, NULL};
 	run(&sc);
 }
 
 static void ring_3_streams(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring3", 3, NULL, MP_ALGO_RING, 0, 0, 2, 256, 999, 0, 1e-5, 0, 1, 3};
+	struct scenario sc = {"ring3", 3, NULL, MP_ALGO_RING, 0, 0, 2, 256, 999, 0, 1e-5, 0, 1, 3, NULL};
 	run(&sc);
 }
 
 static void ring_fewer_values_than_peers(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring5of8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 0, 5, 0, 1e-5, 0, 1, 8};
+	struct scenario sc = {"ring5of8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 0, 5, 0, 1e-5, 0, 1, 8, NULL};
 	run(&sc);
 }
 
 static void ring_2(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring2", 2, NULL, MP_ALGO_RING, 0, 0, 0, 128, 1000, 1, 1e-5, 0, 1, 2};
+	struct scenario sc = {"ring2", 2, NULL, MP_ALGO_RING, 0, 0, 0, 128, 1000, 1, 1e-5, 0, 1, 2, NULL};
 	run(&sc);
 }
 
 static void butterfly_8(void **s)
 {
 	(void)s;
-	struct scenario sc = {"bf8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 10000, 1, 1e-5, 1, 1, 8};
+	struct scenario sc = {"bf8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 10000, 1, 1e-5, 1, 1, 8, NULL};
 	run(&sc);
 }
 
 static void butterfly_tiny(void **s)
 {
 	(void)s;
-	struct scenario sc = {"bf3of8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 3, 0, 1e-5, 0, 1, 8};
+	struct scenario sc = {"bf3of8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 3, 0, 1e-5, 0, 1, 8, NULL};
 	run(&sc);
 }
 
@@ -280,14 +290,22 @@ static void butterfly_fp16(void **s)
 	/* Inputs within ±16: fp16 keeps 11 significant bits, so each peer's
 	 * contribution and the returned mean are off by at most 2^-7 each. */
 	struct scenario sc = {"bf16", 4, NULL, MP_ALGO_BUTTERFLY, 0, MP_CODEC_FP16, 0, 1024, 5000, 0,
-			      2.0 / 128, 0, 1, 4};
+			      2.0 / 128, 0, 1, 4, NULL};
+	run(&sc);
+}
+
+static void butterfly_bandwidth_weighted_parts(void **s)
+{
+	(void)s;
+	struct scenario sc = {"bfbw", 4, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 4096, 40000, 1, 1e-5, 0, 1, 4,
+			      "1,0,2,1"};
 	run(&sc);
 }
 
 static void single_peer(void **s)
 {
 	(void)s;
-	struct scenario sc = {"solo", 1, NULL, MP_ALGO_MOSHPIT, 0, 0, 0, 0, 100, 0, 0, 0, 0, 1};
+	struct scenario sc = {"solo", 1, NULL, MP_ALGO_MOSHPIT, 0, 0, 0, 0, 100, 0, 0, 0, 0, 1, NULL};
 	run(&sc);
 }
 
@@ -393,6 +411,7 @@ int main(void)
 		cmocka_unit_test(butterfly_8),
 		cmocka_unit_test(butterfly_tiny),
 		cmocka_unit_test(butterfly_fp16),
+		cmocka_unit_test(butterfly_bandwidth_weighted_parts),
 		cmocka_unit_test(single_peer),
 		cmocka_unit_test(bad_arguments),
 		cmocka_unit_test(unreachable_peer_times_out),

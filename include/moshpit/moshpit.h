@@ -106,6 +106,9 @@ struct mp_config {
 	int connect_timeout_ms; /**< MP_CONNECT_TIMEOUT_MS: give up on an unreachable peer (default 10000) */
 	int round_timeout_ms;   /**< MP_ROUND_TIMEOUT_MS: longest silence from a peer within a round (default 10000) */
 	int checksum_payload;   /**< MP_CHECKSUM=payload: CRC32C also covers payloads (default header only) */
+	int spin_us;            /**< MP_SPIN_US: busy-poll this long after the last progress before
+	                             sleeping in the transport (default 0: on shared or oversubscribed
+	                             hosts spinning steals the cores peers need) */
 	int log_level;          /**< MP_DEBUG: ::mp_log_level; -1 = leave the process-wide level alone */
 };
 
