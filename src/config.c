@@ -272,7 +272,14 @@ static int read_hostfile(const char *path, char ***list, int *n)
 			int has_port = colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1) &&
 				       (host[0] == '[' || strchr(host, ':') == colon);
 			if (has_port) {
-				snprintf(addr, sizeof(addr), "%s", host);
+				/* "host:port slots=N": N ranks on consecutive ports. */
+				long port = strtol(colon + 1, NULL, 10) + s;
+				if (port > 65535) {
+					mp_set_init_error("hostfile %s:%d: port out of range", path, lineno);
+					rc = -EINVAL;
+					break;
+				}
+				snprintf(addr, sizeof(addr), "%.*s:%ld", (int)(colon - host), host, port);
 			} else {
 				int same = 0;
 				for (int i = 0; i < *n; i++)

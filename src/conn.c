@@ -152,6 +152,11 @@ static void adopt(struct mp_ctx *ctx, struct mp_pending *pd, int status, size_t 
 		reject(ctx, pd, why, "bad HELLO");
 		return;
 	}
+	if (h.codec != ctx->codec->id) {
+		/* Peers must agree on the codec; say so now, not at the first chunk. */
+		reject(ctx, pd, MP_REJ_CODEC, "the peer uses another codec");
+		return;
+	}
 	if (h.type != MP_MSG_HELLO || h.sender >= (uint32_t)ctx->npeers ||
 	    h.sender == (uint32_t)ctx->rank || (int)h.sender > ctx->rank ||
 	    h.aux >= (uint32_t)ctx->streams || h.count != (uint32_t)ctx->npeers) {

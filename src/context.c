@@ -521,6 +521,10 @@ int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr 
 	pthread_mutex_lock(&ctx->mu);
 	mr->users++;
 	req->state = REQ_QUEUED;
+	req->live_next = ctx->live;
+	if (ctx->live)
+		ctx->live->live_prev = req;
+	ctx->live = req;
 	if (ctx->qtail)
 		ctx->qtail->next = req;
 	else
@@ -541,6 +545,12 @@ static int finish_request(struct mp_request *req, struct mp_result *res)
 	if (res)
 		*res = req->res;
 	req->mr->users--;
+	if (req->live_prev)
+		req->live_prev->live_next = req->live_next;
+	else
+		ctx->live = req->live_next;
+	if (req->live_next)
+		req->live_next->live_prev = req->live_prev;
 	pthread_mutex_unlock(&ctx->mu);
 	if (req->own_mr)
 		mp_mem_deregister(ctx, req->mr);
@@ -617,6 +627,17 @@ int mp_finalize(mp_ctx *ctx)
 		if (ctx->ops && ctx->drv)
 			ctx->ops->wake(ctx->drv);
 		pthread_join(ctx->thread, NULL);
+	}
+	/* Requests the caller never completed are cancelled and released here;
+	 * their handles are invalid from now on. */
+	while (ctx->live) {
+		struct mp_request *req = ctx->live;
+		ctx->live = req->live_next;
+		if (req->own_mr && ctx->ops && ctx->drv)
+			ctx->ops->dereg_mr(ctx->drv, req->mr->dmr);
+		if (req->own_mr)
+			free(req->mr);
+		free(req);
 	}
 	if (ctx->drv) {
 		mp_conn_close_all(ctx);

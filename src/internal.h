@@ -58,7 +58,8 @@ struct mp_request {
 	int state;                /* REQ_QUEUED, REQ_RUNNING, REQ_DONE */
 	int status;
 	struct mp_result res;
-	struct mp_request *next;
+	struct mp_request *next;        /* queue of the progress thread */
+	struct mp_request *live_prev, *live_next; /* every request not yet released */
 };
 
 enum { REQ_QUEUED, REQ_RUNNING, REQ_DONE };
@@ -109,6 +110,7 @@ struct mp_ctx {
 	pthread_cond_t cv;
 	int stop;
 	struct mp_request *qhead, *qtail;
+	struct mp_request *live;  /* released by mp_finalize if the caller never waited */
 
 	char err[256];
 };

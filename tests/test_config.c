@@ -118,22 +118,23 @@ static void hostfile_and_launcher(void **s)
 	(void)s;
 	clear_env();
 	assert_true(fd >= 0);
-	const char *text = "# cluster\nnode1 slots=2\nnode2:4000\n\n[::1]:5000  # v6\nnode3\n";
+	const char *text = "# cluster\nnode1 slots=2\nnode2:4000 slots=2\n\n[::1]:5000  # v6\nnode3\n";
 	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
 	close(fd);
 	setenv("OMPI_COMM_WORLD_RANK", "4", 1);
-	setenv("OMPI_COMM_WORLD_SIZE", "5", 1);
+	setenv("OMPI_COMM_WORLD_SIZE", "6", 1);
 	mp_config_init(&c);
 	c.hostfile = path;
 	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), 0);
-	assert_int_equal(n, 5);
+	assert_int_equal(n, 6);
 	assert_int_equal(out.rank, 4);
-	assert_int_equal(out.npeers, 5);
+	assert_int_equal(out.npeers, 6);
 	assert_string_equal(list[0], "node1:29500");
 	assert_string_equal(list[1], "node1:29501");
 	assert_string_equal(list[2], "node2:4000");
-	assert_string_equal(list[3], "[::1]:5000");
-	assert_string_equal(list[4], "node3:29500");
+	assert_string_equal(list[3], "node2:4001");
+	assert_string_equal(list[4], "[::1]:5000");
+	assert_string_equal(list[5], "node3:29500");
 	mp_free_list(list, n);
 
 	/* The launcher's size must match the hostfile. */

@@ -97,6 +97,7 @@ enum mutation {
 	M_GARBAGE,
 	M_TRUNCATED,
 	M_FOREIGN_HELLO,
+	M_HELLO_CODEC,
 };
 
 struct outcome {
@@ -149,6 +150,8 @@ static void exchange(enum mutation m, struct outcome *o)
 					MP_MSG_HELLO);
 	h.count = 2;
 	h.weight = 0.0f;
+	if (m == M_HELLO_CODEC)
+		h.codec = MP_CODEC_FP16; /* the context runs codec none */
 	mp_wire_encode(&h, fr, NULL);
 	fake_send(&f, fr, MP_WIRE_HDR_SIZE);
 
@@ -185,7 +188,7 @@ static void exchange(enum mutation m, struct outcome *o)
 	case M_TRUNCATED: len = 40; break;
 	default: break;
 	}
-	if (m != M_FOREIGN_HELLO)
+	if (m != M_FOREIGN_HELLO && m != M_HELLO_CODEC)
 		fake_send(&f, fr, len);
 	if (m == M_NONE) {
 		/* The fake reduces part 0: it returns values of its choosing. */
@@ -262,6 +265,7 @@ REJECT_TEST(oversized_message, M_OVERSIZE)
 REJECT_TEST(garbage_bytes, M_GARBAGE)
 REJECT_TEST(truncated_frame, M_TRUNCATED)
 REJECT_TEST(foreign_run_hello, M_FOREIGN_HELLO)
+REJECT_TEST(other_codec_hello, M_HELLO_CODEC)
 
 int main(void)
 {
@@ -284,6 +288,7 @@ int main(void)
 		cmocka_unit_test(garbage_bytes),
 		cmocka_unit_test(truncated_frame),
 		cmocka_unit_test(foreign_run_hello),
+		cmocka_unit_test(other_codec_hello),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,10 +5,12 @@
  *
  * This header is for transport drivers (drivers/<name>/), not for
  * applications. A driver fills one `static const struct mp_driver_ops` with
- * designated initializers. The table starts with its own size so that
- * entries can be appended without breaking drivers built against an older
- * header: the core treats an entry that lies beyond `size`, or is NULL, as
- * not implemented (-ENOTSUP).
+ * designated initializers. The table starts with its own size and ABI so
+ * that entries can be appended without breaking drivers built against an
+ * older header. In ABI 1 every entry is mandatory: the core refuses a table
+ * of another ABI, one smaller than it needs, or one with a NULL entry.
+ * Entries appended later will be optional: one beyond `size`, or NULL, will
+ * count as not implemented (-ENOTSUP).
  *
  * The model is non-blocking and completion based, like NCCL's net plugins:
  *

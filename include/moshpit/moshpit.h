@@ -179,7 +179,8 @@ int mp_npeers(const mp_ctx *ctx);
 
 /**
  * Stop the progress thread, close connections, free everything. Operations
- * still in flight are cancelled.
+ * still in flight are cancelled, and requests not yet completed with
+ * ::mp_test or ::mp_wait are released: their handles are invalid afterwards.
  * @param ctx context, or NULL (no-op)
  * @return 0
  */
@@ -237,8 +238,10 @@ int mp_test(mp_request *req, int *done, struct mp_result *res);
  * @param req request
  * @param timeout_ms longest wait; negative = the context's own deadlines only
  * @param[out] res counters of the operation (may be NULL)
- * @return 0; -ETIMEDOUT if @p timeout_ms passed (the request stays valid);
- *         or the operation's negative errno
+ * @return 0; -ETIMEDOUT if @p timeout_ms passed (the request stays valid;
+ *         operations themselves never fail with -ETIMEDOUT: a peer that times
+ *         out is dropped and counted in mp_result::failed_peers); or the
+ *         operation's negative errno
  */
 int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
 
