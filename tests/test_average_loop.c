@@ -57,7 +57,7 @@ struct arg {
 static float input(int rank, size_t i)
 {
 	/* Distinct, exactly representable values so the mean is known precisely. */
-	return (float)((int)((rank * 7919 + (int)i * 104729) % 2001) - 1000) / 64.0f;
+	return (float)((long)(((long)rank * 7919 + (long)i * 104729) % 2001) - 1000) / 64.0f;
 }
 
 static float weight_of(const struct scenario *sc, int rank)
