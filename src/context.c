@@ -302,12 +302,14 @@ int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, m
 
 	if (!ctx || !buf || !len || !out)
 		return -EINVAL;
-	if (kind != MP_MEM_HOST) {
-		/* The enum and this path exist so device memory can arrive without an
-		 * API change; the reducer reads memory on the CPU today. */
-		if (kind != MP_MEM_CUDA && kind != MP_MEM_DMABUF)
-			return -EINVAL;
-		mp_set_error(ctx, "memory kind %d is not supported by this build", (int)kind);
+	if (kind != MP_MEM_HOST && kind != MP_MEM_CUDA && kind != MP_MEM_DMABUF)
+		return -EINVAL;
+	if (kind != MP_MEM_HOST && !(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
+		/* Device memory goes to transports that can move it (verbs with
+		 * GPUDirect); the others would need host staging, which comes with
+		 * the CUDA build. */
+		mp_set_error(ctx, "transport %s cannot move %s memory", ctx->transport,
+			     kind == MP_MEM_CUDA ? "CUDA device" : "dma-buf");
 		return -ENOTSUP;
 	}
 	mr = calloc(1, sizeof(*mr));
@@ -501,6 +503,11 @@ int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr 
 	if (!ctx->peers_set) {
 		mp_set_error(ctx, "peers are not set: call mp_set_peers first");
 		return -ENOTCONN;
+	}
+	if (mr && mr->kind != MP_MEM_HOST) {
+		/* The reducer runs on the CPU until the CUDA kernels arrive. */
+		mp_set_error(ctx, "averaging device memory needs the CUDA reducer (not built)");
+		return -ENOTSUP;
 	}
 	req = calloc(1, sizeof(*req));
 	if (!req)

@@ -217,7 +217,8 @@ int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
  * @param weight this peer's weight (>= 0, finite; 1 for a plain mean)
  * @param mr registration covering @p buf, or NULL (registered internally)
  * @param[out] req request to test or wait on
- * @return 0; -EINVAL; -ENOTCONN if peers are not set; -ENOMEM
+ * @return 0; -EINVAL; -ENOTCONN if peers are not set; -ENOTSUP for a
+ *         device-memory registration (no CUDA reducer yet); -ENOMEM
  */
 int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
 		     mp_request **req);
