@@ -655,6 +655,7 @@ int mp_finalize(mp_ctx *ctx)
 		ctx->ops->fini(ctx->drv);
 	}
 	free(ctx->slab);
+	free(ctx->scratch);
 	free(ctx->pend);
 	free_peers(ctx);
 	pthread_cond_destroy(&ctx->cv);

@@ -69,6 +69,18 @@ uint8_t *mp_slab(struct mp_ctx *ctx, size_t bytes)
 	return ctx->slab;
 }
 
+void *mp_scratch(struct mp_ctx *ctx, size_t bytes)
+{
+	if (bytes <= ctx->scratch_size)
+		return ctx->scratch;
+	free(ctx->scratch);
+	ctx->scratch_size = 0;
+	ctx->scratch = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+	if (ctx->scratch)
+		ctx->scratch_size = bytes;
+	return ctx->scratch;
+}
+
 static void reap_slots(struct mp_ctx *ctx, struct mp_xslot *sl, int head, int n, int window)
 {
 	for (int i = 0; i < n; i++) {

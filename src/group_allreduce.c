@@ -269,7 +269,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	/* Our part's reduction state, allocated once per round, not per chunk. */
 	uint64_t mine = r.len[r.me], nc = r.nch[r.me];
 	r.enc_cap = ctx->codec->max_encoded(r.C);
-	r.acc = malloc(mine * sizeof(float) + nc * (sizeof(float) + sizeof(uint32_t) + 1) + r.enc_cap + 64);
+	r.acc = mp_scratch(ctx, mine * sizeof(float) + nc * (sizeof(float) + sizeof(uint32_t) + 1) + r.enc_cap + 64);
 	if (!r.acc) {
 		rc = -ENOMEM;
 		goto out;
@@ -327,7 +327,6 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		a->influence = (uint64_t)ctx->npeers;
 	a->res->rounds++;
 out:
-	free(r.acc);
 	free(r.gc);
 	free(x.ch);
 	free(bw);

@@ -99,6 +99,11 @@ struct mp_ctx {
 	size_t slab_size;
 	struct mp_drv_mr *slab_mr;
 
+	/* reducer state (accumulators), kept between rounds: a fresh allocation
+	 * of a large part every round costs a page fault per 4 KiB */
+	void *scratch;
+	size_t scratch_size;
+
 	/* statistics of the context's life */
 	uint64_t rejected[MP_REJ_MAX];
 	struct mp_result *cur_res; /* counters of the operation running, or NULL */
@@ -197,5 +202,7 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a);
 
 /* Make sure the slab holds @bytes; returns it or NULL (-ENOMEM). */
 uint8_t *mp_slab(struct mp_ctx *ctx, size_t bytes);
+/* Unregistered scratch memory of at least @bytes, reused between rounds. */
+void *mp_scratch(struct mp_ctx *ctx, size_t bytes);
 
 #endif
