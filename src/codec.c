@@ -55,12 +55,60 @@ static int none_encode(struct mp_codec_state *st, size_t offset, const float *sr
 	return 0;
 }
 
+/*
+ * Every decoder is "apply a kernel to the payload's elements": in place when
+ * the payload is aligned for its element type, else through a bounce buffer
+ * in steps. @w is the weight for accumulating kernels.
+ */
+typedef void (*payload_fn)(float *out, const void *elems, float w, size_t n);
+
+static void apply_payload(const void *src, size_t esize, size_t count, float *out, float w,
+			  payload_fn fn)
+{
+	if (aligned(src, esize)) {
+		fn(out, src, w, count);
+		return;
+	}
+	_Alignas(16) unsigned char tmp[BOUNCE * sizeof(float)];
+	const unsigned char *p = src;
+
+	for (size_t i = 0; i < count; i += BOUNCE) {
+		size_t k = count - i < BOUNCE ? count - i : BOUNCE;
+
+		memcpy(tmp, p + i * esize, k * esize);
+		fn(out + i, tmp, w, k);
+	}
+}
+
+static void f32_copy(float *out, const void *e, float w, size_t n)
+{
+	(void)w;
+	if (n)
+		memcpy(out, e, n * sizeof(float));
+}
+
+static void f32_acc(float *out, const void *e, float w, size_t n)
+{
+	mp_k_axpy(out, e, w, n);
+}
+
+static void f16_copy(float *out, const void *e, float w, size_t n)
+{
+	(void)w;
+	mp_k_f16_to_f32(out, e, n);
+}
+
+static void f16_acc(float *out, const void *e, float w, size_t n)
+{
+	mp_k_f16_axpy(out, e, w, n);
+}
+
 static int none_decode(const void *src, size_t len, float *dst, size_t count)
 {
 	if (count > SIZE_MAX / sizeof(float) || len != count * sizeof(float))
 		return -EBADMSG;
-	if (count)
-		memcpy(dst, src, len);
+	/* memcpy needs no alignment: no bounce. */
+	f32_copy(dst, src, 0.0f, count);
 	return 0;
 }
 
@@ -68,19 +116,7 @@ static int none_decode_acc(const void *src, size_t len, float *acc, size_t count
 {
 	if (count > SIZE_MAX / sizeof(float) || len != count * sizeof(float))
 		return -EBADMSG;
-	if (aligned(src, _Alignof(float))) {
-		mp_k_axpy(acc, (const float *)src, weight, count);
-		return 0;
-	}
-	float tmp[BOUNCE];
-	const unsigned char *p = src;
-
-	for (size_t i = 0; i < count; i += BOUNCE) {
-		size_t k = count - i < BOUNCE ? count - i : BOUNCE;
-
-		memcpy(tmp, p + i * sizeof(float), k * sizeof(float));
-		mp_k_axpy(acc + i, tmp, weight, k);
-	}
+	apply_payload(src, sizeof(float), count, acc, weight, f32_acc);
 	return 0;
 }
 
@@ -119,19 +155,7 @@ static int fp16_decode(const void *src, size_t len, float *dst, size_t count)
 {
 	if (count > SIZE_MAX / sizeof(uint16_t) || len != count * sizeof(uint16_t))
 		return -EBADMSG;
-	if (aligned(src, _Alignof(uint16_t))) {
-		mp_k_f16_to_f32(dst, (const uint16_t *)src, count);
-		return 0;
-	}
-	uint16_t tmp[BOUNCE];
-	const unsigned char *p = src;
-
-	for (size_t i = 0; i < count; i += BOUNCE) {
-		size_t k = count - i < BOUNCE ? count - i : BOUNCE;
-
-		memcpy(tmp, p + i * sizeof(uint16_t), k * sizeof(uint16_t));
-		mp_k_f16_to_f32(dst + i, tmp, k);
-	}
+	apply_payload(src, sizeof(uint16_t), count, dst, 0.0f, f16_copy);
 	return 0;
 }
 
@@ -139,19 +163,7 @@ static int fp16_decode_acc(const void *src, size_t len, float *acc, size_t count
 {
 	if (count > SIZE_MAX / sizeof(uint16_t) || len != count * sizeof(uint16_t))
 		return -EBADMSG;
-	if (aligned(src, _Alignof(uint16_t))) {
-		mp_k_f16_axpy(acc, (const uint16_t *)src, weight, count);
-		return 0;
-	}
-	uint16_t tmp[BOUNCE];
-	const unsigned char *p = src;
-
-	for (size_t i = 0; i < count; i += BOUNCE) {
-		size_t k = count - i < BOUNCE ? count - i : BOUNCE;
-
-		memcpy(tmp, p + i * sizeof(uint16_t), k * sizeof(uint16_t));
-		mp_k_f16_axpy(acc + i, tmp, weight, k);
-	}
+	apply_payload(src, sizeof(uint16_t), count, acc, weight, f16_acc);
 	return 0;
 }
 

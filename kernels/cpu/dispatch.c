@@ -21,30 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#define MP_K_X86 1
-#include <cpuid.h>
-#endif
+#include "kernels_cpu.h"
 
-#define MP_K_HIDDEN __attribute__((visibility("hidden")))
-
-/* Defined in reduce.c and fp16.c. */
-MP_K_HIDDEN void mp_kcpu_axpy_scalar(float *acc, const float *x, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_scale_scalar(float *dst, const float *x, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_f32_to_f16_scalar(uint16_t *dst, const float *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_to_f32_scalar(float *dst, const uint16_t *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_axpy_scalar(float *acc, const uint16_t *src, float w, size_t n);
 #ifdef MP_K_X86
-MP_K_HIDDEN void mp_kcpu_axpy_avx2(float *acc, const float *x, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_scale_avx2(float *dst, const float *x, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_f32_to_f16_avx2(uint16_t *dst, const float *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_to_f32_avx2(float *dst, const uint16_t *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_axpy_avx2(float *acc, const uint16_t *src, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_axpy_avx512(float *acc, const float *x, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_scale_avx512(float *dst, const float *x, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_f32_to_f16_avx512(uint16_t *dst, const float *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_to_f32_avx512(float *dst, const uint16_t *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_axpy_avx512(float *acc, const uint16_t *src, float w, size_t n);
+#include <cpuid.h>
 #endif
 
 struct kvariant {

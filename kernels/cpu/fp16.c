@@ -28,38 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#define MP_K_X86 1
-#include <immintrin.h>
-#endif
-
-#define MP_K_HIDDEN __attribute__((visibility("hidden")))
-
-/* Variant entry points, picked by dispatch.c (which declares them again). */
-MP_K_HIDDEN void mp_kcpu_f32_to_f16_scalar(uint16_t *dst, const float *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_to_f32_scalar(float *dst, const uint16_t *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_axpy_scalar(float *acc, const uint16_t *src, float w, size_t n);
-#ifdef MP_K_X86
-MP_K_HIDDEN void mp_kcpu_f32_to_f16_avx2(uint16_t *dst, const float *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_to_f32_avx2(float *dst, const uint16_t *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_axpy_avx2(float *acc, const uint16_t *src, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_f32_to_f16_avx512(uint16_t *dst, const float *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_to_f32_avx512(float *dst, const uint16_t *src, size_t n);
-MP_K_HIDDEN void mp_kcpu_f16_axpy_avx512(float *acc, const uint16_t *src, float w, size_t n);
-#endif
-
-/* See reduce.c: keeps w * x from being fused with the add that follows. */
-#ifdef MP_K_X86
-#define NOFUSE(v) __asm__("" : "+x"(v))
-#define NOFUSE_V(v) __asm__("" : "+v"(v))
-#else
-#define NOFUSE(v) ((void)0)
-#endif
-#if defined(__FMA__) || defined(__FMA4__) || defined(__FP_FAST_FMAF)
-#define NOFUSE_SCALAR(v) NOFUSE(v)
-#else
-#define NOFUSE_SCALAR(v) ((void)0)
-#endif
+#include "kernels_cpu.h"
 
 #define F16_MAX 65504.0f
 

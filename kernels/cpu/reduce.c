@@ -21,45 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#define MP_K_X86 1
-#include <immintrin.h>
-#endif
-
-#define MP_K_HIDDEN __attribute__((visibility("hidden")))
-
-/* Variant entry points, picked by dispatch.c (which declares them again). */
-MP_K_HIDDEN void mp_kcpu_axpy_scalar(float *acc, const float *x, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_scale_scalar(float *dst, const float *x, float w, size_t n);
-#ifdef MP_K_X86
-MP_K_HIDDEN void mp_kcpu_axpy_avx2(float *acc, const float *x, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_scale_avx2(float *dst, const float *x, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_axpy_avx512(float *acc, const float *x, float w, size_t n);
-MP_K_HIDDEN void mp_kcpu_scale_avx512(float *dst, const float *x, float w, size_t n);
-#endif
-
-/*
- * Opaque to the optimiser, free at run time: the value must be materialised
- * as it is, so a following add cannot be fused with the multiply before it.
- */
-#ifdef MP_K_X86
-#define NOFUSE(v) __asm__("" : "+x"(v))
-#define NOFUSE_V(v) __asm__("" : "+v"(v))
-#else
-/* Without vector variants there is nothing to stay identical to. */
-#define NOFUSE(v) ((void)0)
-#endif
-
-/*
- * The scalar loop only needs the barrier where the baseline target has FMA
- * (-march=haswell and newer); elsewhere leaving it out lets GCC vectorise
- * the loop with SSE2, which rounds exactly the same way.
- */
-#if defined(__FMA__) || defined(__FMA4__) || defined(__FP_FAST_FMAF)
-#define NOFUSE_SCALAR(v) NOFUSE(v)
-#else
-#define NOFUSE_SCALAR(v) ((void)0)
-#endif
+#include "kernels_cpu.h"
 
 void mp_kcpu_axpy_scalar(float *acc, const float *x, float w, size_t n)
 {
