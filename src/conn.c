@@ -17,8 +17,7 @@
 
 #define RETRY_NS (100ull * 1000 * 1000)
 
-/* Waits until a request closed together with its connection has completed. */
-static void reap(struct mp_ctx *ctx, struct mp_drv_req *req)
+void mp_reap(struct mp_ctx *ctx, struct mp_drv_req *req)
 {
 	int done = 0;
 
@@ -37,7 +36,7 @@ void mp_conn_drop(struct mp_ctx *ctx, int peer, int stream)
 		return;
 	ctx->ops->close(p->conns[stream]);
 	p->conns[stream] = NULL;
-	reap(ctx, p->hello[stream]);
+	mp_reap(ctx, p->hello[stream]);
 	p->hello[stream] = NULL;
 }
 
@@ -126,7 +125,7 @@ static void reject(struct mp_ctx *ctx, struct mp_pending *pd, enum mp_wire_rejec
 		ctx->cur_res->frames_rejected++;
 	MP_WARN("rejected an incoming connection: %s (%s)", mp_wire_reject_name(why), detail);
 	ctx->ops->close(pd->conn);
-	reap(ctx, pd->req);
+	mp_reap(ctx, pd->req);
 	pd->conn = NULL;
 }
 
@@ -232,7 +231,7 @@ void mp_conn_close_all(struct mp_ctx *ctx)
 	for (int i = 0; i < ctx->npend; i++)
 		if (ctx->pend[i].conn) {
 			ctx->ops->close(ctx->pend[i].conn);
-			reap(ctx, ctx->pend[i].req);
+			mp_reap(ctx, ctx->pend[i].req);
 			ctx->pend[i].conn = NULL;
 		}
 	if (!ctx->peers)

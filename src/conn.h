@@ -12,5 +12,8 @@ void mp_conn_poll(struct mp_ctx *ctx);
 /* Close one connection (its posted requests are cancelled). */
 void mp_conn_drop(struct mp_ctx *ctx, int peer, int stream);
 void mp_conn_close_all(struct mp_ctx *ctx);
+/* Release a request whose connection was closed (it completes with
+ * -ECANCELED; bounded, in case a driver needs a progress call for it). */
+void mp_reap(struct mp_ctx *ctx, struct mp_drv_req *req);
 
 #endif

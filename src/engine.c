@@ -85,12 +85,7 @@ static void reap_slots(struct mp_ctx *ctx, struct mp_xslot *sl, int head, int n,
 {
 	for (int i = 0; i < n; i++) {
 		struct mp_xslot *s = &sl[(head + i) % window];
-		int done = 0;
-		for (int k = 0; !done && k < 1000; k++) {
-			ctx->ops->test(s->req, &done, NULL);
-			if (!done)
-				ctx->ops->progress(ctx->drv, 0);
-		}
+		mp_reap(ctx, s->req);
 		s->req = NULL;
 	}
 }
