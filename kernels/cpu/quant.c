@@ -1,0 +1,1436 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Kernels of the quantising codecs: bf16 (wire id 2), uniform8 (3) and
+ * blockwise8 (4). The formats and encode rules are in the codec spec and in
+ * src/codec_quant.c; this file only does the per-element work, in a scalar
+ * reference and in AVX2 and AVX-512 versions that give the same bits.
+ *
+ * Why each variant is exact (bit-identical to the scalar code):
+ *  - bf16 encode is integer arithmetic on the fp32 bit pattern (add the
+ *    rounding bias, shift, then select the clamped / NaN forms), the same
+ *    operations in every variant; decode is a 16-bit shift.
+ *  - uniform8 statistics: each of the 16 lanes adds its elements (i % 16) in
+ *    element order in double, in every variant; a vector register simply
+ *    holds several lanes side by side. x*x of a float is exact in double, so
+ *    whether the compiler fuses the square into the add makes no difference.
+ *    Non-finite elements and the padding of ragged ends add +0.0, which
+ *    leaves a sum that started at +0.0 unchanged (under round to nearest such
+ *    a sum is never -0.0). The lanes are then combined by one shared scalar
+ *    function in the spec's fixed tree order.
+ *  - uniform8 and blockwise8 codes: one subtract (uniform8) or two
+ *    multiplies (blockwise8), each rounded once in fp32 as in the scalar code,
+ *    then floor / round-half-even with the rounding fixed in the instruction
+ *    (the scalar code does the same without libm and without depending on
+ *    the rounding mode), then clamping to integers that convert exactly.
+ *  - Decoding is a table lookup or (float)q * step; accumulation rounds the
+ *    product before the add (NOFUSE), as reduce.c does.
+ *  - Per-block absmax is an integer max over the bit patterns of |x|, which
+ *    for non-negative floats orders them like their values: associative, so
+ *    the vector order does not matter.
+ * The uniform8 bucket means are a histogram of double sums in element order;
+ * that loop is scalar and shared, run over cache-sized chunks right after
+ * their codes are computed.
+ *
+ * Ragged ends go through the same vector code (masked on AVX-512, through a
+ * small stack buffer on AVX2). Wire-side pointers (bf16 payloads, codes,
+ * steps) may have any alignment: the vector code uses unaligned accesses and
+ * the scalar code memcpy.
+ */
+#include <float.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "kernels_cpu.h"
+#include "quant.h"
+
+/* Elements per uniform8 quantise step: codes and floats stay in L1 for the histogram. */
+#define U8_CHUNK 2048
+
+static inline uint32_t f32_bits(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+static inline float bits_f32(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* ================================ scalar ================================ */
+
+/* ---- bf16 ---- */
+
+static inline uint16_t bf16_1(float f)
+{
+	uint32_t u = f32_bits(f);
+	uint32_t a = u & 0x7fffffffu;
+
+	if (a > 0x7f800000u) /* NaN: sign and top 7 payload bits kept, made quiet */
+		return (uint16_t)((u >> 16) | 0x0040u);
+	if (a >= 0x7f7f8000u) /* would round to inf, or is inf: saturate */
+		return (uint16_t)(((u >> 16) & 0x8000u) | 0x7f7fu);
+	/* Round half to even on the low 16 bits; a carry bumps the exponent. */
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float bf16_to_f32_1(const unsigned char *p)
+{
+	uint16_t h;
+
+	memcpy(&h, p, sizeof(h));
+	return bits_f32((uint32_t)h << 16);
+}
+
+static void bf16_enc_scalar(unsigned char *dst, const float *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint16_t h = bf16_1(src[i]);
+
+		memcpy(dst + 2 * i, &h, sizeof(h));
+	}
+}
+
+static void bf16_dec_scalar(float *dst, const unsigned char *src, size_t n)
+{
+	/* Through the bits, not a float conversion: signalling NaNs stay as they are. */
+	for (size_t i = 0; i < n; i++) {
+		uint16_t h;
+		uint32_t u;
+
+		memcpy(&h, src + 2 * i, sizeof(h));
+		u = (uint32_t)h << 16;
+		memcpy(dst + i, &u, sizeof(u));
+	}
+}
+
+static void bf16_acc_scalar(float *acc, const unsigned char *src, float w, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float p = w * bf16_to_f32_1(src + 2 * i);
+
+		NOFUSE_SCALAR(p);
+		acc[i] = acc[i] + p;
+	}
+}
+
+/* ---- uniform8 ---- */
+
+static void u8_lanes_scalar(const float *src, size_t n, double *s, double *q, size_t *nfin)
+{
+	size_t cnt = 0;
+
+	for (int j = 0; j < 16; j++)
+		s[j] = q[j] = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		int fin = (f32_bits(src[i]) & 0x7fffffffu) < 0x7f800000u;
+		/* Non-finite elements add +0.0, exactly as the vector code does. */
+		double d = fin ? (double)src[i] : 0.0;
+
+		cnt += (size_t)fin;
+		s[i & 15] += d;
+		q[i & 15] += d * d;
+	}
+	*nfin = cnt;
+}
+
+/* floor without libm: exact for every float, whatever the rounding mode. */
+static inline float floor_exact(float t)
+{
+	if (!(t > -8388608.0f && t < 8388608.0f)) /* |t| >= 2^23 (already integral), inf, NaN */
+		return t;
+	float r = (float)(int32_t)t; /* truncation, exact here */
+
+	return r - (float)(r > t); /* no branch: the sign of t is data */
+}
+
+static inline uint8_t u8_code_1(float x, float lo, float inv, float nan_as)
+{
+	if (x != x)
+		x = nan_as;
+	/* (x - lo) * inv is not of the a*b+c form: nothing to contract. */
+	float t = floor_exact((x - lo) * inv);
+
+	/* Clamped as a float, so that +-inf and overflowed differences convert safely. */
+	if (t < 0.0f)
+		t = 0.0f;
+	if (t > 255.0f)
+		t = 255.0f;
+	return (uint8_t)(int)t;
+}
+
+static void u8_codes_scalar(uint8_t *codes, const float *src, size_t n, float lo, float inv,
+			    float nan_as)
+{
+	for (size_t i = 0; i < n; i++)
+		codes[i] = u8_code_1(src[i], lo, inv, nan_as);
+}
+
+static void u8_dec_scalar(float *dst, const uint8_t *codes, const float *table, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dst[i] = table[codes[i]];
+}
+
+/* @wtable holds w * table[b], each product already rounded. */
+static void u8_add_scalar(float *acc, const uint8_t *codes, const float *wtable, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		acc[i] = acc[i] + wtable[codes[i]];
+}
+
+/* ---- blockwise8 ---- */
+
+/* Bits of the largest finite |x| (0 if none). */
+static uint32_t bw8_absmax_scalar(const float *src, size_t n)
+{
+	uint32_t m = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint32_t a = f32_bits(src[i]) & 0x7fffffffu;
+
+		if (a < 0x7f800000u && a > m)
+			m = a;
+	}
+	return m;
+}
+
+/* Round half to even of |t| <= 127 without the rounding mode's help. */
+static inline int rne_small(float t)
+{
+	int i = (int)t;         /* truncation */
+	float d = t - (float)i; /* exact: same binade or smaller */
+	/* Bitwise, not short-circuit: the branches would follow random data. */
+	int up = (d > 0.5f) | ((d == 0.5f) & i);
+	int down = (d < -0.5f) | ((d == -0.5f) & i);
+
+	return i + (up & 1) - (down & 1);
+}
+
+static inline int8_t bw8_code_1(float x, float f, float inv)
+{
+	float t = (x * f) * inv;
+
+	if (t != t) /* NaN input */
+		return 0;
+	if (t < -127.0f)
+		t = -127.0f;
+	if (t > 127.0f)
+		t = 127.0f;
+	return (int8_t)rne_small(t);
+}
+
+static void bw8_quant_scalar(uint8_t *codes, const float *src, size_t n, float f, float inv)
+{
+	for (size_t i = 0; i < n; i++) {
+		int8_t q = bw8_code_1(src[i], f, inv);
+
+		memcpy(codes + i, &q, 1);
+	}
+}
+
+static void bw8_dec_scalar(float *dst, const uint8_t *codes, float s, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dst[i] = (float)(int8_t)codes[i] * s;
+}
+
+static void bw8_acc_scalar(float *acc, const uint8_t *codes, float s, float w, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float x = (float)(int8_t)codes[i] * s;
+		float p = w * x;
+
+		NOFUSE_SCALAR(p);
+		acc[i] = acc[i] + p;
+	}
+}
+
+#ifdef MP_K_X86
+
+/* ================================ AVX2 ================================ */
+
+/* No FMA in the target on purpose (see reduce.c). */
+#define AVX2 __attribute__((target("avx2")))
+
+/* ---- bf16 ---- */
+
+/* Eight floats (as bits) -> eight bf16 in the low halves of the dwords. */
+AVX2 static inline __m256i bf16_8(__m256i u)
+{
+	const __m256i hi = _mm256_srli_epi32(u, 16);
+	const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+	const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+	const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb); /* ties to even */
+	__m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+	/* a is non-negative as a signed int: the signed compares are fine. */
+	__m256i big = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f7f7fff));
+	__m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
+	__m256i sat = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x8000)),
+				      _mm256_set1_epi32(0x7f7f));
+	__m256i qnan = _mm256_or_si256(hi, _mm256_set1_epi32(0x0040));
+
+	r = _mm256_blendv_epi8(r, sat, big);
+	return _mm256_blendv_epi8(r, qnan, nan);
+}
+
+/* 16 floats -> 16 bf16 (32 bytes, in order). */
+AVX2 static inline __m256i bf16_16(const float *src)
+{
+	__m256i r0 = bf16_8(_mm256_castps_si256(_mm256_loadu_ps(src)));
+	__m256i r1 = bf16_8(_mm256_castps_si256(_mm256_loadu_ps(src + 8)));
+
+	/* packus works per 128-bit half: put the quadwords back in order. */
+	return _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xd8);
+}
+
+AVX2 static void bf16_enc_avx2(unsigned char *dst, const float *src, size_t n)
+{
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m256i h0 = bf16_16(src + i);
+		__m256i h1 = bf16_16(src + i + 16);
+
+		_mm256_storeu_si256((__m256i *)(dst + 2 * i), h0);
+		_mm256_storeu_si256((__m256i *)(dst + 2 * i + 32), h1);
+	}
+	for (; i + 16 <= n; i += 16)
+		_mm256_storeu_si256((__m256i *)(dst + 2 * i), bf16_16(src + i));
+	if (i < n) {
+		float fb[16] = {0};
+		unsigned char hb[32];
+
+		memcpy(fb, src + i, (n - i) * sizeof(float));
+		_mm256_storeu_si256((__m256i *)hb, bf16_16(fb));
+		memcpy(dst + 2 * i, hb, (n - i) * 2);
+	}
+}
+
+AVX2 static inline __m256 bf16_load8(const unsigned char *p)
+{
+	__m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+
+	return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+AVX2 static inline __m256 axpy8(__m256 a, __m256 x, __m256 w)
+{
+	__m256 p = _mm256_mul_ps(x, w);
+
+	NOFUSE_V(p);
+	return _mm256_add_ps(a, p);
+}
+
+AVX2 static void bf16_dec_avx2(float *dst, const unsigned char *src, size_t n)
+{
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m256 x0 = bf16_load8(src + 2 * i);
+		__m256 x1 = bf16_load8(src + 2 * i + 16);
+		__m256 x2 = bf16_load8(src + 2 * i + 32);
+		__m256 x3 = bf16_load8(src + 2 * i + 48);
+
+		_mm256_storeu_ps(dst + i, x0);
+		_mm256_storeu_ps(dst + i + 8, x1);
+		_mm256_storeu_ps(dst + i + 16, x2);
+		_mm256_storeu_ps(dst + i + 24, x3);
+	}
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, bf16_load8(src + 2 * i));
+	if (i < n) {
+		unsigned char hb[16] = {0};
+		float fb[8];
+
+		memcpy(hb, src + 2 * i, (n - i) * 2);
+		_mm256_storeu_ps(fb, bf16_load8(hb));
+		memcpy(dst + i, fb, (n - i) * sizeof(float));
+	}
+}
+
+AVX2 static void bf16_acc_avx2(float *acc, const unsigned char *src, float w, size_t n)
+{
+	const __m256 vw = _mm256_set1_ps(w);
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m256 a0 = axpy8(_mm256_loadu_ps(acc + i), bf16_load8(src + 2 * i), vw);
+		__m256 a1 = axpy8(_mm256_loadu_ps(acc + i + 8), bf16_load8(src + 2 * i + 16), vw);
+		__m256 a2 = axpy8(_mm256_loadu_ps(acc + i + 16), bf16_load8(src + 2 * i + 32), vw);
+		__m256 a3 = axpy8(_mm256_loadu_ps(acc + i + 24), bf16_load8(src + 2 * i + 48), vw);
+
+		_mm256_storeu_ps(acc + i, a0);
+		_mm256_storeu_ps(acc + i + 8, a1);
+		_mm256_storeu_ps(acc + i + 16, a2);
+		_mm256_storeu_ps(acc + i + 24, a3);
+	}
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(acc + i, axpy8(_mm256_loadu_ps(acc + i), bf16_load8(src + 2 * i), vw));
+	if (i < n) {
+		unsigned char hb[16] = {0};
+		float ab[8] = {0};
+
+		memcpy(hb, src + 2 * i, (n - i) * 2);
+		memcpy(ab, acc + i, (n - i) * sizeof(float));
+		_mm256_storeu_ps(ab, axpy8(_mm256_loadu_ps(ab), bf16_load8(hb), vw));
+		memcpy(acc + i, ab, (n - i) * sizeof(float));
+	}
+}
+
+/* ---- uniform8 ---- */
+
+/* +0.0 where x is not finite. */
+AVX2 static inline __m256 finite_or_zero8(__m256 x, __m256i *fmask)
+{
+	__m256i a = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
+
+	*fmask = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), a);
+	return _mm256_and_ps(x, _mm256_castsi256_ps(*fmask));
+}
+
+/* Sums of lanes 4k..4k+3 of the spec's 16 (k = 0..3): kept in registers. */
+struct lanes_avx2 {
+	__m256d s0, s1, s2, s3, q0, q1, q2, q3;
+};
+
+/* Adds src[0..16) to the lanes; returns how many of them were finite. */
+AVX2 static inline __attribute__((always_inline)) size_t lanes16_avx2(struct lanes_avx2 *l, const float *p)
+{
+	__m256i f0, f1;
+	__m256 x0 = finite_or_zero8(_mm256_loadu_ps(p), &f0);
+	__m256 x1 = finite_or_zero8(_mm256_loadu_ps(p + 8), &f1);
+	__m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x0));
+	__m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x0, 1));
+	__m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(x1));
+	__m256d d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(x1, 1));
+
+	l->s0 = _mm256_add_pd(l->s0, d0);
+	l->s1 = _mm256_add_pd(l->s1, d1);
+	l->s2 = _mm256_add_pd(l->s2, d2);
+	l->s3 = _mm256_add_pd(l->s3, d3);
+	/* d*d is exact in double: fused or not, the sums round the same. */
+	l->q0 = _mm256_add_pd(l->q0, _mm256_mul_pd(d0, d0));
+	l->q1 = _mm256_add_pd(l->q1, _mm256_mul_pd(d1, d1));
+	l->q2 = _mm256_add_pd(l->q2, _mm256_mul_pd(d2, d2));
+	l->q3 = _mm256_add_pd(l->q3, _mm256_mul_pd(d3, d3));
+	return (size_t)__builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(f0))) +
+	       (size_t)__builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(f1)));
+}
+
+AVX2 static void u8_lanes_avx2(const float *src, size_t n, double *s, double *q, size_t *nfin)
+{
+	struct lanes_avx2 l;
+	size_t cnt = 0, i = 0;
+
+	l.s0 = l.s1 = l.s2 = l.s3 = l.q0 = l.q1 = l.q2 = l.q3 = _mm256_setzero_pd();
+	/* Element i always lands in lane i % 16: no alignment peeling here. */
+	for (; i + 16 <= n; i += 16)
+		cnt += lanes16_avx2(&l, src + i);
+	if (i < n) {
+		float fb[16] = {0};
+
+		memcpy(fb, src + i, (n - i) * sizeof(float));
+		/* The zero padding counts as finite: take it off again. */
+		cnt += lanes16_avx2(&l, fb) - (16 - (n - i));
+	}
+	_mm256_storeu_pd(s, l.s0);
+	_mm256_storeu_pd(s + 4, l.s1);
+	_mm256_storeu_pd(s + 8, l.s2);
+	_mm256_storeu_pd(s + 12, l.s3);
+	_mm256_storeu_pd(q, l.q0);
+	_mm256_storeu_pd(q + 4, l.q1);
+	_mm256_storeu_pd(q + 8, l.q2);
+	_mm256_storeu_pd(q + 12, l.q3);
+	*nfin = cnt;
+}
+
+AVX2 static inline __m256i u8_code8_avx2(__m256 x, __m256 lo, __m256 inv, __m256 nan_as)
+{
+	x = _mm256_blendv_ps(x, nan_as, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+	__m256 t = _mm256_mul_ps(_mm256_sub_ps(x, lo), inv);
+
+	t = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+	/* t is never NaN here (x is not, lo and inv are finite and inv > 0). */
+	t = _mm256_min_ps(_mm256_max_ps(t, _mm256_setzero_ps()), _mm256_set1_ps(255.0f));
+	return _mm256_cvttps_epi32(t);
+}
+
+/* Four vectors of eight dwords -> 32 bytes in order (unsigned or signed saturation). */
+AVX2 static inline __m256i pack32_u8(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+	__m256i r = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+
+	return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+AVX2 static inline __m256i pack32_i8(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+	__m256i r = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+
+	return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+AVX2 static inline __m256i u8_codes32_avx2(const float *p, __m256 lo, __m256 inv, __m256 nan_as)
+{
+	return pack32_u8(u8_code8_avx2(_mm256_loadu_ps(p), lo, inv, nan_as),
+			 u8_code8_avx2(_mm256_loadu_ps(p + 8), lo, inv, nan_as),
+			 u8_code8_avx2(_mm256_loadu_ps(p + 16), lo, inv, nan_as),
+			 u8_code8_avx2(_mm256_loadu_ps(p + 24), lo, inv, nan_as));
+}
+
+AVX2 static void u8_codes_avx2(uint8_t *codes, const float *src, size_t n, float lo, float inv,
+			       float nan_as)
+{
+	const __m256 vlo = _mm256_set1_ps(lo), vinv = _mm256_set1_ps(inv), vnan = _mm256_set1_ps(nan_as);
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32)
+		_mm256_storeu_si256((__m256i *)(codes + i), u8_codes32_avx2(src + i, vlo, vinv, vnan));
+	if (i < n) {
+		float fb[32] = {0};
+		uint8_t cb[32];
+
+		memcpy(fb, src + i, (n - i) * sizeof(float));
+		_mm256_storeu_si256((__m256i *)cb, u8_codes32_avx2(fb, vlo, vinv, vnan));
+		memcpy(codes + i, cb, n - i);
+	}
+}
+
+/*
+ * Table lookups: eight scalar loads assembled into a vector, which took
+ * two thirds of VPGATHERDD's time on the core measured (Zen 5); gathers are
+ * slower still where the "gather data sampling" microcode is in force. The
+ * lookup is pure data movement, so it cannot round.
+ */
+AVX2 static inline __attribute__((always_inline)) __m256 u8_lookup8_avx2(const uint8_t *c, const float *table)
+{
+	uint64_t k;
+
+	memcpy(&k, c, sizeof(k));
+	__m128 lo = _mm_setr_ps(table[k & 255], table[(k >> 8) & 255], table[(k >> 16) & 255],
+				table[(k >> 24) & 255]);
+	__m128 hi = _mm_setr_ps(table[(k >> 32) & 255], table[(k >> 40) & 255], table[(k >> 48) & 255],
+				table[k >> 56]);
+
+	return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+}
+
+AVX2 static void u8_dec_avx2(float *dst, const uint8_t *codes, const float *table, size_t n)
+{
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m256 x0 = u8_lookup8_avx2(codes + i, table);
+		__m256 x1 = u8_lookup8_avx2(codes + i + 8, table);
+		__m256 x2 = u8_lookup8_avx2(codes + i + 16, table);
+		__m256 x3 = u8_lookup8_avx2(codes + i + 24, table);
+
+		_mm256_storeu_ps(dst + i, x0);
+		_mm256_storeu_ps(dst + i + 8, x1);
+		_mm256_storeu_ps(dst + i + 16, x2);
+		_mm256_storeu_ps(dst + i + 24, x3);
+	}
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, u8_lookup8_avx2(codes + i, table));
+	if (i < n) {
+		uint8_t cb[8] = {0};
+		float fb[8];
+
+		memcpy(cb, codes + i, n - i);
+		_mm256_storeu_ps(fb, u8_lookup8_avx2(cb, table));
+		memcpy(dst + i, fb, (n - i) * sizeof(float));
+	}
+}
+
+/* acc[0..8) + wtable[c[0..8)] */
+AVX2 static inline __m256 u8_add8_avx2(const float *acc, const uint8_t *c, const float *wtable)
+{
+	return _mm256_add_ps(_mm256_loadu_ps(acc), u8_lookup8_avx2(c, wtable));
+}
+
+AVX2 static void u8_add_avx2(float *acc, const uint8_t *codes, const float *wtable, size_t n)
+{
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m256 a0 = u8_add8_avx2(acc + i, codes + i, wtable);
+		__m256 a1 = u8_add8_avx2(acc + i + 8, codes + i + 8, wtable);
+		__m256 a2 = u8_add8_avx2(acc + i + 16, codes + i + 16, wtable);
+		__m256 a3 = u8_add8_avx2(acc + i + 24, codes + i + 24, wtable);
+
+		_mm256_storeu_ps(acc + i, a0);
+		_mm256_storeu_ps(acc + i + 8, a1);
+		_mm256_storeu_ps(acc + i + 16, a2);
+		_mm256_storeu_ps(acc + i + 24, a3);
+	}
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(acc + i, u8_add8_avx2(acc + i, codes + i, wtable));
+	if (i < n) {
+		uint8_t cb[8] = {0};
+		float ab[8] = {0};
+
+		memcpy(cb, codes + i, n - i);
+		memcpy(ab, acc + i, (n - i) * sizeof(float));
+		_mm256_storeu_ps(ab, u8_add8_avx2(ab, cb, wtable));
+		memcpy(acc + i, ab, (n - i) * sizeof(float));
+	}
+}
+
+/* ---- blockwise8 ---- */
+
+AVX2 static inline __m256i absfin8(const float *p)
+{
+	__m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi32(0x7fffffff));
+
+	return _mm256_and_si256(a, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), a));
+}
+
+AVX2 static uint32_t bw8_absmax_avx2(const float *src, size_t n)
+{
+	__m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		m0 = _mm256_max_epu32(m0, absfin8(src + i));
+		m1 = _mm256_max_epu32(m1, absfin8(src + i + 8));
+		m2 = _mm256_max_epu32(m2, absfin8(src + i + 16));
+		m3 = _mm256_max_epu32(m3, absfin8(src + i + 24));
+	}
+	for (; i + 8 <= n; i += 8)
+		m0 = _mm256_max_epu32(m0, absfin8(src + i));
+	if (i < n) {
+		float fb[8] = {0}; /* zero padding cannot raise a max of |x| */
+
+		memcpy(fb, src + i, (n - i) * sizeof(float));
+		m1 = _mm256_max_epu32(m1, absfin8(fb));
+	}
+	m0 = _mm256_max_epu32(_mm256_max_epu32(m0, m1), _mm256_max_epu32(m2, m3));
+	__m128i h = _mm_max_epu32(_mm256_castsi256_si128(m0), _mm256_extracti128_si256(m0, 1));
+
+	h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
+	h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
+	return (uint32_t)_mm_cvtsi128_si32(h);
+}
+
+AVX2 static inline __m256i bw8_code8_avx2(const float *p, __m256 f, __m256 inv)
+{
+	__m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(p), f), inv);
+
+	t = _mm256_and_ps(t, _mm256_cmp_ps(t, t, _CMP_ORD_Q)); /* NaN -> +0 */
+	t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+	t = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	return _mm256_cvttps_epi32(t); /* already integral */
+}
+
+AVX2 static inline __m256i bw8_codes32_avx2(const float *p, __m256 f, __m256 inv)
+{
+	return pack32_i8(bw8_code8_avx2(p, f, inv), bw8_code8_avx2(p + 8, f, inv),
+			 bw8_code8_avx2(p + 16, f, inv), bw8_code8_avx2(p + 24, f, inv));
+}
+
+AVX2 static void bw8_quant_avx2(uint8_t *codes, const float *src, size_t n, float f, float inv)
+{
+	const __m256 vf = _mm256_set1_ps(f), vinv = _mm256_set1_ps(inv);
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32)
+		_mm256_storeu_si256((__m256i *)(codes + i), bw8_codes32_avx2(src + i, vf, vinv));
+	if (i < n) {
+		float fb[32] = {0};
+		uint8_t cb[32];
+
+		memcpy(fb, src + i, (n - i) * sizeof(float));
+		_mm256_storeu_si256((__m256i *)cb, bw8_codes32_avx2(fb, vf, vinv));
+		memcpy(codes + i, cb, n - i);
+	}
+}
+
+AVX2 static inline __m256 bw8_load8(const uint8_t *c, __m256 s)
+{
+	__m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c));
+
+	return _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
+}
+
+AVX2 static void bw8_dec_avx2(float *dst, const uint8_t *codes, float s, size_t n)
+{
+	const __m256 vs = _mm256_set1_ps(s);
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m256 x0 = bw8_load8(codes + i, vs);
+		__m256 x1 = bw8_load8(codes + i + 8, vs);
+		__m256 x2 = bw8_load8(codes + i + 16, vs);
+		__m256 x3 = bw8_load8(codes + i + 24, vs);
+
+		_mm256_storeu_ps(dst + i, x0);
+		_mm256_storeu_ps(dst + i + 8, x1);
+		_mm256_storeu_ps(dst + i + 16, x2);
+		_mm256_storeu_ps(dst + i + 24, x3);
+	}
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, bw8_load8(codes + i, vs));
+	if (i < n) {
+		uint8_t cb[8] = {0};
+		float fb[8];
+
+		memcpy(cb, codes + i, n - i);
+		_mm256_storeu_ps(fb, bw8_load8(cb, vs));
+		memcpy(dst + i, fb, (n - i) * sizeof(float));
+	}
+}
+
+AVX2 static void bw8_acc_avx2(float *acc, const uint8_t *codes, float s, float w, size_t n)
+{
+	const __m256 vs = _mm256_set1_ps(s), vw = _mm256_set1_ps(w);
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m256 a0 = axpy8(_mm256_loadu_ps(acc + i), bw8_load8(codes + i, vs), vw);
+		__m256 a1 = axpy8(_mm256_loadu_ps(acc + i + 8), bw8_load8(codes + i + 8, vs), vw);
+		__m256 a2 = axpy8(_mm256_loadu_ps(acc + i + 16), bw8_load8(codes + i + 16, vs), vw);
+		__m256 a3 = axpy8(_mm256_loadu_ps(acc + i + 24), bw8_load8(codes + i + 24, vs), vw);
+
+		_mm256_storeu_ps(acc + i, a0);
+		_mm256_storeu_ps(acc + i + 8, a1);
+		_mm256_storeu_ps(acc + i + 16, a2);
+		_mm256_storeu_ps(acc + i + 24, a3);
+	}
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(acc + i, axpy8(_mm256_loadu_ps(acc + i), bw8_load8(codes + i, vs), vw));
+	if (i < n) {
+		uint8_t cb[8] = {0};
+		float ab[8] = {0};
+
+		memcpy(cb, codes + i, n - i);
+		memcpy(ab, acc + i, (n - i) * sizeof(float));
+		_mm256_storeu_ps(ab, axpy8(_mm256_loadu_ps(ab), bw8_load8(cb, vs), vw));
+		memcpy(acc + i, ab, (n - i) * sizeof(float));
+	}
+}
+
+/* ================================ AVX-512 ================================ */
+
+/* The level dispatch.c calls "avx512": F, BW, VL and DQ together. */
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+AVX512 static inline __mmask16 tail16(size_t k)
+{
+	return (__mmask16)((1u << k) - 1u);
+}
+
+AVX512 static inline __m512 axpy16(__m512 a, __m512 x, __m512 w)
+{
+	__m512 p = _mm512_mul_ps(x, w);
+
+	NOFUSE_V(p);
+	return _mm512_add_ps(a, p);
+}
+
+/* ---- bf16 ---- */
+
+AVX512 static inline __m256i bf16_16x(__m512i u)
+{
+	const __m512i hi = _mm512_srli_epi32(u, 16);
+	const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+	const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+	const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb); /* ties to even */
+	__m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+	__mmask16 big = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f7f7fff));
+	__mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
+
+	r = _mm512_mask_mov_epi32(r, big, _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)),
+							  _mm512_set1_epi32(0x7f7f)));
+	r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x0040)));
+	return _mm512_cvtepi32_epi16(r);
+}
+
+AVX512 static void bf16_enc_avx512(unsigned char *dst, const float *src, size_t n)
+{
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m256i h0 = bf16_16x(_mm512_loadu_si512(src + i));
+		__m256i h1 = bf16_16x(_mm512_loadu_si512(src + i + 16));
+
+		_mm256_storeu_si256((__m256i *)(dst + 2 * i), h0);
+		_mm256_storeu_si256((__m256i *)(dst + 2 * i + 32), h1);
+	}
+	for (; i + 16 <= n; i += 16)
+		_mm256_storeu_si256((__m256i *)(dst + 2 * i), bf16_16x(_mm512_loadu_si512(src + i)));
+	if (i < n) {
+		__mmask16 m = tail16(n - i);
+
+		_mm256_mask_storeu_epi16(dst + 2 * i, m,
+					 bf16_16x(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i))));
+	}
+}
+
+AVX512 static inline __m512 bf16_widen16(__m256i h)
+{
+	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AVX512 static inline __m512 bf16_load16(const unsigned char *p)
+{
+	return bf16_widen16(_mm256_loadu_si256((const __m256i *)p));
+}
+
+AVX512 static void bf16_dec_avx512(float *dst, const unsigned char *src, size_t n)
+{
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m512 x0 = bf16_load16(src + 2 * i);
+		__m512 x1 = bf16_load16(src + 2 * i + 32);
+
+		_mm512_storeu_ps(dst + i, x0);
+		_mm512_storeu_ps(dst + i + 16, x1);
+	}
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(dst + i, bf16_load16(src + 2 * i));
+	if (i < n) {
+		__mmask16 m = tail16(n - i);
+
+		_mm512_mask_storeu_ps(dst + i, m, bf16_widen16(_mm256_maskz_loadu_epi16(m, src + 2 * i)));
+	}
+}
+
+AVX512 static void bf16_acc_avx512(float *acc, const unsigned char *src, float w, size_t n)
+{
+	const __m512 vw = _mm512_set1_ps(w);
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m512 a0 = axpy16(_mm512_loadu_ps(acc + i), bf16_load16(src + 2 * i), vw);
+		__m512 a1 = axpy16(_mm512_loadu_ps(acc + i + 16), bf16_load16(src + 2 * i + 32), vw);
+
+		_mm512_storeu_ps(acc + i, a0);
+		_mm512_storeu_ps(acc + i + 16, a1);
+	}
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(acc + i, axpy16(_mm512_loadu_ps(acc + i), bf16_load16(src + 2 * i), vw));
+	if (i < n) {
+		__mmask16 m = tail16(n - i);
+		__m512 x = bf16_widen16(_mm256_maskz_loadu_epi16(m, src + 2 * i));
+
+		_mm512_mask_storeu_ps(acc + i, m, axpy16(_mm512_maskz_loadu_ps(m, acc + i), x, vw));
+	}
+}
+
+/* ---- uniform8 ---- */
+
+/* Lanes 0..7 in s0/q0, 8..15 in s1/q1; m selects the elements present. */
+AVX512 static inline size_t u8_lanes16_avx512(__m512d *s0, __m512d *s1, __m512d *q0, __m512d *q1,
+					      __m512 x, __mmask16 m)
+{
+	__m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+	__mmask16 fin = _mm512_mask_cmplt_epu32_mask(m, a, _mm512_set1_epi32(0x7f800000));
+
+	x = _mm512_maskz_mov_ps(fin, x);
+	__m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+	__m512d d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+
+	/* d*d is exact in double: fused or not, the sums round the same. */
+	*s0 = _mm512_add_pd(*s0, d0);
+	*s1 = _mm512_add_pd(*s1, d1);
+	*q0 = _mm512_add_pd(*q0, _mm512_mul_pd(d0, d0));
+	*q1 = _mm512_add_pd(*q1, _mm512_mul_pd(d1, d1));
+	return (size_t)__builtin_popcount((unsigned)fin);
+}
+
+AVX512 static void u8_lanes_avx512(const float *src, size_t n, double *s, double *q, size_t *nfin)
+{
+	__m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+	size_t cnt = 0, i = 0;
+
+	for (; i + 16 <= n; i += 16)
+		cnt += u8_lanes16_avx512(&s0, &s1, &q0, &q1, _mm512_loadu_ps(src + i), 0xffff);
+	if (i < n) {
+		__mmask16 m = tail16(n - i);
+
+		/* Masked-off elements load as +0.0 and are not counted. */
+		cnt += u8_lanes16_avx512(&s0, &s1, &q0, &q1, _mm512_maskz_loadu_ps(m, src + i), m);
+	}
+	_mm512_storeu_pd(s, s0);
+	_mm512_storeu_pd(s + 8, s1);
+	_mm512_storeu_pd(q, q0);
+	_mm512_storeu_pd(q + 8, q1);
+	*nfin = cnt;
+}
+
+AVX512 static inline __m512i u8_code16_avx512(__m512 x, __m512 lo, __m512 inv, __m512 nan_as)
+{
+	x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), nan_as);
+	__m512 t = _mm512_mul_ps(_mm512_sub_ps(x, lo), inv);
+
+	t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+	t = _mm512_min_ps(_mm512_max_ps(t, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
+	return _mm512_cvttps_epi32(t);
+}
+
+AVX512 static void u8_codes_avx512(uint8_t *codes, const float *src, size_t n, float lo, float inv,
+				   float nan_as)
+{
+	const __m512 vlo = _mm512_set1_ps(lo), vinv = _mm512_set1_ps(inv), vnan = _mm512_set1_ps(nan_as);
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m512i q0 = u8_code16_avx512(_mm512_loadu_ps(src + i), vlo, vinv, vnan);
+		__m512i q1 = u8_code16_avx512(_mm512_loadu_ps(src + i + 16), vlo, vinv, vnan);
+
+		_mm_storeu_si128((__m128i *)(codes + i), _mm512_cvtepi32_epi8(q0));
+		_mm_storeu_si128((__m128i *)(codes + i + 16), _mm512_cvtepi32_epi8(q1));
+	}
+	for (; i < n; i += 16) {
+		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
+		__m512i q = u8_code16_avx512(_mm512_maskz_loadu_ps(m, src + i), vlo, vinv, vnan);
+
+		_mm512_mask_cvtepi32_storeu_epi8(codes + i, m, q);
+	}
+}
+
+/*
+ * 256-entry table in 16 registers: VPERMT2PS looks up 32 entries by the low
+ * five index bits, and bits 5..7 pick one of the eight results. Pure data
+ * movement, so the lookup cannot round; it avoids the gather unit, which is
+ * slow on many cores (and microcoded where "gather data sampling" is
+ * mitigated).
+ */
+struct lut512 {
+	__m512 t[16];
+};
+
+AVX512 static inline void lut512_load(struct lut512 *l, const float *table)
+{
+	for (int k = 0; k < 16; k++)
+		l->t[k] = _mm512_loadu_ps(table + 16 * k);
+}
+
+AVX512 static inline __m512 lut512_get(const struct lut512 *l, __m512i idx)
+{
+	__m512 r0 = _mm512_permutex2var_ps(l->t[0], idx, l->t[1]);
+	__m512 r1 = _mm512_permutex2var_ps(l->t[2], idx, l->t[3]);
+	__m512 r2 = _mm512_permutex2var_ps(l->t[4], idx, l->t[5]);
+	__m512 r3 = _mm512_permutex2var_ps(l->t[6], idx, l->t[7]);
+	__m512 r4 = _mm512_permutex2var_ps(l->t[8], idx, l->t[9]);
+	__m512 r5 = _mm512_permutex2var_ps(l->t[10], idx, l->t[11]);
+	__m512 r6 = _mm512_permutex2var_ps(l->t[12], idx, l->t[13]);
+	__m512 r7 = _mm512_permutex2var_ps(l->t[14], idx, l->t[15]);
+	__mmask16 b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
+	__mmask16 b6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64));
+	__mmask16 b7 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(128));
+
+	r0 = _mm512_mask_blend_ps(b5, r0, r1);
+	r2 = _mm512_mask_blend_ps(b5, r2, r3);
+	r4 = _mm512_mask_blend_ps(b5, r4, r5);
+	r6 = _mm512_mask_blend_ps(b5, r6, r7);
+	r0 = _mm512_mask_blend_ps(b6, r0, r2);
+	r4 = _mm512_mask_blend_ps(b6, r4, r6);
+	return _mm512_mask_blend_ps(b7, r0, r4);
+}
+
+AVX512 static inline __m512 u8_lookup16_avx512(const struct lut512 *l, const uint8_t *c)
+{
+	return lut512_get(l, _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)c)));
+}
+
+AVX512 static void u8_dec_avx512(float *dst, const uint8_t *codes, const float *table, size_t n)
+{
+	struct lut512 l;
+	size_t i = 0;
+
+	lut512_load(&l, table);
+	for (; i + 32 <= n; i += 32) {
+		__m512 x0 = u8_lookup16_avx512(&l, codes + i);
+		__m512 x1 = u8_lookup16_avx512(&l, codes + i + 16);
+
+		_mm512_storeu_ps(dst + i, x0);
+		_mm512_storeu_ps(dst + i + 16, x1);
+	}
+	for (; i < n; i += 16) {
+		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
+		__m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, codes + i));
+
+		_mm512_mask_storeu_ps(dst + i, m, lut512_get(&l, idx));
+	}
+}
+
+AVX512 static void u8_add_avx512(float *acc, const uint8_t *codes, const float *wtable, size_t n)
+{
+	struct lut512 l;
+	size_t i = 0;
+
+	lut512_load(&l, wtable);
+	for (; i + 32 <= n; i += 32) {
+		__m512 x0 = u8_lookup16_avx512(&l, codes + i);
+		__m512 x1 = u8_lookup16_avx512(&l, codes + i + 16);
+		__m512 a0 = _mm512_add_ps(_mm512_loadu_ps(acc + i), x0);
+		__m512 a1 = _mm512_add_ps(_mm512_loadu_ps(acc + i + 16), x1);
+
+		_mm512_storeu_ps(acc + i, a0);
+		_mm512_storeu_ps(acc + i + 16, a1);
+	}
+	for (; i < n; i += 16) {
+		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
+		__m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, codes + i));
+		__m512 a = _mm512_add_ps(_mm512_maskz_loadu_ps(m, acc + i), lut512_get(&l, idx));
+
+		_mm512_mask_storeu_ps(acc + i, m, a);
+	}
+}
+
+/* ---- blockwise8 ---- */
+
+AVX512 static inline __m512i absfin16(__m512 x)
+{
+	__m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+
+	return _mm512_maskz_mov_epi32(_mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(0x7f800000)), a);
+}
+
+AVX512 static uint32_t bw8_absmax_avx512(const float *src, size_t n)
+{
+	__m512i m0 = _mm512_setzero_si512(), m1 = m0, m2 = m0, m3 = m0;
+	size_t i = 0;
+
+	for (; i + 64 <= n; i += 64) {
+		m0 = _mm512_max_epu32(m0, absfin16(_mm512_loadu_ps(src + i)));
+		m1 = _mm512_max_epu32(m1, absfin16(_mm512_loadu_ps(src + i + 16)));
+		m2 = _mm512_max_epu32(m2, absfin16(_mm512_loadu_ps(src + i + 32)));
+		m3 = _mm512_max_epu32(m3, absfin16(_mm512_loadu_ps(src + i + 48)));
+	}
+	for (; i < n; i += 16) {
+		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
+
+		m0 = _mm512_max_epu32(m0, absfin16(_mm512_maskz_loadu_ps(m, src + i)));
+	}
+	m0 = _mm512_max_epu32(_mm512_max_epu32(m0, m1), _mm512_max_epu32(m2, m3));
+	return _mm512_reduce_max_epu32(m0);
+}
+
+AVX512 static inline __m512i bw8_code16_avx512(__m512 x, __m512 f, __m512 inv)
+{
+	__m512 t = _mm512_mul_ps(_mm512_mul_ps(x, f), inv);
+
+	t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t); /* NaN -> +0 */
+	t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+	return _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+AVX512 static void bw8_quant_avx512(uint8_t *codes, const float *src, size_t n, float f, float inv)
+{
+	const __m512 vf = _mm512_set1_ps(f), vinv = _mm512_set1_ps(inv);
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m128i c0 = _mm512_cvtepi32_epi8(bw8_code16_avx512(_mm512_loadu_ps(src + i), vf, vinv));
+		__m128i c1 = _mm512_cvtepi32_epi8(bw8_code16_avx512(_mm512_loadu_ps(src + i + 16), vf, vinv));
+
+		_mm_storeu_si128((__m128i *)(codes + i), c0);
+		_mm_storeu_si128((__m128i *)(codes + i + 16), c1);
+	}
+	for (; i < n; i += 16) {
+		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
+		__m512i q = bw8_code16_avx512(_mm512_maskz_loadu_ps(m, src + i), vf, vinv);
+
+		_mm512_mask_cvtepi32_storeu_epi8(codes + i, m, q);
+	}
+}
+
+AVX512 static inline __m512 bw8_widen16(__m128i c, __m512 s)
+{
+	return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)), s);
+}
+
+AVX512 static void bw8_dec_avx512(float *dst, const uint8_t *codes, float s, size_t n)
+{
+	const __m512 vs = _mm512_set1_ps(s);
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m512 x0 = bw8_widen16(_mm_loadu_si128((const __m128i *)(codes + i)), vs);
+		__m512 x1 = bw8_widen16(_mm_loadu_si128((const __m128i *)(codes + i + 16)), vs);
+
+		_mm512_storeu_ps(dst + i, x0);
+		_mm512_storeu_ps(dst + i + 16, x1);
+	}
+	for (; i < n; i += 16) {
+		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
+
+		_mm512_mask_storeu_ps(dst + i, m, bw8_widen16(_mm_maskz_loadu_epi8(m, codes + i), vs));
+	}
+}
+
+AVX512 static void bw8_acc_avx512(float *acc, const uint8_t *codes, float s, float w, size_t n)
+{
+	const __m512 vs = _mm512_set1_ps(s), vw = _mm512_set1_ps(w);
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m512 x0 = bw8_widen16(_mm_loadu_si128((const __m128i *)(codes + i)), vs);
+		__m512 x1 = bw8_widen16(_mm_loadu_si128((const __m128i *)(codes + i + 16)), vs);
+
+		_mm512_storeu_ps(acc + i, axpy16(_mm512_loadu_ps(acc + i), x0, vw));
+		_mm512_storeu_ps(acc + i + 16, axpy16(_mm512_loadu_ps(acc + i + 16), x1, vw));
+	}
+	for (; i < n; i += 16) {
+		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
+		__m512 x = bw8_widen16(_mm_maskz_loadu_epi8(m, codes + i), vs);
+
+		_mm512_mask_storeu_ps(acc + i, m, axpy16(_mm512_maskz_loadu_ps(m, acc + i), x, vw));
+	}
+}
+
+#endif /* MP_K_X86 */
+
+/* ============================ variant table ============================ */
+
+struct qvariant {
+	void (*bf16_enc)(unsigned char *dst, const float *src, size_t n);
+	void (*bf16_dec)(float *dst, const unsigned char *src, size_t n);
+	void (*bf16_acc)(float *acc, const unsigned char *src, float w, size_t n);
+	void (*u8_lanes)(const float *src, size_t n, double *s, double *q, size_t *nfin);
+	void (*u8_codes)(uint8_t *codes, const float *src, size_t n, float lo, float inv, float nan_as);
+	void (*u8_dec)(float *dst, const uint8_t *codes, const float *table, size_t n);
+	void (*u8_add)(float *acc, const uint8_t *codes, const float *wtable, size_t n);
+	uint32_t (*bw8_absmax)(const float *src, size_t n);
+	void (*bw8_quant)(uint8_t *codes, const float *src, size_t n, float f, float inv);
+	void (*bw8_dec)(float *dst, const uint8_t *codes, float s, size_t n);
+	void (*bw8_acc)(float *acc, const uint8_t *codes, float s, float w, size_t n);
+};
+
+#define QV(sfx)                                                                                      \
+	{                                                                                            \
+		bf16_enc_##sfx, bf16_dec_##sfx, bf16_acc_##sfx, u8_lanes_##sfx, u8_codes_##sfx,      \
+			u8_dec_##sfx, u8_add_##sfx, bw8_absmax_##sfx, bw8_quant_##sfx, bw8_dec_##sfx, \
+			bw8_acc_##sfx                                                                \
+	}
+
+/* Indexed by mp_k_level(); dispatch.c only reports levels this CPU runs. */
+static const struct qvariant qvariants[] = {
+	[MP_K_SCALAR] = QV(scalar),
+#ifdef MP_K_X86
+	[MP_K_AVX2] = QV(avx2),
+	[MP_K_AVX512] = QV(avx512),
+#else
+	[MP_K_AVX2] = QV(scalar),
+	[MP_K_AVX512] = QV(scalar),
+#endif
+};
+
+static inline const struct qvariant *qv(void)
+{
+	unsigned l = (unsigned)mp_k_level();
+
+	return &qvariants[l < sizeof(qvariants) / sizeof(qvariants[0]) ? l : MP_K_SCALAR];
+}
+
+/* ============================== entry points ============================== */
+
+void mp_kq_bf16_encode(void *dst, const float *src, size_t n)
+{
+	qv()->bf16_enc(dst, src, n);
+}
+
+void mp_kq_bf16_decode(float *dst, const void *src, size_t n)
+{
+	qv()->bf16_dec(dst, src, n);
+}
+
+void mp_kq_bf16_decode_acc(float *acc, const void *src, float w, size_t n)
+{
+	qv()->bf16_acc(acc, src, w, n);
+}
+
+/*
+ * The spec's combination of the 16 lanes: 0+8, 1+9, ..., 7+15, then 0+4 ..
+ * 3+7, then 0+2, 1+3, then 0+1. Shared by all variants.
+ */
+static double lanes_combine(double *l)
+{
+	for (int w = 8; w >= 1; w /= 2)
+		for (int j = 0; j < w; j++)
+			l[j] = l[j] + l[j + w];
+	return l[0];
+}
+
+void mp_kq_u8_moments(const float *src, size_t n, double *sum, double *sumsq, size_t *nfinite)
+{
+	double s[16], q[16];
+
+	qv()->u8_lanes(src, n, s, q, nfinite);
+	*sum = lanes_combine(s);
+	*sumsq = lanes_combine(q);
+}
+
+/*
+ * Bucket sums in element order. The histogram is the one scalar part of the
+ * encoder: a bucket's sum must see its elements one after another, so each
+ * element is a read-modify-write, whatever the vector width. A bucket keeps
+ * {sum, count} side by side and one 128-bit add updates both (the count, a
+ * double, is exact up to 2^53). Non-finite elements go to an extra bucket
+ * that is thrown away, so the loops have no data-dependent branch.
+ *
+ * Two loops make the same additions in the same order. The scatter loop
+ * reads and writes every bucket in memory: fast while neighbours fall in
+ * different buckets, but when most values share a bucket or two (heavy-
+ * tailed data: the outliers stretch the range) each element waits on a
+ * store-to-load round trip. The hot loop keeps the two most common buckets
+ * in registers and adds every element to both, masked to +0.0 where it does
+ * not belong; adding +0.0 leaves these sums unchanged (they start at +0.0
+ * and cannot become -0.0 under round to nearest), so the result is the
+ * same. The few other elements still go to memory.
+ */
+#define TRASH 256 /* non-finite elements */
+
+static inline int finite_bits(float x)
+{
+	return (f32_bits(x) & 0x7fffffffu) < 0x7f800000u;
+}
+
+#ifdef __SSE2__
+static inline void bucket_add(double (*h)[2], unsigned c, __m128d v)
+{
+	_mm_storeu_pd(h[c], _mm_add_pd(_mm_loadu_pd(h[c]), v));
+}
+
+static void u8_hist_scatter(double (*h)[2], const uint8_t *codes, const float *src, size_t n)
+{
+	const __m128d one = _mm_set1_pd(1.0);
+	const __m128i absm = _mm_set1_epi32(0x7fffffff), big = _mm_set1_epi32(0x7f7fffff);
+	size_t i = 0;
+
+	for (; i + 4 <= n; i += 4) {
+		__m128 x = _mm_loadu_ps(src + i);
+		__m128d x01 = _mm_cvtps_pd(x), x23 = _mm_cvtps_pd(_mm_movehl_ps(x, x));
+		__m128i nf = _mm_cmpgt_epi32(_mm_and_si128(_mm_castps_si128(x), absm), big);
+		int bad = _mm_movemask_ps(_mm_castsi128_ps(nf));
+		uint32_t cc;
+		unsigned c0, c1, c2, c3;
+
+		memcpy(&cc, codes + i, sizeof(cc));
+		c0 = cc & 255u;
+		c1 = (cc >> 8) & 255u;
+		c2 = (cc >> 16) & 255u;
+		c3 = cc >> 24;
+		if (bad) {
+			c0 = bad & 1 ? TRASH : c0;
+			c1 = bad & 2 ? TRASH : c1;
+			c2 = bad & 4 ? TRASH : c2;
+			c3 = bad & 8 ? TRASH : c3;
+		}
+		/* In element order: equal codes see each other's stores. */
+		bucket_add(h, c0, _mm_unpacklo_pd(x01, one));
+		bucket_add(h, c1, _mm_unpackhi_pd(x01, one));
+		bucket_add(h, c2, _mm_unpacklo_pd(x23, one));
+		bucket_add(h, c3, _mm_unpackhi_pd(x23, one));
+	}
+	for (; i < n; i++)
+		bucket_add(h, finite_bits(src[i]) ? codes[i] : TRASH, _mm_set_pd(1.0, (double)src[i]));
+}
+
+/* @a != @b: the two buckets kept in registers. */
+static void u8_hist_hot(double (*h)[2], const uint8_t *codes, const float *src, size_t n, unsigned a,
+			unsigned b)
+{
+	__m128d ha = _mm_loadu_pd(h[a]), hb = _mm_loadu_pd(h[b]);
+
+	for (size_t i = 0; i < n; i++) {
+		unsigned c = codes[i];
+		unsigned fin = (unsigned)finite_bits(src[i]);
+		__m128d v = _mm_set_pd(1.0, (double)src[i]);
+		/* Masks, not branches: elements of a and of b interleave at random. */
+		__m128d ma = _mm_castsi128_pd(_mm_set1_epi64x(-(long long)(fin & (c == a))));
+		__m128d mb = _mm_castsi128_pd(_mm_set1_epi64x(-(long long)(fin & (c == b))));
+
+		ha = _mm_add_pd(ha, _mm_and_pd(v, ma));
+		hb = _mm_add_pd(hb, _mm_and_pd(v, mb));
+		/*
+		 * One branch on "neither": rare by the choice of a and b, so it
+		 * predicts well (the barrier stops GCC from splitting it into
+		 * a branch on c == a, which would not).
+		 */
+		unsigned hot = (unsigned)(c == a) | (unsigned)(c == b);
+
+		__asm__("" : "+r"(hot));
+		if (!hot)
+			bucket_add(h, fin ? c : TRASH, v);
+	}
+	_mm_storeu_pd(h[a], ha);
+	_mm_storeu_pd(h[b], hb);
+}
+#define HAVE_HOT 1
+#else
+static void u8_hist_scatter(double (*h)[2], const uint8_t *codes, const float *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		unsigned c = finite_bits(src[i]) ? codes[i] : TRASH;
+
+		h[c][0] += (double)src[i];
+		h[c][1] += 1.0;
+	}
+}
+#define HAVE_HOT 0
+#endif
+
+/*
+ * From a sample of the chunk's codes: its two most frequent codes, and
+ * whether they cover so much of it that the hot loop wins.
+ */
+static int pick_hot(const uint8_t *codes, size_t k, unsigned *a, unsigned *b)
+{
+	uint8_t seen[256] = {0};
+	unsigned tried = 0, fa = 0, fb = 0;
+
+	*a = codes[0];
+	*b = codes[0] ^ 1u;
+	for (size_t j = 0; j < k; j += 16, tried++) {
+		unsigned c = codes[j], f = ++seen[c];
+
+		if (c == *a) {
+			fa = f;
+		} else if (f > fa) {
+			*b = *a;
+			fb = fa;
+			*a = c;
+			fa = f;
+		} else if (c == *b || f > fb) {
+			*b = c;
+			fb = f;
+		}
+	}
+	return 8 * (fa + fb) >= 7 * tried;
+}
+
+void mp_kq_u8_quantize(uint8_t *codes, struct mp_kq_u8_bucket hist[256], const float *src, size_t n,
+		       float lo, float inv, float nan_as)
+{
+	const struct qvariant *v = qv();
+	_Alignas(16) double h[TRASH + 1][2] = {{0}};
+
+	for (int b = 0; b < 256; b++) {
+		h[b][0] = hist[b].sum;
+		h[b][1] = hist[b].count;
+	}
+	for (size_t i = 0, k; i < n; i += k) {
+		unsigned a, b;
+
+		k = n - i < U8_CHUNK ? n - i : U8_CHUNK;
+		v->u8_codes(codes + i, src + i, k, lo, inv, nan_as);
+#if HAVE_HOT
+		if (pick_hot(codes + i, k, &a, &b)) {
+			u8_hist_hot(h, codes + i, src + i, k, a, b);
+			continue;
+		}
+#else
+		(void)pick_hot;
+		(void)a;
+		(void)b;
+#endif
+		u8_hist_scatter(h, codes + i, src + i, k);
+	}
+	for (int b = 0; b < 256; b++) {
+		hist[b].sum = h[b][0];
+		hist[b].count = h[b][1];
+	}
+}
+
+void mp_kq_u8_decode(float *dst, const uint8_t *codes, const float table[256], size_t n)
+{
+	qv()->u8_dec(dst, codes, table, n);
+}
+
+void mp_kq_u8_decode_acc(float *acc, const uint8_t *codes, const float table[256], float w, size_t n)
+{
+	/*
+	 * w * table[c] rounded once per entry is the product every element
+	 * would round to: the lookup then only has the add left.
+	 */
+	_Alignas(64) float wt[256];
+
+	for (int b = 0; b < 256; b++)
+		wt[b] = w * table[b];
+	qv()->u8_add(acc, codes, wt, n);
+}
+
+/*
+ * Step and multiplier of one block: the spec's s = a/127 and inv = 127/a.
+ * For a below 127/FLT_MAX (about 3.7e-37) 127/a overflows although s is
+ * representable; there the block's values are first scaled by 2^64 (exact
+ * for values this small) and inv = 127/(a * 2^64), which gives every code the
+ * value the formula has without the overflow.
+ */
+static float bw8_block_params(float a, float *f, float *inv)
+{
+	float s = a / 127.0f;
+
+	if (a == 0.0f || s == 0.0f)
+		return 0.0f;
+	*f = 1.0f;
+	*inv = 127.0f / a;
+	if (*inv > FLT_MAX) {
+		*f = 0x1p64f;
+		*inv = 127.0f / (a * 0x1p64f);
+	}
+	return s;
+}
+
+void mp_kq_bw8_encode(void *steps, void *codes, const float *src, size_t n, uint32_t block)
+{
+	const struct qvariant *v = qv();
+	unsigned char *sp = steps;
+	uint8_t *cp = codes;
+
+	for (size_t i = 0, k; i < n; i += k, sp += 4) {
+		float f, inv;
+
+		k = n - i < block ? n - i : block;
+		float s = bw8_block_params(bits_f32(v->bw8_absmax(src + i, k)), &f, &inv);
+
+		if (s == 0.0f)
+			memset(cp + i, 0, k);
+		else
+			v->bw8_quant(cp + i, src + i, k, f, inv);
+		memcpy(sp, &s, sizeof(s));
+	}
+}
+
+void mp_kq_bw8_decode(float *dst, const void *steps, const void *codes, size_t n, uint32_t block)
+{
+	const struct qvariant *v = qv();
+	const unsigned char *sp = steps;
+	const uint8_t *cp = codes;
+
+	for (size_t i = 0, k; i < n; i += k, sp += 4) {
+		float s;
+
+		k = n - i < block ? n - i : block;
+		memcpy(&s, sp, sizeof(s));
+		v->bw8_dec(dst + i, cp + i, s, k);
+	}
+}
+
+void mp_kq_bw8_decode_acc(float *acc, const void *steps, const void *codes, float w, size_t n,
+			  uint32_t block)
+{
+	const struct qvariant *v = qv();
+	const unsigned char *sp = steps;
+	const uint8_t *cp = codes;
+
+	for (size_t i = 0, k; i < n; i += k, sp += 4) {
+		float s;
+
+		k = n - i < block ? n - i : block;
+		memcpy(&s, sp, sizeof(s));
+		v->bw8_acc(acc + i, cp + i, s, w, k);
+	}
+}
