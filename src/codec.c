@@ -37,16 +37,18 @@ static inline int aligned(const void *p, size_t a)
 
 /* ---- none: raw fp32 ---- */
 
-static size_t none_max_encoded(size_t count)
+static size_t none_max_encoded(const struct mp_codec_params *p, size_t count)
 {
+	(void)p;
 	return count > SIZE_MAX / sizeof(float) ? SIZE_MAX : count * sizeof(float);
 }
 
-static int none_encode(struct mp_codec_state *st, size_t offset, const float *src, size_t count,
-		       void *dst, size_t cap, size_t *len)
+static int none_encode(const struct mp_codec_params *p, const float *src, float *residue,
+		       size_t count, void *dst, size_t cap, size_t *len, void *scratch)
 {
-	(void)st;
-	(void)offset;
+	(void)p;
+	(void)residue;
+	(void)scratch;
 	if (count > SIZE_MAX / sizeof(float) || cap < count * sizeof(float))
 		return -ENOSPC;
 	if (count)
@@ -122,16 +124,18 @@ static int none_decode_acc(const void *src, size_t len, float *acc, size_t count
 
 /* ---- fp16 ---- */
 
-static size_t fp16_max_encoded(size_t count)
+static size_t fp16_max_encoded(const struct mp_codec_params *p, size_t count)
 {
+	(void)p;
 	return count > SIZE_MAX / sizeof(uint16_t) ? SIZE_MAX : count * sizeof(uint16_t);
 }
 
-static int fp16_encode(struct mp_codec_state *st, size_t offset, const float *src, size_t count,
-		       void *dst, size_t cap, size_t *len)
+static int fp16_encode(const struct mp_codec_params *p, const float *src, float *residue,
+		       size_t count, void *dst, size_t cap, size_t *len, void *scratch)
 {
-	(void)st;
-	(void)offset;
+	(void)p;
+	(void)residue;
+	(void)scratch;
 	if (count > SIZE_MAX / sizeof(uint16_t) || cap < count * sizeof(uint16_t))
 		return -ENOSPC;
 	if (aligned(dst, _Alignof(uint16_t))) {
@@ -169,25 +173,34 @@ static int fp16_decode_acc(const void *src, size_t len, float *acc, size_t count
 
 /* ---- registry, indexed by wire id ---- */
 
-static const struct mp_codec_ops codecs[] = {
-	[MP_CODEC_NONE] = {
-		.id = MP_CODEC_NONE,
-		.name = "none",
-		.stateful = 0,
-		.max_encoded = none_max_encoded,
-		.encode = none_encode,
-		.decode = none_decode,
-		.decode_acc = none_decode_acc,
-	},
-	[MP_CODEC_FP16] = {
-		.id = MP_CODEC_FP16,
-		.name = "fp16",
-		.stateful = 0,
-		.max_encoded = fp16_max_encoded,
-		.encode = fp16_encode,
-		.decode = fp16_decode,
-		.decode_acc = fp16_decode_acc,
-	},
+static const struct mp_codec_ops codec_none = {
+	.id = MP_CODEC_NONE,
+	.name = "none",
+	.flags = 0,
+	.max_encoded = none_max_encoded,
+	.encode = none_encode,
+	.decode = none_decode,
+	.decode_acc = none_decode_acc,
+};
+
+static const struct mp_codec_ops codec_fp16 = {
+	.id = MP_CODEC_FP16,
+	.name = "fp16",
+	.flags = MP_CODEC_F_LOSSY,
+	.max_encoded = fp16_max_encoded,
+	.encode = fp16_encode,
+	.decode = fp16_decode,
+	.decode_acc = fp16_decode_acc,
+};
+
+static const struct mp_codec_ops *const codecs[] = {
+	[MP_CODEC_NONE] = &codec_none,
+	[MP_CODEC_FP16] = &codec_fp16,
+	[MP_CODEC_BF16] = &mp_codec_bf16,
+	[MP_CODEC_UNIFORM8] = &mp_codec_uniform8,
+	[MP_CODEC_BLOCKWISE8] = &mp_codec_blockwise8,
+	[MP_CODEC_TOPK] = &mp_codec_topk,
+	[MP_CODEC_ADACOMP] = &mp_codec_adacomp,
 };
 #define NCODECS (sizeof(codecs) / sizeof(codecs[0]))
 
@@ -198,7 +211,7 @@ unsigned mp_codec_count(void)
 
 const struct mp_codec_ops *mp_codec_by_id(unsigned id)
 {
-	return id < NCODECS ? &codecs[id] : NULL;
+	return id < NCODECS ? codecs[id] : NULL;
 }
 
 /* Names are matched without regard to case: MP_CODEC=FP16 should just work. */
@@ -207,40 +220,42 @@ const struct mp_codec_ops *mp_codec_by_name(const char *name)
 	if (!name)
 		return NULL;
 	for (size_t i = 0; i < NCODECS; i++)
-		if (!strcasecmp(codecs[i].name, name))
-			return &codecs[i];
+		if (!strcasecmp(codecs[i]->name, name))
+			return codecs[i];
 	return NULL;
+}
+
+void mp_codec_params_default(struct mp_codec_params *p)
+{
+	p->block = MP_CODEC_DEF_BLOCK;
+	p->sigmas = MP_CODEC_DEF_SIGMAS;
+	p->topk_ratio = MP_CODEC_DEF_TOPK;
+	p->bin = MP_CODEC_DEF_BIN_FC;
+}
+
+int mp_codec_params_check(const struct mp_codec_params *p)
+{
+	/* Written so that NaN fails every comparison. */
+	if (!p || p->block < 1 || p->block > (1u << 24) || !(p->sigmas > 0.0f && p->sigmas <= 64.0f) ||
+	    !(p->topk_ratio > 0.0f && p->topk_ratio <= 1.0f) || p->bin < 1 || p->bin > (1u << 24))
+		return -EINVAL;
+	return 0;
 }
 
 int mp_codec_from_name(const char *s)
 {
 	const struct mp_codec_ops *c = mp_codec_by_name(s);
 
+	if (s && !strcasecmp(s, "auto"))
+		return MP_CODEC_AUTO;
 	return c ? (int)c->id : -EINVAL;
 }
 
-int mp_codec_state_init(struct mp_codec_state *st, const struct mp_codec_ops *ops, size_t count)
+const char *mp_codec_name(int codec)
 {
-	if (!st || !ops)
-		return -EINVAL;
-	st->ops = ops;
-	st->count = count;
-	st->residue = NULL;
-	if (ops->stateful && count) {
-		/* Error feedback starts at zero: nothing has been lost yet. */
-		st->residue = calloc(count, sizeof(float));
-		if (!st->residue)
-			return -ENOMEM;
-	}
-	return 0;
-}
+	const struct mp_codec_ops *c = codec >= 0 ? mp_codec_by_id((unsigned)codec) : NULL;
 
-void mp_codec_state_fini(struct mp_codec_state *st)
-{
-	if (!st)
-		return;
-	free(st->residue);
-	st->residue = NULL;
-	st->count = 0;
-	st->ops = NULL;
+	if (codec == MP_CODEC_AUTO)
+		return "auto";
+	return c ? c->name : "?";
 }

@@ -28,6 +28,114 @@ void mp_config_init(struct mp_config *cfg)
 	cfg->round_timeout_ms = 10000;
 	cfg->spin_us = 0;
 	cfg->log_level = -1;
+	cfg->codec_block = MP_CODEC_DEF_BLOCK;
+	cfg->codec_sigmas = MP_CODEC_DEF_SIGMAS;
+	cfg->topk_ratio = MP_CODEC_DEF_TOPK;
+	cfg->adacomp_bin = MP_CODEC_DEF_BIN_FC;
+}
+
+static int parse_float(const char *s, float lo, float hi, float *out)
+{
+	char *end;
+	double v;
+
+	if (!s || !*s)
+		return -EINVAL;
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !(v > lo && v <= hi))
+		return -EINVAL;
+	*out = (float)v;
+	return 0;
+}
+
+static int parse_uint(const char *s, unsigned lo, unsigned hi, unsigned *out)
+{
+	char *end;
+	unsigned long v;
+
+	if (!s || !*s || !isdigit((unsigned char)*s))
+		return -EINVAL;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || *end || v < lo || v > hi)
+		return -EINVAL;
+	*out = (unsigned)v;
+	return 0;
+}
+
+/* "conv" / "fc" / a number. */
+static int parse_bin(const char *s, unsigned *out)
+{
+	if (s && !strcasecmp(s, "conv")) {
+		*out = MP_CODEC_DEF_BIN_CONV;
+		return 0;
+	}
+	if (s && !strcasecmp(s, "fc")) {
+		*out = MP_CODEC_DEF_BIN_FC;
+		return 0;
+	}
+	return parse_uint(s, 1, 1u << 24, out);
+}
+
+int mp_codec_parse(const char *spec, struct mp_config *cfg)
+{
+	char name[32];
+	const char *colon, *arg;
+	size_t len;
+	int id;
+
+	if (!spec || !cfg)
+		return -EINVAL;
+	colon = strchr(spec, ':');
+	len = colon ? (size_t)(colon - spec) : strlen(spec);
+	if (len >= sizeof(name))
+		return -EINVAL;
+	memcpy(name, spec, len);
+	name[len] = 0;
+	id = mp_codec_from_name(name);
+	if (id < 0)
+		return -EINVAL;
+	if (!colon) {
+		cfg->codec = id;
+		return 0;
+	}
+	arg = colon + 1;
+	/* Parse into a local first: nothing changes on error. */
+	switch (id) {
+	case MP_CODEC_BLOCKWISE8: {
+		unsigned b;
+		if (parse_uint(arg, 1, 1u << 24, &b))
+			return -EINVAL;
+		cfg->codec_block = b;
+		break;
+	}
+	case MP_CODEC_UNIFORM8: {
+		float k;
+		if (parse_float(arg, 0.0f, 64.0f, &k))
+			return -EINVAL;
+		cfg->codec_sigmas = k;
+		break;
+	}
+	case MP_CODEC_TOPK: {
+		float r;
+		if (parse_float(arg, 0.0f, 1.0f, &r))
+			return -EINVAL;
+		cfg->topk_ratio = r;
+		break;
+	}
+	case MP_CODEC_ADACOMP: {
+		unsigned b;
+		if (parse_bin(arg, &b))
+			return -EINVAL;
+		cfg->adacomp_bin = b;
+		break;
+	}
+	default:
+		return -EINVAL; /* this codec takes no parameter */
+	}
+	cfg->codec = id;
+	return 0;
 }
 
 int mp_algo_from_name(const char *s)
@@ -133,14 +241,28 @@ int mp_config_from_env(struct mp_config *cfg)
 			cfg->algo = rc;
 		}
 	}
-	if ((s = env_str("MP_CODEC"))) {
-		rc = mp_codec_from_name(s);
-		if (rc < 0) {
-			MP_WARN("MP_CODEC=%s: expected none or fp16", s);
-			bad = 1;
-		} else {
-			cfg->codec = rc;
-		}
+	rc = env_int("MP_CODEC_BLOCK", 1, 1 << 24, &v);
+	if (rc < 0)
+		bad = 1;
+	else if (rc > 0)
+		cfg->codec_block = (unsigned)v;
+	if ((s = env_str("MP_CODEC_SIGMAS")) && parse_float(s, 0.0f, 64.0f, &cfg->codec_sigmas)) {
+		MP_WARN("MP_CODEC_SIGMAS=%s: expected a number in (0, 64]", s);
+		bad = 1;
+	}
+	if ((s = env_str("MP_TOPK_RATIO")) && parse_float(s, 0.0f, 1.0f, &cfg->topk_ratio)) {
+		MP_WARN("MP_TOPK_RATIO=%s: expected a fraction in (0, 1]", s);
+		bad = 1;
+	}
+	if ((s = env_str("MP_ADACOMP_BIN")) && parse_bin(s, &cfg->adacomp_bin)) {
+		MP_WARN("MP_ADACOMP_BIN=%s: expected conv, fc or a length in [1, 16777216]", s);
+		bad = 1;
+	}
+	/* After the parameter variables: "topk:0.05" in MP_CODEC wins. */
+	if ((s = env_str("MP_CODEC")) && mp_codec_parse(s, cfg)) {
+		MP_WARN("MP_CODEC=%s: expected none, fp16, bf16, uniform8, blockwise8, topk, adacomp "
+			"or auto, optionally with a parameter (topk:0.05)", s);
+		bad = 1;
 	}
 	if ((s = env_str("MP_CHECKSUM"))) {
 		if (!strcasecmp(s, "payload"))
@@ -355,7 +477,10 @@ int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char **
 		mp_set_init_error("config: not initialised with mp_config_init");
 		return -EINVAL;
 	}
-	*out = *in;
+	/* A caller built against an older, shorter struct gets defaults for
+	 * the fields it does not know. */
+	mp_config_init(out);
+	memcpy(out, in, in->size < sizeof(*out) ? in->size : sizeof(*out));
 	out->size = sizeof(*out);
 	*peer_list = NULL;
 	*npeers = 0;
@@ -402,8 +527,24 @@ int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char **
 		mp_set_init_error("config: unknown algorithm %d", out->algo);
 		goto bad;
 	}
-	if (!mp_codec_by_id((unsigned)out->codec)) {
+	if (!mp_codec_by_id((unsigned)out->codec) && out->codec != MP_CODEC_AUTO) {
 		mp_set_init_error("config: unknown codec %d", out->codec);
+		goto bad;
+	}
+	struct mp_codec_params cp = {.block = out->codec_block, .sigmas = out->codec_sigmas,
+				     .topk_ratio = out->topk_ratio, .bin = out->adacomp_bin};
+	if (mp_codec_params_check(&cp)) {
+		mp_set_init_error("config: codec parameter out of range (block %u, sigmas %g, "
+				  "topk ratio %g, adacomp bin %u)", cp.block, (double)cp.sigmas,
+				  (double)cp.topk_ratio, cp.bin);
+		goto bad;
+	}
+	if (out->algo == MP_ALGO_RING && out->codec != MP_CODEC_AUTO &&
+	    (mp_codec_by_id((unsigned)out->codec)->flags & MP_CODEC_F_SPARSE)) {
+		/* The ring forwards partial sums: a sparse codec would drop some of
+		 * them on every hop, with nowhere to keep the error feedback. */
+		mp_set_init_error("config: codec %s needs the moshpit or butterfly algorithm, not ring",
+				  mp_codec_by_id((unsigned)out->codec)->name);
 		goto bad;
 	}
 	if (out->chunk_bytes < 4 || out->chunk_bytes > (1u << 28) || out->chunk_bytes % 4) {

@@ -44,7 +44,10 @@ static void hello_header(struct mp_ctx *ctx, int stream, uint8_t *buf)
 {
 	struct mp_wire_hdr h = {
 		.type = MP_MSG_HELLO,
-		.codec = (uint8_t)ctx->codec->id,
+		/* The codec field must be a wire id; the configured choice, "auto"
+		 * included, travels in part. */
+		.codec = (uint8_t)(ctx->codec_cfg == MP_CODEC_AUTO ? MP_CODEC_NONE : ctx->codec_cfg),
+		.part = (uint32_t)ctx->codec_cfg,
 		.run_id = ctx->run_id,
 		.sender = (uint32_t)ctx->rank,
 		.count = (uint32_t)ctx->npeers,
@@ -151,7 +154,8 @@ static void adopt(struct mp_ctx *ctx, struct mp_pending *pd, int status, size_t 
 		reject(ctx, pd, why, "bad HELLO");
 		return;
 	}
-	if (h.codec != ctx->codec->id) {
+	if (h.part != (uint32_t)ctx->codec_cfg ||
+	    h.codec != (ctx->codec_cfg == MP_CODEC_AUTO ? MP_CODEC_NONE : ctx->codec_cfg)) {
 		/* Peers must agree on the codec; say so now, not at the first chunk. */
 		reject(ctx, pd, MP_REJ_CODEC, "the peer uses another codec");
 		return;

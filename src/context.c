@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "conn.h"
+#include "kernels.h"
 #include "internal.h"
 #include "log.h"
 
@@ -139,8 +140,11 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		goto fail;
 	}
 	ctx->run_id = mp_wire_run_id(ctx->run_name);
-	ctx->codec = mp_codec_by_id((unsigned)cfg.codec);
+	ctx->codec_cfg = cfg.codec;
+	ctx->cparams = (struct mp_codec_params){.block = cfg.codec_block, .sigmas = cfg.codec_sigmas,
+						.topk_ratio = cfg.topk_ratio, .bin = cfg.adacomp_bin};
 	ctx->chunk_elems = cfg.chunk_bytes / sizeof(float);
+	ctx->frame_rx_max = mp_frame_rx_max(ctx);
 	ctx->window = cfg.window;
 	ctx->spin_us = cfg.spin_us;
 
@@ -213,7 +217,7 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	mp_grid_format(&ctx->grid, gbuf, sizeof(gbuf));
 	MP_INFO("rank %d of %d, run %s, transport %s, listening on %s, grid %s, codec %s, %d stream(s)",
 		ctx->rank, ctx->npeers, ctx->run_name, ctx->transport, ctx->local_addr, gbuf,
-		ctx->codec->name, ctx->streams);
+		mp_codec_name(ctx->codec_cfg), ctx->streams);
 	*out = ctx;
 	return 0;
 fail:
@@ -424,9 +428,11 @@ static int run_butterfly(struct mp_ctx *ctx, struct mp_avg *a)
 static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 {
 	struct mp_avg a = {.x = req->buf, .n = req->count, .weight = req->weight,
-			   .dmr = req->mr->dmr, .res = &req->res};
+			   .dmr = req->mr->dmr, .res = &req->res, .codec = req->codec,
+			   .residue = req->fb ? req->fb->residue : NULL};
 	int rc;
 
+	req->res.codec = req->codec->id;
 	a.influence = 1;
 	switch (ctx->cfg.algo) {
 	case MP_ALGO_RING:
@@ -482,8 +488,57 @@ static void *progress_main(void *arg)
 	return NULL;
 }
 
-int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
-		     mp_request **out)
+/* Sizes at or above which "auto" compresses, and more strongly (doc/codecs.md). */
+#define AUTO_FP16_BYTES (64u * 1024)
+#define AUTO_8BIT_BYTES (1024u * 1024)
+
+static const struct mp_codec_ops *resolve_codec(const struct mp_ctx *ctx, size_t count)
+{
+	size_t bytes = count * sizeof(float);
+
+	if (ctx->codec_cfg != MP_CODEC_AUTO)
+		return mp_codec_by_id((unsigned)ctx->codec_cfg);
+	/* Small buffers are latency-bound: compressing them saves nothing. */
+	if (bytes < AUTO_FP16_BYTES)
+		return mp_codec_by_id(MP_CODEC_NONE);
+	if (bytes < AUTO_8BIT_BYTES)
+		return mp_codec_by_id(MP_CODEC_FP16);
+	return mp_codec_by_id(MP_CODEC_BLOCKWISE8);
+}
+
+/* The residue of (@buf, @count); created zeroed if @create. Under ctx->mu. */
+static struct mp_fb *fb_find(struct mp_ctx *ctx, const float *buf, size_t count, int create)
+{
+	struct mp_fb *f;
+
+	for (f = ctx->fbs; f; f = f->next)
+		if (f->buf == buf && f->n == count)
+			return f;
+	if (!create)
+		return NULL;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return NULL;
+	/* Error feedback starts at zero: nothing has been held back yet. */
+	f->residue = calloc(count, sizeof(float));
+	if (!f->residue) {
+		free(f);
+		return NULL;
+	}
+	f->buf = buf;
+	f->n = count;
+	f->next = ctx->fbs;
+	ctx->fbs = f;
+	return f;
+}
+
+/*
+ * Queue an average of @buf. @force overrides the configured codec; with
+ * @flush the buffer's residue is first folded into it (once nothing can fail
+ * any more, so an error changes nothing).
+ */
+static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+		    const struct mp_codec_ops *force, int flush, mp_request **out)
 {
 	struct mp_request *req;
 	int rc;
@@ -512,6 +567,7 @@ int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr 
 	req = calloc(1, sizeof(*req));
 	if (!req)
 		return -ENOMEM;
+	req->codec = force ? force : resolve_codec(ctx, count);
 	if (!mr) {
 		rc = mp_mem_register(ctx, buf, count * sizeof(float), MP_MEM_HOST, &mr);
 		if (rc) {
@@ -526,6 +582,33 @@ int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr 
 	req->weight = weight;
 	req->mr = mr;
 	pthread_mutex_lock(&ctx->mu);
+	if (flush) {
+		struct mp_fb *f = fb_find(ctx, buf, count, 0);
+
+		if (f && f->busy) {
+			pthread_mutex_unlock(&ctx->mu);
+			if (req->own_mr)
+				mp_mem_deregister(ctx, mr);
+			free(req);
+			mp_set_error(ctx, "flush: an average of this buffer is still in flight");
+			return -EBUSY;
+		}
+		if (f) {
+			mp_k_axpy(buf, f->residue, 1.0f, count);
+			memset(f->residue, 0, count * sizeof(float));
+		}
+	}
+	if (req->codec->flags & MP_CODEC_F_SPARSE) {
+		req->fb = fb_find(ctx, buf, count, 1);
+		if (!req->fb) {
+			pthread_mutex_unlock(&ctx->mu);
+			if (req->own_mr)
+				mp_mem_deregister(ctx, mr);
+			free(req);
+			return -ENOMEM;
+		}
+		req->fb->busy++;
+	}
 	mr->users++;
 	req->state = REQ_QUEUED;
 	req->live_next = ctx->live;
@@ -543,6 +626,12 @@ int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr 
 	return 0;
 }
 
+int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+		     mp_request **out)
+{
+	return start_op(ctx, buf, count, weight, mr, NULL, 0, out);
+}
+
 /* Called with ctx->mu held and req done: copy out and release. */
 static int finish_request(struct mp_request *req, struct mp_result *res)
 {
@@ -552,6 +641,8 @@ static int finish_request(struct mp_request *req, struct mp_result *res)
 	if (res)
 		*res = req->res;
 	req->mr->users--;
+	if (req->fb)
+		req->fb->busy--;
 	if (req->live_prev)
 		req->live_prev->live_next = req->live_next;
 	else
@@ -622,6 +713,86 @@ int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_re
 	return mp_wait(req, -1, res);
 }
 
+int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res)
+{
+	mp_request *req;
+	/* Uncompressed, so that nothing is held back again. */
+	int rc = start_op(ctx, buf, count, weight, NULL, mp_codec_by_id(MP_CODEC_NONE), 1, &req);
+
+	if (rc)
+		return rc;
+	return mp_wait(req, -1, res);
+}
+
+int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue)
+{
+	struct mp_fb *f;
+	int rc = 0;
+
+	if (!ctx || !buf || !count || !residue)
+		return -EINVAL;
+	pthread_mutex_lock(&ctx->mu);
+	f = fb_find(ctx, buf, count, 0);
+	if (!f)
+		rc = -ENOENT;
+	else if (f->busy)
+		rc = -EBUSY;
+	else
+		memcpy(residue, f->residue, count * sizeof(float));
+	pthread_mutex_unlock(&ctx->mu);
+	return rc;
+}
+
+int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *residue)
+{
+	struct mp_fb *f;
+	int rc = 0;
+
+	if (!ctx || !buf || !count || !residue)
+		return -EINVAL;
+	for (size_t i = 0; i < count; i++)
+		if (!isfinite(residue[i]))
+			return -EINVAL;
+	pthread_mutex_lock(&ctx->mu);
+	f = fb_find(ctx, buf, count, 1);
+	if (!f)
+		rc = -ENOMEM;
+	else if (f->busy)
+		rc = -EBUSY;
+	else
+		memcpy(f->residue, residue, count * sizeof(float));
+	pthread_mutex_unlock(&ctx->mu);
+	return rc;
+}
+
+int mp_feedback_reset(mp_ctx *ctx, const float *buf)
+{
+	int rc = buf ? -ENOENT : 0;
+
+	if (!ctx)
+		return -EINVAL;
+	pthread_mutex_lock(&ctx->mu);
+	for (struct mp_fb **pp = &ctx->fbs; *pp;) {
+		struct mp_fb *f = *pp;
+		if (buf && f->buf != buf) {
+			pp = &f->next;
+			continue;
+		}
+		if (f->busy) {
+			rc = -EBUSY;
+			pp = &f->next;
+			continue;
+		}
+		*pp = f->next;
+		free(f->residue);
+		free(f);
+		if (buf)
+			rc = 0;
+	}
+	pthread_mutex_unlock(&ctx->mu);
+	return rc;
+}
+
 int mp_finalize(mp_ctx *ctx)
 {
 	if (!ctx)
@@ -655,7 +826,14 @@ int mp_finalize(mp_ctx *ctx)
 		ctx->ops->fini(ctx->drv);
 	}
 	free(ctx->slab);
-	free(ctx->scratch);
+	for (int i = 0; i < MP_SCR_MAX; i++)
+		free(ctx->scratch[i]);
+	while (ctx->fbs) {
+		struct mp_fb *f = ctx->fbs;
+		ctx->fbs = f->next;
+		free(f->residue);
+		free(f);
+	}
 	free(ctx->pend);
 	free_peers(ctx);
 	pthread_cond_destroy(&ctx->cv);

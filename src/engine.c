@@ -24,6 +24,7 @@ struct mp_xslot {
 	uint8_t *buf; /* send: header then encoded payload; receive: whole frame */
 	struct mp_drv_req *req;
 	size_t len;   /* send: frame bytes */
+	uint32_t count; /* send: values the frame carries */
 	struct mp_iov iov[2];
 	int iovcnt;
 };
@@ -36,15 +37,40 @@ uint64_t mp_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static size_t frame_max(const struct mp_ctx *ctx)
+/* Our own frames: what our encoder settings can produce. */
+static size_t frame_max(const struct mp_xfer *x)
 {
-	return MP_WIRE_HDR_SIZE + ctx->codec->max_encoded(ctx->chunk_elems);
+	return MP_WIRE_HDR_SIZE + x->codec->max_encoded(&x->ctx->cparams, x->ctx->chunk_elems);
+}
+
+/*
+ * Receive room: decoders accept frames of any encoder settings (payloads
+ * describe themselves), so size for the widest settings of every codec this
+ * context can be sent: the configured one, or those "auto" picks, and none
+ * (mp_average_flush).
+ */
+size_t mp_frame_rx_max(const struct mp_ctx *ctx)
+{
+	static const int auto_set[] = {MP_CODEC_NONE, MP_CODEC_FP16, MP_CODEC_BLOCKWISE8};
+	const struct mp_codec_params wide = {.block = 1, .sigmas = 1.0f, .topk_ratio = 1.0f, .bin = 1};
+	size_t m = mp_codec_by_id(MP_CODEC_NONE)->max_encoded(&wide, ctx->chunk_elems);
+
+	if (ctx->codec_cfg == MP_CODEC_AUTO) {
+		for (size_t i = 0; i < sizeof(auto_set) / sizeof(auto_set[0]); i++) {
+			size_t e = mp_codec_by_id((unsigned)auto_set[i])->max_encoded(&wide, ctx->chunk_elems);
+			m = e > m ? e : m;
+		}
+	} else {
+		size_t e = mp_codec_by_id((unsigned)ctx->codec_cfg)->max_encoded(&wide, ctx->chunk_elems);
+		m = e > m ? e : m;
+	}
+	return MP_WIRE_HDR_SIZE + m;
 }
 
 /* Codec none sends straight from the user's buffer; others encode into the slot. */
-static int zero_copy(const struct mp_ctx *ctx)
+static int zero_copy(const struct mp_xfer *x)
 {
-	return ctx->codec->id == MP_CODEC_NONE;
+	return x->codec->id == MP_CODEC_NONE;
 }
 
 uint8_t *mp_slab(struct mp_ctx *ctx, size_t bytes)
@@ -69,16 +95,16 @@ uint8_t *mp_slab(struct mp_ctx *ctx, size_t bytes)
 	return ctx->slab;
 }
 
-void *mp_scratch(struct mp_ctx *ctx, size_t bytes)
+void *mp_scratch(struct mp_ctx *ctx, int which, size_t bytes)
 {
-	if (bytes <= ctx->scratch_size)
-		return ctx->scratch;
-	free(ctx->scratch);
-	ctx->scratch_size = 0;
-	ctx->scratch = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-	if (ctx->scratch)
-		ctx->scratch_size = bytes;
-	return ctx->scratch;
+	if (bytes <= ctx->scratch_size[which] && ctx->scratch[which])
+		return ctx->scratch[which];
+	free(ctx->scratch[which]);
+	ctx->scratch_size[which] = 0;
+	ctx->scratch[which] = aligned_alloc(64, bytes ? (bytes + 63) & ~(size_t)63 : 64);
+	if (ctx->scratch[which])
+		ctx->scratch_size[which] = bytes;
+	return ctx->scratch[which];
 }
 
 static void reap_slots(struct mp_ctx *ctx, struct mp_xslot *sl, int head, int n, int window)
@@ -137,9 +163,9 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 		return;
 	}
 	if (h.round != x->round || h.group_id != x->group_id || h.sender != (uint32_t)ch->peer ||
-	    h.codec != ctx->codec->id) {
+	    h.codec != x->codec->id) {
 		MP_TRACE("unexpected frame: round %u/%u group %u/%u sender %u/%d codec %u/%u", h.round,
-			 x->round, h.group_id, x->group_id, h.sender, ch->peer, h.codec, ctx->codec->id);
+			 x->round, h.group_id, x->group_id, h.sender, ch->peer, h.codec, x->codec->id);
 		reject(x, ch, MP_REJ_UNEXPECTED);
 		return;
 	}
@@ -167,23 +193,33 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 		size_t plen;
 
 		memset(&h, 0, sizeof(h));
-		if (!x->xops->produce(x->op, ch, &h, &src))
+		int what = x->xops->produce(x->op, ch, &h, &src);
+		if (!what)
 			return 0;
-		h.codec = (uint8_t)ctx->codec->id;
+		h.codec = (uint8_t)x->codec->id;
 		h.run_id = ctx->run_id;
 		h.round = x->round;
 		h.group_id = x->group_id;
 		h.sender = (uint32_t)ctx->rank;
 		h.flags = ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
-		if (zero_copy(ctx)) {
+		if (what == 2) {
+			/* Encoded once by the algorithm (a reducer's result goes to
+			 * every member alike); it fits: same codec, same chunk. */
+			plen = h.length;
+			memcpy(s->buf + MP_WIRE_HDR_SIZE, src, plen);
+			s->iovcnt = 1;
+		} else if (zero_copy(x)) {
 			plen = (size_t)h.count * sizeof(float);
 			s->iov[1].base = src;
 			s->iov[1].len = plen;
 			s->iovcnt = 2;
 		} else {
-			rc = ctx->codec->encode(NULL, (size_t)h.offset, src, h.count,
-						s->buf + MP_WIRE_HDR_SIZE,
-						frame_max(ctx) - MP_WIRE_HDR_SIZE, &plen);
+			/* Sparse codecs take this peer's error feedback for these
+			 * elements along, and leave what they did not send in it. */
+			rc = x->codec->encode(&ctx->cparams, src,
+					      x->residue ? x->residue + h.offset : NULL, h.count,
+					      s->buf + MP_WIRE_HDR_SIZE, frame_max(x) - MP_WIRE_HDR_SIZE,
+					      &plen, x->enc_scratch);
 			if (rc) {
 				fail_peer(x, ch->peer, rc, "encode failed");
 				return 0;
@@ -195,6 +231,7 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 		s->iov[0].base = s->buf;
 		s->iov[0].len = s->iovcnt == 2 ? MP_WIRE_HDR_SIZE : MP_WIRE_HDR_SIZE + plen;
 		s->len = MP_WIRE_HDR_SIZE + plen;
+		s->count = h.count;
 		ch->staged = 1;
 	}
 	rc = ctx->ops->isend(conn, s->iov, s->iovcnt, s->iovcnt == 2 ? x->user_mr : ctx->slab_mr,
@@ -220,8 +257,8 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 static int setup_slots(struct mp_xfer *x)
 {
 	struct mp_ctx *ctx = x->ctx;
-	size_t fmax = frame_max(ctx);
-	size_t sbytes = zero_copy(ctx) ? MP_WIRE_HDR_SIZE : fmax;
+	size_t fmax = ctx->frame_rx_max;
+	size_t sbytes = zero_copy(x) ? MP_WIRE_HDR_SIZE : frame_max(x);
 	size_t per_ch, slots_bytes;
 	uint8_t *base;
 
@@ -255,7 +292,7 @@ int mp_xfer_run(struct mp_xfer *x)
 	struct mp_ctx *ctx = x->ctx;
 	const uint64_t conn_to = (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
 	const uint64_t round_to = (uint64_t)ctx->cfg.round_timeout_ms * 1000000ull;
-	const size_t fmax = frame_max(ctx);
+	const size_t fmax = ctx->frame_rx_max;
 	uint64_t start = mp_now_ns(), last_move = start;
 	const uint64_t spin_ns = (uint64_t)ctx->spin_us * 1000u;
 	uint64_t *last;
@@ -263,6 +300,13 @@ int mp_xfer_run(struct mp_xfer *x)
 
 	if (x->nch <= 0)
 		return 0;
+	x->enc_scratch = NULL;
+	if (x->codec->scratch_size) {
+		x->enc_scratch = mp_scratch(ctx, MP_SCR_ENCODE,
+					    x->codec->scratch_size(&ctx->cparams, ctx->chunk_elems));
+		if (!x->enc_scratch)
+			return -ENOMEM;
+	}
 	rc = setup_slots(x);
 	last = calloc((unsigned)x->nch, sizeof(*last) + sizeof(*conn_err));
 	if (rc || !last) {
@@ -326,6 +370,7 @@ int mp_xfer_run(struct mp_xfer *x)
 				}
 				ch->sent++;
 				x->res->bytes_sent += s->len;
+				x->res->values_sent += s->count;
 				chmoved = 1;
 			}
 			while (!ch->failed && ch->r_n) {

@@ -52,9 +52,11 @@ struct gar {
 	uint32_t *ncontrib;
 	uint8_t *cdone;
 	uint64_t ndone;
-	/* scratch for the lossy-codec round trip */
-	uint8_t *enc;
+	/* lossy codecs: each finished chunk of our part, encoded once for all */
+	uint8_t *enc;          /* nch[me] slots of enc_cap bytes */
+	uint32_t *enc_len;
 	size_t enc_cap;
+	float *rtmp;           /* sparse codecs: what the return path held back */
 	/* weight reported by the group (sum, contributors) */
 	double gw_sum;
 	uint32_t gw_n;
@@ -88,19 +90,49 @@ static int contributed(const struct gar *r, int m, uint64_t c)
 static void complete_chunk(struct gar *r, uint64_t c)
 {
 	struct mp_ctx *ctx = r->ctx;
+	const struct mp_codec_ops *codec = r->a->codec;
 	uint32_t n = chunk_count(r, r->me, c);
-	float *x = r->a->x + r->off[r->me] + c * r->C;
+	uint64_t off = r->off[r->me] + c * r->C;
+	float *x = r->a->x + off;
 	float *acc = r->acc + c * r->C;
 
 	if (r->wsum[c] > 0.0f)
 		mp_k_scale(x, acc, 1.0f / r->wsum[c], n);
 	/* else: nobody had weight; the part keeps this peer's own values. */
-	if (ctx->codec->id != MP_CODEC_NONE) {
-		/* Members receive the encoded result; the reducer keeps exactly what
-		 * they decode, so the whole group holds identical values. */
-		size_t len;
-		if (!ctx->codec->encode(NULL, 0, x, n, r->enc, r->enc_cap, &len))
-			ctx->codec->decode(r->enc, len, x, n);
+	if (codec->id != MP_CODEC_NONE) {
+		/*
+		 * Members receive the encoded result; the reducer keeps exactly
+		 * what they decode, so the whole group holds identical values.
+		 * Encoded once here and sent to every member as it is.
+		 *
+		 * Sparse codecs: what the result's encoding leaves out is lost to
+		 * all ncontrib members that take it, each with weight wsum/ncontrib.
+		 * The reducer keeps that whole mass in its own residue (ncontrib
+		 * times the difference, at its new weight), so Σ w·(x + residue)
+		 * over all peers is unchanged by the round (doc/codecs.md).
+		 */
+		uint8_t *e = r->enc + c * r->enc_cap;
+		float *res = NULL;
+		size_t len = 0;
+		void *scr = codec->scratch_size ?
+			mp_scratch(ctx, MP_SCR_ENCODE, codec->scratch_size(&ctx->cparams, ctx->chunk_elems)) :
+			NULL;
+
+		if (codec->flags & MP_CODEC_F_SPARSE) {
+			res = r->rtmp;
+			memset(res, 0, n * sizeof(float));
+		}
+		if ((codec->scratch_size && !scr) ||
+		    codec->encode(&ctx->cparams, x, res, n, e, r->enc_cap, &len, scr) ||
+		    codec->decode(e, len, x, n)) {
+			/* Cannot happen with a buffer of max_encoded bytes; if it
+			 * does, members get a frame they will reject, not garbage. */
+			MP_WARN("round: encoding a reduced chunk failed");
+			len = 0;
+		}
+		r->enc_len[c] = (uint32_t)len;
+		if (res && r->a->residue)
+			mp_k_axpy(r->a->residue + off, res, (float)r->ncontrib[c], n);
 	}
 	r->cdone[c] = 1;
 	r->ndone++;
@@ -136,8 +168,13 @@ static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const 
 		h->count = chunk_count(r, me, c);
 		h->weight = r->wsum[c];
 		h->aux = r->ncontrib[c];
-		*src = r->a->x + h->offset;
 		gc->gath_next += (uint64_t)r->S;
+		if (r->a->codec->id != MP_CODEC_NONE) {
+			h->length = r->enc_len[c];
+			*src = (const float *)(const void *)(r->enc + c * r->enc_cap);
+			return 2;
+		}
+		*src = r->a->x + h->offset;
 		return 1;
 	}
 	if (gc->scat_next < r->nch[gc->j]) {
@@ -158,7 +195,6 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 {
 	struct gar *r = op;
 	struct gchan *gc = gchan_of(r, ch);
-	struct mp_ctx *ctx = r->ctx;
 	int me = r->me, j = gc->j;
 
 	if (h->type == MP_MSG_SCATTER) {
@@ -166,7 +202,7 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		if (c >= r->nch[me] || h->part != (uint32_t)me || h->offset != r->off[me] + c * r->C ||
 		    h->count != chunk_count(r, me, c))
 			return -EPROTO;
-		if (ctx->codec->decode_acc(payload, h->length, r->acc + c * r->C, h->count, h->weight))
+		if (r->a->codec->decode_acc(payload, h->length, r->acc + c * r->C, h->count, h->weight))
 			return -EPROTO;
 		r->wsum[c] += h->weight;
 		r->ncontrib[c]++;
@@ -180,7 +216,7 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		    h->count != chunk_count(r, j, c) || h->aux < 1 || h->aux > (uint32_t)r->k)
 			return -EPROTO;
 		/* Validated: only now may the frame touch the user's buffer. */
-		if (ctx->codec->decode(payload, h->length, r->a->x + h->offset, h->count))
+		if (r->a->codec->decode(payload, h->length, r->a->x + h->offset, h->count))
 			return -EPROTO;
 		if (!r->gw_n) {
 			r->gw_sum = h->weight;
@@ -234,7 +270,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 			.S = ctx->streams, .C = ctx->chunk_elems};
 	struct mp_xfer x = {.ctx = ctx, .xops = &gar_ops, .op = &r, .round = round,
 			    .group_id = g->id, .user_mr = a->dmr, .res = a->res,
-			    .what = "group all-reduce"};
+			    .what = "group all-reduce", .codec = a->codec, .residue = a->residue};
 	double *bw = NULL;
 	int rc = -ENOMEM, k = g->size;
 
@@ -268,17 +304,32 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 
 	/* Our part's reduction state, allocated once per round, not per chunk. */
 	uint64_t mine = r.len[r.me], nc = r.nch[r.me];
-	r.enc_cap = ctx->codec->max_encoded(r.C);
-	r.acc = mp_scratch(ctx, mine * sizeof(float) + nc * (sizeof(float) + sizeof(uint32_t) + 1) + r.enc_cap + 64);
+	int lossy = a->codec->id != MP_CODEC_NONE;
+	int sparse = (a->codec->flags & MP_CODEC_F_SPARSE) != 0;
+	r.enc_cap = lossy ? (a->codec->max_encoded(&ctx->cparams, r.C) + 63) & ~(size_t)63 : 0;
+	/* Layout: acc | wsum | ncontrib | enc_len | rtmp | cdone | enc (64-aligned) */
+	size_t fixed = mine * sizeof(float) + nc * (sizeof(float) + 2 * sizeof(uint32_t)) +
+		       (sparse ? r.C * sizeof(float) : 0) + nc;
+	fixed = (fixed + 63) & ~(size_t)63;
+	r.acc = mp_scratch(ctx, MP_SCR_REDUCE, fixed + nc * r.enc_cap);
 	if (!r.acc) {
 		rc = -ENOMEM;
 		goto out;
 	}
 	r.wsum = r.acc + mine;
 	r.ncontrib = (uint32_t *)(r.wsum + nc);
-	r.cdone = (uint8_t *)(r.ncontrib + nc);
-	r.enc = r.cdone + nc;
+	r.enc_len = r.ncontrib + nc;
+	r.rtmp = (float *)(r.enc_len + nc);
+	r.cdone = (uint8_t *)(r.rtmp + (sparse ? r.C : 0));
+	r.enc = (uint8_t *)r.acc + fixed;
 	memset(r.cdone, 0, nc);
+	if (a->residue && mine) {
+		/* Our own part reaches the result without the wire: it carries
+		 * its held-back residue along in full (mass moves, none is lost). */
+		float *xr = a->x + r.off[r.me], *er = a->residue + r.off[r.me];
+		mp_k_axpy(xr, er, 1.0f, mine);
+		memset(er, 0, mine * sizeof(float));
+	}
 	mp_k_scale(r.acc, a->x + r.off[r.me], a->weight, mine);
 	for (uint64_t c = 0; c < nc; c++) {
 		r.wsum[c] = a->weight;
@@ -316,10 +367,20 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	}
 	/* The group's mean weight: from our own part if we reduced one, else as
 	 * reported by a reducer. */
+	float wold = a->weight;
 	if (nc && r.ncontrib[0])
 		a->weight = r.wsum[0] / (float)r.ncontrib[0];
 	else if (r.gw_n)
 		a->weight = (float)(r.gw_sum / r.gw_n);
+	if (a->residue && a->weight > 0.0f && a->weight != wold) {
+		/* What the residue holds back counts at this peer's weight: keep
+		 * its mass w·e as the weight changes. Our own part's residue was
+		 * emptied above and refilled at the new weight already. */
+		float f = wold / a->weight;
+		uint64_t o = r.off[r.me], l = r.len[r.me];
+		mp_k_scale(a->residue, a->residue, f, o);
+		mp_k_scale(a->residue + o + l, a->residue + o + l, f, a->n - o - l);
+	}
 	/* Each round on a grid joins disjoint sets, so the sets multiply; the
 	 * count is capped at the number of peers. */
 	a->influence *= (uint64_t)alive;

@@ -48,8 +48,19 @@ struct mp_mr {
 	int users;
 };
 
+/* Error-feedback residue of one buffer (sparse codecs), kept across calls. */
+struct mp_fb {
+	const float *buf;
+	size_t n;
+	float *residue;    /* n values */
+	int busy;          /* averages of the buffer in flight (under ctx->mu) */
+	struct mp_fb *next;
+};
+
 struct mp_request {
 	struct mp_ctx *ctx;
+	const struct mp_codec_ops *codec; /* resolved ("auto" chosen, flush forced to none) */
+	struct mp_fb *fb;                 /* sparse codecs: the buffer's residue */
 	float *buf;
 	size_t count;
 	float weight;
@@ -64,6 +75,8 @@ struct mp_request {
 
 enum { REQ_QUEUED, REQ_RUNNING, REQ_DONE };
 
+enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_MAX };
+
 struct mp_ctx {
 	/* configuration, with strings owned */
 	struct mp_config cfg;
@@ -73,7 +86,10 @@ struct mp_ctx {
 	int streams, window;
 	int spin_us;            /* busy-poll this long after the last progress */
 	size_t chunk_elems;
-	const struct mp_codec_ops *codec;
+	int codec_cfg;                     /* configured ::mp_codec, MP_CODEC_AUTO included */
+	struct mp_codec_params cparams;    /* encoder settings */
+	size_t frame_rx_max;               /* largest frame any peer's settings can produce */
+	struct mp_fb *fbs;                 /* error-feedback residues (under mu) */
 	struct mp_grid grid;
 	struct mp_grid_grouping grouping_state;
 	const struct mp_grouping_ops *grouping;
@@ -99,10 +115,11 @@ struct mp_ctx {
 	size_t slab_size;
 	struct mp_drv_mr *slab_mr;
 
-	/* reducer state (accumulators), kept between rounds: a fresh allocation
-	 * of a large part every round costs a page fault per 4 KiB */
-	void *scratch;
-	size_t scratch_size;
+	/* reducer state (accumulators) and encoder scratch, kept between rounds:
+	 * a fresh allocation of a large part every round costs a page fault
+	 * per 4 KiB */
+	void *scratch[MP_SCR_MAX];
+	size_t scratch_size[MP_SCR_MAX];
 
 	/* statistics of the context's life */
 	uint64_t rejected[MP_REJ_MAX];
@@ -138,7 +155,9 @@ struct mp_chan;
 /* What an algorithm plugs into the engine for one exchange. */
 struct mp_xfer_ops {
 	/* Next message to send on @ch, if one is ready: fill @h (type, part,
-	 * offset, count, weight, aux) and the fp32 source; return 1, else 0. */
+	 * offset, count, weight, aux) and the fp32 source; return 1, else 0.
+	 * Return 2 instead for a payload the algorithm encoded itself: *src then
+	 * points at h->length bytes of it (cast), sent as they are. */
 	int (*produce)(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const float **src);
 	/* A validated frame arrived on @ch: check it is the expected one and apply
 	 * it. Return 0, or -EPROTO for an unexpected frame (counted, peer dropped). */
@@ -174,9 +193,15 @@ struct mp_xfer {
 	struct mp_chan *ch;
 	int nch;
 	struct mp_drv_mr *user_mr; /* registration of the user's buffer (zero-copy sends) */
+	const struct mp_codec_ops *codec;
+	float *residue;            /* error feedback of the whole buffer (sparse codecs), or NULL */
+	void *enc_scratch;         /* the codec's encoder scratch (engine-private) */
 	struct mp_result *res;
 	const char *what;          /* for messages: "group all-reduce", "ring" */
 };
+
+/* Largest frame this context must be able to receive (engine.c). */
+size_t mp_frame_rx_max(const struct mp_ctx *ctx);
 
 /* Run an exchange until every channel is done or failed. Returns 0 when the
  * exchange finished (maybe with failed peers), or a negative errno when the
@@ -192,6 +217,8 @@ struct mp_avg {
 	struct mp_drv_mr *dmr;
 	struct mp_result *res;
 	uint64_t influence; /* peers whose values can have reached ours (see mp_result.peers) */
+	const struct mp_codec_ops *codec;
+	float *residue;     /* n values of error feedback (sparse codecs), or NULL */
 };
 
 /* One butterfly all-reduce in group @g (group_allreduce.c). */
@@ -202,7 +229,8 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a);
 
 /* Make sure the slab holds @bytes; returns it or NULL (-ENOMEM). */
 uint8_t *mp_slab(struct mp_ctx *ctx, size_t bytes);
-/* Unregistered scratch memory of at least @bytes, reused between rounds. */
-void *mp_scratch(struct mp_ctx *ctx, size_t bytes);
+/* Unregistered scratch memory @which (MP_SCR_*) of at least @bytes, 64-byte
+ * aligned, reused between rounds. */
+void *mp_scratch(struct mp_ctx *ctx, int which, size_t bytes);
 
 #endif

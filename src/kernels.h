@@ -21,6 +21,13 @@ void mp_k_f16_to_f32(float *dst, const uint16_t *src, size_t n);
 /* acc[i] += w * float(src[i]) */
 void mp_k_f16_axpy(float *acc, const uint16_t *src, float w, size_t n);
 
+/* Variant levels, for kernel families that keep their own variant tables. */
+#define MP_K_SCALAR 0
+#define MP_K_AVX2 1
+#define MP_K_AVX512 2
+/* Level of the variant in use (one relaxed load once the choice is made). */
+int mp_k_level(void);
+
 /* Name of the variant in use ("scalar", "avx2", "avx512"). */
 const char *mp_k_variant(void);
 /* Force a variant (tests); returns 0 or -ENOTSUP if the CPU lacks it. */

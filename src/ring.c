@@ -31,6 +31,7 @@ struct ring {
 	uint64_t *sleft, *rleft;           /* per stream: messages left */
 	uint8_t *enc;
 	size_t enc_cap;
+	void *scr;       /* encoder scratch */
 	int broken;
 };
 
@@ -92,21 +93,22 @@ static int r_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const 
 
 static void finish_chunk(struct ring *g, float *x, uint32_t n, float w)
 {
-	struct mp_ctx *ctx = g->ctx;
+	const struct mp_codec_ops *codec = g->a->codec;
 
 	if (w > 0.0f)
 		mp_k_scale(x, x, 1.0f / w, n);
-	if (ctx->codec->id != MP_CODEC_NONE) {
+	if (codec->id != MP_CODEC_NONE) {
+		/* Keep what the others will decode. */
 		size_t len;
-		if (!ctx->codec->encode(NULL, 0, x, n, g->enc, g->enc_cap, &len))
-			ctx->codec->decode(g->enc, len, x, n);
+		if (!codec->encode(&g->ctx->cparams, x, NULL, n, g->enc, g->enc_cap, &len, g->scr))
+			codec->decode(g->enc, len, x, n);
 	}
 }
 
 static int r_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, const void *payload)
 {
 	struct ring *g = op;
-	struct mp_ctx *ctx = g->ctx;
+	const struct mp_codec_ops *codec = g->a->codec;
 	int s = ch->stream, st = g->rst[s];
 	uint64_t c = g->rc[s];
 
@@ -122,13 +124,13 @@ static int r_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		/* Our own contribution joins the partial sum as it passes. */
 		if (g->a->weight != 1.0f)
 			mp_k_scale(x, x, g->a->weight, h->count);
-		if (ctx->codec->decode_acc(payload, h->length, x, h->count, 1.0f))
+		if (codec->decode_acc(payload, h->length, x, h->count, 1.0f))
 			return -EPROTO;
 		g->wsum[g->base[p] + c] = h->weight + g->a->weight;
 		if (st == g->N - 2)
 			finish_chunk(g, x, h->count, g->wsum[g->base[p] + c]);
 	} else {
-		if (ctx->codec->decode(payload, h->length, x, h->count))
+		if (codec->decode(payload, h->length, x, h->count))
 			return -EPROTO;
 		g->wsum[g->base[p] + c] = h->weight;
 	}
@@ -174,7 +176,8 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 	struct ring g = {.ctx = ctx, .a = a, .N = N, .r = ctx->rank, .S = S,
 			 .steps = 2 * (N - 1), .C = ctx->chunk_elems};
 	struct mp_xfer x = {.ctx = ctx, .xops = &ring_ops, .op = &g, .round = round, .group_id = 0,
-			    .user_mr = a->dmr, .res = a->res, .what = "ring all-reduce"};
+			    .user_mr = a->dmr, .res = a->res, .what = "ring all-reduce",
+			    .codec = a->codec};
 
 	if (N < 2) {
 		a->res->rounds++;
@@ -187,9 +190,17 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 	g.sc = calloc((size_t)S * 4, sizeof(uint64_t));
 	x.nch = g.left == g.right ? S : 2 * S;
 	x.ch = calloc((size_t)x.nch, sizeof(*x.ch));
-	g.enc_cap = ctx->codec->max_encoded(g.C);
-	g.enc = malloc(g.enc_cap);
-	if (!g.off || !g.sst || !g.sc || !x.ch || !g.enc)
+	if (a->codec->flags & MP_CODEC_F_SPARSE) {
+		/* Partial sums are forwarded: no place for error feedback. */
+		mp_set_error(ctx, "ring: codec %s needs the moshpit or butterfly algorithm", a->codec->name);
+		rc = -ENOTSUP;
+		goto out;
+	}
+	g.enc_cap = a->codec->max_encoded(&ctx->cparams, g.C);
+	size_t scr = a->codec->scratch_size ? a->codec->scratch_size(&ctx->cparams, g.C) : 0;
+	g.enc = malloc(g.enc_cap + 64);
+	g.scr = scr ? aligned_alloc(64, (scr + 63) & ~(size_t)63) : NULL;
+	if (!g.off || !g.sst || !g.sc || !x.ch || !g.enc || (scr && !g.scr))
 		goto out;
 	g.len = g.off + N;
 	g.nch = g.len + N;
@@ -246,6 +257,7 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 	free(g.wsum);
 out:
 	free(g.enc);
+	free(g.scr);
 	free(x.ch);
 	free(g.sc);
 	free(g.sst);

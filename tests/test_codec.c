@@ -34,57 +34,104 @@ static float rndf(float r)
 	return ((float)rnd32() / 4294967296.0f * 2.0f - 1.0f) * r;
 }
 
+static const struct mp_codec_params P = {
+	.block = MP_CODEC_DEF_BLOCK, .sigmas = MP_CODEC_DEF_SIGMAS,
+	.topk_ratio = MP_CODEC_DEF_TOPK, .bin = MP_CODEC_DEF_BIN_FC,
+};
+
 static void test_registry(void **state)
 {
+	static const char *const names[] = {"none", "fp16", "bf16", "uniform8", "blockwise8",
+					    "topk", "adacomp"};
+	struct mp_codec_params d;
+
 	(void)state;
-	assert_int_equal(mp_codec_count(), 2);
+	assert_int_equal(mp_codec_count(), 7);
 	for (unsigned i = 0; i < mp_codec_count(); i++) {
 		const struct mp_codec_ops *c = mp_codec_by_id(i);
 
 		assert_non_null(c);
 		assert_int_equal(c->id, i);
+		assert_string_equal(c->name, names[i]);
 		assert_ptr_equal(mp_codec_by_name(c->name), c);
 		assert_int_equal(mp_codec_from_name(c->name), (int)i);
-		assert_int_equal(c->stateful, 0);
+		assert_string_equal(mp_codec_name((int)i), names[i]);
+		assert_non_null(c->max_encoded);
+		assert_non_null(c->encode);
+		assert_non_null(c->decode);
+		assert_non_null(c->decode_acc);
+		/* Only the sparse codecs keep error feedback; all but none are lossy. */
+		assert_int_equal(!!(c->flags & MP_CODEC_F_SPARSE),
+				 i == MP_CODEC_TOPK || i == MP_CODEC_ADACOMP);
+		assert_int_equal(!!(c->flags & MP_CODEC_F_LOSSY), i != MP_CODEC_NONE);
 	}
-	assert_null(mp_codec_by_id(2));
+	assert_null(mp_codec_by_id(7));
 	assert_null(mp_codec_by_id(255));
-	assert_string_equal(mp_codec_by_id(MP_CODEC_NONE)->name, "none");
-	assert_string_equal(mp_codec_by_id(MP_CODEC_FP16)->name, "fp16");
 	assert_ptr_equal(mp_codec_by_name("FP16"), mp_codec_by_id(MP_CODEC_FP16));
 	assert_null(mp_codec_by_name("fp8"));
+	assert_null(mp_codec_by_name("auto")); /* a policy, not a wire codec */
 	assert_null(mp_codec_by_name(""));
 	assert_null(mp_codec_by_name(NULL));
-	assert_int_equal(mp_codec_from_name("none"), MP_CODEC_NONE);
-	assert_int_equal(mp_codec_from_name("fp16"), MP_CODEC_FP16);
-	assert_int_equal(mp_codec_from_name("bf16"), -EINVAL);
+	assert_int_equal(mp_codec_from_name("auto"), MP_CODEC_AUTO);
+	assert_int_equal(mp_codec_from_name("AUTO"), MP_CODEC_AUTO);
+	assert_string_equal(mp_codec_name(MP_CODEC_AUTO), "auto");
+	assert_string_equal(mp_codec_name(77), "?");
+	assert_string_equal(mp_codec_name(-1), "?");
+	assert_int_equal(mp_codec_from_name("fp8"), -EINVAL);
 	assert_int_equal(mp_codec_from_name(""), -EINVAL);
 	assert_int_equal(mp_codec_from_name(NULL), -EINVAL);
-	assert_int_equal(mp_codec_by_id(MP_CODEC_NONE)->max_encoded(1000), 4000);
-	assert_int_equal(mp_codec_by_id(MP_CODEC_FP16)->max_encoded(1000), 2000);
-	assert_int_equal(mp_codec_by_id(MP_CODEC_NONE)->max_encoded(0), 0);
+	assert_int_equal(mp_codec_by_id(MP_CODEC_NONE)->max_encoded(&P, 1000), 4000);
+	assert_int_equal(mp_codec_by_id(MP_CODEC_FP16)->max_encoded(&P, 1000), 2000);
+	assert_int_equal(mp_codec_by_id(MP_CODEC_NONE)->max_encoded(&P, 0), 0);
+
+	mp_codec_params_default(&d);
+	assert_int_equal(mp_codec_params_check(&d), 0);
+	assert_int_equal(d.block, 4096);
+	assert_int_equal(d.bin, 500);
+	d.topk_ratio = 0.0f;
+	assert_int_equal(mp_codec_params_check(&d), -EINVAL);
+	d.topk_ratio = NAN;
+	assert_int_equal(mp_codec_params_check(&d), -EINVAL);
+	d.topk_ratio = 1.0f;
+	assert_int_equal(mp_codec_params_check(&d), 0);
+	d.block = 0;
+	assert_int_equal(mp_codec_params_check(&d), -EINVAL);
+	d.block = 1;
+	d.sigmas = -1.0f;
+	assert_int_equal(mp_codec_params_check(&d), -EINVAL);
+	d.sigmas = 3.0f;
+	d.bin = (1u << 24) + 1;
+	assert_int_equal(mp_codec_params_check(&d), -EINVAL);
+	assert_int_equal(mp_codec_params_check(NULL), -EINVAL);
 }
 
-static void test_state(void **state)
+static void test_varint(void **state)
 {
-	struct mp_codec_state st;
+	static const uint32_t vals[] = {0, 1, 127, 128, 16383, 16384, 2097151, 2097152,
+					268435455, 268435456, UINT32_MAX};
+	uint8_t b[8];
+	uint32_t v;
 
 	(void)state;
-	for (unsigned i = 0; i < mp_codec_count(); i++) {
-		const struct mp_codec_ops *c = mp_codec_by_id(i);
+	for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
+		size_t n = mp_varint_put(b, vals[i]);
 
-		assert_int_equal(mp_codec_state_init(&st, c, 1000), 0);
-		assert_ptr_equal(st.ops, c);
-		assert_int_equal(st.count, 1000);
-		assert_null(st.residue); /* stateless */
-		mp_codec_state_fini(&st);
-		assert_null(st.residue);
+		assert_int_equal(n, mp_varint_len(vals[i]));
+		assert_int_equal(mp_varint_get(b, b + n, &v), n);
+		assert_int_equal(v, vals[i]);
+		/* Truncated: never read past the end. */
+		assert_int_equal(mp_varint_get(b, b + n - 1, &v), 0);
 	}
-	assert_int_equal(mp_codec_state_init(&st, NULL, 10), -EINVAL);
-	mp_codec_state_fini(NULL);
+	/* Six bytes, or a fifth byte with bits beyond 32: malformed. */
+	memset(b, 0xff, sizeof(b));
+	assert_int_equal(mp_varint_get(b, b + 8, &v), 0);
+	b[4] = 0x10;
+	assert_int_equal(mp_varint_get(b, b + 8, &v), 0);
+	b[4] = 0x0f;
+	assert_int_equal(mp_varint_get(b, b + 8, &v), 5);
+	assert_int_equal(v, UINT32_MAX);
 }
 
-/* "none" is the identity on bytes: every bit pattern survives, NaNs included. */
 static void test_none_roundtrip(void **state)
 {
 	enum { N = 1031 };
@@ -99,23 +146,23 @@ static void test_none_roundtrip(void **state)
 
 		memcpy(&src[i], &u, 4);
 	}
-	/* st may be NULL for stateless codecs; offset is ignored. */
-	assert_int_equal(c->encode(NULL, 12345, src, N, wire, sizeof(wire), &len), 0);
+	/* Stateless codecs ignore the residue. */
+	assert_int_equal(c->encode(&P, src, NULL, N, wire, sizeof(wire), &len, NULL), 0);
 	assert_int_equal(len, 4 * N);
 	assert_memory_equal(wire, src, 4 * N); /* little-endian fp32 == host bytes here */
 	assert_int_equal(c->decode(wire, len, dst, N), 0);
 	assert_memory_equal(dst, src, sizeof(src));
-	assert_int_equal(c->encode(NULL, 0, src, N, wire, 4 * N - 1, &len), -ENOSPC);
+	assert_int_equal(c->encode(&P, src, NULL, N, wire, 4 * N - 1, &len, NULL), -ENOSPC);
 
 	/* Misaligned payloads decode the same. */
 	memmove(wire + 1, wire, 4 * N);
 	memset(dst, 0, sizeof(dst));
 	assert_int_equal(c->decode(wire + 1, 4 * N, dst, N), 0);
 	assert_memory_equal(dst, src, sizeof(src));
-	assert_int_equal(c->encode(NULL, 0, src, N, wire + 3, 4 * N, &len), 0);
+	assert_int_equal(c->encode(&P, src, NULL, N, wire + 3, 4 * N, &len, NULL), 0);
 	assert_memory_equal(wire + 3, src, 4 * N);
 	/* Empty runs are fine. */
-	assert_int_equal(c->encode(NULL, 0, src, 0, wire, 0, &len), 0);
+	assert_int_equal(c->encode(&P, src, NULL, 0, wire, 0, &len, NULL), 0);
 	assert_int_equal(len, 0);
 	assert_int_equal(c->decode(wire, 0, dst, 0), 0);
 	assert_int_equal(c->decode_acc(wire, 0, dst, 0, 1.0f), 0);
@@ -135,7 +182,7 @@ static void test_none_decode_acc(void **state)
 		acc0[i] = rndf(100.0f);
 	}
 	for (int off = 0; off < 4; off++) {
-		assert_int_equal(c->encode(NULL, 0, src, N, wire + off, 4 * N, &len), 0);
+		assert_int_equal(c->encode(&P, src, NULL, N, wire + off, 4 * N, &len, NULL), 0);
 		memcpy(acc, acc0, sizeof(acc));
 		assert_int_equal(c->decode_acc(wire + off, len, acc, N, 0.25f), 0);
 		for (size_t i = 0; i < N; i++) {
@@ -167,7 +214,7 @@ static void test_fp16_roundtrip_bound(void **state)
 		if (mp_k_force(variants[v]))
 			continue;
 		for (int off = 0; off < 2; off++) {
-			assert_int_equal(c->encode(NULL, 0, src, N, wire + off, sizeof(wire) - off, &len), 0);
+			assert_int_equal(c->encode(&P, src, NULL, N, wire + off, sizeof(wire) - off, &len, NULL), 0);
 			assert_int_equal(len, 2 * N);
 			assert_int_equal(c->decode(wire + off, len, dst, N), 0);
 			for (size_t i = 0; i < N; i++) {
@@ -193,7 +240,7 @@ static void test_fp16_roundtrip_bound(void **state)
 	float out[6];
 	uint16_t w16[6];
 
-	assert_int_equal(c->encode(NULL, 0, special, 6, w16, sizeof(w16), &len), 0);
+	assert_int_equal(c->encode(&P, special, NULL, 6, w16, sizeof(w16), &len, NULL), 0);
 	assert_int_equal(c->decode(w16, len, out, 6), 0);
 	assert_true(out[0] == 65504.0f && out[1] == -65504.0f);
 	assert_true(out[2] == 65504.0f && out[3] == -65504.0f);
@@ -203,10 +250,10 @@ static void test_fp16_roundtrip_bound(void **state)
 	const float one = 1.0f;
 	unsigned char b[2];
 
-	assert_int_equal(c->encode(NULL, 0, &one, 1, b, 2, &len), 0);
+	assert_int_equal(c->encode(&P, &one, NULL, 1, b, 2, &len, NULL), 0);
 	assert_int_equal(b[0], 0x00);
 	assert_int_equal(b[1], 0x3c);
-	assert_int_equal(c->encode(NULL, 0, src, 10, wire, 19, &len), -ENOSPC);
+	assert_int_equal(c->encode(&P, src, NULL, 10, wire, 19, &len, NULL), -ENOSPC);
 }
 
 static void test_fp16_decode_acc(void **state)
@@ -223,7 +270,7 @@ static void test_fp16_decode_acc(void **state)
 		acc0[i] = rndf(1000.0f);
 	}
 	for (int off = 0; off < 2; off++) {
-		assert_int_equal(c->encode(NULL, 0, src, N, wire + off, 2 * N, &len), 0);
+		assert_int_equal(c->encode(&P, src, NULL, N, wire + off, 2 * N, &len, NULL), 0);
 		assert_int_equal(c->decode(wire + off, len, dec, N), 0);
 		memcpy(acc, acc0, sizeof(acc));
 		assert_int_equal(c->decode_acc(wire + off, len, acc, N, -0.5f), 0);
@@ -242,9 +289,10 @@ static void test_bad_lengths(void **state)
 	unsigned char wire[64] = {0};
 
 	(void)state;
-	for (unsigned id = 0; id < mp_codec_count(); id++) {
+	/* The dense codecs of this file; the others have their own tests. */
+	for (unsigned id = 0; id <= MP_CODEC_FP16; id++) {
 		const struct mp_codec_ops *c = mp_codec_by_id(id);
-		size_t good = c->max_encoded(8);
+		size_t good = c->max_encoded(&P, 8);
 
 		assert_int_equal(c->decode(wire, good, dst, 8), 0);
 		assert_int_equal(c->decode_acc(wire, good, acc, 8, 1.0f), 0);
@@ -265,7 +313,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_registry),
-		cmocka_unit_test(test_state),
+		cmocka_unit_test(test_varint),
 		cmocka_unit_test(test_none_roundtrip),
 		cmocka_unit_test(test_none_decode_acc),
 		cmocka_unit_test(test_fp16_roundtrip_bound),

@@ -20,6 +20,7 @@ static void clear_env(void)
 				     "MP_RUN", "MP_TRANSPORT", "MP_GRID", "MP_BANDWIDTHS", "MP_ALGO",
 				     "MP_ROUNDS", "MP_CODEC", "MP_CHUNK_BYTES", "MP_NSTREAMS", "MP_WINDOW",
 				     "MP_CONNECT_TIMEOUT_MS", "MP_ROUND_TIMEOUT_MS", "MP_CHECKSUM",
+				     "MP_CODEC_BLOCK", "MP_CODEC_SIGMAS", "MP_TOPK_RATIO", "MP_ADACOMP_BIN",
 				     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
 				     "SLURM_PROCID", "SLURM_NTASKS"};
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
@@ -94,6 +95,10 @@ static void bad_env_values(void **s)
 	static const char *cases[][2] = {
 		{"MP_RANK", "x"}, {"MP_NPEERS", "0"}, {"MP_ALGO", "tree"}, {"MP_CODEC", "zip"},
 		{"MP_CHUNK_BYTES", "12Q"}, {"MP_WINDOW", "-1"}, {"MP_CHECKSUM", "maybe"},
+		{"MP_CODEC", "topk:0"}, {"MP_CODEC", "topk:1.5"}, {"MP_CODEC", "fp16:2"},
+		{"MP_CODEC", "blockwise8:0"}, {"MP_CODEC", "adacomp:big"}, {"MP_CODEC_BLOCK", "0"},
+		{"MP_CODEC_SIGMAS", "nan"}, {"MP_TOPK_RATIO", "0"}, {"MP_TOPK_RATIO", "2"},
+		{"MP_ADACOMP_BIN", "-5"}, {"MP_ADACOMP_BIN", "0"},
 	};
 
 	(void)s;
@@ -105,6 +110,112 @@ static void bad_env_values(void **s)
 			fail_msg("%s=%s accepted", cases[i][0], cases[i][1]);
 	}
 	clear_env();
+}
+
+static void codec_specs(void **s)
+{
+	struct mp_config c, before;
+
+	(void)s;
+	clear_env();
+	mp_config_init(&c);
+	assert_int_equal(c.codec_block, 4096);
+	assert_true(c.codec_sigmas == 6.0f);
+	assert_true(c.topk_ratio == 0.01f);
+	assert_int_equal(c.adacomp_bin, 500);
+	assert_int_equal(mp_codec_parse("topk:0.05", &c), 0);
+	assert_int_equal(c.codec, MP_CODEC_TOPK);
+	assert_true(c.topk_ratio == 0.05f);
+	assert_int_equal(mp_codec_parse("blockwise8:1024", &c), 0);
+	assert_int_equal(c.codec, MP_CODEC_BLOCKWISE8);
+	assert_int_equal(c.codec_block, 1024);
+	assert_int_equal(mp_codec_parse("uniform8:3", &c), 0);
+	assert_true(c.codec_sigmas == 3.0f);
+	assert_int_equal(mp_codec_parse("adacomp:conv", &c), 0);
+	assert_int_equal(c.adacomp_bin, 50);
+	assert_int_equal(mp_codec_parse("AdaComp:fc", &c), 0);
+	assert_int_equal(c.adacomp_bin, 500);
+	assert_int_equal(mp_codec_parse("adacomp:200", &c), 0);
+	assert_int_equal(c.adacomp_bin, 200);
+	assert_int_equal(mp_codec_parse("auto", &c), 0);
+	assert_int_equal(c.codec, MP_CODEC_AUTO);
+	assert_int_equal(mp_codec_parse("bf16", &c), 0);
+	assert_int_equal(c.codec, MP_CODEC_BF16);
+
+	/* Errors change nothing. */
+	static const char *bad[] = {"", ":", "zip", "topk:", "topk:0", "topk:-0.1", "topk:1.01",
+				    "topk:nan", "topk:0.1x", "bf16:2", "none:1", "auto:1",
+				    "blockwise8:0", "blockwise8:16777217", "blockwise8:-3",
+				    "uniform8:0", "uniform8:65", "adacomp:0", "adacomp:fcc",
+				    "averyveryverylongcodecnamethatdoesnotexist:1"};
+	before = c;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		if (mp_codec_parse(bad[i], &c) != -EINVAL)
+			fail_msg("\"%s\" accepted", bad[i]);
+		assert_memory_equal(&c, &before, sizeof(c));
+	}
+	assert_int_equal(mp_codec_parse(NULL, &c), -EINVAL);
+	assert_int_equal(mp_codec_parse("none", NULL), -EINVAL);
+
+	/* Environment: parameter variables, then MP_CODEC's own parameter wins. */
+	setenv("MP_CODEC_BLOCK", "512", 1);
+	setenv("MP_CODEC_SIGMAS", "4", 1);
+	setenv("MP_TOPK_RATIO", "0.2", 1);
+	setenv("MP_ADACOMP_BIN", "conv", 1);
+	setenv("MP_CODEC", "topk:0.3", 1);
+	mp_config_init(&c);
+	assert_int_equal(mp_config_from_env(&c), 0);
+	assert_int_equal(c.codec, MP_CODEC_TOPK);
+	assert_int_equal(c.codec_block, 512);
+	assert_true(c.codec_sigmas == 4.0f);
+	assert_true(c.topk_ratio == 0.3f);
+	assert_int_equal(c.adacomp_bin, 50);
+	clear_env();
+}
+
+static void resolve_codec_rules(void **s)
+{
+	struct mp_config c, out;
+	char **list;
+	int n;
+
+	(void)s;
+	clear_env();
+	mp_config_init(&c);
+	c.npeers = 2;
+	c.rank = 0;
+	c.peers = "a:1,b:2";
+	c.codec = MP_CODEC_AUTO;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), 0);
+	mp_free_list(list, n);
+	/* The ring forwards partial sums: sparse codecs are refused there. */
+	c.algo = MP_ALGO_RING;
+	c.codec = MP_CODEC_TOPK;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	c.codec = MP_CODEC_ADACOMP;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	c.codec = MP_CODEC_BLOCKWISE8;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), 0);
+	mp_free_list(list, n);
+	c.algo = MP_ALGO_BUTTERFLY;
+	c.codec = MP_CODEC_TOPK;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), 0);
+	mp_free_list(list, n);
+	/* Parameters set directly in the struct are checked too. */
+	c.topk_ratio = 0.0f;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	c.topk_ratio = 0.5f;
+	c.codec_block = 0;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	c.codec_block = 64;
+	/* A caller built against the shorter struct of version 0.1 gets the
+	 * defaults of the fields it does not know. */
+	c.size = offsetof(struct mp_config, codec_block);
+	c.codec_block = 0;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), 0);
+	assert_int_equal(out.codec_block, 4096);
+	assert_true(out.topk_ratio == 0.01f);
+	mp_free_list(list, n);
 }
 
 static void hostfile_and_launcher(void **s)
@@ -194,6 +305,8 @@ int main(void)
 		cmocka_unit_test(bad_env_values),
 		cmocka_unit_test(hostfile_and_launcher),
 		cmocka_unit_test(resolve_rejects),
+		cmocka_unit_test(codec_specs),
+		cmocka_unit_test(resolve_codec_rules),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

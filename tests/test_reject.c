@@ -98,6 +98,7 @@ enum mutation {
 	M_TRUNCATED,
 	M_FOREIGN_HELLO,
 	M_HELLO_CODEC,
+	M_HELLO_AUTO,
 };
 
 struct outcome {
@@ -150,8 +151,12 @@ static void exchange(enum mutation m, struct outcome *o)
 					MP_MSG_HELLO);
 	h.count = 2;
 	h.weight = 0.0f;
-	if (m == M_HELLO_CODEC)
+	if (m == M_HELLO_CODEC) {
 		h.codec = MP_CODEC_FP16; /* the context runs codec none */
+		h.part = MP_CODEC_FP16;
+	}
+	if (m == M_HELLO_AUTO)
+		h.part = MP_CODEC_AUTO; /* frames start as none, but the policy differs */
 	mp_wire_encode(&h, fr, NULL);
 	fake_send(&f, fr, MP_WIRE_HDR_SIZE);
 
@@ -188,7 +193,7 @@ static void exchange(enum mutation m, struct outcome *o)
 	case M_TRUNCATED: len = 40; break;
 	default: break;
 	}
-	if (m != M_FOREIGN_HELLO && m != M_HELLO_CODEC)
+	if (m != M_FOREIGN_HELLO && m != M_HELLO_CODEC && m != M_HELLO_AUTO)
 		fake_send(&f, fr, len);
 	if (m == M_NONE) {
 		/* The fake reduces part 0: it returns values of its choosing. */
@@ -266,6 +271,7 @@ REJECT_TEST(garbage_bytes, M_GARBAGE)
 REJECT_TEST(truncated_frame, M_TRUNCATED)
 REJECT_TEST(foreign_run_hello, M_FOREIGN_HELLO)
 REJECT_TEST(other_codec_hello, M_HELLO_CODEC)
+REJECT_TEST(other_codec_policy_hello, M_HELLO_AUTO)
 
 int main(void)
 {
@@ -289,6 +295,7 @@ int main(void)
 		cmocka_unit_test(truncated_frame),
 		cmocka_unit_test(foreign_run_hello),
 		cmocka_unit_test(other_codec_hello),
+		cmocka_unit_test(other_codec_policy_hello),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,6 +99,9 @@ struct size_result {
 	double rms_err;       /* rms of out - exact; < 0 = not checked */
 	double bytes_sent;    /* per operation (summed over peers) */
 	double bytes_received;
+	double values_sent;   /* fp32 values carried per operation (summed over peers) */
+	int32_t codec;        /* codec the library used ("auto" resolved) */
+	int32_t flushed;      /* checked after mp_average_flush (sparse codecs) */
 };
 
 struct gridinfo {
@@ -136,7 +139,9 @@ struct bench {
 };
 
 static const char *const algo_names[] = { "moshpit", "ring", "butterfly" };
-static const char *const codec_names[] = { "none", "fp16" };
+static const char *const codec_names[] = { "none", "fp16", "bf16", "uniform8", "blockwise8",
+					   "topk", "adacomp" };
+#define NCODEC_NAMES ((int)(sizeof(codec_names) / sizeof(codec_names[0])))
 
 static const char *algo_name(int a)
 {
@@ -145,7 +150,34 @@ static const char *algo_name(int a)
 
 static const char *codec_name(int c)
 {
-	return c >= 0 && c < 2 ? codec_names[c] : "?";
+	if (c == MP_CODEC_AUTO)
+		return "auto";
+	return c >= 0 && c < NCODEC_NAMES ? codec_names[c] : "?";
+}
+
+/* Sparse codecs hold values back (error feedback): checked after a flush. */
+static int codec_sparse(int c)
+{
+	return c == MP_CODEC_TOPK || c == MP_CODEC_ADACOMP;
+}
+
+/*
+ * Largest error of one encoding of data in [-1, 1) (doc/codecs.md):
+ * fp16 half an ulp at 1 (2^-11), bf16 2^-8, blockwise8 half a step of
+ * absmax/127, uniform8 one bucket (mean +- 6 sd of U(-1,1) over 256 buckets:
+ * 12 * 0.577 / 256 = 0.027; the bucket mean can sit anywhere in the bucket).
+ * Sparse codecs are checked after mp_average_flush, where only fp32
+ * rounding remains.
+ */
+static double codec_step_err(int c)
+{
+	switch (c) {
+	case MP_CODEC_FP16: return 1.0 / 2048;
+	case MP_CODEC_BF16: return 1.0 / 256;
+	case MP_CODEC_BLOCKWISE8: return 1.0 / 254;
+	case MP_CODEC_UNIFORM8: return 0.028;
+	default: return 0.0;
+	}
 }
 
 /* ------------------------------------------------------------------------ */
@@ -526,6 +558,9 @@ static void bench_derive(struct bench *b, int npeers)
 	if (grid_from_library(c->grid, npeers, &b->grid) < 0)
 		usage_error("grid %s has fewer cells than the %d peers", c->grid, npeers);
 	b->rounds_eff = c->rounds > 0 ? c->rounds : b->grid.ndims;
+	if (c->algo == MP_ALGO_RING && codec_sparse(c->codec))
+		usage_error("--codec=%s needs --algo=moshpit or butterfly (the ring forwards "
+			    "partial sums, with no place for error feedback)", codec_name(c->codec));
 
 	b->exact = 1;
 	b->inexact_why[0] = '\0';
@@ -552,8 +587,17 @@ static void bench_derive(struct bench *b, int npeers)
 		b->bus_factor = 2.0 * (npeers - 1) / npeers;
 	}
 
-	if (!b->tol_set)
-		b->tol = c->codec == MP_CODEC_FP16 ? 2e-3 : 1e-5;
+	if (!b->tol_set) {
+		/* Each value is encoded twice per group all-reduce (to the reducer
+		 * and back), once per ring hop; errors add up at worst. "auto"
+		 * may pick blockwise8, the coarsest of its codecs. */
+		int cc = c->codec == MP_CODEC_AUTO ? MP_CODEC_BLOCKWISE8 : c->codec;
+		double encodes = c->algo == MP_ALGO_RING ? npeers + 1.0 :
+				 c->algo == MP_ALGO_BUTTERFLY ? 2.0 : 2.0 * b->rounds_eff;
+		double e = codec_step_err(cc) * encodes;
+
+		b->tol = e > 0 ? e : codec_sparse(cc) ? 1e-4 : 1e-5;
+	}
 
 	/* Safety net only: the library's deadlines should fire long before. */
 	cap = 30000 + cto + rto * (int64_t)(b->rounds_eff + 4) + (int64_t)(b->maxbytes / 1000);
@@ -631,18 +675,34 @@ static void print_header(const struct bench *b, const char *mode)
 	       b->run ? b->run : "(default)");
 	if (!b->check)
 		printf("# check off: max_err and #wrong are not computed\n");
+	else if (b->exact && codec_sparse(c->codec))
+		printf("# check: exact weighted mean after mp_average_flush (error feedback), "
+		       "tolerance %g\n", b->tol);
 	else if (b->exact)
 		printf("# check: exact weighted mean, tolerance %g\n", b->tol);
 	else
 		printf("# check: approximate by design (%s): errors shown, #wrong n/a\n",
 		       b->inexact_why);
 	printf("#\n");
-	printf("# %10s %12s %6s %6s %10s %6s %6s %10s %8s %8s %9s %7s\n", "size", "count",
-	       "type", "codec", "algo", "peers", "rounds", "time", "algbw", "busbw", "max_err",
-	       "#wrong");
-	printf("# %10s %12s %6s %6s %10s %6s %6s %10s %8s %8s %9s %7s\n", "(B)",
-	       "(elements)", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "");
+	printf("# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s\n", "size",
+	       "count", "type", "codec", "algo", "peers", "rounds", "time", "algbw", "busbw",
+	       "wire_bytes", "ratio", "max_err", "#wrong");
+	printf("# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s\n", "(B)",
+	       "(elements)", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(B/peer)", "", "",
+	       "");
 	fflush(stdout);
+}
+
+/* Bytes one peer put on the wire per operation (mean over the peers). */
+static double row_wire_bytes(const struct agg *a, const struct size_result *r)
+{
+	return a->nrep > 0 ? r->bytes_sent / a->nrep : 0.0;
+}
+
+/* fp32 bytes the frames carried over the bytes sent, headers included. */
+static double row_ratio(const struct size_result *r)
+{
+	return r->bytes_sent > 0 ? 4.0 * r->values_sent / r->bytes_sent : 0.0;
 }
 
 static void print_row(struct agg *a, int s)
@@ -672,9 +732,11 @@ static void print_row(struct agg *a, int s)
 		snprintf(wrong, sizeof(wrong), "%7" PRId64, r->wrong);
 	else
 		snprintf(wrong, sizeof(wrong), "%7s", "n/a");
-	printf("  %10" PRIu64 " %12" PRIu64 " %6s %6s %10s %6d %6d %10.1f %8.3f %8.3f %s %s\n",
-	       bytes, bytes / 4, "float", codec_name(b->cfg.codec), algo_name(b->cfg.algo),
-	       b->npeers, r->rounds, r->time_us, algbw, busbw, err, wrong);
+	printf("  %10" PRIu64 " %12" PRIu64 " %6s %10s %10s %6d %6d %10.1f %8.3f %8.3f %12.0f "
+	       "%6.2f %s %s\n",
+	       bytes, bytes / 4, "float", codec_name(r->codec), algo_name(b->cfg.algo),
+	       b->npeers, r->rounds, r->time_us, algbw, busbw, row_wire_bytes(a, r),
+	       row_ratio(r), err, wrong);
 	fflush(stdout);
 	if (r->failed_peers > 0)
 		fprintf(stderr, PROG ": warning: size %" PRIu64 ": %d peer(s) dropped during the "
@@ -713,6 +775,7 @@ static void agg_add(struct agg *a, const struct size_result *in)
 			r->checked = in->checked;
 		r->bytes_sent += in->bytes_sent;
 		r->bytes_received += in->bytes_received;
+		r->values_sent += in->values_sent;
 	}
 	while (a->next < a->b->nsizes && a->count[a->next] == a->nrep) {
 		print_row(a, a->next);
@@ -827,7 +890,7 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 
 		fprintf(f, "    {\"bytes\": %" PRIu64 ", \"count\": %" PRIu64 ", \"codec\": ",
 			b->sizes[s], b->sizes[s] / 4);
-		json_str(f, codec_name(c->codec));
+		json_str(f, codec_name(r->codec));
 		fprintf(f, ", \"algo\": ");
 		json_str(f, algo_name(c->algo));
 		fprintf(f, ", \"peers\": %d, \"rounds\": %d, \"time_us\": ", b->npeers, r->rounds);
@@ -848,7 +911,12 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		json_num(f, r->bytes_sent);
 		fprintf(f, ", \"bytes_received\": ");
 		json_num(f, r->bytes_received);
-		fprintf(f, ", \"checked\": %" PRId64, r->checked);
+		fprintf(f, ", \"wire_bytes\": ");
+		json_num(f, row_wire_bytes(a, r));
+		fprintf(f, ", \"ratio\": ");
+		json_num(f, row_ratio(r));
+		fprintf(f, ", \"checked\": %" PRId64 ", \"checked_after_flush\": %s", r->checked,
+			r->flushed ? "true" : "false");
 		fprintf(f, ", \"failed_peers\": %d}%s\n", r->failed_peers,
 			s + 1 < a->nrows ? "," : "");
 	}
@@ -1034,7 +1102,7 @@ static int peer_bench(struct peer *p)
 		size_t count = (size_t)(bytes / 4);
 		int total = b->warmup + b->iters;
 		struct size_result r;
-		double tsum = 0.0, sent = 0.0, recvd = 0.0;
+		double tsum = 0.0, sent = 0.0, recvd = 0.0, vals = 0.0;
 
 		memset(&r, 0, sizeof(r));
 		r.size_idx = (uint32_t)s;
@@ -1048,6 +1116,16 @@ static int peer_bench(struct peer *p)
 
 			memset(&res, 0, sizeof(res));
 			fill(p, buf, count, stream_key(b->seed, p->rank, it));
+			if (b->check && it == total - 1 && codec_sparse(b->cfg.codec)) {
+				/* The checked iteration starts with no residue, so
+				 * that after the flush below the exact mean is due. */
+				int e = mp_feedback_reset(p->ctx, buf);
+				if (e && e != -ENOENT) {
+					peer_fail(p, "mp_feedback_reset: %s", mp_strerror(e));
+					rc = e;
+					break;
+				}
+			}
 			t0 = now_s();
 			rc = peer_average(p, buf, count, w, mr, &res, why, sizeof(why));
 			t1 = now_s();
@@ -1060,7 +1138,9 @@ static int peer_bench(struct peer *p)
 				tsum += t1 - t0;
 				sent += (double)res.bytes_sent;
 				recvd += (double)res.bytes_received;
+				vals += (double)res.values_sent;
 			}
+			r.codec = res.codec;
 			if (res.failed_peers > r.failed_peers)
 				r.failed_peers = res.failed_peers;
 			r.rounds = res.rounds;
@@ -1071,6 +1151,23 @@ static int peer_bench(struct peer *p)
 		r.time_us = tsum / b->iters * 1e6;
 		r.bytes_sent = sent / b->iters;
 		r.bytes_received = recvd / b->iters;
+		r.values_sent = vals / b->iters;
+		if (b->check && codec_sparse(b->cfg.codec)) {
+			/* Deliver what error feedback held back: Σ w·(x + residue)
+			 * is what every round conserves. */
+			char why[768];
+			struct mp_result fres;
+			int e = mp_average_flush(p->ctx, buf, count, w, &fres);
+
+			if (e) {
+				snprintf(why, sizeof(why), "%s: %s", mp_strerror(e),
+					 mp_last_error(p->ctx));
+				peer_fail(p, "size %" PRIu64 " B, mp_average_flush: %s", bytes, why);
+				rc = e;
+				break;
+			}
+			r.flushed = 1;
+		}
 		if (b->check)
 			verify(p, buf, count, total - 1, &r);
 		peer_report(p, &r);
@@ -1633,14 +1730,16 @@ static void usage(FILE *f)
 		"  -w, --warmup_iters=N     untimed iterations per size (default 1)\n"
 		"  -c, --check=0|1          compare with the exact mean (default 1)\n"
 		"      --tol=X              error above which an element is wrong\n"
-		"                           (default 1e-5, or 2e-3 with --codec=fp16)\n"
+		"                           (default: 1e-5, or the codec's bound; see mpbench(1))\n"
 		"  SIZE takes K, M or G (powers of 1024) and must be a multiple of 4.\n"
 		"\n"
 		"Averaging:\n"
 		"      --algo=NAME          moshpit (default), ring or butterfly\n"
 		"      --grid=MxNx...       Moshpit grid (default: the library's choice)\n"
 		"      --rounds=R           Moshpit rounds per average (0 = grid dimensions)\n"
-		"      --codec=NAME         none (default) or fp16\n"
+		"      --codec=NAME[:P]     none (default), fp16, bf16, uniform8[:SIGMAS],\n"
+		"                           blockwise8[:BLOCK], topk[:FRACTION],\n"
+		"                           adacomp[:conv|fc|BIN] or auto\n"
 		"      --weighted           peer r averages with weight r+1 instead of 1\n"
 		"      --seed=S             seed of the test data (default 42)\n"
 		"      --chunk=SIZE         bytes per streamed chunk\n"
@@ -1880,11 +1979,10 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			c->rounds = (int)parse_int("--rounds", optarg, 0, 1 << 16);
 			break;
 		case OPT_CODEC: {
-			int v = mp_codec_from_name(optarg);
-
-			if (v < 0)
-				usage_error("unknown --codec '%s' (none or fp16)", optarg);
-			c->codec = v;
+			if (mp_codec_parse(optarg, c))
+				usage_error("bad --codec '%s' (none, fp16, bf16, uniform8[:SIGMAS], "
+					    "blockwise8[:BLOCK], topk[:FRACTION], "
+					    "adacomp[:conv|fc|BIN] or auto)", optarg);
 			break;
 		}
 		case OPT_JSON:

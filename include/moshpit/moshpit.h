@@ -66,8 +66,14 @@ enum mp_algo {
 
 /** Codec used on the wire; the values are the stable wire ids. */
 enum mp_codec {
-	MP_CODEC_NONE = 0, /**< fp32, uncompressed */
-	MP_CODEC_FP16 = 1, /**< IEEE half precision, round to nearest even, clamped */
+	MP_CODEC_NONE = 0,       /**< fp32, uncompressed */
+	MP_CODEC_FP16 = 1,       /**< IEEE half precision, round to nearest even, clamped */
+	MP_CODEC_BF16 = 2,       /**< bfloat16, round to nearest even, clamped */
+	MP_CODEC_UNIFORM8 = 3,   /**< 8-bit, 256 levels over mean ± k·stddev, table of bucket means */
+	MP_CODEC_BLOCKWISE8 = 4, /**< 8-bit, one absmax scale per block (default 4096 values) */
+	MP_CODEC_TOPK = 5,       /**< the largest fraction of values, with error feedback */
+	MP_CODEC_ADACOMP = 6,    /**< AdaComp: per-bin adaptive selection, error feedback */
+	MP_CODEC_AUTO = 255,     /**< policy, never on the wire: by buffer size (see doc/codecs.md) */
 };
 
 /** Log verbosity, as set by MP_DEBUG=WARN|INFO|TRACE. */
@@ -99,7 +105,9 @@ struct mp_config {
 	const char *bandwidths; /**< MP_BANDWIDTHS: comma-separated per-rank part weights; NULL = equal */
 	int algo;               /**< MP_ALGO: ::mp_algo ("moshpit", "ring", "butterfly") */
 	int rounds;             /**< MP_ROUNDS: Moshpit rounds per average; 0 = number of grid dims */
-	int codec;              /**< MP_CODEC: ::mp_codec ("none", "fp16") */
+	int codec;              /**< MP_CODEC: ::mp_codec by name ("none", "fp16", "bf16",
+	                             "uniform8", "blockwise8", "topk", "adacomp", "auto"), optionally
+	                             with its parameter: "topk:0.05" (see ::mp_codec_parse) */
 	size_t chunk_bytes;     /**< MP_CHUNK_BYTES: fp32 bytes per streamed chunk (default 256 KiB) */
 	int streams;            /**< MP_NSTREAMS: connections per peer pair; 0 = transport default */
 	int window;             /**< MP_WINDOW: chunks in flight per connection and direction (default 4) */
@@ -110,6 +118,13 @@ struct mp_config {
 	                             sleeping in the transport (default 0: on shared or oversubscribed
 	                             hosts spinning steals the cores peers need) */
 	int log_level;          /**< MP_DEBUG: ::mp_log_level; -1 = leave the process-wide level alone */
+	unsigned codec_block;   /**< MP_CODEC_BLOCK: blockwise8 values per absmax scale (default 4096) */
+	float codec_sigmas;     /**< MP_CODEC_SIGMAS: uniform8 range, mean ± this many standard
+	                             deviations (default 6) */
+	float topk_ratio;       /**< MP_TOPK_RATIO: fraction of the values topk sends, (0, 1]
+	                             (default 0.01) */
+	unsigned adacomp_bin;   /**< MP_ADACOMP_BIN: AdaComp bin length L_T; "conv" = 50,
+	                             "fc" = 500 (default) */
 };
 
 /** Counters of one averaging operation. */
@@ -123,6 +138,10 @@ struct mp_result {
 	uint64_t bytes_received; /**< payload and header bytes this peer received */
 	uint64_t frames_rejected;/**< malformed, foreign or unexpected frames dropped */
 	int failed_peers;        /**< peers dropped in this operation (timeouts, errors, bad frames) */
+	int codec;               /**< ::mp_codec the operation used (what "auto" chose) */
+	uint64_t values_sent;    /**< fp32 values carried by the frames this peer sent: the
+	                              compression ratio on the wire is
+	                              4 * values_sent / bytes_sent (headers included) */
 };
 
 /**
@@ -304,10 +323,58 @@ int mp_transport_available(const char *name);
 int mp_algo_from_name(const char *s);
 
 /**
- * Parse a codec name. @param s "none" or "fp16"
+ * Parse a codec name.
+ * @param s "none", "fp16", "bf16", "uniform8", "blockwise8", "topk", "adacomp" or "auto"
  * @return ::mp_codec value, or -EINVAL
  */
 int mp_codec_from_name(const char *s);
+
+/**
+ * Set the codec and, optionally, its parameter from "name[:param]":
+ * "blockwise8:1024" (block), "uniform8:3" (range in standard deviations),
+ * "topk:0.05" (fraction kept), "adacomp:conv" / "adacomp:fc" / "adacomp:200"
+ * (bin length). Nothing is changed on error.
+ * @param spec codec specification
+ * @param cfg configuration to update
+ * @return 0, or -EINVAL (unknown codec, a parameter out of range, or a
+ *         parameter for a codec that takes none)
+ */
+int mp_codec_parse(const char *spec, struct mp_config *cfg);
+
+/**
+ * Error feedback. Sparse codecs (topk, adacomp) keep, per averaged buffer
+ * (keyed by its address and length), the part of the values they have not
+ * sent yet, and add it to the next average of that buffer. These calls let an
+ * integrator checkpoint, restore and drop that state, and
+ * ::mp_average_flush delivers it at the end of training.
+ */
+
+/**
+ * Copy the residue of buffer @p buf (@p count values) into @p residue.
+ * @return 0, -ENOENT if the buffer has none, -EBUSY while an average of it
+ *         is in flight, -EINVAL on bad arguments
+ */
+int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue);
+
+/**
+ * Set (restore) the residue of buffer @p buf from @p residue.
+ * @return 0, -EBUSY while an average of it is in flight, -ENOMEM, -EINVAL
+ */
+int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *residue);
+
+/**
+ * Drop the residue of @p buf (NULL: of every buffer).
+ * @return 0, -ENOENT if @p buf has none, -EBUSY while an average of it is in flight
+ */
+int mp_feedback_reset(mp_ctx *ctx, const float *buf);
+
+/**
+ * Average @p buf plus its residue uncompressed (codec none) and clear the
+ * residue: nothing the sparse codecs held back is lost. Every peer must call
+ * it for the same operation, like ::mp_average.
+ * @return as ::mp_average; -EBUSY while another average of @p buf is in flight
+ */
+int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res);
 
 #ifdef __cplusplus
 }

@@ -29,6 +29,7 @@
 
 struct kvariant {
 	const char *name;
+	int level;
 	int (*supported)(void);
 	void (*axpy)(float *acc, const float *x, float w, size_t n);
 	void (*scale)(float *dst, const float *x, float w, size_t n);
@@ -60,20 +61,23 @@ static int have_avx2(void)
 
 static int have_avx512(void)
 {
+	/* F, BW, VL and DQ together: every AVX-512 server core since Skylake-SP
+	 * has them, and the 8-bit codec kernels need byte and word lanes. */
 	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx512f");
+	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 #endif
 
 /* Best first. */
 static const struct kvariant variants[] = {
 #ifdef MP_K_X86
-	{"avx512", have_avx512, mp_kcpu_axpy_avx512, mp_kcpu_scale_avx512, mp_kcpu_f32_to_f16_avx512,
+	{"avx512", MP_K_AVX512, have_avx512, mp_kcpu_axpy_avx512, mp_kcpu_scale_avx512, mp_kcpu_f32_to_f16_avx512,
 	 mp_kcpu_f16_to_f32_avx512, mp_kcpu_f16_axpy_avx512},
-	{"avx2", have_avx2, mp_kcpu_axpy_avx2, mp_kcpu_scale_avx2, mp_kcpu_f32_to_f16_avx2,
+	{"avx2", MP_K_AVX2, have_avx2, mp_kcpu_axpy_avx2, mp_kcpu_scale_avx2, mp_kcpu_f32_to_f16_avx2,
 	 mp_kcpu_f16_to_f32_avx2, mp_kcpu_f16_axpy_avx2},
 #endif
-	{"scalar", have_scalar, mp_kcpu_axpy_scalar, mp_kcpu_scale_scalar, mp_kcpu_f32_to_f16_scalar,
+	{"scalar", MP_K_SCALAR, have_scalar, mp_kcpu_axpy_scalar, mp_kcpu_scale_scalar, mp_kcpu_f32_to_f16_scalar,
 	 mp_kcpu_f16_to_f32_scalar, mp_kcpu_f16_axpy_scalar},
 };
 #define NVARIANTS (sizeof(variants) / sizeof(variants[0]))
@@ -152,6 +156,11 @@ void mp_k_f16_to_f32(float *dst, const uint16_t *src, size_t n)
 void mp_k_f16_axpy(float *acc, const uint16_t *src, float w, size_t n)
 {
 	kv()->f16_axpy(acc, src, w, n);
+}
+
+int mp_k_level(void)
+{
+	return kv()->level;
 }
 
 const char *mp_k_variant(void)
