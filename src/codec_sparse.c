@@ -189,7 +189,8 @@ static size_t topk_scratch_size(const struct mp_codec_params *p, size_t count)
 		return SIZE_MAX;
 	if (!count)
 		return 0;
-	return mp_sparse_topk_scratch(count, topk_ratio_ok(p) ? topk_k(p->topk_ratio, count) : count);
+	return mp_sparse_topk_scratch(count,
+				      topk_ratio_ok(p) ? topk_k(p->topk_ratio, count) : count);
 }
 
 static int topk_encode(const struct mp_codec_params *prm, const float *src, float *residue,
@@ -210,23 +211,24 @@ static int topk_encode(const struct mp_codec_params *prm, const float *src, floa
 		return 0;
 	}
 	const struct mp_sparse_kernels *kt = mp_sparse_kernels();
-	/* In place (p straight into the residue) only when it cannot fail. */
-	int inplace = residue && cap >= topk_max(count, k);
+	/* Room for any payload: p goes straight into the residue, no length check. */
+	int fits = cap >= topk_max(count, k);
 	float *val;
-	uint32_t *idx = mp_sparse_topk(kt, src, residue, inplace ? residue : NULL, count, k, scratch, &val);
-	size_t total = 4 + 4 * k + varint_bytes(idx, k);
+	uint32_t *idx =
+		mp_sparse_topk(kt, src, residue, fits ? residue : NULL, count, k, scratch, &val);
 
-	if (total > cap)
-		return -ENOSPC;
-	if (residue && !inplace)
-		kt->prep(src, residue, residue, count, NULL);
+	if (!fits) {
+		if (4 + 4 * k + varint_bytes(idx, k) > cap)
+			return -ENOSPC;
+		if (residue)
+			kt->prep(src, residue, residue, count, NULL);
+	}
 	mp_put_u32(out, (uint32_t)k);
 	memcpy(out + 4, val, 4 * k);
 	if (residue)
 		for (size_t j = 0; j < k; j++)
 			residue[idx[j]] = 0.0f;
-	varint_write(out + 4 + 4 * k, idx, k);
-	*len = total;
+	*len = (size_t)(varint_write(out + 4 + 4 * k, idx, k) - out);
 	return 0;
 }
 
@@ -337,41 +339,42 @@ static int ada_encode(const struct mp_codec_params *prm, const float *src, float
 	if (cap < ADA_HDR)
 		return -ENOSPC;
 	const struct mp_sparse_kernels *kt = mp_sparse_kernels();
-	int inplace = residue && cap >= ada_max(count);
+	/* Room for any payload: G goes straight into the residue, no length check. */
+	int fits = cap >= ada_max(count);
 	uint32_t *idx = scratch;
 	float *gv = count ? (float *)((unsigned char *)scratch + ada_list(count)) : NULL;
-	size_t nsel = count ? kt->ada_select(src, residue, inplace, count, prm->bin, idx, gv) : 0;
+	size_t nsel =
+		count ? kt->ada_select(src, residue, fits && residue, count, prm->bin, idx, gv) : 0;
 	size_t sb = (nsel + 7) / 8;
-	size_t total = ADA_HDR + sb + varint_bytes(idx, nsel);
 
-	if (total > cap)
-		return -ENOSPC;
-	if (residue && !inplace)
-		kt->prep(src, residue, residue, count, NULL);
+	if (!fits) {
+		if (ADA_HDR + sb + varint_bytes(idx, nsel) > cap)
+			return -ENOSPC;
+		if (residue)
+			kt->prep(src, residue, residue, count, NULL);
+	}
+	/* The sum is a chain of dependent adds (the format fixes index order); signs ride along. */
+	uint8_t *sg = out + ADA_HDR;
 	double sum = 0.0;
 
-	for (size_t j = 0; j < nsel; j++)
+	memset(sg, 0, sb);
+	for (size_t j = 0; j < nsel; j++) {
+		uint32_t u;
+
+		memcpy(&u, &gv[j], 4);
 		sum += fabs((double)gv[j]);
+		sg[j / 8] |= (uint8_t)((u >> 31) << (j % 8));
+	}
 	float scale = nsel ? (float)(sum / (double)nsel) : 0.0f;
-	uint8_t *sg = out + ADA_HDR;
 
 	mp_put_u32(out, prm->bin);
 	mp_put_f32(out + 4, scale);
 	mp_put_u32(out + 8, (uint32_t)nsel);
-	memset(sg, 0, sb);
-	for (size_t j = 0; j < nsel; j++) {
-		float g = gv[j];
-
-		if (signbit(g)) {
-			sg[j / 8] |= (uint8_t)(1u << (j % 8));
-			if (residue)
-				residue[idx[j]] = g + scale;
-		} else if (residue) {
-			residue[idx[j]] = g - scale;
-		}
-	}
-	varint_write(sg + sb, idx, nsel);
-	*len = total;
+	/* sent = sign(G) * scale; G is never 0 here, and copysign keeps it branch-free. */
+	if (residue)
+		for (size_t j = 0; j < nsel; j++)
+			residue[idx[j]] = gv[j] - copysignf(scale, gv[j]);
+	*len = (size_t)(varint_write(sg + sb, idx, nsel) - out);
 	return 0;
 }
 

@@ -248,15 +248,18 @@ static void test_bad_params(void **state)
 	memset(r, 0, sizeof(r));
 	for (size_t i = 0; i < sizeof(bad_ratio) / sizeof(bad_ratio[0]); i++) {
 		p.topk_ratio = bad_ratio[i];
-		assert_int_equal(mp_codec_topk.encode(&p, x, r, N, buf, sizeof(buf), &len, s), -EINVAL);
+		assert_int_equal(mp_codec_topk.encode(&p, x, r, N, buf, sizeof(buf), &len, s),
+				 -EINVAL);
 	}
 	p.topk_ratio = 0.1f;
 	for (size_t i = 0; i < sizeof(bad_bin) / sizeof(bad_bin[0]); i++) {
 		p.bin = bad_bin[i];
-		assert_int_equal(mp_codec_adacomp.encode(&p, x, r, N, buf, sizeof(buf), &len, s), -EINVAL);
+		assert_int_equal(mp_codec_adacomp.encode(&p, x, r, N, buf, sizeof(buf), &len, s),
+				 -EINVAL);
 	}
 	assert_int_equal(mp_codec_topk.encode(NULL, x, r, N, buf, sizeof(buf), &len, s), -EINVAL);
-	assert_int_equal(mp_codec_adacomp.encode(NULL, x, r, N, buf, sizeof(buf), &len, s), -EINVAL);
+	assert_int_equal(mp_codec_adacomp.encode(NULL, x, r, N, buf, sizeof(buf), &len, s),
+			 -EINVAL);
 	p.bin = 1u << 24; /* largest valid bin */
 	assert_int_equal(mp_codec_adacomp.encode(&p, x, r, N, buf, sizeof(buf), &len, s), 0);
 	free(s);
@@ -395,12 +398,13 @@ static void check_topk_one(size_t n, float ratio, int kind, int with_res)
 	qsort(ord, n, sizeof(uint32_t), cmp_mag);
 	qsort(ord, k, sizeof(uint32_t), cmp_u32);
 
-	assert_int_equal(mp_codec_topk.encode(&prm, x, with_res ? r : NULL, n, buf, cap, &len, s), 0);
+	assert_int_equal(mp_codec_topk.encode(&prm, x, with_res ? r : NULL, n, buf, cap, &len, s),
+			 0);
 	assert_int_equal(read_topk(buf, len, val, idx), k);
 	for (size_t j = 0; j < k; j++) {
 		if (idx[j] != ord[j])
-			fail_msg("n %zu ratio %g kind %d: pick %zu is index %u, want %u", n, (double)ratio,
-				 kind, j, idx[j], ord[j]);
+			fail_msg("n %zu ratio %g kind %d: pick %zu is index %u, want %u", n,
+				 (double)ratio, kind, j, idx[j], ord[j]);
 		assert_int_equal(f_bits(val[j]), f_bits(p[idx[j]])); /* sent exactly */
 	}
 	if (with_res) {
@@ -531,7 +535,8 @@ static void check_ada_one(size_t n, uint32_t binlen, int kind, int with_res)
 	struct mp_codec_params prm = params(0.01f, binlen);
 	float *x = malloc(n * sizeof(float)), *r = malloc(n * sizeof(float));
 	float *g = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
-	uint32_t *idx = malloc((n + 1) * sizeof(uint32_t)), *ref = malloc((n + 1) * sizeof(uint32_t));
+	uint32_t *idx = malloc((n + 1) * sizeof(uint32_t)),
+		 *ref = malloc((n + 1) * sizeof(uint32_t));
 	uint8_t *neg = malloc(n + 1);
 	size_t cap = mp_codec_adacomp.max_encoded(&prm, n), len = 0, nref = 0;
 	uint8_t *buf = malloc(cap);
@@ -561,7 +566,7 @@ static void check_ada_one(size_t n, uint32_t binlen, int kind, int with_res)
 		for (size_t i = b0; i < e; i++) {
 			float h = g[i] + x[i];
 
-			/* G == 0 cannot carry a sign on the wire: never selected (see codec_sparse.c). */
+			/* G == 0 has no sign to send: never selected (see codec_sparse.c). */
 			if (gmax > 0.0f && g[i] != 0.0f && fabsf(h) >= gmax) {
 				ref[nref++] = (uint32_t)i;
 				sum += fabs((double)g[i]);
@@ -570,7 +575,8 @@ static void check_ada_one(size_t n, uint32_t binlen, int kind, int with_res)
 	}
 	float sc = nref ? (float)(sum / (double)nref) : 0.0f;
 
-	assert_int_equal(mp_codec_adacomp.encode(&prm, x, with_res ? r : NULL, n, buf, cap, &len, s), 0);
+	assert_int_equal(
+		mp_codec_adacomp.encode(&prm, x, with_res ? r : NULL, n, buf, cap, &len, s), 0);
 	assert_int_equal(read_ada(buf, len, &bin, &scale, neg, idx), nref);
 	assert_int_equal(bin, binlen);
 	assert_int_equal(f_bits(scale), f_bits(sc));
@@ -676,8 +682,9 @@ static void check_conservation(const struct mp_codec_ops *c, struct mp_codec_par
 		if (err > maxerr)
 			maxerr = err;
 	}
-	print_message("%s conservation over %d steps: max |error| %.3g, at most %.2f of the bound\n",
-		      c->name, T, maxerr, worst);
+	print_message(
+		"%s conservation over %d steps: max |error| %.3g, at most %.2f of the bound\n",
+		c->name, T, maxerr, worst);
 	free(s);
 	free(buf);
 	free(mag);
@@ -741,7 +748,8 @@ static double ada_ratio(size_t rows, size_t rowlen, uint32_t binlen)
 		double ph = 1.0 + 0.5 * sin(6.283185307179586 * t / 25.0);
 
 		for (size_t i = 0; i < n; i++)
-			x[i] = (float)(sc[i / rowlen] * (0.3 * ph * m[i] + gauss() * exp(0.3 * gauss())));
+			x[i] = (float)(sc[i / rowlen] *
+				       (0.3 * ph * m[i] + gauss() * exp(0.3 * gauss())));
 		assert_int_equal(mp_codec_adacomp.encode(&p, x, r, n, buf, cap, &len, s), 0);
 		if (t >= 10) {
 			acc += 4.0 * (double)n / (double)len;
@@ -838,6 +846,50 @@ static void free_out(struct enc_out *o)
 	free(o->acc);
 }
 
+static int same_out(const struct enc_out *o, const struct enc_out *ref, size_t n)
+{
+	return o->len == ref->len && !memcmp(o->buf, ref->buf, o->len) &&
+	       o->len0 == ref->len0 && !memcmp(o->buf0, ref->buf0, o->len0) &&
+	       !memcmp(o->res, ref->res, n * sizeof(float)) &&
+	       !memcmp(o->acc, ref->acc, n * sizeof(float));
+}
+
+/*
+ * One codec and setting on one input: every variant the CPU has, with and
+ * without room to spare (the in-place and the careful path), against the
+ * first run (scalar, room to spare). Offsets vary with @salt. Marks in @ran
+ * the variants that ran.
+ */
+static void variants_agree(const struct mp_codec_ops *c, const struct mp_codec_params *p,
+			   const float *x, const float *r, size_t n, size_t salt, int *ran)
+{
+	struct enc_out ref = {0};
+	int have_ref = 0;
+
+	for (size_t v = 0; v < NVAR; v++) {
+		if (mp_k_force(variants[v]) != 0)
+			continue;
+		ran[v] = 1;
+		for (int tight = 0; tight < 2; tight++) {
+			struct enc_out o;
+			size_t xo = (salt + v + (size_t)tight) % 4;
+
+			run_one(c, p, x, r, n, xo, (xo * 3 + 1) % 8, tight, &o);
+			if (!have_ref) {
+				ref = o;
+				have_ref = 1;
+				continue;
+			}
+			if (!same_out(&o, &ref, n))
+				fail_msg("%s n %zu ratio %g bin %u: %s (tight %d) differs",
+					 c->name, n, (double)p->topk_ratio, p->bin, variants[v],
+					 tight);
+			free_out(&o);
+		}
+	}
+	free_out(&ref);
+}
+
 static void test_variants_identical(void **state)
 {
 	const size_t ns[] = {0, 1, 5, 15, 16, 17, 31, 33, 100, 1000, 4099, 65536 + 3};
@@ -856,40 +908,15 @@ static void test_variants_identical(void **state)
 		for (int kind = 0; kind < NKIND; kind++) {
 			fill(x, n, kind);
 			fill(r, n, kind == 2 ? 3 : kind);
-			for (int ci = 0; ci < 2; ci++) {
-				const struct mp_codec_ops *c = ci ? &mp_codec_adacomp : &mp_codec_topk;
+			for (size_t q = 0; q < 3; q++) {
+				struct mp_codec_params p = params(ratios[q], 50);
 
-				for (size_t q = 0; q < (ci ? 5u : 3u); q++) {
-					struct mp_codec_params p = params(ratios[q % 3], bins[q % 5]);
-					struct enc_out ref = {0};
-					int have_ref = 0;
+				variants_agree(&mp_codec_topk, &p, x, r, n, a + q, ran);
+			}
+			for (size_t q = 0; q < 5; q++) {
+				struct mp_codec_params p = params(0.01f, bins[q]);
 
-					for (size_t v = 0; v < NVAR; v++) {
-						if (mp_k_force(variants[v]) != 0)
-							continue;
-						ran[v] = 1;
-						for (int tight = 0; tight < 2; tight++) {
-							struct enc_out o;
-							size_t xo = (a + q + v + (size_t)tight) % 4;
-
-							run_one(c, &p, x, r, n, xo, (xo * 3 + 1) % 8, tight, &o);
-							if (!have_ref) {
-								ref = o;
-								have_ref = 1;
-								continue;
-							}
-							if (o.len != ref.len || memcmp(o.buf, ref.buf, o.len) ||
-							    o.len0 != ref.len0 || memcmp(o.buf0, ref.buf0, o.len0) ||
-							    memcmp(o.res, ref.res, n * sizeof(float)) ||
-							    memcmp(o.acc, ref.acc, n * sizeof(float)))
-								fail_msg("%s n %zu kind %d q %zu: %s (tight %d) differs "
-									 "from scalar",
-									 c->name, n, kind, q, variants[v], tight);
-							free_out(&o);
-						}
-					}
-					free_out(&ref);
-				}
+				variants_agree(&mp_codec_adacomp, &p, x, r, n, a + q, ran);
 			}
 		}
 		free(r);
@@ -897,7 +924,8 @@ static void test_variants_identical(void **state)
 	}
 	for (size_t v = 0; v < NVAR; v++)
 		if (!ran[v])
-			print_message("variant %s: not supported on this CPU, skipped\n", variants[v]);
+			print_message("variant %s: not supported on this CPU, skipped\n",
+				      variants[v]);
 	assert_int_equal(mp_k_force(orig), 0);
 }
 
@@ -913,7 +941,8 @@ static void test_kernels_direct(void **state)
 	float *a = malloc(N * sizeof(float)), *b = malloc(N * sizeof(float));
 	float *o = malloc(N * sizeof(float)), *o0 = malloc(N * sizeof(float));
 	float *v = malloc((N + 16) * sizeof(float)), *v0 = malloc((N + 16) * sizeof(float));
-	uint32_t *ix = malloc((N + 16) * sizeof(uint32_t)), *ix0 = malloc((N + 16) * sizeof(uint32_t));
+	uint32_t *ix = malloc((N + 16) * sizeof(uint32_t)),
+		 *ix0 = malloc((N + 16) * sizeof(uint32_t));
 	uint32_t h[1024], h0[1024];
 	const size_t caps[] = {0, 1, 15, 16, 17, 100, N};
 
@@ -942,13 +971,16 @@ static void test_kernels_direct(void **state)
 					size_t want = 0;
 
 					for (size_t i = 0; i < n; i++)
-						want += (f_bits(san(a[i] + b[i])) & 0x7fffffffu) >= lo;
+						want += (f_bits(san(a[i] + b[i])) & 0x7fffffffu) >=
+							lo;
 					assert_int_equal(c, want);
 					for (size_t i = 0; i < n; i++)
-						assert_int_equal(f_bits(o[i]), f_bits(san(a[i] + b[i])));
+						assert_int_equal(f_bits(o[i]),
+								 f_bits(san(a[i] + b[i])));
 					if (vi == 0) {
 						c0 = c;
-						memcpy(ix0, ix, c <= cap ? c * sizeof(uint32_t) : 0);
+						memcpy(ix0, ix,
+						       c <= cap ? c * sizeof(uint32_t) : 0);
 						memcpy(v0, v, c <= cap ? c * sizeof(float) : 0);
 						memcpy(o0, o, n * sizeof(float));
 					} else if (c <= cap) {
@@ -983,6 +1015,84 @@ static void test_kernels_direct(void **state)
 	free(o);
 	free(b);
 	free(a);
+}
+
+/*
+ * The one-pass shortcut's fallback: a sift that claims too few entries (the
+ * sample put lo above t) or too many (the list overflowed) must leave the
+ * result exactly as an honest one gives it, p stored included.
+ */
+static const struct mp_sparse_kernels *honest;
+static int liar_mode;
+static size_t liar_k;
+
+static size_t sift_liar(const float *a, const float *b, float *out, size_t n, uint32_t lo,
+			size_t cap, uint32_t *idx, float *val)
+{
+	size_t c = honest->sift(a, b, out, n, lo, cap, idx, val);
+
+	return liar_mode == 1 ? liar_k - 1 : (liar_mode == 2 ? cap + 1 : c);
+}
+
+static void test_topk_fallback(void **state)
+{
+	enum { N = 65539 };
+	const char *orig = mp_k_variant();
+	const size_t ks[] = {1, 655, N / 8};
+	float *x = malloc(N * sizeof(float)), *r = malloc(N * sizeof(float));
+	float *o1 = malloc(N * sizeof(float)), *o2 = malloc(N * sizeof(float));
+	float *v1 = malloc(N * sizeof(float));
+	uint32_t *i1 = malloc(N * sizeof(uint32_t));
+
+	(void)state;
+	assert_non_null(x);
+	assert_non_null(r);
+	assert_non_null(o1);
+	assert_non_null(o2);
+	assert_non_null(v1);
+	assert_non_null(i1);
+	fill(x, N, 3);
+	fill(r, N, 0);
+	for (size_t vi = 0; vi < NVAR; vi++) {
+		if (mp_k_force(variants[vi]) != 0)
+			continue;
+		honest = mp_sparse_kernels();
+		struct mp_sparse_kernels liar = *honest;
+
+		liar.sift = sift_liar;
+		for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++) {
+			size_t k = ks[a], sz = mp_sparse_topk_scratch(N, k);
+			void *s1 = aligned_alloc(64, (sz + 63) & ~(size_t)63);
+			float *val;
+
+			assert_non_null(s1);
+			liar_k = k;
+			liar_mode = 0;
+			uint32_t *idx = mp_sparse_topk(&liar, x, r, o1, N, k, s1, &val);
+
+			memcpy(i1, idx, k * sizeof(uint32_t));
+			memcpy(v1, val, k * sizeof(float));
+			for (liar_mode = 1; liar_mode <= 2; liar_mode++) {
+				memset(o2, 0xee, N * sizeof(float));
+				idx = mp_sparse_topk(&liar, x, r, o2, N, k, s1, &val);
+				assert_memory_equal(idx, i1, k * sizeof(uint32_t));
+				assert_memory_equal(val, v1, k * sizeof(float));
+				assert_memory_equal(o2, o1, N * sizeof(float));
+				/* and without storing p */
+				idx = mp_sparse_topk(&liar, x, r, NULL, N, k, s1, &val);
+				assert_memory_equal(idx, i1, k * sizeof(uint32_t));
+				assert_memory_equal(val, v1, k * sizeof(float));
+			}
+			free(s1);
+		}
+	}
+	assert_int_equal(mp_k_force(orig), 0);
+	free(i1);
+	free(v1);
+	free(o2);
+	free(o1);
+	free(r);
+	free(x);
 }
 
 /* ---- (5) malformed payloads ---- */
@@ -1073,7 +1183,8 @@ static void test_malformed(void **state)
 	expect_bad(tk, b, l, 50, "index wraps past 2^32");
 	l = build_topk(b, 3, (const float[]){1.0f, NAN, 3.0f}, (const uint8_t[]){0, 4, 34}, 3);
 	expect_bad(tk, b, l, 50, "NaN value");
-	l = build_topk(b, 3, (const float[]){1.0f, 2.0f, -INFINITY}, (const uint8_t[]){0, 4, 34}, 3);
+	l = build_topk(b, 3, (const float[]){1.0f, 2.0f, -INFINITY}, (const uint8_t[]){0, 4, 34},
+		       3);
 	expect_bad(tk, b, l, 50, "inf value");
 	l = build_topk(b, 0, v3, NULL, 0);
 	expect_good(tk, b, l, 0);
@@ -1096,9 +1207,11 @@ static void test_malformed(void **state)
 	expect_bad(ad, b, l, 50, "top padding bit set");
 	l = build_ada(b, 0, 0.5f, 3, (const uint8_t[]){0x05}, (const uint8_t[]){1, 0, 46}, 3);
 	expect_bad(ad, b, l, 50, "bin 0");
-	l = build_ada(b, (1u << 24) + 1, 0.5f, 3, (const uint8_t[]){0x05}, (const uint8_t[]){1, 0, 46}, 3);
+	l = build_ada(b, (1u << 24) + 1, 0.5f, 3, (const uint8_t[]){0x05},
+		      (const uint8_t[]){1, 0, 46}, 3);
 	expect_bad(ad, b, l, 50, "bin > 2^24");
-	l = build_ada(b, 1u << 24, 0.5f, 3, (const uint8_t[]){0x05}, (const uint8_t[]){1, 0, 46}, 3);
+	l = build_ada(b, 1u << 24, 0.5f, 3, (const uint8_t[]){0x05}, (const uint8_t[]){1, 0, 46},
+		      3);
 	expect_good(ad, b, l, 50);
 	const float bad_scales[] = {NAN, INFINITY, -INFINITY, -1.0f, -FLT_MIN};
 
@@ -1109,7 +1222,8 @@ static void test_malformed(void **state)
 	}
 	l = build_ada(b, 50, 0.5f, 3, (const uint8_t[]){0x05}, (const uint8_t[]){1, 0, 46, 0}, 4);
 	expect_bad(ad, b, l, 50, "trailing byte");
-	l = build_ada(b, 50, 0.5f, 3, (const uint8_t[]){0x05}, (const uint8_t[]){1, 0x80, 0x00, 46}, 4);
+	l = build_ada(b, 50, 0.5f, 3, (const uint8_t[]){0x05}, (const uint8_t[]){1, 0x80, 0x00, 46},
+		      4);
 	expect_bad(ad, b, l, 50, "non-minimal varint");
 	l = build_ada(b, 50, 0.5f, 3, (const uint8_t[]){0x05}, (const uint8_t[]){1, 0, 0x80}, 3);
 	expect_bad(ad, b, l, 50, "truncated varint");
@@ -1171,7 +1285,8 @@ static void test_enospc(void **state)
 
 		memcpy(r1, r0, sizeof(r0));
 		assert_int_equal(c->encode(&p, x, r1, N, ok, 20000, &len, s), 0);
-		assert_true(len < c->max_encoded(&p, N)); /* so that the caps below test the careful path */
+		/* so that the caps below test the careful path */
+		assert_true(len < c->max_encoded(&p, N));
 		for (size_t cap = 0; cap < len; cap += (cap < 64 || cap + 64 > len) ? 1 : 7) {
 			memcpy(r, r0, sizeof(r0));
 			memset(buf, 0xee, len + GUARD);
@@ -1250,6 +1365,7 @@ int main(void)
 		cmocka_unit_test(test_adacomp_ratio),
 		cmocka_unit_test(test_variants_identical),
 		cmocka_unit_test(test_kernels_direct),
+		cmocka_unit_test(test_topk_fallback),
 		cmocka_unit_test(test_malformed),
 		cmocka_unit_test(test_enospc),
 		cmocka_unit_test(test_decode_acc),

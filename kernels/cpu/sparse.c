@@ -75,8 +75,8 @@ static inline uint32_t key_at(const float *a, const float *b, size_t i)
 /* ---- tables built by the preprocessor (constant, no init race) ---- */
 
 #define BIT(m, b) (((m) >> (b)) & 1u)
-#define POP8(m) \
-	(BIT(m, 0) + BIT(m, 1) + BIT(m, 2) + BIT(m, 3) + BIT(m, 4) + BIT(m, 5) + BIT(m, 6) + BIT(m, 7))
+#define POP4(m, b) (BIT(m, b) + BIT(m, (b) + 1) + BIT(m, (b) + 2) + BIT(m, (b) + 3))
+#define POP8(m) (POP4(m, 0) + POP4(m, 4))
 /* Lane b of a mask goes to output slot popcount(mask below b): one nibble per slot. */
 #define PB(m, b) (BIT(m, b) * ((uint32_t)(b) << (4u * POP8((m) & ((1u << (b)) - 1u)))))
 #define PERM(m) \
@@ -321,7 +321,8 @@ AVX2 static void prep_avx2(const float *a, const float *b, float *out, size_t n,
 			_mm256_storeu_ps(out + i + 8, p1);
 		}
 		if (hist) {
-			_mm256_store_si256((__m256i *)bk, _mm256_srli_epi32(key8(p0), MP_SP_B1_SHIFT));
+			_mm256_store_si256((__m256i *)bk,
+					   _mm256_srli_epi32(key8(p0), MP_SP_B1_SHIFT));
 			_mm256_store_si256((__m256i *)(bk + 8),
 					   _mm256_srli_epi32(key8(p1), MP_SP_B1_SHIFT));
 			hist4(hist, bk, 16);
@@ -366,7 +367,8 @@ AVX2 static size_t sift_avx2(const float *a, const float *b, float *out, size_t 
 	for (; i + 8 <= n; i += 8, vi = _mm256_add_epi32(vi, v8)) {
 		__m256 p = san8(p8(a, b, i));
 		__m256i k = key8(p);
-		unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, vl)));
+		unsigned m = (unsigned)_mm256_movemask_ps(
+			_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, vl)));
 
 		if (out)
 			_mm256_storeu_ps(out + i, p);
@@ -376,7 +378,8 @@ AVX2 static size_t sift_avx2(const float *a, const float *b, float *out, size_t 
 		if (c + nm <= cap) {
 			__m256i pm = perm_of(m);
 
-			_mm256_storeu_si256((__m256i *)(idx + c), _mm256_permutevar8x32_epi32(vi, pm));
+			_mm256_storeu_si256((__m256i *)(idx + c),
+					    _mm256_permutevar8x32_epi32(vi, pm));
 			_mm256_storeu_ps(val + c, _mm256_permutevar8x32_ps(p, pm));
 		}
 		c += nm;
@@ -394,8 +397,10 @@ AVX2 static size_t select_avx2(const float *a, const float *b, size_t n, uint32_
 
 	for (; i + 8 <= n; i += 8, vi = _mm256_add_epi32(vi, v8)) {
 		__m256i k = key8(san8(p8(a, b, i)));
-		unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, vt)));
-		unsigned e = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, vt)));
+		unsigned m = (unsigned)_mm256_movemask_ps(
+			_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, vt)));
+		unsigned e = (unsigned)_mm256_movemask_ps(
+			_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, vt)));
 
 		if (e)
 			m |= take_eq(e, &eq);
@@ -408,7 +413,8 @@ AVX2 static size_t select_avx2(const float *a, const float *b, size_t n, uint32_
 /* Lanes below @k (0..8) all ones. */
 AVX2 static inline __m256i lanes8(size_t k)
 {
-	return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k),
+				  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 AVX2 static inline __m256 g8m(const float *x, const float *r, __m256i lm)
@@ -466,8 +472,11 @@ AVX2 static size_t ada_select_avx2(const float *x, float *r, int store, size_t n
 
 		for (j = 0; j + 8 <= len; j += 8)
 			vmax = _mm256_max_ps(vmax, _mm256_and_ps(san8(p8(xb, rb, j)), absm));
-		if (j < len)
-			vmax = _mm256_max_ps(vmax, _mm256_and_ps(g8m(xb + j, rb ? rb + j : NULL, lanes8(len - j)), absm));
+		if (j < len) {
+			__m256 g = g8m(xb + j, rb ? rb + j : NULL, lanes8(len - j));
+
+			vmax = _mm256_max_ps(vmax, _mm256_and_ps(g, absm));
+		}
 		const __m256 vg = _mm256_set1_ps(hmax8(vmax));
 
 		/* gmax == 0: nothing is selected (G == 0 never is), but G is still stored. */
@@ -510,7 +519,8 @@ AVX2 static int finite_avx2(const void *v, size_t k)
 }
 
 /* No scatter in AVX2: the products go 8 at a time, the adds one by one. */
-AVX2 static void scatter_acc_avx2(float *acc, const uint32_t *idx, const float *v, float w, size_t k)
+AVX2 static void scatter_acc_avx2(float *acc, const uint32_t *idx, const float *v, float w,
+				  size_t k)
 {
 	const __m256 vw = _mm256_set1_ps(w);
 	_Alignas(32) float pr[8];
@@ -692,7 +702,8 @@ AVX512 static inline __mmask16 ada_mask16(__mmask16 lm, __m512 g, __m512 x, __m5
 /* Appends the lanes of @m: indices at + lane, and G. */
 AVX512 static inline size_t ada_put16(uint32_t *idx, float *gv, __mmask16 m, size_t at, __m512 g)
 {
-	const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+	const __m512i iota =
+		_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 	__m512i vi = _mm512_add_epi32(iota, _mm512_set1_epi32((int)at));
 
 	_mm512_storeu_si512(idx, _mm512_maskz_compress_epi32(m, vi));
@@ -715,12 +726,14 @@ AVX512 static size_t ada_select_avx512(const float *x, float *r, int store, size
 		for (j = 0; j + 16 <= len; j += 16)
 			vmax = _mm512_max_epu32(vmax, key16(p16(xb + j, rb ? rb + j : NULL)));
 		if (j < len)
-			vmax = _mm512_max_epu32(vmax, key16(p16m(xb + j, rb ? rb + j : NULL, lanes16(len - j))));
-		const __m512 vg = _mm512_castsi512_ps(_mm512_set1_epi32((int)_mm512_reduce_max_epu32(vmax)));
+			vmax = _mm512_max_epu32(
+				vmax, key16(p16m(xb + j, rb ? rb + j : NULL, lanes16(len - j))));
+		const __m512 vg =
+			_mm512_castsi512_ps(_mm512_set1_epi32((int)_mm512_reduce_max_epu32(vmax)));
 
 		/*
-		 * G again, now stored (not on the first pass: reading back what was
-		 * just stored at a misaligned bin start stalls store forwarding).
+		 * G again (recomputed from the cached bin, cheaper than storing it
+		 * on the first pass and loading it back), stored if asked.
 		 * gmax == 0: nothing is selected (G == 0 never is).
 		 */
 		for (j = 0; j + 16 <= len; j += 16) {
@@ -917,7 +930,8 @@ uint32_t *mp_sparse_topk(const struct mp_sparse_kernels *kt, const float *src, c
 	uint32_t *h = scratch;
 	size_t cap = list_cap(n, k);
 	uint32_t *idx = (uint32_t *)((unsigned char *)scratch + MP_SP_HIST_BYTES);
-	float *val = (float *)(idx + round64((cap + MP_SP_SLACK) * sizeof(uint32_t)) / sizeof(uint32_t));
+	float *val =
+		(float *)(idx + round64((cap + MP_SP_SLACK) * sizeof(uint32_t)) / sizeof(uint32_t));
 	size_t need;
 
 	*valp = val;

@@ -30,7 +30,7 @@
 #define MP_SP_NSUB 4u
 /* Bytes of histogram at the start of the top-k scratch. */
 #define MP_SP_HIST_BYTES (MP_SP_NSUB * MP_SP_NB1 * sizeof(uint32_t))
-/* Room an index or key list needs past its last entry. */
+/* Room an index or value list needs past its last entry. */
 #define MP_SP_SLACK 16u
 
 struct mp_sparse_kernels {
@@ -52,8 +52,8 @@ struct mp_sparse_kernels {
 	 * fit in @cap entries (after that it only counts). Returns how many
 	 * there are in all (> @cap: the lists are incomplete).
 	 */
-	size_t (*sift)(const float *a, const float *b, float *out, size_t n, uint32_t lo, size_t cap,
-		       uint32_t *idx, float *val);
+	size_t (*sift)(const float *a, const float *b, float *out, size_t n, uint32_t lo,
+		       size_t cap, uint32_t *idx, float *val);
 	/*
 	 * Writes, in increasing order, the indices i whose key(p[i]) > @t, and
 	 * the first @eq (lowest) indices whose key == @t; returns how many.
@@ -66,8 +66,8 @@ struct mp_sparse_kernels {
 	 * G != 0 and |H| >= gmax, in increasing order; returns how many. With
 	 * @store (r non-NULL), r[i] = G[i] on the way.
 	 */
-	size_t (*ada_select)(const float *x, float *r, int store, size_t n, size_t bin, uint32_t *idx,
-			     float *gv);
+	size_t (*ada_select)(const float *x, float *r, int store, size_t n, size_t bin,
+			     uint32_t *idx, float *gv);
 	/* 1 if all @k fp32 values at @v (any alignment) are finite, else 0. */
 	int (*finite)(const void *v, size_t k);
 	/* acc[idx[j]] += w * v[j]; idx strictly increasing. */
@@ -88,8 +88,8 @@ MP_K_HIDDEN size_t mp_sparse_topk_scratch(size_t n, size_t k);
  * be @res, never @src), out = p as well.
  */
 MP_K_HIDDEN uint32_t *mp_sparse_topk(const struct mp_sparse_kernels *kt, const float *src,
-				     const float *res, float *out, size_t n, size_t k, void *scratch,
-				     float **val);
+				     const float *res, float *out, size_t n, size_t k,
+				     void *scratch, float **val);
 
 /* The scalar form of "non-finite becomes +0". */
 static inline float mp_sp_san(float v)
