@@ -9,9 +9,12 @@
  *              (beyond +-3.39e38, where it clamps instead of making inf).
  *  uniform8    f32 table[256], then count x u8 codes. The range mean +- k
  *              stddev of the finite inputs is cut into 256 equal buckets;
- *              each code decodes to the mean of the inputs that fell in its
- *              bucket (a cheap Lloyd step: no bias inside a bucket). Values
- *              outside the range land in the end buckets.
+ *              each code decodes to the mean of the sampled inputs (every
+ *              MP_KQ_U8_SAMPLE-th element of the chunk) that fell in its
+ *              bucket (a cheap Lloyd step: little bias inside a bucket), or
+ *              to the bucket's centre if none did. Values outside the range
+ *              land in the end buckets. The sample keeps the table's exact,
+ *              element-ordered sums from costing more than the codes.
  *  blockwise8  u32 block B, ceil(count/B) x f32 step, count x i8. Each block
  *              of B values is scaled by its own absmax, so an outlier only
  *              costs precision in its own block.
@@ -33,8 +36,10 @@
  *    difference that overflows to inf saturates instead of converting.
  *  - blockwise8: where 127/a overflows although s = a/127 does not (absmax
  *    below 127/FLT_MAX, about 3.7e-37), the block is scaled by 2^64 first,
- *    which gives the codes the formula means (see quant.c). Decoders take a
- *    step of -0.0 as zero, not as negative.
+ *    which gives the codes the formula means (see quant.c). Where 127 * s
+ *    overflows (of all floats only for absmax = FLT_MAX), s is the next
+ *    float toward zero, so that no code decodes to inf (codec spec). Decoders take
+ *    a step of -0.0 as zero, not as negative.
  */
 #include "codec.h"
 #include "kernels/cpu/quant.h"
@@ -170,7 +175,7 @@ static int u8_encode(const struct mp_codec_params *p, const float *src, float *r
 		} else {
 			struct mp_kq_u8_bucket hist[256] = {{0, 0}};
 
-			mp_kq_u8_quantize(codes, hist, src, count, lo, 1.0f / step, (float)mu);
+			mp_kq_u8_quantize(codes, hist, src, count, lo, 1.0f / step, (float)mu, nfin == count);
 			for (int b = 0; b < 256; b++) {
 				/* (b + 0.5) * step is exact in double: nothing to fuse. */
 				if (hist[b].count > 0.0)

@@ -26,6 +26,15 @@
 #include <moshpit/moshpit.h>
 #include "codec.h"
 #include "kernels.h"
+#include "kernels/cpu/quant.h"
+
+/*
+ * uniform8's table sample (codec spec): element i of a chunk feeds the
+ * bucket means only if i % U8_SAMPLE == 0. Written out here from the spec;
+ * the assertion only catches the kernels and the spec drifting apart.
+ */
+#define U8_SAMPLE 16
+_Static_assert(U8_SAMPLE == MP_KQ_U8_SAMPLE, "uniform8 sample step differs from the spec");
 
 static const char *const variants[] = {"scalar", "avx2", "avx512"};
 #define NVAR (sizeof(variants) / sizeof(variants[0]))
@@ -121,9 +130,10 @@ static void *xmalloc(size_t n)
 
 /*
  * Input kinds. Heavy-tailed data puts nearly every value into one or two
- * uniform8 buckets, which takes the encoder's other histogram loop.
+ * uniform8 buckets, which takes the encoder's other histogram loop; the
+ * second heavy kind adds non-finite values to it (some at sampled indices).
  */
-enum kind { K_GAUSS, K_UNIFORM, K_HEAVY, K_SPECIAL, K_NKIND };
+enum kind { K_GAUSS, K_UNIFORM, K_HEAVY, K_SPECIAL, K_HEAVY_NF, K_NKIND };
 
 static void fill(float *x, size_t n, enum kind k)
 {
@@ -137,6 +147,9 @@ static void fill(float *x, size_t n, enum kind k)
 			break;
 		case K_HEAVY:
 			x[i] = i % 997 == 5 ? 1e5f : gauss();
+			break;
+		case K_HEAVY_NF:
+			x[i] = i % 997 == 5 ? 1e5f : i % 113 == 0 ? NAN : i % 367 == 7 ? -INFINITY : gauss();
 			break;
 		default: {
 			uint32_t r = rnd32() % 64;
@@ -245,7 +258,7 @@ static void ref_uniform8(const float *x, size_t n, float k, unsigned char *out, 
 		int c = t < 0.0f ? 0 : t > 255.0f ? 255 : (int)t;
 
 		codes[i] = (unsigned char)c;
-		if (isfinite(x[i])) {
+		if (i % U8_SAMPLE == 0 && isfinite(x[i])) {
 			hs[c] += (double)x[i];
 			hc[c]++;
 		}
@@ -257,6 +270,16 @@ static void ref_uniform8(const float *x, size_t n, float k, unsigned char *out, 
 			table[b] = (float)((double)lo + (b + 0.5) * (double)step);
 	}
 	memcpy(out, table, 1024);
+}
+
+/* The spec's blockwise8 step for absmax a > 0: a/127, one float lower if 127 * s overflows. */
+static float ref_bw8_step(float a)
+{
+	float s = a / 127.0f;
+
+	if (isinf(rounded_f(127.0f * s)))
+		s = nextafterf(s, 0.0f);
+	return s;
 }
 
 /* blockwise8 per the spec (with the 2^64 rescaling of codec_quant.c for tiny blocks). */
@@ -273,7 +296,7 @@ static size_t ref_blockwise8(const float *x, size_t n, uint32_t B, unsigned char
 		for (size_t i = i0; i < i1; i++)
 			if (isfinite(x[i]) && fabsf(x[i]) > a)
 				a = fabsf(x[i]);
-		float s = a / 127.0f;
+		float s = ref_bw8_step(a);
 
 		if (a == 0.0f || s == 0.0f) {
 			s = 0.0f;
@@ -625,6 +648,11 @@ static void test_uniform8_variants(void **state)
 	P.sigmas = 64.0f;
 	check_codec(&mp_codec_uniform8, ref_u8_payload, K_HEAVY);
 	mp_codec_params_default(&P);
+	/* The AVX2 statistics without FMA, where this CPU has it. */
+	mp_kq_avoid_fma = 1;
+	check_codec(&mp_codec_uniform8, ref_u8_payload, K_GAUSS);
+	check_codec(&mp_codec_uniform8, ref_u8_payload, K_SPECIAL);
+	mp_kq_avoid_fma = 0;
 }
 
 static void test_blockwise8_variants(void **state)
@@ -649,7 +677,9 @@ static void test_blockwise8_variants(void **state)
  * moves t by the same 2.3e-5, and decoding q * s rounds once more (<= 127 s *
  * 2^-24). So |x - y| <= s (1/2 + 2^-14) for normal s. Where s is subnormal
  * or zero its own rounding error (<= 2^-150) is multiplied by |q| <= 127,
- * hence the absolute 2^-142 on top.
+ * hence the absolute 2^-142 on top. For a = FLT_MAX the spec sends the float
+ * below fl(a/127): one more ulp of s times |q| <= 127 (< 1.6e-5 s), still
+ * inside the 2^-14 (test_special_values checks that case).
  */
 static void test_blockwise8_bound(void **state)
 {
@@ -690,7 +720,7 @@ static void test_blockwise8_bound(void **state)
 				size_t b = i / P.block;
 
 				memcpy(&s, wire + 4 + 4 * b, 4);
-				assert_true(s == amax[b] / 127.0f);
+				assert_true(s == (amax[b] > 0.0f ? ref_bw8_step(amax[b]) : 0.0f));
 				assert_true(isfinite(y[i]));
 				double err = fabs((double)x[i] - (double)y[i]);
 
@@ -711,19 +741,24 @@ static void test_blockwise8_bound(void **state)
 /*
  * uniform8, two properties.
  *
- * Each table entry is the mean of the finite inputs coded to it, so it lies
- * between their smallest and largest (the double sum is exact enough, and
- * rounding the mean to float cannot cross a float bound).
+ * Each table entry is the mean of the sampled finite inputs coded to it
+ * (index a multiple of U8_SAMPLE), so it lies between their smallest and
+ * largest (the double sum is exact enough, and rounding the mean to float
+ * cannot cross a float bound); a bucket without such an input holds its
+ * centre, (float)(lo + (b + 0.5) step), even if unsampled inputs use it.
  *
  * For x in [lo, lo + 256 step) whose code b is 1..254: every finite input
  * coded b has t = fl(fl(x - lo) * inv) in [b, b + 1), so its true
  * (x - lo) / step lies in [b, b + 1) up to three roundings of 2^-24 relative
  * on values up to 256, plus the absolute rounding of x - lo (half an ulp of
  * the larger of |x|, |lo|, |lo + 256 step|). The bucket therefore spans less
- * than step (1 + 2^-10) + 2 ulp, and so does |x - table[b]|. Codes 0 and 255
- * also collect the inputs clamped from outside the range, so their means
- * can sit further out: for those only the first property holds. (The spec's
- * "|err| <= step inside the range" is true for the interior codes only.)
+ * than step (1 + 2^-10) + 2 ulp. Its entry is the mean of some of its own
+ * inputs, or its centre (rounded once more, by at most half such an ulp):
+ * both inside the bucket, so |x - table[b]| stays within that bound. Codes
+ * 0 and 255 also collect the inputs clamped from outside the range, so
+ * their means can sit further out: for those only the first property holds.
+ * (The spec's "|err| <= step inside the range" is true for the interior
+ * codes only.)
  */
 static void test_uniform8_bound(void **state)
 {
@@ -732,6 +767,7 @@ static void test_uniform8_bound(void **state)
 	unsigned char *wire = xmalloc(1024 + N), *want = xmalloc(1024 + N);
 	static const float sig[] = {6.0f, 3.0f, 1.0f, 20.0f};
 	float bmin[256], bmax[256], table[256];
+	size_t used[256], centred = 0;
 	struct u8_ref info;
 	size_t len;
 
@@ -758,17 +794,28 @@ static void test_uniform8_bound(void **state)
 				for (int b = 0; b < 256; b++) {
 					bmin[b] = INFINITY;
 					bmax[b] = -INFINITY;
+					used[b] = 0;
 				}
 				for (size_t i = 0; i < N; i++) {
 					unsigned b = wire[1024 + i];
 
+					used[b]++;
+					if (i % U8_SAMPLE)
+						continue;
 					bmin[b] = fminf(bmin[b], x[i]);
 					bmax[b] = fmaxf(bmax[b], x[i]);
 				}
-				/* (Empty buckets have bmin > bmax.) */
-				for (int b = 0; b < 256; b++)
-					assert_true(bmin[b] > bmax[b] ||
-						    (table[b] >= bmin[b] && table[b] <= bmax[b]));
+				/* Buckets without a sample have bmin > bmax: their centre. */
+				for (int b = 0; b < 256; b++) {
+					float ctr = (float)((double)info.lo + (b + 0.5) * (double)info.step);
+
+					if (bmin[b] > bmax[b]) {
+						assert_true(table[b] == ctr);
+						centred += used[b] > 0;
+					} else {
+						assert_true(table[b] >= bmin[b] && table[b] <= bmax[b]);
+					}
+				}
 				for (size_t i = 0; i < N; i++) {
 					unsigned b = wire[1024 + i];
 
@@ -788,6 +835,8 @@ static void test_uniform8_bound(void **state)
 			assert_true(inside > 0);
 		}
 	}
+	/* Some buckets were used by unsampled inputs only: the bound held for their centres. */
+	assert_true(centred > 0);
 	mp_codec_params_default(&P);
 	assert_int_equal(mp_k_force("auto"), 0);
 	free(x);
@@ -905,25 +954,36 @@ static void test_special_values(void **state)
 		for (size_t i = 0; i < 32; i++)
 			assert_true(y[i] == 0.0f);
 		/*
-		 * FLT_MAX: s = fl(FLT_MAX / 127) rounds up, so the spec's decode
-		 * 127 * s overflows to inf. Pinned here so that a change of the
-		 * format is a conscious one; 0.99 * FLT_MAX comes back finite.
+		 * Absmax near FLT_MAX: fl(a / 127) can round up so far that
+		 * 127 * s overflows (for a = FLT_MAX only); the spec then sends
+		 * the next float below, so +-a come back finite and within the
+		 * bound. Floats from FLT_MAX down to 0.99 FLT_MAX, so that both
+		 * steps are taken.
 		 */
-		x[0] = FLT_MAX;
-		x[1] = -FLT_MAX;
-		x[2] = 1.0f;
-		encode_ok(&mp_codec_blockwise8, x, 32, wire, &len);
-		memcpy(&s, wire + 4, 4);
-		assert_true(s == FLT_MAX / 127.0f);
-		assert_int_equal((int8_t)wire[12], 127);
-		assert_int_equal(mp_codec_blockwise8.decode(wire, len, y, 32), 0);
-		assert_true(y[0] == 127.0f * s && y[1] == -127.0f * s);
-		x[0] = 0.99f * FLT_MAX;
-		x[1] = -x[0];
-		encode_ok(&mp_codec_blockwise8, x, 32, wire, &len);
-		assert_int_equal(mp_codec_blockwise8.decode(wire, len, y, 32), 0);
-		assert_true(isfinite(y[0]) && isfinite(y[1]));
-		assert_true(fabsf(y[0] - x[0]) <= x[0] * 0x1p-20f);
+		int bumped = 0, plain = 0;
+
+		for (uint32_t ab = f32_bits(FLT_MAX); bits_f32(ab) >= 0.99f * FLT_MAX; ab -= 1u + (ab & 0x3fff)) {
+			float a = bits_f32(ab), fs = a / 127.0f;
+
+			for (size_t i = 0; i < 32; i++)
+				x[i] = (float)i - 8.0f;
+			x[0] = a;
+			x[1] = -a;
+			encode_ok(&mp_codec_blockwise8, x, 32, wire, &len);
+			memcpy(&s, wire + 4, 4);
+			assert_true(s == ref_bw8_step(a));
+			assert_true(s == fs || s == nextafterf(fs, 0.0f));
+			bumped += s != fs;
+			plain += s == fs;
+			assert_int_equal((int8_t)wire[12], 127);
+			assert_int_equal((int8_t)wire[13], -127);
+			assert_int_equal(mp_codec_blockwise8.decode(wire, len, y, 32), 0);
+			assert_true(y[0] == rounded_f(127.0f * s) && y[1] == -y[0]);
+			assert_true(isfinite(y[0]));
+			assert_true(s == fs || y[0] <= a); /* the lower step never overshoots */
+			assert_true(fabs((double)a - (double)y[0]) <= (double)s * (0.5 + 0x1p-14));
+		}
+		assert_true(bumped > 0 && plain > 0);
 		/* Tiny blocks, where 127/a overflows: codes still follow x/s. */
 		for (size_t i = 0; i < 32; i++)
 			x[i] = bits_f32((uint32_t)(i * 1000u + 1u)); /* subnormals */
@@ -946,6 +1006,76 @@ static void test_special_values(void **state)
 		assert_true(y[5] == 0.0f && signbit(y[5]));
 	}
 	assert_int_equal(mp_k_force("auto"), 0);
+}
+
+/*
+ * uniform8's table comes from the elements at multiples of U8_SAMPLE only.
+ * (1) Swapping unsampled elements of the same statistics lane (i and i + 16)
+ * keeps the statistics exactly (the values are multiples of 1/64, so every
+ * sum is exact), moves codes, and must leave the table as it was. (2) With
+ * every sampled element 1.0 and the others +-2, the table holds 1.0 for the
+ * bucket of 1.0 and the bare centres for the buckets of +-2, which the
+ * unsampled values still decode to within a step.
+ */
+static void test_uniform8_sample(void **state)
+{
+	enum { N = 64 * U8_SAMPLE * 4 + 5 };
+	float *x = xmalloc(N * sizeof(float)), *y = xmalloc(N * sizeof(float));
+	unsigned char *w1 = xmalloc(1024 + N), *w2 = xmalloc(1024 + N), *want = xmalloc(1024 + N);
+	struct u8_ref info;
+	size_t len, moved = 0;
+
+	(void)state;
+	for (size_t i = 0; i < N; i++)
+		x[i] = (float)(int)(gauss() * 64.0f) / 64.0f;
+	for (size_t v = 0; v < NVAR; v++) {
+		if (!use_variant(variants[v]))
+			continue;
+		encode_ok(&mp_codec_uniform8, x, N, w1, &len);
+		for (size_t i = 0; i + 16 < N; i++) {
+			if (i % 32 >= 1 && i % 32 < 16) {
+				float t = x[i];
+
+				x[i] = x[i + 16];
+				x[i + 16] = t;
+			}
+		}
+		encode_ok(&mp_codec_uniform8, x, N, w2, &len);
+		assert_memory_equal(w1, w2, 1024);
+		moved += memcmp(w1 + 1024, w2 + 1024, N) != 0;
+	}
+	assert_true(moved > 0);
+
+	for (size_t i = 0; i < N; i++)
+		x[i] = i % U8_SAMPLE == 0 ? 1.0f : i & 1 ? 2.0f : -2.0f;
+	ref_uniform8(x, N, P.sigmas, want, &info);
+	assert_false(info.degenerate);
+	for (size_t v = 0; v < NVAR; v++) {
+		if (!use_variant(variants[v]))
+			continue;
+		float table[256];
+
+		encode_ok(&mp_codec_uniform8, x, N, w1, &len);
+		assert_memory_equal(w1, want, len);
+		memcpy(table, w1, 1024);
+		assert_true(table[w1[1024]] == 1.0f);
+		for (int k = 1; k <= 2; k++) {
+			unsigned b = w1[1024 + k];
+			float ctr = (float)((double)info.lo + (b + 0.5) * (double)info.step);
+
+			assert_true(b != w1[1024]);
+			assert_true(table[b] == ctr);
+		}
+		assert_int_equal(mp_codec_uniform8.decode(w1, len, y, N), 0);
+		for (size_t i = 0; i < N; i++)
+			assert_true(fabsf(y[i] - x[i]) <= info.step);
+	}
+	assert_int_equal(mp_k_force("auto"), 0);
+	free(x);
+	free(y);
+	free(w1);
+	free(w2);
+	free(want);
 }
 
 /* ---- malformed payloads ---- */
@@ -1172,6 +1302,7 @@ int main(void)
 		cmocka_unit_test(test_blockwise8_bound),
 		cmocka_unit_test(test_uniform8_bound),
 		cmocka_unit_test(test_special_values),
+		cmocka_unit_test(test_uniform8_sample),
 		cmocka_unit_test(test_malformed),
 		cmocka_unit_test(test_encode_errors),
 	};

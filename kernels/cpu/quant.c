@@ -12,24 +12,29 @@
  *  - uniform8 statistics: each of the 16 lanes adds its elements (i % 16) in
  *    element order in double, in every variant; a vector register simply
  *    holds several lanes side by side. x*x of a float is exact in double, so
- *    whether the compiler fuses the square into the add makes no difference.
- *    Non-finite elements and the padding of ragged ends add +0.0, which
- *    leaves a sum that started at +0.0 unchanged (under round to nearest such
- *    a sum is never -0.0). The lanes are then combined by one shared scalar
- *    function in the spec's fixed tree order.
- *  - uniform8 and blockwise8 codes: one subtract (uniform8) or two
- *    multiplies (blockwise8), each rounded once in fp32 as in the scalar code,
- *    then floor / round-half-even with the rounding fixed in the instruction
- *    (the scalar code does the same without libm and without depending on
- *    the rounding mode), then clamping to integers that convert exactly.
+ *    whether the square is fused into the add (explicitly, in the AVX2 loop
+ *    where the CPU has FMA) makes no difference. Non-finite elements and the
+ *    padding of ragged ends add +0.0, which leaves a sum that started at
+ *    +0.0 unchanged (under round to nearest such a sum is never -0.0); the
+ *    vector loops first try a block without that masking and redo it masked
+ *    only if a lane sum came out non-finite, which finite data cannot do. The
+ *    lanes are then combined by one shared scalar function in the spec's
+ *    fixed tree order.
+ *  - uniform8 and blockwise8 codes: one subtract and one multiply (uniform8)
+ *    or two multiplies (blockwise8), each rounded once in fp32 as in the
+ *    scalar code. blockwise8 then rounds half-even with the rounding fixed in
+ *    the instruction; uniform8 clamps t to at most 255 and truncates, and the
+ *    saturating packs turn negative results into 0, which is floor, then
+ *    clamping to [0, 255] (the scalar code does floor and clamp literally,
+ *    without libm and without depending on the rounding mode).
  *  - Decoding is a table lookup or (float)q * step; accumulation rounds the
  *    product before the add (NOFUSE), as reduce.c does.
  *  - Per-block absmax is an integer max over the bit patterns of |x|, which
  *    for non-negative floats orders them like their values: associative, so
  *    the vector order does not matter.
- * The uniform8 bucket means are a histogram of double sums in element order;
- * that loop is scalar and shared, run over cache-sized chunks right after
- * their codes are computed.
+ * The uniform8 bucket means are a histogram of double sums, in element
+ * order, of every MP_KQ_U8_SAMPLE-th element; that loop is scalar and shared
+ * by all variants, and runs over cache-sized blocks right after their codes.
  *
  * Ragged ends go through the same vector code (masked on AVX-512, through a
  * small stack buffer on AVX2). Wire-side pointers (bf16 payloads, codes,
@@ -45,8 +50,13 @@
 #include "kernels_cpu.h"
 #include "quant.h"
 
-/* Elements per uniform8 quantise step: codes and floats stay in L1 for the histogram. */
+/* Elements per uniform8 quantise block: codes and floats stay in L1 for the histogram. */
 #define U8_CHUNK 2048
+
+/* Elements per block of the unmasked statistics loop (a multiple of 16, in L1). */
+#define LANES_BLOCK 2048
+
+int mp_kq_avoid_fma;
 
 static inline uint32_t f32_bits(float f)
 {
@@ -166,11 +176,84 @@ static inline uint8_t u8_code_1(float x, float lo, float inv, float nan_as)
 	return (uint8_t)(int)t;
 }
 
+/* @finite is only a hint for the vector code: the NaN test costs little here. */
 static void u8_codes_scalar(uint8_t *codes, const float *src, size_t n, float lo, float inv,
-			    float nan_as)
+			    float nan_as, int finite)
 {
+	(void)finite;
 	for (size_t i = 0; i < n; i++)
 		codes[i] = u8_code_1(src[i], lo, inv, nan_as);
+}
+
+/*
+ * Bucket sums of the sampled elements (i % SAMPLE == 0), in element order.
+ * The histogram is the one scalar part of the encoder: a bucket's sum must
+ * see its elements one after another, so each sample is a read-modify-write,
+ * whatever the vector width; every variant runs the same per-sample step
+ * (u8_sample) in element order, so all get the same bits. A bucket keeps
+ * {sum, count} side by side and one 128-bit add updates both (the count, a
+ * double, is exact up to 2^53). Non-finite samples go to an extra bucket that
+ * is thrown away, so the loops have no data-dependent branch.
+ *
+ * This scatter is fast while neighbouring samples fall in different
+ * buckets, but when most share a bucket or two (heavy-tailed data: the
+ * outliers stretch the range) each sample waits on a store-to-load round
+ * trip. Such blocks take the hot loop instead (see u8_hist_hot), which keeps
+ * the two most common buckets in registers.
+ */
+#define SAMPLE MP_KQ_U8_SAMPLE
+#define TRASH 256 /* non-finite samples */
+_Static_assert(U8_CHUNK % SAMPLE == 0, "blocks must start on sampled elements");
+
+typedef double u8_hist[TRASH + 1][2];
+
+static inline int finite_bits(float x)
+{
+	return (f32_bits(x) & 0x7fffffffu) < 0x7f800000u;
+}
+
+#ifdef __SSE2__
+static inline void bucket_add(double (*h)[2], unsigned c, __m128d v)
+{
+	_mm_storeu_pd(h[c], _mm_add_pd(_mm_loadu_pd(h[c]), v));
+}
+
+/* {(double)x, 1.0} */
+static inline __m128d sample_pair(float x)
+{
+	/*
+	 * One CVTPS2PD of {x, 1.0f}, which writes the whole register: a
+	 * CVTSS2SD would merge into the register's old value, and compilers do
+	 * not always break that false dependency, which then chains every
+	 * sample to the previous one's bucket update.
+	 */
+	return _mm_cvtps_pd(_mm_unpacklo_ps(_mm_set_ss(x), _mm_set_ss(1.0f)));
+}
+
+/* One sample: its bucket (@c) gets {x, 1}; @finite: x is known to be finite. */
+static inline void u8_sample(double (*h)[2], unsigned c, float x, int finite)
+{
+	bucket_add(h, finite || finite_bits(x) ? c : TRASH, sample_pair(x));
+}
+#else
+static inline void u8_sample(double (*h)[2], unsigned c, float x, int finite)
+{
+	c = finite || finite_bits(x) ? c : TRASH;
+	h[c][0] += (double)x;
+	h[c][1] += 1.0;
+}
+#endif
+
+/*
+ * The samples of codes/src[0..n), n a multiple of SAMPLE or the end of the
+ * data. @finite: a constant in every caller, so that the all-finite loop
+ * (the common one) has no test at all.
+ */
+static inline __attribute__((always_inline)) void u8_samples(double (*h)[2], const uint8_t *codes,
+							     const float *src, size_t n, int finite)
+{
+	for (size_t i = 0; i < n; i += SAMPLE)
+		u8_sample(h, codes[i], src[i], finite);
 }
 
 static void u8_dec_scalar(float *dst, const uint8_t *codes, const float *table, size_t n)
@@ -425,15 +508,100 @@ AVX2 static inline __attribute__((always_inline)) size_t lanes16_avx2(struct lan
 	       (size_t)__builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(f1)));
 }
 
+/* Adds src[i..end), all finite, to the lanes: no masking (see u8_lanes_avx2). */
+AVX2 static void lanes_fin_avx2(struct lanes_avx2 *l, const float *src, size_t i, size_t end)
+{
+	struct lanes_avx2 r = *l;
+
+	for (; i < end; i += 16) {
+		__m256d d0 = _mm256_cvtps_pd(_mm_loadu_ps(src + i));
+		__m256d d1 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 4));
+		__m256d d2 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 8));
+		__m256d d3 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 12));
+
+		r.s0 = _mm256_add_pd(r.s0, d0);
+		r.s1 = _mm256_add_pd(r.s1, d1);
+		r.s2 = _mm256_add_pd(r.s2, d2);
+		r.s3 = _mm256_add_pd(r.s3, d3);
+		r.q0 = _mm256_add_pd(r.q0, _mm256_mul_pd(d0, d0));
+		r.q1 = _mm256_add_pd(r.q1, _mm256_mul_pd(d1, d1));
+		r.q2 = _mm256_add_pd(r.q2, _mm256_mul_pd(d2, d2));
+		r.q3 = _mm256_add_pd(r.q3, _mm256_mul_pd(d3, d3));
+	}
+	*l = r;
+}
+
+/*
+ * The same with q += d * d fused, where the CPU has FMA (not part of the
+ * "avx2" level). d * d is exact in double, so the fused add rounds exactly
+ * as the separate one: the same bits. It takes the squares' additions off
+ * the two FADD pipes, which the conversions and the other sums keep busy
+ * (a third faster on Zen 5).
+ */
+__attribute__((target("avx2,fma"))) static void lanes_fin_avx2fma(struct lanes_avx2 *l, const float *src,
+								 size_t i, size_t end)
+{
+	struct lanes_avx2 r = *l;
+
+	for (; i < end; i += 16) {
+		__m256d d0 = _mm256_cvtps_pd(_mm_loadu_ps(src + i));
+		__m256d d1 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 4));
+		__m256d d2 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 8));
+		__m256d d3 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 12));
+
+		r.s0 = _mm256_add_pd(r.s0, d0);
+		r.s1 = _mm256_add_pd(r.s1, d1);
+		r.s2 = _mm256_add_pd(r.s2, d2);
+		r.s3 = _mm256_add_pd(r.s3, d3);
+		r.q0 = _mm256_fmadd_pd(d0, d0, r.q0);
+		r.q1 = _mm256_fmadd_pd(d1, d1, r.q1);
+		r.q2 = _mm256_fmadd_pd(d2, d2, r.q2);
+		r.q3 = _mm256_fmadd_pd(d3, d3, r.q3);
+	}
+	*l = r;
+}
+
+AVX2 static inline int lanes_finite_avx2(const struct lanes_avx2 *l)
+{
+	/* x - x is 0 for finite x and NaN for inf and NaN. */
+	__m256d z = _mm256_add_pd(_mm256_add_pd(_mm256_sub_pd(l->s0, l->s0), _mm256_sub_pd(l->s1, l->s1)),
+				  _mm256_add_pd(_mm256_sub_pd(l->s2, l->s2), _mm256_sub_pd(l->s3, l->s3)));
+
+	return _mm256_movemask_pd(_mm256_cmp_pd(z, z, _CMP_UNORD_Q)) == 0;
+}
+
+/*
+ * Blocks of LANES_BLOCK elements first go through the unmasked loop, which
+ * is all the statistics pass has to do for finite data. A sum of finite
+ * floats (or of their squares) cannot overflow a double, so a lane sum that
+ * is no longer finite means the block held an inf or a NaN: the lanes are
+ * then put back and the block done again with the masked loop (from L1).
+ * For an all-finite block both loops make the same additions.
+ */
 AVX2 static void u8_lanes_avx2(const float *src, size_t n, double *s, double *q, size_t *nfin)
 {
 	struct lanes_avx2 l;
 	size_t cnt = 0, i = 0;
 
+	void (*fin)(struct lanes_avx2 *, const float *, size_t, size_t) =
+		__builtin_cpu_supports("fma") && !mp_kq_avoid_fma ? lanes_fin_avx2fma : lanes_fin_avx2;
+
 	l.s0 = l.s1 = l.s2 = l.s3 = l.q0 = l.q1 = l.q2 = l.q3 = _mm256_setzero_pd();
 	/* Element i always lands in lane i % 16: no alignment peeling here. */
-	for (; i + 16 <= n; i += 16)
-		cnt += lanes16_avx2(&l, src + i);
+	while (i + 16 <= n) {
+		size_t end = n - i >= LANES_BLOCK ? i + LANES_BLOCK : i + (n - i) / 16 * 16;
+		struct lanes_avx2 saved = l;
+
+		fin(&l, src, i, end);
+		if (lanes_finite_avx2(&l)) {
+			cnt += end - i;
+		} else {
+			l = saved;
+			for (size_t j = i; j < end; j += 16)
+				cnt += lanes16_avx2(&l, src + j);
+		}
+		i = end;
+	}
 	if (i < n) {
 		float fb[16] = {0};
 
@@ -452,18 +620,28 @@ AVX2 static void u8_lanes_avx2(const float *src, size_t n, double *s, double *q,
 	*nfin = cnt;
 }
 
-AVX2 static inline __m256i u8_code8_avx2(__m256 x, __m256 lo, __m256 inv, __m256 nan_as)
+/* @nan: src may hold NaN (a constant in every caller, so the test folds away). */
+AVX2 static inline __attribute__((always_inline)) __m256i u8_code8_avx2(__m256 x, __m256 lo, __m256 inv,
+									  __m256 nan_as, int nan)
 {
-	x = _mm256_blendv_ps(x, nan_as, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+	if (nan)
+		x = _mm256_blendv_ps(x, nan_as, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 	__m256 t = _mm256_mul_ps(_mm256_sub_ps(x, lo), inv);
 
-	t = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-	/* t is never NaN here (x is not, lo and inv are finite and inv > 0). */
-	t = _mm256_min_ps(_mm256_max_ps(t, _mm256_setzero_ps()), _mm256_set1_ps(255.0f));
-	return _mm256_cvttps_epi32(t);
+	/*
+	 * t is never NaN here (x is not, lo and inv are finite and inv > 0).
+	 * Only the top is clamped here (+inf and t >= 2^31 would convert to
+	 * INT_MIN); the result is floor(t) for 0 <= t <= 255 and some
+	 * negative number or 0 for t < 0 (truncation), and pack32_u8's
+	 * saturation makes those 0: the code of floor, then clamp.
+	 */
+	return _mm256_cvttps_epi32(_mm256_min_ps(t, _mm256_set1_ps(255.0f)));
 }
 
-/* Four vectors of eight dwords -> 32 bytes in order (unsigned or signed saturation). */
+/*
+ * Four vectors of eight dwords -> 32 bytes in order (unsigned or signed
+ * saturation: pack32_u8 turns every negative dword into 0).
+ */
 AVX2 static inline __m256i pack32_u8(__m256i a, __m256i b, __m256i c, __m256i d)
 {
 	__m256i r = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
@@ -478,30 +656,41 @@ AVX2 static inline __m256i pack32_i8(__m256i a, __m256i b, __m256i c, __m256i d)
 	return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-AVX2 static inline __m256i u8_codes32_avx2(const float *p, __m256 lo, __m256 inv, __m256 nan_as)
+AVX2 static inline __attribute__((always_inline)) __m256i u8_codes32_avx2(const float *p, __m256 lo, __m256 inv,
+									    __m256 nan_as, int nan)
 {
-	return pack32_u8(u8_code8_avx2(_mm256_loadu_ps(p), lo, inv, nan_as),
-			 u8_code8_avx2(_mm256_loadu_ps(p + 8), lo, inv, nan_as),
-			 u8_code8_avx2(_mm256_loadu_ps(p + 16), lo, inv, nan_as),
-			 u8_code8_avx2(_mm256_loadu_ps(p + 24), lo, inv, nan_as));
+	return pack32_u8(u8_code8_avx2(_mm256_loadu_ps(p), lo, inv, nan_as, nan),
+			 u8_code8_avx2(_mm256_loadu_ps(p + 8), lo, inv, nan_as, nan),
+			 u8_code8_avx2(_mm256_loadu_ps(p + 16), lo, inv, nan_as, nan),
+			 u8_code8_avx2(_mm256_loadu_ps(p + 24), lo, inv, nan_as, nan));
 }
 
-AVX2 static void u8_codes_avx2(uint8_t *codes, const float *src, size_t n, float lo, float inv,
-			       float nan_as)
+AVX2 static inline __attribute__((always_inline)) void u8_codes_avx2_body(uint8_t *codes, const float *src,
+									    size_t n, float lo, float inv,
+									    float nan_as, int nan)
 {
 	const __m256 vlo = _mm256_set1_ps(lo), vinv = _mm256_set1_ps(inv), vnan = _mm256_set1_ps(nan_as);
 	size_t i = 0;
 
 	for (; i + 32 <= n; i += 32)
-		_mm256_storeu_si256((__m256i *)(codes + i), u8_codes32_avx2(src + i, vlo, vinv, vnan));
+		_mm256_storeu_si256((__m256i *)(codes + i), u8_codes32_avx2(src + i, vlo, vinv, vnan, nan));
 	if (i < n) {
 		float fb[32] = {0};
 		uint8_t cb[32];
 
 		memcpy(fb, src + i, (n - i) * sizeof(float));
-		_mm256_storeu_si256((__m256i *)cb, u8_codes32_avx2(fb, vlo, vinv, vnan));
+		_mm256_storeu_si256((__m256i *)cb, u8_codes32_avx2(fb, vlo, vinv, vnan, nan));
 		memcpy(codes + i, cb, n - i);
 	}
+}
+
+AVX2 static void u8_codes_avx2(uint8_t *codes, const float *src, size_t n, float lo, float inv,
+			       float nan_as, int finite)
+{
+	if (finite)
+		u8_codes_avx2_body(codes, src, n, lo, inv, nan_as, 0);
+	else
+		u8_codes_avx2_body(codes, src, n, lo, inv, nan_as, 1);
 }
 
 /*
@@ -847,13 +1036,44 @@ AVX512 static inline size_t u8_lanes16_avx512(__m512d *s0, __m512d *s1, __m512d 
 	return (size_t)__builtin_popcount((unsigned)fin);
 }
 
+/* Adds p[0..16), all finite, to the lanes: no masking (see u8_lanes_avx2). */
+AVX512 static inline void u8_lanes16_fin_avx512(__m512d *s0, __m512d *s1, __m512d *q0, __m512d *q1,
+						const float *p)
+{
+	__m512d d0 = _mm512_cvtps_pd(_mm256_loadu_ps(p));
+	__m512d d1 = _mm512_cvtps_pd(_mm256_loadu_ps(p + 8));
+
+	*s0 = _mm512_add_pd(*s0, d0);
+	*s1 = _mm512_add_pd(*s1, d1);
+	*q0 = _mm512_add_pd(*q0, _mm512_mul_pd(d0, d0));
+	*q1 = _mm512_add_pd(*q1, _mm512_mul_pd(d1, d1));
+}
+
 AVX512 static void u8_lanes_avx512(const float *src, size_t n, double *s, double *q, size_t *nfin)
 {
 	__m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
 	size_t cnt = 0, i = 0;
 
-	for (; i + 16 <= n; i += 16)
-		cnt += u8_lanes16_avx512(&s0, &s1, &q0, &q1, _mm512_loadu_ps(src + i), 0xffff);
+	/* Finite blocks unmasked, as in u8_lanes_avx2. */
+	while (i + 16 <= n) {
+		size_t end = n - i >= LANES_BLOCK ? i + LANES_BLOCK : i + (n - i) / 16 * 16;
+		__m512d t0 = s0, t1 = s1, r0 = q0, r1 = q1;
+
+		for (size_t j = i; j < end; j += 16)
+			u8_lanes16_fin_avx512(&s0, &s1, &q0, &q1, src + j);
+		/* 0x99: NaN (quiet, signalling) or +-inf. */
+		if (!(_mm512_fpclass_pd_mask(s0, 0x99) | _mm512_fpclass_pd_mask(s1, 0x99))) {
+			cnt += end - i;
+		} else {
+			s0 = t0;
+			s1 = t1;
+			q0 = r0;
+			q1 = r1;
+			for (size_t j = i; j < end; j += 16)
+				cnt += u8_lanes16_avx512(&s0, &s1, &q0, &q1, _mm512_loadu_ps(src + j), 0xffff);
+		}
+		i = end;
+	}
 	if (i < n) {
 		__mmask16 m = tail16(n - i);
 
@@ -867,35 +1087,54 @@ AVX512 static void u8_lanes_avx512(const float *src, size_t n, double *s, double
 	*nfin = cnt;
 }
 
-AVX512 static inline __m512i u8_code16_avx512(__m512 x, __m512 lo, __m512 inv, __m512 nan_as)
+/* @nan: as in u8_code8_avx2. */
+AVX512 static inline __attribute__((always_inline)) __m512i u8_code16_avx512(__m512 x, __m512 lo, __m512 inv,
+									       __m512 nan_as, int nan)
 {
-	x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), nan_as);
+	if (nan)
+		x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), nan_as);
 	__m512 t = _mm512_mul_ps(_mm512_sub_ps(x, lo), inv);
 
-	t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-	t = _mm512_min_ps(_mm512_max_ps(t, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
-	return _mm512_cvttps_epi32(t);
+	/* As in u8_code8_avx2: floor(t) for t in [0, 255], <= 0 below; saturate it. */
+	return _mm512_cvttps_epi32(_mm512_min_ps(t, _mm512_set1_ps(255.0f)));
 }
 
-AVX512 static void u8_codes_avx512(uint8_t *codes, const float *src, size_t n, float lo, float inv,
-				   float nan_as)
+AVX512 static inline __attribute__((always_inline)) void u8_codes_avx512_body(uint8_t *codes, const float *src,
+										size_t n, float lo, float inv,
+										float nan_as, int nan)
 {
 	const __m512 vlo = _mm512_set1_ps(lo), vinv = _mm512_set1_ps(inv), vnan = _mm512_set1_ps(nan_as);
+	/* packs/packus interleave the four 128-bit lanes: dword k of r goes to k%4*4 + k/4. */
+	const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 	size_t i = 0;
 
-	for (; i + 32 <= n; i += 32) {
-		__m512i q0 = u8_code16_avx512(_mm512_loadu_ps(src + i), vlo, vinv, vnan);
-		__m512i q1 = u8_code16_avx512(_mm512_loadu_ps(src + i + 16), vlo, vinv, vnan);
+	for (; i + 64 <= n; i += 64) {
+		__m512i q0 = u8_code16_avx512(_mm512_loadu_ps(src + i), vlo, vinv, vnan, nan);
+		__m512i q1 = u8_code16_avx512(_mm512_loadu_ps(src + i + 16), vlo, vinv, vnan, nan);
+		__m512i q2 = u8_code16_avx512(_mm512_loadu_ps(src + i + 32), vlo, vinv, vnan, nan);
+		__m512i q3 = u8_code16_avx512(_mm512_loadu_ps(src + i + 48), vlo, vinv, vnan, nan);
+		/* Signed, then unsigned saturation: negative dwords become 0. */
+		__m512i r = _mm512_packus_epi16(_mm512_packs_epi32(q0, q1), _mm512_packs_epi32(q2, q3));
 
-		_mm_storeu_si128((__m128i *)(codes + i), _mm512_cvtepi32_epi8(q0));
-		_mm_storeu_si128((__m128i *)(codes + i + 16), _mm512_cvtepi32_epi8(q1));
+		_mm512_storeu_si512(codes + i, _mm512_permutexvar_epi32(order, r));
 	}
 	for (; i < n; i += 16) {
 		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
-		__m512i q = u8_code16_avx512(_mm512_maskz_loadu_ps(m, src + i), vlo, vinv, vnan);
+		__m512i q = u8_code16_avx512(_mm512_maskz_loadu_ps(m, src + i), vlo, vinv, vnan, nan);
 
+		/* Negative to 0, then truncation to bytes (the rest is 0..255). */
+		q = _mm512_max_epi32(q, _mm512_setzero_si512());
 		_mm512_mask_cvtepi32_storeu_epi8(codes + i, m, q);
 	}
+}
+
+AVX512 static void u8_codes_avx512(uint8_t *codes, const float *src, size_t n, float lo, float inv,
+				   float nan_as, int finite)
+{
+	if (finite)
+		u8_codes_avx512_body(codes, src, n, lo, inv, nan_as, 0);
+	else
+		u8_codes_avx512_body(codes, src, n, lo, inv, nan_as, 1);
 }
 
 /*
@@ -1099,7 +1338,8 @@ struct qvariant {
 	void (*bf16_dec)(float *dst, const unsigned char *src, size_t n);
 	void (*bf16_acc)(float *acc, const unsigned char *src, float w, size_t n);
 	void (*u8_lanes)(const float *src, size_t n, double *s, double *q, size_t *nfin);
-	void (*u8_codes)(uint8_t *codes, const float *src, size_t n, float lo, float inv, float nan_as);
+	void (*u8_codes)(uint8_t *codes, const float *src, size_t n, float lo, float inv, float nan_as,
+			 int finite);
 	void (*u8_dec)(float *dst, const uint8_t *codes, const float *table, size_t n);
 	void (*u8_add)(float *acc, const uint8_t *codes, const float *wtable, size_t n);
 	uint32_t (*bw8_absmax)(const float *src, size_t n);
@@ -1173,170 +1413,127 @@ void mp_kq_u8_moments(const float *src, size_t n, double *sum, double *sumsq, si
 }
 
 /*
- * Bucket sums in element order. The histogram is the one scalar part of the
- * encoder: a bucket's sum must see its elements one after another, so each
- * element is a read-modify-write, whatever the vector width. A bucket keeps
- * {sum, count} side by side and one 128-bit add updates both (the count, a
- * double, is exact up to 2^53). Non-finite elements go to an extra bucket
- * that is thrown away, so the loops have no data-dependent branch.
- *
- * Two loops make the same additions in the same order. The scatter loop
- * reads and writes every bucket in memory: fast while neighbours fall in
- * different buckets, but when most values share a bucket or two (heavy-
- * tailed data: the outliers stretch the range) each element waits on a
- * store-to-load round trip. The hot loop keeps the two most common buckets
- * in registers and adds every element to both, masked to +0.0 where it does
- * not belong; adding +0.0 leaves these sums unchanged (they start at +0.0
- * and cannot become -0.0 under round to nearest), so the result is the
- * same. The few other elements still go to memory.
+ * The hot loop: the same additions as u8_samples, in the same order, with
+ * buckets @a != @b kept in registers. Every sample is added to both, masked
+ * to +0.0 where it does not belong; adding +0.0 leaves these sums unchanged
+ * (they start at +0.0 and cannot become -0.0 under round to nearest). The
+ * few other samples still go to memory.
  */
-#define TRASH 256 /* non-finite elements */
-
-static inline int finite_bits(float x)
-{
-	return (f32_bits(x) & 0x7fffffffu) < 0x7f800000u;
-}
-
 #ifdef __SSE2__
-static inline void bucket_add(double (*h)[2], unsigned c, __m128d v)
+static inline __attribute__((always_inline)) void u8_hist_hot(double (*h)[2], const uint8_t *codes,
+							      const float *src, size_t n, unsigned a,
+							      unsigned b, int finite)
 {
-	_mm_storeu_pd(h[c], _mm_add_pd(_mm_loadu_pd(h[c]), v));
-}
-
-static void u8_hist_scatter(double (*h)[2], const uint8_t *codes, const float *src, size_t n)
-{
-	const __m128d one = _mm_set1_pd(1.0);
-	const __m128i absm = _mm_set1_epi32(0x7fffffff), big = _mm_set1_epi32(0x7f7fffff);
-	size_t i = 0;
-
-	for (; i + 4 <= n; i += 4) {
-		__m128 x = _mm_loadu_ps(src + i);
-		__m128d x01 = _mm_cvtps_pd(x), x23 = _mm_cvtps_pd(_mm_movehl_ps(x, x));
-		__m128i nf = _mm_cmpgt_epi32(_mm_and_si128(_mm_castps_si128(x), absm), big);
-		int bad = _mm_movemask_ps(_mm_castsi128_ps(nf));
-		uint32_t cc;
-		unsigned c0, c1, c2, c3;
-
-		memcpy(&cc, codes + i, sizeof(cc));
-		c0 = cc & 255u;
-		c1 = (cc >> 8) & 255u;
-		c2 = (cc >> 16) & 255u;
-		c3 = cc >> 24;
-		if (bad) {
-			c0 = bad & 1 ? TRASH : c0;
-			c1 = bad & 2 ? TRASH : c1;
-			c2 = bad & 4 ? TRASH : c2;
-			c3 = bad & 8 ? TRASH : c3;
-		}
-		/* In element order: equal codes see each other's stores. */
-		bucket_add(h, c0, _mm_unpacklo_pd(x01, one));
-		bucket_add(h, c1, _mm_unpackhi_pd(x01, one));
-		bucket_add(h, c2, _mm_unpacklo_pd(x23, one));
-		bucket_add(h, c3, _mm_unpackhi_pd(x23, one));
-	}
-	for (; i < n; i++)
-		bucket_add(h, finite_bits(src[i]) ? codes[i] : TRASH, _mm_set_pd(1.0, (double)src[i]));
-}
-
-/* @a != @b: the two buckets kept in registers. */
-static void u8_hist_hot(double (*h)[2], const uint8_t *codes, const float *src, size_t n, unsigned a,
-			unsigned b)
-{
+	const __m128i va = _mm_set1_epi32((int)a), vb = _mm_set1_epi32((int)b);
 	__m128d ha = _mm_loadu_pd(h[a]), hb = _mm_loadu_pd(h[b]);
 
-	for (size_t i = 0; i < n; i++) {
-		unsigned c = codes[i];
-		unsigned fin = (unsigned)finite_bits(src[i]);
-		__m128d v = _mm_set_pd(1.0, (double)src[i]);
-		/* Masks, not branches: elements of a and of b interleave at random. */
-		__m128d ma = _mm_castsi128_pd(_mm_set1_epi64x(-(long long)(fin & (c == a))));
-		__m128d mb = _mm_castsi128_pd(_mm_set1_epi64x(-(long long)(fin & (c == b))));
+	for (size_t i = 0; i < n; i += SAMPLE) {
+		float x = src[i];
+		/* A non-finite sample's bucket is TRASH: neither a nor b. */
+		unsigned c = finite || finite_bits(x) ? codes[i] : TRASH;
+		__m128d v = sample_pair(x);
+		__m128i vc = _mm_set1_epi32((int)c);
+		/* Masks, not branches: samples of a and of b interleave at random. */
+		__m128d ma = _mm_castsi128_pd(_mm_cmpeq_epi32(vc, va));
+		__m128d mb = _mm_castsi128_pd(_mm_cmpeq_epi32(vc, vb));
 
 		ha = _mm_add_pd(ha, _mm_and_pd(v, ma));
 		hb = _mm_add_pd(hb, _mm_and_pd(v, mb));
 		/*
 		 * One branch on "neither": rare by the choice of a and b, so it
-		 * predicts well (the barrier stops GCC from splitting it into
-		 * a branch on c == a, which would not).
+		 * predicts well.
 		 */
-		unsigned hot = (unsigned)(c == a) | (unsigned)(c == b);
-
-		__asm__("" : "+r"(hot));
-		if (!hot)
-			bucket_add(h, fin ? c : TRASH, v);
+		if (!_mm_movemask_pd(_mm_or_pd(ma, mb)))
+			bucket_add(h, c, v);
 	}
 	_mm_storeu_pd(h[a], ha);
 	_mm_storeu_pd(h[b], hb);
 }
 #define HAVE_HOT 1
 #else
-static void u8_hist_scatter(double (*h)[2], const uint8_t *codes, const float *src, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		unsigned c = finite_bits(src[i]) ? codes[i] : TRASH;
-
-		h[c][0] += (double)src[i];
-		h[c][1] += 1.0;
-	}
-}
 #define HAVE_HOT 0
 #endif
 
 /*
- * From a sample of the chunk's codes: its two most frequent codes, and
- * whether they cover so much of it that the hot loop wins.
+ * Whether the hot loop pays for a block, guessed from 16 of its codes (every
+ * 128th of a full block): @a is the first, @b the first that differs from
+ * it, and the hot loop is taken when these two make 7/8 of the codes looked
+ * at. No branches and no table: the guess runs for every block, and a wrong
+ * guess only costs time, never changes the sums.
  */
 static int pick_hot(const uint8_t *codes, size_t k, unsigned *a, unsigned *b)
 {
-	uint8_t seen[256] = {0};
-	unsigned tried = 0, fa = 0, fb = 0;
+	unsigned ca = codes[0], cb = ca ^ 1u, have_b = 0, hits = 0, tried = 0;
 
-	*a = codes[0];
-	*b = codes[0] ^ 1u;
-	for (size_t j = 0; j < k; j += 16, tried++) {
-		unsigned c = codes[j], f = ++seen[c];
+	for (size_t j = 0; j < k; j += U8_CHUNK / 16, tried++) {
+		unsigned c = codes[j];
+		unsigned take = !have_b & (c != ca);
 
-		if (c == *a) {
-			fa = f;
-		} else if (f > fa) {
-			*b = *a;
-			fb = fa;
-			*a = c;
-			fa = f;
-		} else if (c == *b || f > fb) {
-			*b = c;
-			fb = f;
-		}
+		cb = take ? c : cb;
+		have_b |= take;
+		hits += (c == ca) | (c == cb);
 	}
-	return 8 * (fa + fb) >= 7 * tried;
+	*a = ca;
+	*b = cb;
+	return 8 * hits >= 7 * tried;
+}
+
+/* The samples of one block, by the loop that suits it; @finite as in u8_samples. */
+static inline __attribute__((always_inline)) void u8_block_samples(double (*h)[2], const uint8_t *codes,
+								   const float *src, size_t k, int finite)
+{
+#if HAVE_HOT
+	unsigned a, b;
+
+	if (pick_hot(codes, k, &a, &b)) {
+		u8_hist_hot(h, codes, src, k, a, b, finite);
+		return;
+	}
+#else
+	(void)pick_hot;
+#endif
+	u8_samples(h, codes, src, k, finite);
+}
+
+static void u8_block_samples_fin(double (*h)[2], const uint8_t *codes, const float *src, size_t k)
+{
+	u8_block_samples(h, codes, src, k, 1);
+}
+
+static void u8_block_samples_any(double (*h)[2], const uint8_t *codes, const float *src, size_t k)
+{
+	u8_block_samples(h, codes, src, k, 0);
 }
 
 void mp_kq_u8_quantize(uint8_t *codes, struct mp_kq_u8_bucket hist[256], const float *src, size_t n,
-		       float lo, float inv, float nan_as)
+		       float lo, float inv, float nan_as, int finite)
 {
 	const struct qvariant *v = qv();
-	_Alignas(16) double h[TRASH + 1][2] = {{0}};
+	_Alignas(16) u8_hist h = {{0}};
 
 	for (int b = 0; b < 256; b++) {
 		h[b][0] = hist[b].sum;
 		h[b][1] = hist[b].count;
 	}
-	for (size_t i = 0, k; i < n; i += k) {
-		unsigned a, b;
-
+	/*
+	 * One pass over the data in blocks of U8_CHUNK, each started on a
+	 * sampled index: the codes of a block (vector), then the samples of the
+	 * block before it, still in L1. The lag of one block lets the sample
+	 * loop read codes whose stores have long completed: read right after
+	 * the vector stores, they wait on store forwarding. (Taking the samples
+	 * inside the vector code loop, even a few groups behind, measured no
+	 * faster on Zen 5: the two do not overlap better than this.)
+	 */
+	for (size_t i = 0, k, prev = 0, pk = 0;; i += k) {
 		k = n - i < U8_CHUNK ? n - i : U8_CHUNK;
-		v->u8_codes(codes + i, src + i, k, lo, inv, nan_as);
-#if HAVE_HOT
-		if (pick_hot(codes + i, k, &a, &b)) {
-			u8_hist_hot(h, codes + i, src + i, k, a, b);
-			continue;
-		}
-#else
-		(void)pick_hot;
-		(void)a;
-		(void)b;
-#endif
-		u8_hist_scatter(h, codes + i, src + i, k);
+		if (k)
+			v->u8_codes(codes + i, src + i, k, lo, inv, nan_as, finite);
+		if (pk)
+			(finite ? u8_block_samples_fin : u8_block_samples_any)(h, codes + prev, src + prev, pk);
+		if (!k)
+			break;
+		prev = i;
+		pk = k;
 	}
 	for (int b = 0; b < 256; b++) {
 		hist[b].sum = h[b][0];
@@ -1368,6 +1565,14 @@ void mp_kq_u8_decode_acc(float *acc, const uint8_t *codes, const float table[256
  * representable; there the block's values are first scaled by 2^64 (exact
  * for values this small) and inv = 127/(a * 2^64), which gives every code the
  * value the formula has without the overflow.
+ *
+ * Where 127 * s overflows (a/127 rounds up, and 127 s lands past FLT_MAX:
+ * of all floats only for a = FLT_MAX), a finite input would decode as inf.
+ * The spec then takes the next float below s, for which 127 * s < a (one
+ * step is enough: it moves 127 s down by about two ulps of FLT_MAX, rounding
+ * had moved it up by at most one), so no code decodes past FLT_MAX. The
+ * codes stay those of 127/a. Shared scalar code: every variant sends the
+ * same step.
  */
 static float bw8_block_params(float a, float *f, float *inv)
 {
@@ -1375,6 +1580,8 @@ static float bw8_block_params(float a, float *f, float *inv)
 
 	if (a == 0.0f || s == 0.0f)
 		return 0.0f;
+	if (127.0f * s > FLT_MAX)
+		s = bits_f32(f32_bits(s) - 1u); /* s > 0: the next float toward zero */
 	*f = 1.0f;
 	*inv = 127.0f / a;
 	if (*inv > FLT_MAX) {

@@ -37,7 +37,18 @@ MP_K_HIDDEN void mp_kq_bf16_decode_acc(float *acc, const void *src, float w, siz
 MP_K_HIDDEN void mp_kq_u8_moments(const float *src, size_t n, double *sum, double *sumsq,
 				  size_t *nfinite);
 
-/* A uniform8 bucket: the sum (double, element order) and number of its finite inputs. */
+/*
+ * The uniform8 table of bucket means is built from a systematic sample: only
+ * element i of the encoded chunk with i % MP_KQ_U8_SAMPLE == 0 feeds it (codec
+ * spec). Every element used to cost a dependent read-modify-write of its
+ * bucket's double sums, which must stay in element order; one in 16 makes
+ * that a fraction of the encode (one in 8 did not bring it to half of
+ * memcpy's rate), and the mean of a bucket's samples still lies in the
+ * bucket. Part of the format: every encoder must use the same value.
+ */
+#define MP_KQ_U8_SAMPLE 16
+
+/* A uniform8 bucket: the sum (double, element order) and number of its sampled finite inputs. */
 struct mp_kq_u8_bucket {
 	double sum;
 	double count; /* exact: integers up to 2^53 */
@@ -45,13 +56,18 @@ struct mp_kq_u8_bucket {
 
 /*
  * codes[i] = clamp(floor((x - lo) * inv), 0, 255) with x = src[i], a NaN
- * replaced by @nan_as first; and, for every finite src[i] in element order,
+ * replaced by @nan_as first, for every i; and, for every finite src[i] with
+ * i % MP_KQ_U8_SAMPLE == 0 (i counted from @src), in element order,
  * hist[codes[i]].sum += src[i] (double), .count += 1. The histogram is added
  * to, not cleared (start it at +0.0, not -0.0: see quant.c). lo and inv must
- * be finite, inv > 0.
+ * be finite, inv > 0. @finite: nonzero promises that every src[i] is finite
+ * (mp_kq_u8_moments counted n of them), which spares the NaN replacement.
  */
 MP_K_HIDDEN void mp_kq_u8_quantize(uint8_t *codes, struct mp_kq_u8_bucket hist[256], const float *src,
-				   size_t n, float lo, float inv, float nan_as);
+				   size_t n, float lo, float inv, float nan_as, int finite);
+/* For tests: nonzero keeps the AVX2 statistics loop off FMA (the bits are the same). */
+MP_K_HIDDEN extern int mp_kq_avoid_fma;
+
 /* dst[i] = table[codes[i]] */
 MP_K_HIDDEN void mp_kq_u8_decode(float *dst, const uint8_t *codes, const float table[256], size_t n);
 /* acc[i] += w * table[codes[i]], product rounded before the add. */
@@ -63,8 +79,9 @@ MP_K_HIDDEN void mp_kq_u8_decode_acc(float *acc, const uint8_t *codes, const flo
 /*
  * Per block of @block (>= 1) values, a = the largest finite |x|: writes the
  * step s = a / 127 to @steps and q = round-half-even(x * 127 / a), clamped to
- * +-127 (NaN: 0), to @codes; s = 0 and codes 0 if a or s is 0. (For a below
- * 127 / FLT_MAX see bw8_block_params in quant.c.)
+ * +-127 (NaN: 0), to @codes; s = 0 and codes 0 if a or s is 0; s is one float
+ * lower where 127 * s would overflow. (For a below 127 / FLT_MAX, and for
+ * that step, see bw8_block_params in quant.c.)
  */
 MP_K_HIDDEN void mp_kq_bw8_encode(void *steps, void *codes, const float *src, size_t n,
 				  uint32_t block);
