@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "codec.h"
+#include "size_arg.h"
 #include "kernels.h"
 
 #define PROG "codecbench"
@@ -675,43 +676,12 @@ static uint64_t parse_u64(const char *opt, const char *s)
 /* "256K", "64M", "1G", "4096" -> bytes (powers of 1024); a multiple of 4 in [lo, hi]. */
 static uint64_t parse_size(const char *opt, const char *s, uint64_t lo, uint64_t hi)
 {
-	char *end;
-	unsigned long long v;
-	uint64_t mul = 1;
+	uint64_t v;
 
-	if (*s < '0' || *s > '9')
+	if (mp_size_arg(s, &v))
 		usage_error("bad size '%s' for %s (a number with K, M or G)", s, opt);
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno)
-		usage_error("bad size '%s' for %s (a number with K, M or G)", s, opt);
-	switch (*end) {
-	case 'k':
-	case 'K':
-		mul = 1ULL << 10;
-		end++;
-		break;
-	case 'm':
-	case 'M':
-		mul = 1ULL << 20;
-		end++;
-		break;
-	case 'g':
-	case 'G':
-		mul = 1ULL << 30;
-		end++;
-		break;
-	default:
-		break;
-	}
-	if (*end == 'b' || *end == 'B')
-		end++;
-	if (*end || v > UINT64_MAX / mul)
-		usage_error("bad size '%s' for %s (a number with K, M or G)", s, opt);
-	v *= mul;
 	if (v < lo || v > hi || v % 4)
-		usage_error("size %s for %s must be a multiple of 4 bytes from %" PRIu64 " to %"
-			    PRIu64, s, opt, lo, hi);
+		usage_error("bad size '%s' for %s", s, opt);
 	return v;
 }
 

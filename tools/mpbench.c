@@ -46,6 +46,7 @@
 #endif
 
 #include <moshpit/moshpit.h>
+#include "size_arg.h"
 
 #define PROG "mpbench"
 
@@ -1792,40 +1793,11 @@ static int64_t parse_int(const char *opt, const char *s, int64_t lo, int64_t hi)
 /* "64K", "16M", "1G", "4096" -> bytes; powers of 1024. */
 static uint64_t parse_size(const char *opt, const char *s)
 {
-	char *end;
-	unsigned long long v;
-	uint64_t mul = 1;
+	uint64_t v;
 
-	if (!*s || *s == '-' || *s == '+')
-		usage_error("bad size '%s' for %s", s, opt);
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		usage_error("bad size '%s' for %s", s, opt);
-	switch (*end) {
-	case 'k':
-	case 'K':
-		mul = 1ULL << 10;
-		end++;
-		break;
-	case 'm':
-	case 'M':
-		mul = 1ULL << 20;
-		end++;
-		break;
-	case 'g':
-	case 'G':
-		mul = 1ULL << 30;
-		end++;
-		break;
-	default:
-		break;
-	}
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end || (v && v > UINT64_MAX / mul))
+	if (mp_size_arg(s, &v))
 		usage_error("bad size '%s' for %s (a number with K, M or G)", s, opt);
-	return v * mul;
+	return v;
 }
 
 static uint64_t parse_u64(const char *opt, const char *s)

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include <mpi.h>
+#include "size_arg.h"
 
 #define PROG "mpi_allreduce_ref"
 
@@ -52,40 +53,11 @@ static void bad_usage(const char *what, const char *val)
 
 static uint64_t parse_size(const char *what, const char *s)
 {
-	char *end;
-	unsigned long long v;
-	uint64_t mul = 1;
+	uint64_t v;
 
-	if (*s < '0' || *s > '9')
+	if (mp_size_arg(s, &v))
 		bad_usage(what, s);
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno)
-		bad_usage(what, s);
-	switch (*end) {
-	case 'k':
-	case 'K':
-		mul = 1ULL << 10;
-		end++;
-		break;
-	case 'm':
-	case 'M':
-		mul = 1ULL << 20;
-		end++;
-		break;
-	case 'g':
-	case 'G':
-		mul = 1ULL << 30;
-		end++;
-		break;
-	default:
-		break;
-	}
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end || v > UINT64_MAX / mul)
-		bad_usage(what, s);
-	return v * mul;
+	return v;
 }
 
 static long parse_long(const char *what, const char *s, long lo, long hi)
