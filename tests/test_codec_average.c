@@ -75,42 +75,58 @@ static void fail_peer(struct shared *sh, int rank, int rc, const char *what)
 	snprintf(sh->why[rank], sizeof(sh->why[rank]), "%s", what);
 }
 
-static void *peer_main(void *p)
+/*
+ * Creates this peer's context for job @j and meets the others. Returns the
+ * context with peers set (*rc = 0 or mp_set_peers' error), or NULL after a
+ * failed init (recorded; the caller must only wait at the final barrier).
+ */
+static mp_ctx *join(struct shared *sh, int rank, size_t chunk_bytes, int *rc)
 {
-	struct arg *a = p;
-	struct shared *sh = a->sh;
 	const struct job *j = sh->j;
 	struct mp_config cfg;
 	mp_ctx *ctx = NULL;
 	char run[64];
-	int rc;
 
-	snprintf(run, sizeof(run), "codec-%s", j->name);
+	snprintf(run, sizeof(run), "codec-%s-%d", j->name, j->steps);
 	mp_config_init(&cfg);
 	cfg.transport = "loop";
 	cfg.run_name = run;
-	cfg.rank = a->rank;
+	cfg.rank = rank;
 	cfg.npeers = j->npeers;
 	cfg.grid = j->grid;
 	cfg.algo = j->algo;
-	cfg.chunk_bytes = 16 * 1024; /* several chunks per part */
+	cfg.chunk_bytes = chunk_bytes; /* several chunks per part */
 	cfg.connect_timeout_ms = 10000;
 	cfg.round_timeout_ms = 10000;
-	rc = mp_codec_parse(j->codec, &cfg);
-	if (!rc)
-		rc = mp_init(&cfg, &ctx);
-	if (!rc)
-		mp_local_address(ctx, sh->addr[a->rank], MP_ADDR_STRLEN);
+	*rc = mp_codec_parse(j->codec, &cfg);
+	if (!*rc)
+		*rc = mp_init(&cfg, &ctx);
+	if (!*rc)
+		mp_local_address(ctx, sh->addr[rank], MP_ADDR_STRLEN);
 	pthread_barrier_wait(&sh->bar);
-	if (rc) {
-		fail_peer(sh, a->rank, rc, "init");
-		pthread_barrier_wait(&sh->bar);
+	if (*rc) {
+		fail_peer(sh, rank, *rc, "init");
 		return NULL;
 	}
 	const char *addrs[MAXP];
 	for (int i = 0; i < j->npeers; i++)
 		addrs[i] = sh->addr[i];
-	rc = mp_set_peers(ctx, addrs, j->npeers);
+	*rc = mp_set_peers(ctx, addrs, j->npeers);
+	return ctx;
+}
+
+static void *peer_main(void *p)
+{
+	struct arg *a = p;
+	struct shared *sh = a->sh;
+	const struct job *j = sh->j;
+	int rc;
+	mp_ctx *ctx = join(sh, a->rank, 16 * 1024, &rc);
+
+	if (!ctx) {
+		pthread_barrier_wait(&sh->bar);
+		return NULL;
+	}
 	float *buf = sh->out[a->rank];
 	for (int st = 0; st < j->steps && !rc; st++) {
 		for (size_t i = 0; i < j->count; i++)
@@ -313,34 +329,13 @@ static void *multi_peer(void *p)
 	struct arg *a = p;
 	struct shared *sh = a->sh;
 	const struct job *j = sh->j;
-	struct mp_config cfg;
-	mp_ctx *ctx = NULL;
 	int rc;
+	mp_ctx *ctx = join(sh, a->rank, 8 * 1024, &rc);
 
-	mp_config_init(&cfg);
-	cfg.transport = "loop";
-	cfg.run_name = "codec-multi";
-	cfg.rank = a->rank;
-	cfg.npeers = j->npeers;
-	cfg.grid = j->grid;
-	cfg.chunk_bytes = 8 * 1024;
-	cfg.connect_timeout_ms = 10000;
-	cfg.round_timeout_ms = 10000;
-	rc = mp_codec_parse(j->codec, &cfg);
-	if (!rc)
-		rc = mp_init(&cfg, &ctx);
-	if (!rc)
-		mp_local_address(ctx, sh->addr[a->rank], MP_ADDR_STRLEN);
-	pthread_barrier_wait(&sh->bar);
-	if (rc) {
-		fail_peer(sh, a->rank, rc, "init");
+	if (!ctx) {
 		pthread_barrier_wait(&sh->bar);
 		return NULL;
 	}
-	const char *addrs[MAXP];
-	for (int i = 0; i < j->npeers; i++)
-		addrs[i] = sh->addr[i];
-	rc = mp_set_peers(ctx, addrs, j->npeers);
 	float *buf = malloc(j->count * sizeof(float));
 	float *sum = sh->out[a->rank];
 	memset(sum, 0, j->count * sizeof(float));
