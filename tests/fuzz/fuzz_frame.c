@@ -3,6 +3,7 @@
  * Fuzz target for everything a received frame goes through before it may
  * touch memory: header validation, then the codec's decode and
  * decode-and-accumulate into a buffer sized from the header's own count.
+ * A payload a decoder refuses must leave the buffer exactly as it was.
  *
  * Built two ways: with clang -fsanitize=fuzzer it is a libFuzzer target
  * (-DMP_LIBFUZZER); otherwise main() below replays a deterministic stream of
@@ -24,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	static float acc[1 << 16];
+	static float acc[1 << 16], before[1 << 16];
 	struct mp_wire_hdr h;
 	enum mp_wire_reject why;
 	int rc;
@@ -42,8 +43,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	if (h.count > sizeof(acc) / sizeof(acc[0]))
 		return 0; /* the engine bounds count by the chunk it expects */
-	c->decode_acc(data + MP_WIRE_HDR_SIZE, h.length, acc, h.count, h.weight);
-	c->decode(data + MP_WIRE_HDR_SIZE, h.length, acc, h.count);
+	/* Keep the buffer finite, so that "unchanged" can be compared bytewise. */
+	for (uint32_t i = 0; i < h.count; i++)
+		if (!(acc[i] == acc[i]) || acc[i] > 1e30f || acc[i] < -1e30f)
+			acc[i] = 0.0f;
+	memcpy(before, acc, h.count * sizeof(float));
+	if (c->decode_acc(data + MP_WIRE_HDR_SIZE, h.length, acc, h.count, h.weight) &&
+	    memcmp(before, acc, h.count * sizeof(float)))
+		abort(); /* refused, yet written */
+	memcpy(before, acc, h.count * sizeof(float));
+	if (c->decode(data + MP_WIRE_HDR_SIZE, h.length, acc, h.count) &&
+	    memcmp(before, acc, h.count * sizeof(float)))
+		abort();
 	return 0;
 }
 
@@ -61,7 +72,9 @@ static uint64_t next(void)
 int main(int argc, char **argv)
 {
 	long iters = argc > 1 ? atol(argv[1]) : 200000;
-	static uint8_t frame[MP_WIRE_HDR_SIZE + 4096], work[sizeof(frame)];
+	static uint8_t frame[MP_WIRE_HDR_SIZE + 8192], work[sizeof(frame)];
+	static float vals[512], residue[512];
+	static _Alignas(64) uint8_t scratch[1 << 20];
 	long accepted = 0;
 
 	for (long i = 0; i < iters; i++) {
@@ -76,9 +89,29 @@ int main(int argc, char **argv)
 			.count = (uint32_t)(next() % 512),
 			.weight = 1.0f,
 		};
-		h.length = h.count * (h.codec ? 2u : 4u);
-		for (size_t k = 0; k < h.length; k++)
-			frame[MP_WIRE_HDR_SIZE + k] = (uint8_t)next();
+		/* The payload: a real encoding by that codec, of random values
+		 * (some special) under random encoder settings. */
+		const struct mp_codec_ops *c = mp_codec_by_id(h.codec);
+		struct mp_codec_params p = {
+			.block = 1 + (uint32_t)(next() % 600),
+			.sigmas = 0.5f + (float)(next() % 16),
+			.topk_ratio = (float)(1 + next() % 100) / 100.0f,
+			.bin = 1 + (uint32_t)(next() % 120),
+		};
+		for (uint32_t k = 0; k < h.count; k++) {
+			uint64_t r = next();
+			vals[k] = (float)(int32_t)(r >> 32) / (float)(1u << (r & 31));
+			residue[k] = (float)(int16_t)(r >> 8) / 1024.0f;
+			if ((r & 0xff) == 7)
+				vals[k] = (r & 0x100) ? 1.0f / 0.0f : 0.0f / 0.0f;
+		}
+		size_t plen = 0;
+		size_t need = c->scratch_size ? c->scratch_size(&p, h.count) : 0;
+		if (need > sizeof(scratch) ||
+		    c->encode(&p, vals, (next() & 1) ? residue : NULL, h.count, frame + MP_WIRE_HDR_SIZE,
+			      sizeof(frame) - MP_WIRE_HDR_SIZE, &plen, scratch))
+			abort(); /* a valid input always encodes */
+		h.length = (uint32_t)plen;
 		mp_wire_encode(&h, frame, frame + MP_WIRE_HDR_SIZE);
 		size_t len = MP_WIRE_HDR_SIZE + h.length;
 		memcpy(work, frame, len);
@@ -94,8 +127,13 @@ int main(int argc, char **argv)
 			default: len = len + (size_t)(next() % 16) < sizeof(work) ? len + (size_t)(next() % 16) : len;
 			}
 		}
-		if (muts == 0)
+		if (muts == 0) {
+			/* Untouched: what the encoder wrote must decode. */
+			static float out[512];
+			if (c->decode(work + MP_WIRE_HDR_SIZE, h.length, out, h.count))
+				abort();
 			accepted++;
+		}
 		LLVMFuzzerTestOneInput(work, len);
 	}
 	printf("fuzz_frame: %ld frames (%ld unmutated), no crash\n", iters, accepted);
