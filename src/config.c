@@ -34,6 +34,12 @@ void mp_config_init(struct mp_config *cfg)
 	cfg->adacomp_bin = MP_CODEC_DEF_BIN_FC;
 }
 
+void mp_config_codec_params(const struct mp_config *cfg, struct mp_codec_params *p)
+{
+	*p = (struct mp_codec_params){.block = cfg->codec_block, .sigmas = cfg->codec_sigmas,
+				      .topk_ratio = cfg->topk_ratio, .bin = cfg->adacomp_bin};
+}
+
 static int parse_float(const char *s, float lo, float hi, float *out)
 {
 	char *end;
@@ -531,8 +537,8 @@ int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char **
 		mp_set_init_error("config: unknown codec %d", out->codec);
 		goto bad;
 	}
-	struct mp_codec_params cp = {.block = out->codec_block, .sigmas = out->codec_sigmas,
-				     .topk_ratio = out->topk_ratio, .bin = out->adacomp_bin};
+	struct mp_codec_params cp;
+	mp_config_codec_params(out, &cp);
 	if (mp_codec_params_check(&cp)) {
 		mp_set_init_error("config: codec parameter out of range (block %u, sigmas %g, "
 				  "topk ratio %g, adacomp bin %u)", cp.block, (double)cp.sigmas,

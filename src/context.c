@@ -141,8 +141,7 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	}
 	ctx->run_id = mp_wire_run_id(ctx->run_name);
 	ctx->codec_cfg = cfg.codec;
-	ctx->cparams = (struct mp_codec_params){.block = cfg.codec_block, .sigmas = cfg.codec_sigmas,
-						.topk_ratio = cfg.topk_ratio, .bin = cfg.adacomp_bin};
+	mp_config_codec_params(&cfg, &ctx->cparams);
 	ctx->chunk_elems = cfg.chunk_bytes / sizeof(float);
 	ctx->frame_rx_max = mp_frame_rx_max(ctx);
 	ctx->window = cfg.window;
@@ -532,6 +531,12 @@ static struct mp_fb *fb_find(struct mp_ctx *ctx, const float *buf, size_t count,
 	return f;
 }
 
+static void fb_free(struct mp_fb *f)
+{
+	free(f->residue);
+	free(f);
+}
+
 /*
  * Queue an average of @buf. @force overrides the configured codec; with
  * @flush the buffer's residue is first folded into it (once nothing can fail
@@ -586,12 +591,8 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 		struct mp_fb *f = fb_find(ctx, buf, count, 0);
 
 		if (f && f->busy) {
-			pthread_mutex_unlock(&ctx->mu);
-			if (req->own_mr)
-				mp_mem_deregister(ctx, mr);
-			free(req);
-			mp_set_error(ctx, "flush: an average of this buffer is still in flight");
-			return -EBUSY;
+			rc = -EBUSY;
+			goto undo;
 		}
 		if (f) {
 			mp_k_axpy(buf, f->residue, 1.0f, count);
@@ -601,11 +602,8 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	if (req->codec->flags & MP_CODEC_F_SPARSE) {
 		req->fb = fb_find(ctx, buf, count, 1);
 		if (!req->fb) {
-			pthread_mutex_unlock(&ctx->mu);
-			if (req->own_mr)
-				mp_mem_deregister(ctx, mr);
-			free(req);
-			return -ENOMEM;
+			rc = -ENOMEM;
+			goto undo;
 		}
 		req->fb->busy++;
 	}
@@ -624,6 +622,14 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	pthread_mutex_unlock(&ctx->mu);
 	*out = req;
 	return 0;
+undo:
+	pthread_mutex_unlock(&ctx->mu);
+	if (rc == -EBUSY)
+		mp_set_error(ctx, "flush: an average of this buffer is still in flight");
+	if (req->own_mr)
+		mp_mem_deregister(ctx, mr);
+	free(req);
+	return rc;
 }
 
 int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
@@ -784,8 +790,7 @@ int mp_feedback_reset(mp_ctx *ctx, const float *buf)
 			continue;
 		}
 		*pp = f->next;
-		free(f->residue);
-		free(f);
+		fb_free(f);
 		if (buf)
 			rc = 0;
 	}
@@ -831,8 +836,7 @@ int mp_finalize(mp_ctx *ctx)
 	while (ctx->fbs) {
 		struct mp_fb *f = ctx->fbs;
 		ctx->fbs = f->next;
-		free(f->residue);
-		free(f);
+		fb_free(f);
 	}
 	free(ctx->pend);
 	free_peers(ctx);

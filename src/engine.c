@@ -51,17 +51,15 @@ static size_t frame_max(const struct mp_xfer *x)
  */
 size_t mp_frame_rx_max(const struct mp_ctx *ctx)
 {
-	static const int auto_set[] = {MP_CODEC_NONE, MP_CODEC_FP16, MP_CODEC_BLOCKWISE8};
+	static const int auto_set[] = {MP_CODEC_FP16, MP_CODEC_BLOCKWISE8};
 	const struct mp_codec_params wide = {.block = 1, .sigmas = 1.0f, .topk_ratio = 1.0f, .bin = 1};
+	int auto_cfg = ctx->codec_cfg == MP_CODEC_AUTO;
+	const int *ids = auto_cfg ? auto_set : &ctx->codec_cfg;
+	size_t nids = auto_cfg ? sizeof(auto_set) / sizeof(auto_set[0]) : 1;
 	size_t m = mp_codec_by_id(MP_CODEC_NONE)->max_encoded(&wide, ctx->chunk_elems);
 
-	if (ctx->codec_cfg == MP_CODEC_AUTO) {
-		for (size_t i = 0; i < sizeof(auto_set) / sizeof(auto_set[0]); i++) {
-			size_t e = mp_codec_by_id((unsigned)auto_set[i])->max_encoded(&wide, ctx->chunk_elems);
-			m = e > m ? e : m;
-		}
-	} else {
-		size_t e = mp_codec_by_id((unsigned)ctx->codec_cfg)->max_encoded(&wide, ctx->chunk_elems);
+	for (size_t i = 0; i < nids; i++) {
+		size_t e = mp_codec_by_id((unsigned)ids[i])->max_encoded(&wide, ctx->chunk_elems);
 		m = e > m ? e : m;
 	}
 	return MP_WIRE_HDR_SIZE + m;

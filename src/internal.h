@@ -145,6 +145,8 @@ void mp_set_init_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)
 /* Configuration helpers (config.c). */
 int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char ***peer_list,
 		      int *npeers);
+/* The encoder settings of a configuration. */
+void mp_config_codec_params(const struct mp_config *cfg, struct mp_codec_params *p);
 int mp_parse_doubles(const char *s, double *out, int n);
 void mp_free_list(char **list, int n);
 

@@ -190,12 +190,8 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 	g.sc = calloc((size_t)S * 4, sizeof(uint64_t));
 	x.nch = g.left == g.right ? S : 2 * S;
 	x.ch = calloc((size_t)x.nch, sizeof(*x.ch));
-	if (a->codec->flags & MP_CODEC_F_SPARSE) {
-		/* Partial sums are forwarded: no place for error feedback. */
-		mp_set_error(ctx, "ring: codec %s needs the moshpit or butterfly algorithm", a->codec->name);
-		rc = -ENOTSUP;
-		goto out;
-	}
+	/* Never a sparse codec here: mp_config_resolve refuses them for the
+	 * ring, "auto" never picks one, and a flush runs uncompressed. */
 	g.enc_cap = a->codec->max_encoded(&ctx->cparams, g.C);
 	size_t scr = a->codec->scratch_size ? a->codec->scratch_size(&ctx->cparams, g.C) : 0;
 	g.enc = malloc(g.enc_cap + 64);
