@@ -32,6 +32,28 @@ void mp_config_init(struct mp_config *cfg)
 	cfg->codec_sigmas = MP_CODEC_DEF_SIGMAS;
 	cfg->topk_ratio = MP_CODEC_DEF_TOPK;
 	cfg->adacomp_bin = MP_CODEC_DEF_BIN_FC;
+	cfg->rendezvous = "static";
+	cfg->mode = MP_MODE_NORMAL;
+	cfg->bandwidth = -1.0;
+	cfg->min_group_size = 2;
+	cfg->matchmaking_ms = 5000;
+	cfg->request_timeout_ms = 3000;
+	cfg->allreduce_timeout_ms = 60000;
+	cfg->record_ttl_ms = 15000;
+	cfg->join_timeout_ms = 30000;
+}
+
+int mp_mode_from_name(const char *s)
+{
+	if (!s)
+		return -EINVAL;
+	if (!strcasecmp(s, "normal"))
+		return MP_MODE_NORMAL;
+	if (!strcasecmp(s, "client"))
+		return MP_MODE_CLIENT;
+	if (!strcasecmp(s, "aux") || !strcasecmp(s, "auxiliary"))
+		return MP_MODE_AUX;
+	return -EINVAL;
 }
 
 void mp_config_codec_params(const struct mp_config *cfg, struct mp_codec_params *p)
@@ -223,7 +245,63 @@ int mp_config_from_env(struct mp_config *cfg)
 	INT_VAR("MP_CONNECT_TIMEOUT_MS", connect_timeout_ms, 1, 1 << 30)
 	INT_VAR("MP_ROUND_TIMEOUT_MS", round_timeout_ms, 1, 1 << 30)
 	INT_VAR("MP_SPIN_US", spin_us, 0, 1000000)
+	/* The per-chunk timeout under its control-plane name. */
+	INT_VAR("MP_CHUNK_TIMEOUT_MS", round_timeout_ms, 1, 1 << 30)
+	INT_VAR("MP_DHT_PORT", dht_port, 0, 65535)
+	INT_VAR("MP_GROUP_SIZE", group_size, 0, 1 << 20)
+	INT_VAR("MP_MIN_GROUP_SIZE", min_group_size, 1, 1 << 20)
+	INT_VAR("MP_MATCHMAKING_MS", matchmaking_ms, 1, 1 << 30)
+	INT_VAR("MP_REQUEST_TIMEOUT_MS", request_timeout_ms, 1, 1 << 30)
+	INT_VAR("MP_ALLREDUCE_TIMEOUT_MS", allreduce_timeout_ms, 1, 1 << 30)
+	INT_VAR("MP_RECORD_TTL_MS", record_ttl_ms, 100, 1 << 30)
+	INT_VAR("MP_JOIN_TIMEOUT_MS", join_timeout_ms, 0, 1 << 30)
+	INT_VAR("MP_MIN_PART", min_part, 0, 1LL << 40)
 #undef INT_VAR
+	if ((s = env_str("MP_RENDEZVOUS")))
+		cfg->rendezvous = s;
+	if ((s = env_str("MP_BOOTSTRAP")))
+		cfg->bootstrap = s;
+	if ((s = env_str("MP_RUN_KEY")))
+		cfg->run_key = s;
+	if ((s = env_str("MP_RUN_KEY_FILE")))
+		cfg->run_key_file = s;
+	if ((s = env_str("MP_CONTRIB_LOG")))
+		cfg->contrib_log = s;
+	if ((s = env_str("MP_FAULT")))
+		cfg->fault = s;
+	if ((s = env_str("MP_MODE"))) {
+		rc = mp_mode_from_name(s);
+		if (rc < 0) {
+			MP_WARN("MP_MODE=%s: expected normal, client or aux", s);
+			bad = 1;
+		} else {
+			cfg->mode = rc;
+		}
+	}
+	if ((s = env_str("MP_BANDWIDTH"))) {
+		char *end;
+		double b;
+		errno = 0;
+		b = strtod(s, &end);
+		if (errno || end == s || *end || !isfinite(b)) {
+			MP_WARN("MP_BANDWIDTH=%s: expected a number (< 0 unknown, 0 client)", s);
+			bad = 1;
+		} else {
+			cfg->bandwidth = b;
+		}
+	}
+	if ((s = env_str("MP_PEER_ID"))) {
+		char *end;
+		unsigned long long id;
+		errno = 0;
+		id = strtoull(s, &end, 16);
+		if (errno || end == s || *end || !id) {
+			MP_WARN("MP_PEER_ID=%s: expected a non-zero hexadecimal id", s);
+			bad = 1;
+		} else {
+			cfg->peer_id = id;
+		}
+	}
 	if ((s = env_str("MP_PEERS")))
 		cfg->peers = s;
 	if ((s = env_str("MP_HOSTFILE")))
@@ -490,6 +568,44 @@ int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char **
 	out->size = sizeof(*out);
 	*peer_list = NULL;
 	*npeers = 0;
+	if (!out->rendezvous || (strcmp(out->rendezvous, "static") && strcmp(out->rendezvous, "dht"))) {
+		mp_set_init_error("config: rendezvous \"%s\" is not static or dht",
+				  out->rendezvous ? out->rendezvous : "(null)");
+		return -EINVAL;
+	}
+	if (out->mode < MP_MODE_NORMAL || out->mode > MP_MODE_AUX || !isfinite(out->bandwidth) ||
+	    out->min_group_size < 1 || out->group_size < 0 || out->matchmaking_ms < 1 ||
+	    out->request_timeout_ms < 1 || out->allreduce_timeout_ms < 1 ||
+	    out->record_ttl_ms < 100 || out->join_timeout_ms < 0 || out->dht_port < 0 ||
+	    out->dht_port > 65535) {
+		mp_set_init_error("config: mode, bandwidth, group sizes or a control-plane timeout "
+				  "out of range");
+		return -EINVAL;
+	}
+	if (!strcmp(out->rendezvous, "dht")) {
+		/* Peers find each other: no list, no rank. npeers, when given, is
+		 * how many to wait for before the first round. */
+		if (out->peers || out->hostfile) {
+			mp_set_init_error("config: the dht rendezvous takes no peer list or hostfile "
+					  "(use bootstrap)");
+			return -EINVAL;
+		}
+		if (out->algo != MP_ALGO_MOSHPIT) {
+			mp_set_init_error("config: the dht rendezvous runs the moshpit algorithm only");
+			return -EINVAL;
+		}
+		if (out->npeers < 0) {
+			mp_set_init_error("config: npeers %d < 0", out->npeers);
+			return -EINVAL;
+		}
+		out->rank = 0;
+		goto common;
+	}
+	if (out->mode != MP_MODE_NORMAL) {
+		/* Every member must know every peer's mode: records carry it. */
+		mp_set_init_error("config: client and aux modes need the dht rendezvous");
+		return -EINVAL;
+	}
 	if (out->rank < 0 || out->npeers == 0) {
 		int r = -1, s = 0;
 		launcher_env(&r, &s);
@@ -525,6 +641,7 @@ int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char **
 				  out->npeers);
 		goto bad;
 	}
+common:
 	if (!out->run_name || !*out->run_name || strlen(out->run_name) > 200) {
 		mp_set_init_error("config: run name must be 1 to 200 characters");
 		goto bad;

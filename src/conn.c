@@ -241,6 +241,6 @@ void mp_conn_close_all(struct mp_ctx *ctx)
 	if (!ctx->peers)
 		return;
 	for (int p = 0; p < ctx->npeers; p++)
-		for (int s = 0; s < ctx->streams; s++)
+		for (int s = 0; s < ctx->nconn; s++)
 			mp_conn_drop(ctx, p, s);
 }

@@ -46,55 +46,27 @@ static int choose_grid(struct mp_ctx *ctx)
 	return 0;
 }
 
-static int alloc_peers(struct mp_ctx *ctx)
+/* Static runs: per-rank bandwidths from MP_BANDWIDTHS. */
+static int static_bandwidths(struct mp_ctx *ctx)
 {
-	int n = ctx->npeers, S = ctx->streams;
+	int n = ctx->npeers;
+	double *bw;
 
-	ctx->peers = calloc((size_t)n, sizeof(*ctx->peers));
-	if (!ctx->peers)
+	if (!ctx->cfg.bandwidths)
+		return 0;
+	bw = malloc((size_t)n * sizeof(double));
+	if (!bw)
 		return -ENOMEM;
-	for (int i = 0; i < n; i++) {
-		struct mp_peer *p = &ctx->peers[i];
-		p->bandwidth = 1.0;
-		p->conns = calloc((size_t)S, sizeof(*p->conns));
-		p->hello = calloc((size_t)S, sizeof(*p->hello));
-		p->hello_buf = calloc((size_t)S, sizeof(*p->hello_buf));
-		p->ready = calloc((size_t)S, sizeof(*p->ready));
-		p->retry_at_ns = calloc((size_t)S, sizeof(*p->retry_at_ns));
-		if (!p->conns || !p->hello || !p->hello_buf || !p->ready || !p->retry_at_ns)
-			return -ENOMEM;
-	}
-	if (ctx->cfg.bandwidths) {
-		double *bw = malloc((size_t)n * sizeof(double));
-		if (!bw)
-			return -ENOMEM;
-		if (mp_parse_doubles(ctx->cfg.bandwidths, bw, n)) {
-			free(bw);
-			mp_set_init_error("bandwidths \"%s\": expected %d comma-separated numbers",
-					  ctx->cfg.bandwidths, n);
-			return -EINVAL;
-		}
-		for (int i = 0; i < n; i++)
-			ctx->peers[i].bandwidth = bw[i];
+	if (mp_parse_doubles(ctx->cfg.bandwidths, bw, n)) {
 		free(bw);
+		mp_set_init_error("bandwidths \"%s\": expected %d comma-separated numbers",
+				  ctx->cfg.bandwidths, n);
+		return -EINVAL;
 	}
+	for (int i = 0; i < n; i++)
+		ctx->peers[i].bandwidth = bw[i];
+	free(bw);
 	return 0;
-}
-
-static void free_peers(struct mp_ctx *ctx)
-{
-	if (!ctx->peers)
-		return;
-	for (int i = 0; i < ctx->npeers; i++) {
-		struct mp_peer *p = &ctx->peers[i];
-		free(p->conns);
-		free(p->hello);
-		free(p->hello_buf);
-		free(p->ready);
-		free(p->retry_at_ns);
-	}
-	free(ctx->peers);
-	ctx->peers = NULL;
 }
 
 static void *progress_main(void *arg);
@@ -140,6 +112,20 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		goto fail;
 	}
 	ctx->run_id = mp_wire_run_id(ctx->run_name);
+	ctx->clog_fd = -1;
+	ctx->mode = cfg.mode;
+	ctx->dynamic = !strcmp(cfg.rendezvous, "dht");
+	ctx->self_id = ctx->dynamic ? cfg.peer_id : (uint64_t)ctx->rank;
+	rc = mp_auth_init(&ctx->auth, ctx->run_name, cfg.run_key, cfg.run_key_file);
+	if (rc) {
+		mp_set_init_error("run key: cannot use %s: %s",
+				  cfg.run_key ? "MP_RUN_KEY" : cfg.run_key_file, mp_strerror(rc));
+		goto fail;
+	}
+	if (ctx->auth.from_name)
+		MP_INFO("no run key (MP_RUN_KEY or MP_RUN_KEY_FILE): the key derives from the run "
+			"name, so anyone who knows \"%s\" can join", ctx->run_name);
+	ctx->cfg.run_key = ctx->cfg.run_key_file = NULL;
 	ctx->codec_cfg = cfg.codec;
 	mp_config_codec_params(&cfg, &ctx->cparams);
 	ctx->chunk_elems = cfg.chunk_bytes / sizeof(float);
@@ -176,7 +162,10 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	ctx->cfg.grid = NULL;
 	if (rc)
 		goto fail;
-	rc = alloc_peers(ctx);
+	ctx->nconn = ctx->streams + 1;
+	rc = mp_peers_init(ctx, ctx->npeers);
+	if (!rc)
+		rc = static_bandwidths(ctx);
 	ctx->cfg.bandwidths = NULL;
 	if (rc)
 		goto fail;
@@ -839,7 +828,7 @@ int mp_finalize(mp_ctx *ctx)
 		fb_free(f);
 	}
 	free(ctx->pend);
-	free_peers(ctx);
+	mp_peers_free(ctx);
 	pthread_cond_destroy(&ctx->cv);
 	pthread_mutex_destroy(&ctx->mu);
 	free(ctx->run_name);

@@ -32,7 +32,11 @@ struct mp_group {
 	uint32_t id;     /* same for every member */
 	int size;        /* members */
 	int my_index;    /* this peer's part index */
-	int *members;    /* ranks, in part-index order; capacity = npeers */
+	int *members;    /* peer-table indices, in part-index order; capacity = npeers */
+	/* Matchmade groups (dht): the roster's view, identical on every member.
+	 * NULL: from the peer table (bandwidth) and all MP_MODE_NORMAL. */
+	const double *bw;     /* size entries */
+	const uint8_t *mode;  /* size entries, enum mp_mode */
 };
 
 struct mp_grouping_ops {

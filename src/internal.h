@@ -8,8 +8,10 @@
 #include <moshpit/moshpit.h>
 #include <moshpit/driver.h>
 
+#include "auth.h"
 #include "codec.h"
 #include "grid.h"
+#include "rdv.h"
 #include "wire.h"
 
 /* Built-in drivers (src/driver.c). */
@@ -21,16 +23,33 @@ uint64_t mp_now_ns(void);
 
 /* A peer as this context knows it. */
 struct mp_peer {
-	char addr[MP_ADDR_STRLEN];
+	uint64_t id;                /* static: the rank; dht: from its record or HELLO */
+	int mode;                   /* enum mp_mode */
+	int gone;                   /* said BYE or its record expired: never dialled again */
+	char addr[MP_ADDR_STRLEN];  /* "" when unknown (client peers) */
 	uint8_t blob[MP_DRV_ADDR_MAX];
 	size_t blob_len;
-	double bandwidth;           /* part-size weight; < 0 unknown */
-	struct mp_drv_conn **conns; /* one per stream; NULL = none yet */
+	double bandwidth;           /* part-size weight; < 0 unknown, 0 client */
+	struct mp_drv_conn **conns; /* one per connection index (nconn); NULL = none yet */
 	struct mp_drv_req **hello;  /* connector side: our HELLO still in flight */
 	uint8_t (*hello_buf)[MP_WIRE_HDR_SIZE];
 	int *ready;                 /* per stream: HELLO exchanged, usable */
 	uint64_t *retry_at_ns;      /* connector side: when to dial again after a refusal */
 };
+
+/* Peer table (peers.c). Static runs: n entries, id = rank, fixed. DHT runs:
+ * grows as records and HELLOs name new peers; an index never changes. Only
+ * the progress thread (and mp_init before it starts) touches the table. */
+int mp_peers_init(struct mp_ctx *ctx, int n);
+void mp_peers_free(struct mp_ctx *ctx);
+/* Index of the peer with @id, or -1. */
+int mp_peer_find(const struct mp_ctx *ctx, uint64_t id);
+/* Index of @id, added if new (dht runs only: -EPERM in a static run for an
+ * id that is not a rank). Updates address, bandwidth and mode when given
+ * (@addr NULL or "" keeps the known one). -EINVAL: @addr does not parse. */
+int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double bandwidth, int mode);
+/* The peer left or died: close its connections; it is never dialled again. */
+void mp_peer_gone(struct mp_ctx *ctx, int idx);
 
 /* An accepted connection whose HELLO has not arrived yet. */
 struct mp_pending {
@@ -92,6 +111,20 @@ struct mp_ctx {
 	struct mp_fb *fbs;                 /* error-feedback residues (under mu) */
 	struct mp_grid grid;
 	struct mp_grid_grouping grouping_state;
+
+	/* control plane */
+	struct mp_auth auth;
+	uint64_t self_id;
+	int mode;                          /* own enum mp_mode */
+	int dynamic;                       /* dht rendezvous: peers come and go */
+	int nconn;                         /* connections per peer: streams, then control */
+	int peers_cap;                     /* allocated entries of peers */
+	const struct mp_rdv_ops *rdv;
+	void *rdv_st;
+	int coords[MP_MAX_GRID_DIMS];      /* dht: this peer's grid cell */
+	int left;                          /* mp_leave was called */
+	int clog_fd;                       /* contribution log, or -1 */
+	struct mp_fault *faults;           /* MP_FAULT actions (fault.c) */
 	const struct mp_grouping_ops *grouping;
 
 	/* transport */

@@ -27,7 +27,7 @@ enum {
 	OFF_LENGTH = 44,
 	OFF_WEIGHT = 48,
 	OFF_AUX = 52,
-	OFF_RESERVED = 56,
+	OFF_TOKEN = 56,
 	OFF_CRC = 60,
 };
 
@@ -69,6 +69,8 @@ static const char *const reject_names[MP_REJ_MAX] = {
 	[MP_REJ_FOREIGN_RUN] = "foreign-run",
 	[MP_REJ_UNEXPECTED] = "unexpected",
 	[MP_REJ_WEIGHT] = "weight",
+	[MP_REJ_AUTH] = "auth",
+	[MP_REJ_TOKEN] = "token",
 };
 
 const char *mp_wire_reject_name(enum mp_wire_reject why)
@@ -112,7 +114,7 @@ void mp_wire_encode(const struct mp_wire_hdr *h, void *buf, const void *payload)
 	put32(b + OFF_LENGTH, h->length);
 	put32(b + OFF_WEIGHT, wbits);
 	put32(b + OFF_AUX, h->aux);
-	put32(b + OFF_RESERVED, 0);
+	put32(b + OFF_TOKEN, h->token);
 
 	crc = mp_crc32c(0, b, OFF_CRC);
 	if ((h->flags & MP_WIRE_F_PAYLOAD_CRC) && h->length)
@@ -177,7 +179,7 @@ int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodec
 		return reject(why, MP_REJ_TYPE, -EPROTO);
 	if (t.codec >= ncodecs)
 		return reject(why, MP_REJ_CODEC, -EPROTO);
-	if ((t.flags & ~MP_WIRE_F_KNOWN) || get32(b + OFF_RESERVED) != 0)
+	if (t.flags & ~MP_WIRE_F_KNOWN)
 		return reject(why, MP_REJ_FLAGS, -EPROTO);
 	if (t.length > MP_WIRE_MAX_PAYLOAD)
 		return reject(why, MP_REJ_LENGTH, -EMSGSIZE);

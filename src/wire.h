@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #define MP_WIRE_MAGIC 0x4850534dU /* bytes "MSPH" on the wire */
-#define MP_WIRE_VERSION 1
+#define MP_WIRE_VERSION 2
 #define MP_WIRE_HDR_SIZE 64
 #define MP_WIRE_MAX_PAYLOAD (1u << 30)
 
@@ -21,8 +21,13 @@ enum mp_msg_type {
 	MP_MSG_GATHER = 3,  /* a reduced chunk of the sender's part (all-gather) */
 	MP_MSG_RING_RS = 4, /* ring all-reduce, reduce-scatter step */
 	MP_MSG_RING_AG = 5, /* ring all-reduce, all-gather step */
-	MP_MSG_BYE = 6,     /* orderly leave */
-	MP_MSG_TYPE_MAX = MP_MSG_BYE,
+	MP_MSG_BYE = 6,     /* orderly leave (control connection) */
+	MP_MSG_CHALLENGE = 7, /* acceptor's answer to HELLO: its nonce and MAC */
+	MP_MSG_AUTH = 8,    /* dialer's answer to CHALLENGE: its MAC */
+	MP_MSG_JOIN = 9,    /* matchmaking: follower asks the leader for a place */
+	MP_MSG_BEGIN = 10,  /* matchmaking: leader's confirmed roster, group id */
+	MP_MSG_REJECT = 11, /* matchmaking: leader refuses or disbands (aux: reason) */
+	MP_MSG_TYPE_MAX = MP_MSG_REJECT,
 };
 
 #define MP_WIRE_F_PAYLOAD_CRC 0x01u /* checksum covers the payload too */
@@ -44,7 +49,8 @@ struct mp_wire_hdr {
 	uint32_t length;  /* 44 payload bytes after the header */
 	float weight;     /* 48 weight of the contribution (gather/ring: total weight) */
 	uint32_t aux;     /* 52 type-specific: HELLO stream index; GATHER/RING contributors */
-	/* 56 u32 reserved, must be zero; 60 u32 CRC32C of bytes 0..59 (+ payload) */
+	uint32_t token;   /* 56 session token of the connection (0 during the handshake) */
+	/* 60 u32 CRC32C of bytes 0..59 (+ payload) */
 };
 
 /* Why a frame was rejected; each has a counter. */
@@ -61,6 +67,8 @@ enum mp_wire_reject {
 	MP_REJ_FOREIGN_RUN,
 	MP_REJ_UNEXPECTED,  /* valid frame, but not what this connection expects now */
 	MP_REJ_WEIGHT,      /* weight negative, NaN or infinite */
+	MP_REJ_AUTH,        /* handshake MAC wrong: the peer lacks the run key */
+	MP_REJ_TOKEN,       /* frame with another connection's session token */
 	MP_REJ_MAX,
 };
 

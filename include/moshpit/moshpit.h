@@ -76,6 +76,13 @@ enum mp_codec {
 	MP_CODEC_AUTO = 255,     /**< policy, never on the wire: by buffer size (see doc/codecs.md) */
 };
 
+/** A peer's role (DeDLOC). */
+enum mp_mode {
+	MP_MODE_NORMAL = 0, /**< sends its values and reduces a part */
+	MP_MODE_CLIENT = 1, /**< behind NAT: dials out only, sends its values, reduces nothing */
+	MP_MODE_AUX = 2,    /**< reduces a part but contributes nothing (weight 0) */
+};
+
 /** Log verbosity, as set by MP_DEBUG=WARN|INFO|TRACE. */
 enum mp_log_level {
 	MP_LOG_NONE = 0,
@@ -125,6 +132,38 @@ struct mp_config {
 	                             (default 0.01) */
 	unsigned adacomp_bin;   /**< MP_ADACOMP_BIN: AdaComp bin length L_T; "conv" = 50,
 	                             "fc" = 500 (default) */
+	/* Control plane (doc/control-plane.md). */
+	const char *rendezvous; /**< MP_RENDEZVOUS: "static" (peer list, hostfile, mpirun/srun;
+	                             the default) or "dht" (OpenDHT: no list needed) */
+	const char *bootstrap;  /**< MP_BOOTSTRAP: dht: "host:port[,host:port...]" of any running
+	                             peers' DHT nodes; NULL = this peer starts the run */
+	int dht_port;           /**< MP_DHT_PORT: dht: UDP port of this peer's DHT node (0 = any) */
+	int mode;               /**< MP_MODE: ::mp_mode ("normal", "client", "aux") */
+	double bandwidth;       /**< MP_BANDWIDTH: this peer's bandwidth in any unit the run shares
+	                             (say Mbit/s), sizing its part; < 0 unknown (default) */
+	const char *run_key;    /**< MP_RUN_KEY: the run's secret; peers without it are refused */
+	const char *run_key_file; /**< MP_RUN_KEY_FILE: file holding the secret (used when run_key
+	                             is NULL). With neither, the key derives from the run name and
+	                             the run is open to anyone who knows it (logged) */
+	uint64_t peer_id;       /**< MP_PEER_ID: this peer's id (hex); 0 = random (dht) or the rank */
+	int group_size;         /**< MP_GROUP_SIZE: target group size; 0 = the grid's size along the
+	                             varied dimension */
+	int min_group_size;     /**< MP_MIN_GROUP_SIZE: smallest group a leader starts (default 2) */
+	int matchmaking_ms;     /**< MP_MATCHMAKING_MS: a declaration's lifetime: how long a leader
+	                             waits for its group to fill (default 5000) */
+	int request_timeout_ms; /**< MP_REQUEST_TIMEOUT_MS: a follower's wait for the leader's answer
+	                             (default 3000) */
+	int allreduce_timeout_ms; /**< MP_ALLREDUCE_TIMEOUT_MS: longest group all-reduce; members
+	                             still missing are dropped (default 60000) */
+	int record_ttl_ms;      /**< MP_RECORD_TTL_MS: dht: membership record lifetime, refreshed
+	                             every third of it; a dead peer vanishes within it (default 15000) */
+	int join_timeout_ms;    /**< MP_JOIN_TIMEOUT_MS: dht: how long ::mp_init waits to see npeers
+	                             peers when npeers is set (default 30000) */
+	uint64_t min_part;      /**< MP_MIN_PART: smallest part (values) a reducer gets; smaller parts
+	                             go to the others (default 0) */
+	const char *contrib_log;/**< MP_CONTRIB_LOG: file this peer appends its rounds to: groups,
+	                             contributions reduced, parts applied (doc/control-plane.md) */
+	const char *fault;      /**< MP_FAULT: fault injection for tests (doc/control-plane.md) */
 };
 
 /** Counters of one averaging operation. */
@@ -142,6 +181,8 @@ struct mp_result {
 	uint64_t values_sent;    /**< fp32 values carried by the frames this peer sent: the
 	                              compression ratio on the wire is
 	                              4 * values_sent / bytes_sent (headers included) */
+	int rounds_alone;        /**< rounds in which no group formed (values kept as they were) */
+	int group_size;          /**< members of the last round's group (this peer included) */
 };
 
 /**
@@ -275,6 +316,51 @@ int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
  * @return as ::mp_average_start and ::mp_wait
  */
 int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res);
+
+/**
+ * Split @p total values into parts for @p n reducers by bandwidth, as
+ * DeDLOC's linear program does: minimise the largest time any peer spends,
+ * (1 + (n-2)·w_i)/b_i for shares w_i that sum to 1, with w_i = 0 for client
+ * peers (bandwidth 0). Parts below @p min_part are dropped and the rest solved
+ * again. Deterministic: the same inputs give the same parts on every host.
+ * @param total values to split
+ * @param bandwidth @p n bandwidths: > 0 known, 0 client (no part), < 0
+ *        unknown (the mean of the known ones; all unknown: equal parts)
+ * @param n number of peers (>= 1)
+ * @param min_part smallest part worth giving (0 = any)
+ * @param[out] parts @p n part sizes, summing to @p total
+ * @return 0; -EINVAL (bad arguments, NaN or infinite bandwidth, or every
+ *         peer a client while @p total > 0)
+ */
+int mp_balance_parts(uint64_t total, const double *bandwidth, int n, uint64_t min_part,
+		     uint64_t *parts);
+
+/**
+ * This peer's id: the rank in a static run, random (or MP_PEER_ID) with the
+ * DHT rendezvous. @param ctx context @return id
+ */
+uint64_t mp_peer_id(const mp_ctx *ctx);
+
+/**
+ * Address of this peer's DHT node, "host:port", for other peers'
+ * --bootstrap / MP_BOOTSTRAP.
+ * @return 0; -ENOTSUP without the dht rendezvous; -ENOSPC if @p len is too small
+ */
+int mp_dht_address(mp_ctx *ctx, char *buf, size_t len);
+
+/**
+ * Leave the run in an orderly way: tell connected peers (BYE) and the
+ * rendezvous (a bye record), so that nobody waits for this peer. Averaging
+ * afterwards fails with -ESHUTDOWN; ::mp_finalize calls it if needed.
+ * @return 0
+ */
+int mp_leave(mp_ctx *ctx);
+
+/**
+ * Parse a mode name. @param s "normal", "client" or "aux"
+ * @return ::mp_mode value, or -EINVAL
+ */
+int mp_mode_from_name(const char *s);
 
 /**
  * Name of a negative errno returned by this library.
