@@ -322,7 +322,8 @@ int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_re
  * DeDLOC's linear program does: minimise the largest time any peer spends,
  * (1 + (n-2)·w_i)/b_i for shares w_i that sum to 1, with w_i = 0 for client
  * peers (bandwidth 0). Parts below @p min_part are dropped and the rest solved
- * again. Deterministic: the same inputs give the same parts on every host.
+ * again, one peer at a time, slowest first (the fastest is never dropped).
+ * Deterministic: the same inputs give the same parts on every host.
  * @param total values to split
  * @param bandwidth @p n bandwidths: > 0 known, 0 client (no part), < 0
  *        unknown (the mean of the known ones; all unknown: equal parts)
@@ -330,7 +331,7 @@ int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_re
  * @param min_part smallest part worth giving (0 = any)
  * @param[out] parts @p n part sizes, summing to @p total
  * @return 0; -EINVAL (bad arguments, NaN or infinite bandwidth, or every
- *         peer a client while @p total > 0)
+ *         peer a client while @p total > 0); -ENOMEM
  */
 int mp_balance_parts(uint64_t total, const double *bandwidth, int n, uint64_t min_part,
 		     uint64_t *parts);
