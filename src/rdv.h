@@ -95,9 +95,10 @@ extern const struct mp_rdv_ops *const mp_rdv_dht_ops;
 /* Wall-clock milliseconds. */
 uint64_t mp_wall_ms(void);
 
-/* Record and declaration encodings (rdv_dht.c; exposed for tests). Encoded
+/* Record and declaration encodings (rdv_record.c; exposed for tests). Encoded
  * values carry the MAC; decode verifies it and returns -EACCES on a bad MAC,
- * -EBADMSG when malformed. @key binds a declaration to its group key. */
+ * -EBADMSG when malformed, -EPROTO for another run's record. @key binds a
+ * declaration to its group key. */
 #define MP_RECORD_WIRE_MAX 256
 int mp_record_encode(const struct mp_auth *a, const char *run_name, const struct mp_record *r,
 		     uint8_t *buf, size_t cap, size_t *len);
