@@ -1,14 +1,24 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Connections between peers. The lower rank dials, the higher rank accepts,
- * so each (pair, stream) has exactly one connection. The dialer's first
- * message is a HELLO frame (run, rank, stream); an accepted connection is
- * anonymous until its HELLO arrives and passes validation. A connection is
- * handed to the algorithms only once it is known good: for the dialer when
- * the HELLO has left (the transport connected), for the acceptor when the
- * HELLO has been checked.
+ * Connections between peers and their handshake (doc/protocol.md,
+ * "Connection handshake"). A pair of peers has nconn connections: the data
+ * streams 0..streams-1, then the control connection (index streams). One side
+ * dials each: a client peer always (it does not listen), else the lower id.
+ *
+ * The dialer sends HELLO (its id, a nonce, its mode, bandwidth and address);
+ * the acceptor answers CHALLENGE (its own nonce and a MAC that only a holder
+ * of the run key can make); the dialer checks it and answers AUTH (its MAC
+ * over both nonces). Only a verified AUTH makes the acceptor adopt the
+ * connection, or learn a peer it did not know: a peer without the key
+ * changes nothing. Both sides derive the connection's session token from the
+ * two nonces, and the engine stamps it on every frame. A connection is handed
+ * out (mp_conn_get) only once it is known good: for the dialer when its AUTH
+ * is posted, for the acceptor when the AUTH has been checked.
  */
 #include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +26,115 @@
 #include "log.h"
 
 #define RETRY_NS (100ull * 1000 * 1000)
+
+static void put32(uint8_t *b, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		b[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *b, uint64_t v)
+{
+	put32(b, (uint32_t)v);
+	put32(b + 4, (uint32_t)(v >> 32));
+}
+
+static uint64_t get64(const uint8_t *b)
+{
+	uint64_t v = 0;
+
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | b[i];
+	return v;
+}
+
+/* The rank in a static run, the 16 hex digits of the id in a dht run. */
+static const char *id_str(const struct mp_ctx *ctx, uint64_t id, char buf[24])
+{
+	snprintf(buf, 24, ctx->dynamic ? "%016llx" : "%llu", (unsigned long long)id);
+	return buf;
+}
+
+/* What one handshake binds together. */
+struct hs {
+	const uint8_t *nonce_d, *nonce_a;
+	uint64_t dialer, acceptor;
+	uint32_t idx;
+};
+
+/*
+ * The MAC of a handshake step under the run key, into @mac; with @check,
+ * verify @mac instead (0 or -EACCES). CHALLENGE covers (nonce_d, dialer,
+ * acceptor, index, run id); AUTH covers (nonce_a, nonce_d, dialer, acceptor,
+ * index). Integers go in as little-endian bytes.
+ */
+static int hs_mac(const struct mp_ctx *ctx, enum mp_auth_domain d, const struct hs *s,
+		  uint8_t mac[MP_MAC_BYTES], int check)
+{
+	uint8_t dialer[8], acceptor[8], idx[4], run[8];
+	struct mp_auth_piece pc[5];
+	int n = 0;
+
+	put64(dialer, s->dialer);
+	put64(acceptor, s->acceptor);
+	put32(idx, s->idx);
+	put64(run, ctx->run_id);
+	if (d == MP_AUTH_RESPONSE)
+		pc[n++] = (struct mp_auth_piece){s->nonce_a, MP_NONCE_BYTES};
+	pc[n++] = (struct mp_auth_piece){s->nonce_d, MP_NONCE_BYTES};
+	pc[n++] = (struct mp_auth_piece){dialer, sizeof(dialer)};
+	pc[n++] = (struct mp_auth_piece){acceptor, sizeof(acceptor)};
+	pc[n++] = (struct mp_auth_piece){idx, sizeof(idx)};
+	if (d == MP_AUTH_CHALLENGE)
+		pc[n++] = (struct mp_auth_piece){run, sizeof(run)};
+	if (check)
+		return mp_auth_verify(&ctx->auth, d, pc, n, mac);
+	mp_auth_mac(&ctx->auth, d, pc, n, mac);
+	return 0;
+}
+
+/* Session token: the first 4 bytes (little-endian) of MAC(nonce_d, nonce_a);
+ * never 0, which marks handshake frames. */
+static uint32_t hs_token(const struct mp_ctx *ctx, const struct hs *s)
+{
+	const struct mp_auth_piece pc[2] = {{s->nonce_d, MP_NONCE_BYTES},
+					    {s->nonce_a, MP_NONCE_BYTES}};
+	uint8_t mac[MP_MAC_BYTES];
+	uint32_t t;
+
+	mp_auth_mac(&ctx->auth, MP_AUTH_TOKEN, pc, 2, mac);
+	t = (uint32_t)mac[0] | (uint32_t)mac[1] << 8 | (uint32_t)mac[2] << 16 |
+	    (uint32_t)mac[3] << 24;
+	return t ? t : 1;
+}
+
+/* Header fields every handshake frame shares. */
+static struct mp_wire_hdr hs_header(const struct mp_ctx *ctx, uint8_t type, uint32_t idx,
+				    uint32_t length)
+{
+	struct mp_wire_hdr h = {
+		.type = type,
+		/* The codec field must be a wire id; the configured choice, "auto"
+		 * included, travels in part. */
+		.codec = (uint8_t)(ctx->codec_cfg == MP_CODEC_AUTO ? MP_CODEC_NONE : ctx->codec_cfg),
+		.part = (uint32_t)ctx->codec_cfg,
+		/* Payloads hold MACs: a corrupted one must not read as a wrong key. */
+		.flags = MP_WIRE_F_PAYLOAD_CRC,
+		.run_id = ctx->run_id,
+		.sender = (uint32_t)ctx->self_id,
+		.offset = ctx->self_id,
+		.aux = idx,
+		.length = length,
+	};
+	return h;
+}
+
+static void count_reject(struct mp_ctx *ctx, enum mp_wire_reject why)
+{
+	ctx->rejected[why]++;
+	if (ctx->cur_res)
+		ctx->cur_res->frames_rejected++;
+}
 
 void mp_reap(struct mp_ctx *ctx, struct mp_drv_req *req)
 {
@@ -28,127 +147,347 @@ void mp_reap(struct mp_ctx *ctx, struct mp_drv_req *req)
 	}
 }
 
-void mp_conn_drop(struct mp_ctx *ctx, int peer, int stream)
+void mp_conn_drop(struct mp_ctx *ctx, int peer, int idx)
 {
 	struct mp_peer *p = &ctx->peers[peer];
+	struct mp_link *l = &p->links[idx];
 
-	if (!p->conns[stream])
+	if (!p->conns[idx])
 		return;
-	ctx->ops->close(p->conns[stream]);
-	p->conns[stream] = NULL;
-	mp_reap(ctx, p->hello[stream]);
-	p->hello[stream] = NULL;
+	ctx->ops->close(p->conns[idx]);
+	p->conns[idx] = NULL;
+	p->ready[idx] = 0;
+	mp_reap(ctx, l->sreq);
+	mp_reap(ctx, l->rreq);
+	l->sreq = l->rreq = NULL;
+	l->token = 0;
 }
 
-static void hello_header(struct mp_ctx *ctx, int stream, uint8_t *buf)
+uint32_t mp_conn_token(struct mp_ctx *ctx, int peer, int idx)
 {
-	struct mp_wire_hdr h = {
-		.type = MP_MSG_HELLO,
-		/* The codec field must be a wire id; the configured choice, "auto"
-		 * included, travels in part. */
-		.codec = (uint8_t)(ctx->codec_cfg == MP_CODEC_AUTO ? MP_CODEC_NONE : ctx->codec_cfg),
-		.part = (uint32_t)ctx->codec_cfg,
-		.run_id = ctx->run_id,
-		.sender = (uint32_t)ctx->rank,
-		.count = (uint32_t)ctx->npeers,
-		.aux = (uint32_t)stream,
-	};
-	mp_wire_encode(&h, buf, NULL);
+	const struct mp_peer *p = &ctx->peers[peer];
+
+	return p->ready[idx] ? p->links[idx].token : 0;
 }
 
-static int dial(struct mp_ctx *ctx, int peer, int stream)
+/* 1 if this side dials @p, 0 if @p dials, -ENOTCONN if neither (two clients). */
+static int we_dial(const struct mp_ctx *ctx, const struct mp_peer *p)
+{
+	int me_client = ctx->mode == MP_MODE_CLIENT, it_client = p->mode == MP_MODE_CLIENT;
+
+	if (me_client && it_client)
+		return -ENOTCONN;
+	if (me_client || it_client)
+		return me_client;
+	return ctx->self_id < p->id;
+}
+
+/* HELLO for connection @idx into @buf; returns the frame's bytes. */
+static size_t hello_frame(const struct mp_ctx *ctx, int idx, const uint8_t *nonce, uint8_t *buf)
+{
+	uint8_t *pl = buf + MP_WIRE_HDR_SIZE;
+	/* A client accepts nothing, so it has no address to give. */
+	const char *addr = ctx->listener && ctx->mode != MP_MODE_CLIENT ? ctx->local_addr : "";
+	size_t alen = strlen(addr) + 1;
+	uint64_t bw;
+	struct mp_wire_hdr h = hs_header(ctx, MP_MSG_HELLO, (uint32_t)idx,
+					 (uint32_t)(MP_HELLO_FIXED + alen));
+
+	h.count = ctx->dynamic ? 0 : (uint32_t)ctx->npeers;
+	memcpy(pl, nonce, MP_NONCE_BYTES);
+	pl[MP_NONCE_BYTES] = (uint8_t)ctx->mode;
+	memcpy(&bw, &ctx->cfg.bandwidth, sizeof(bw));
+	put64(pl + MP_NONCE_BYTES + 1, bw);
+	memcpy(pl + MP_HELLO_FIXED, addr, alen);
+	mp_wire_encode(&h, buf, pl);
+	return MP_WIRE_HDR_SIZE + h.length;
+}
+
+static int dial(struct mp_ctx *ctx, int peer, int idx)
 {
 	struct mp_peer *p = &ctx->peers[peer];
+	struct mp_link *l = &p->links[idx];
 	struct mp_drv_conn *c;
 	struct mp_iov iov;
+	char name[24];
 	int rc;
 
 	rc = ctx->ops->connect(ctx->drv, p->blob, p->blob_len, &c);
 	if (rc)
 		return rc;
-	hello_header(ctx, stream, p->hello_buf[stream]);
-	iov.base = p->hello_buf[stream];
-	iov.len = MP_WIRE_HDR_SIZE;
-	rc = ctx->ops->isend(c, &iov, 1, NULL, &p->hello[stream]);
+	mp_auth_random(l->nonce_d, sizeof(l->nonce_d));
+	iov.base = l->sbuf;
+	iov.len = hello_frame(ctx, idx, l->nonce_d, l->sbuf);
+	rc = ctx->ops->irecv(c, l->rbuf, sizeof(l->rbuf), NULL, &l->rreq);
+	if (!rc)
+		rc = ctx->ops->isend(c, &iov, 1, NULL, &l->sreq);
 	if (rc) {
 		ctx->ops->close(c);
+		mp_reap(ctx, l->rreq);
+		l->rreq = NULL;
 		return rc;
 	}
-	p->conns[stream] = c;
-	p->ready[stream] = 0;
-	MP_TRACE("dialing peer %d (%s) stream %d", peer, p->addr, stream);
+	p->conns[idx] = c;
+	p->ready[idx] = 0;
+	l->since_ns = mp_now_ns();
+	MP_TRACE("dialing peer %s (%s) connection %d", id_str(ctx, p->id, name), p->addr, idx);
 	return 0;
 }
 
-struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int stream, int *err)
+/*
+ * The CHALLENGE of (@peer, @idx) arrived (@len bytes): check that the
+ * acceptor holds the run key, then answer AUTH. Returns 0 (ready), -EACCES
+ * (wrong MAC) or -EPROTO (not a CHALLENGE for this connection), both
+ * counted, or the error of posting the AUTH.
+ */
+static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 {
 	struct mp_peer *p = &ctx->peers[peer];
+	struct mp_link *l = &p->links[idx];
+	const uint8_t *pl = l->rbuf + MP_WIRE_HDR_SIZE;
+	enum mp_wire_reject why = MP_REJ_NONE;
+	struct hs s = {.nonce_d = l->nonce_d, .nonce_a = pl, .dialer = ctx->self_id,
+		       .acceptor = p->id, .idx = (uint32_t)idx};
+	uint8_t mac[MP_MAC_BYTES];
+	struct mp_wire_hdr h;
+	struct mp_iov iov;
+	char name[24];
+	int rc;
+
+	id_str(ctx, p->id, name);
+	if (mp_wire_decode(l->rbuf, len, ctx->run_id, mp_codec_count(), &h, &why) == 0 &&
+	    (h.type != MP_MSG_CHALLENGE || h.token || h.offset != p->id ||
+	     h.sender != (uint32_t)p->id || h.aux != (uint32_t)idx ||
+	     h.length != MP_NONCE_BYTES + MP_MAC_BYTES))
+		why = MP_REJ_UNEXPECTED;
+	if (why) {
+		count_reject(ctx, why);
+		MP_WARN("peer %s (%s) connection %d: refused its answer to our HELLO: %s", name,
+			p->addr, idx, mp_wire_reject_name(why));
+		return -EPROTO;
+	}
+	memcpy(mac, pl + MP_NONCE_BYTES, sizeof(mac));
+	if (hs_mac(ctx, MP_AUTH_CHALLENGE, &s, mac, 1)) {
+		count_reject(ctx, MP_REJ_AUTH);
+		/* Retried every RETRY_NS: say so at powers of two, not each time. */
+		l->auth_fails++;
+		if (!(l->auth_fails & (l->auth_fails - 1)))
+			MP_WARN("peer %s (%s) failed authentication (wrong run key?): its CHALLENGE "
+				"on connection %d has a wrong MAC (%u in a row)", name, p->addr, idx,
+				l->auth_fails);
+		return -EACCES;
+	}
+	hs_mac(ctx, MP_AUTH_RESPONSE, &s, mac, 0);
+	l->token = hs_token(ctx, &s);
+	h = hs_header(ctx, MP_MSG_AUTH, (uint32_t)idx, MP_MAC_BYTES);
+	memcpy(l->sbuf + MP_WIRE_HDR_SIZE, mac, sizeof(mac));
+	mp_wire_encode(&h, l->sbuf, l->sbuf + MP_WIRE_HDR_SIZE);
+	iov.base = l->sbuf;
+	iov.len = MP_AUTH_LEN;
+	rc = ctx->ops->isend(p->conns[idx], &iov, 1, NULL, &l->sreq);
+	if (rc)
+		return rc;
+	p->ready[idx] = 1;
+	l->auth_fails = 0;
+	MP_INFO("connected to peer %s (%s) connection %d", name, p->addr, idx);
+	return 0;
+}
+
+/* Move the dialer's handshake of (@peer, @idx) on. A failure closes the
+ * connection, schedules the next dial and is kept for mp_conn_get to report. */
+static void handshake(struct mp_ctx *ctx, int peer, int idx)
+{
+	struct mp_peer *p = &ctx->peers[peer];
+	struct mp_link *l = &p->links[idx];
+	size_t len = 0;
+	int rc, done = 0;
+	char name[24];
+
+	/* The CHALLENGE is taken only once our HELLO is out, so that one send
+	 * request serves the HELLO and then the AUTH. */
+	if (l->sreq) {
+		rc = ctx->ops->test(l->sreq, &done, NULL);
+		if (!done)
+			goto wait;
+		l->sreq = NULL;
+		if (rc)
+			goto failed;
+	}
+	rc = ctx->ops->test(l->rreq, &done, &len);
+	if (!done)
+		goto wait;
+	l->rreq = NULL;
+	if (rc == -EMSGSIZE) {
+		count_reject(ctx, MP_REJ_LENGTH);
+		MP_WARN("peer %s (%s) connection %d: its answer to our HELLO is too long",
+			id_str(ctx, p->id, name), p->addr, idx);
+		rc = -EPROTO;
+	} else if (!rc) {
+		rc = challenge_arrived(ctx, peer, idx, len);
+		if (!rc)
+			return;
+	} else {
+		/* Refused or reset while connecting: the peer may not listen yet. */
+		MP_TRACE("connect to peer %s (%s) failed: %s; retrying", id_str(ctx, p->id, name),
+			 p->addr, mp_strerror(rc));
+	}
+	goto failed;
+wait:
+	if (mp_now_ns() - l->since_ns <= (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull)
+		return;
+	MP_INFO("peer %s (%s) connection %d: no answer to our HELLO within %d ms; retrying",
+		id_str(ctx, p->id, name), p->addr, idx, ctx->cfg.connect_timeout_ms);
+	rc = -ETIMEDOUT;
+failed:
+	mp_conn_drop(ctx, peer, idx);
+	l->retry_at_ns = mp_now_ns() + RETRY_NS;
+	l->err = rc;
+}
+
+struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err)
+{
+	struct mp_peer *p = &ctx->peers[peer];
+	struct mp_link *l = &p->links[idx];
 	uint64_t now;
 	int rc, done = 0;
 
 	*err = 0;
-	if (p->conns[stream] && p->ready[stream])
-		return p->conns[stream];
-	if (ctx->rank > peer)
-		return NULL; /* the other side dials; mp_conn_poll adopts it */
-	if (p->conns[stream]) {
-		rc = ctx->ops->test(p->hello[stream], &done, NULL);
+	if (p->conns[idx] && p->ready[idx]) {
+		if (!l->sreq)
+			return p->conns[idx];
+		/* Our AUTH: once it is out, nothing of the handshake is in flight. */
+		rc = ctx->ops->test(l->sreq, &done, NULL);
 		if (!done)
-			return NULL;
-		p->hello[stream] = NULL;
-		if (!rc) {
-			p->ready[stream] = 1;
-			MP_INFO("connected to peer %d (%s) stream %d", peer, p->addr, stream);
-			return p->conns[stream];
-		}
-		/* Refused or reset while connecting: the peer may not listen yet. */
-		MP_TRACE("connect to peer %d (%s) failed: %s; retrying", peer, p->addr, mp_strerror(rc));
-		ctx->ops->close(p->conns[stream]);
-		p->conns[stream] = NULL;
-		p->retry_at_ns[stream] = mp_now_ns() + RETRY_NS;
+			return p->conns[idx];
+		l->sreq = NULL;
+		if (!rc)
+			return p->conns[idx];
+		mp_conn_drop(ctx, peer, idx);
+		l->retry_at_ns = mp_now_ns() + RETRY_NS;
+		*err = rc;
+		return NULL;
+	}
+	if (p->gone) {
+		*err = -ENOTCONN;
+		return NULL;
+	}
+	rc = we_dial(ctx, p);
+	if (rc <= 0) {
+		/* 0: the other side dials, and mp_conn_poll adopts it. */
 		*err = rc;
 		return NULL;
 	}
 	now = mp_now_ns();
-	if (now < p->retry_at_ns[stream])
-		return NULL;
-	rc = dial(ctx, peer, stream);
-	if (rc) {
-		p->retry_at_ns[stream] = now + RETRY_NS;
-		*err = rc;
+	if (p->conns[idx]) {
+		handshake(ctx, peer, idx);
+	} else if (now >= l->retry_at_ns && p->blob_len) {
+		/* (Without an address, not learned yet, wait for one.) */
+		rc = dial(ctx, peer, idx);
+		if (rc) {
+			l->retry_at_ns = now + RETRY_NS;
+			l->err = rc;
+		}
 	}
-	return NULL;
+	/* The last failure, reported once (mp_conn_poll may have met it). */
+	*err = l->err;
+	l->err = 0;
+	return p->conns[idx] && p->ready[idx] ? p->conns[idx] : NULL;
+}
+
+/* ---- acceptor side ----------------------------------------------------- */
+
+static void pend_close(struct mp_ctx *ctx, struct mp_pending *pd)
+{
+	ctx->ops->close(pd->conn);
+	mp_reap(ctx, pd->req);
+	mp_reap(ctx, pd->sreq);
+	pd->conn = NULL;
+	pd->req = pd->sreq = NULL;
 }
 
 static void reject(struct mp_ctx *ctx, struct mp_pending *pd, enum mp_wire_reject why,
-		   const char *detail)
+		   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void reject(struct mp_ctx *ctx, struct mp_pending *pd, enum mp_wire_reject why,
+		   const char *fmt, ...)
 {
-	ctx->rejected[why]++;
-	if (ctx->cur_res)
-		ctx->cur_res->frames_rejected++;
+	char detail[160];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, ap);
+	va_end(ap);
+	count_reject(ctx, why);
 	MP_WARN("rejected an incoming connection: %s (%s)", mp_wire_reject_name(why), detail);
-	ctx->ops->close(pd->conn);
-	mp_reap(ctx, pd->req);
-	pd->conn = NULL;
+	pend_close(ctx, pd);
 }
 
-/* A HELLO arrived on a pending connection: check it and adopt the connection. */
-static void adopt(struct mp_ctx *ctx, struct mp_pending *pd, int status, size_t len)
+/* Checks of a HELLO's payload and claims; on success fills @pd. */
+static int hello_payload(struct mp_ctx *ctx, struct mp_pending *pd, const struct mp_wire_hdr *h)
 {
-	struct mp_wire_hdr h;
+	const uint8_t *pl = pd->buf + MP_WIRE_HDR_SIZE;
+	const char *addr = (const char *)pl + MP_HELLO_FIXED;
+	uint64_t bits;
+	char name[24];
+	int known;
+
+	if (h->length < MP_HELLO_FIXED + 1 ||
+	    memchr(addr, 0, h->length - MP_HELLO_FIXED) != addr + h->length - MP_HELLO_FIXED - 1 ||
+	    pl[MP_NONCE_BYTES] > MP_MODE_AUX || h->sender != (uint32_t)h->offset) {
+		reject(ctx, pd, MP_REJ_UNEXPECTED, "malformed HELLO");
+		return -EPROTO;
+	}
+	pd->id = h->offset;
+	pd->idx = h->aux;
+	pd->mode = pl[MP_NONCE_BYTES];
+	bits = get64(pl + MP_NONCE_BYTES + 1);
+	memcpy(&pd->bandwidth, &bits, sizeof(bits));
+	memcpy(pd->nonce_d, pl, MP_NONCE_BYTES);
+	strcpy(pd->addr, addr);
+	id_str(ctx, pd->id, name);
+	if (!isfinite(pd->bandwidth) || pd->idx >= (uint32_t)ctx->nconn || pd->id == ctx->self_id) {
+		reject(ctx, pd, MP_REJ_UNEXPECTED, "HELLO from peer %s: bad bandwidth, connection "
+		       "index %u or our own id", name, pd->idx);
+		return -EPROTO;
+	}
+	if (ctx->mode == MP_MODE_CLIENT || (pd->mode != MP_MODE_CLIENT && pd->id > ctx->self_id)) {
+		reject(ctx, pd, MP_REJ_UNEXPECTED, "peer %s dialled, but %s", name,
+		       ctx->mode == MP_MODE_CLIENT ? "a client accepts no connections"
+						   : "the lower id dials");
+		return -EPROTO;
+	}
+	if (ctx->dynamic ? h->count != 0
+			 : (pd->id >= (uint64_t)ctx->npeers || h->count != (uint32_t)ctx->npeers)) {
+		reject(ctx, pd, MP_REJ_UNEXPECTED, "HELLO from an unknown rank %s or with %u peers",
+		       name, h->count);
+		return -EPROTO;
+	}
+	known = mp_peer_find(ctx, pd->id);
+	if (known >= 0 && ctx->peers[known].gone) {
+		reject(ctx, pd, MP_REJ_UNEXPECTED, "peer %s has left the run", name);
+		return -EPROTO;
+	}
+	if (ctx->dynamic && *addr) {
+		uint8_t blob[MP_DRV_ADDR_MAX];
+		size_t blen = sizeof(blob);
+		if (ctx->ops->addr_parse(ctx->drv, addr, blob, &blen)) {
+			reject(ctx, pd, MP_REJ_UNEXPECTED, "peer %s gives an unusable address", name);
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
+/* A HELLO arrived on a pending connection: check it and send the CHALLENGE. */
+static void hello_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
+{
+	uint8_t *out = pd->buf + MP_HELLO_MAX;
 	enum mp_wire_reject why = MP_REJ_NONE;
+	struct mp_wire_hdr h;
+	struct mp_iov iov;
+	struct hs s;
 	int rc;
 
-	pd->req = NULL;
-	if (status) {
-		if (status == -EMSGSIZE) {
-			reject(ctx, pd, MP_REJ_LENGTH, "first message is not a HELLO");
-		} else {
-			ctx->ops->close(pd->conn);
-			pd->conn = NULL;
-		}
-		return;
-	}
 	rc = mp_wire_decode(pd->buf, len, ctx->run_id, mp_codec_count(), &h, &why);
 	if (rc) {
 		reject(ctx, pd, why, "bad HELLO");
@@ -160,84 +499,192 @@ static void adopt(struct mp_ctx *ctx, struct mp_pending *pd, int status, size_t 
 		reject(ctx, pd, MP_REJ_CODEC, "the peer uses another codec");
 		return;
 	}
-	if (h.type != MP_MSG_HELLO || h.sender >= (uint32_t)ctx->npeers ||
-	    h.sender == (uint32_t)ctx->rank || (int)h.sender > ctx->rank ||
-	    h.aux >= (uint32_t)ctx->streams || h.count != (uint32_t)ctx->npeers) {
-		reject(ctx, pd, MP_REJ_UNEXPECTED, "HELLO from an unknown rank or stream");
+	if (h.type != MP_MSG_HELLO || h.token) {
+		reject(ctx, pd, MP_REJ_UNEXPECTED, "first message is not a HELLO");
 		return;
 	}
-	struct mp_peer *p = &ctx->peers[h.sender];
-	if (p->conns[h.aux]) {
-		/* The peer reconnected (it lost the old connection first). */
-		MP_INFO("peer %u stream %u reconnected", h.sender, h.aux);
-		mp_conn_drop(ctx, (int)h.sender, (int)h.aux);
+	if (hello_payload(ctx, pd, &h))
+		return;
+	mp_auth_random(pd->nonce_a, sizeof(pd->nonce_a));
+	s = (struct hs){.nonce_d = pd->nonce_d, .nonce_a = pd->nonce_a, .dialer = pd->id,
+			.acceptor = ctx->self_id, .idx = pd->idx};
+	h = hs_header(ctx, MP_MSG_CHALLENGE, pd->idx, MP_NONCE_BYTES + MP_MAC_BYTES);
+	memcpy(out + MP_WIRE_HDR_SIZE, pd->nonce_a, MP_NONCE_BYTES);
+	hs_mac(ctx, MP_AUTH_CHALLENGE, &s, out + MP_WIRE_HDR_SIZE + MP_NONCE_BYTES, 0);
+	mp_wire_encode(&h, out, out + MP_WIRE_HDR_SIZE);
+	iov.base = out;
+	iov.len = MP_CHALLENGE_LEN;
+	rc = ctx->ops->irecv(pd->conn, pd->buf, MP_AUTH_LEN, NULL, &pd->req);
+	if (!rc)
+		rc = ctx->ops->isend(pd->conn, &iov, 1, NULL, &pd->sreq);
+	if (rc) {
+		pend_close(ctx, pd);
+		return;
 	}
-	p->conns[h.aux] = pd->conn;
-	p->ready[h.aux] = 1;
+	pd->got_hello = 1;
+}
+
+/* The AUTH arrived: verify it, then learn the peer and adopt the connection. */
+static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
+{
+	enum mp_wire_reject why = MP_REJ_NONE;
+	struct hs s = {.nonce_d = pd->nonce_d, .nonce_a = pd->nonce_a, .dialer = pd->id,
+		       .acceptor = ctx->self_id, .idx = pd->idx};
+	struct mp_wire_hdr h;
+	struct mp_peer *p;
+	char name[24];
+	int peer;
+
+	id_str(ctx, pd->id, name);
+	if (mp_wire_decode(pd->buf, len, ctx->run_id, mp_codec_count(), &h, &why)) {
+		reject(ctx, pd, why, "bad AUTH from peer %s", name);
+		return;
+	}
+	if (h.type != MP_MSG_AUTH || h.token || h.offset != pd->id || h.aux != pd->idx ||
+	    h.length != MP_MAC_BYTES) {
+		reject(ctx, pd, MP_REJ_UNEXPECTED, "peer %s did not answer the CHALLENGE with AUTH",
+		       name);
+		return;
+	}
+	if (hs_mac(ctx, MP_AUTH_RESPONSE, &s, pd->buf + MP_WIRE_HDR_SIZE, 1)) {
+		/* A static run knows where its ranks are; a dht dialer says so itself. */
+		reject(ctx, pd, MP_REJ_AUTH, "peer %s (%s) failed authentication (wrong run key?)",
+		       name, ctx->dynamic ? pd->addr : ctx->peers[pd->id].addr);
+		return;
+	}
+	/* The dialer answered, so our CHALLENGE is out. */
+	mp_reap(ctx, pd->sreq);
+	pd->sreq = NULL;
+	if (ctx->dynamic) {
+		peer = mp_peer_learn(ctx, pd->id, pd->addr, pd->bandwidth, pd->mode);
+	} else {
+		peer = (int)pd->id;
+		/* A static run's table does not know who is a client until it dials. */
+		ctx->peers[peer].mode = pd->mode;
+	}
+	if (peer < 0 || ctx->peers[peer].gone) {
+		MP_WARN("peer %s authenticated, but cannot be added: %s", name,
+			peer < 0 ? mp_strerror(peer) : "it has left the run");
+		pend_close(ctx, pd);
+		return;
+	}
+	p = &ctx->peers[peer];
+	if (p->conns[pd->idx]) {
+		/* The peer reconnected (it lost the old connection first), or, a
+		 * client, overtook our own dial. */
+		MP_INFO("peer %s connection %u reconnected", name, pd->idx);
+		mp_conn_drop(ctx, peer, (int)pd->idx);
+	}
+	p->conns[pd->idx] = pd->conn;
+	p->ready[pd->idx] = 1;
+	p->links[pd->idx].token = hs_token(ctx, &s);
 	pd->conn = NULL;
-	MP_INFO("accepted peer %u (%s) stream %u", h.sender, p->addr, h.aux);
+	MP_INFO("accepted peer %s (%s) connection %u", name, p->addr, pd->idx);
+}
+
+/* A free pending slot with its buffer, or NULL (no memory). */
+static struct mp_pending *pend_slot(struct mp_ctx *ctx)
+{
+	struct mp_pending *pd = NULL;
+	uint8_t *buf;
+
+	for (int i = 0; i < ctx->npend && !pd; i++)
+		if (!ctx->pend[i].conn)
+			pd = &ctx->pend[i];
+	if (!pd) {
+		if (ctx->npend == ctx->pend_cap) {
+			int nc = ctx->pend_cap ? ctx->pend_cap * 2 : 16;
+			struct mp_pending *np = realloc(ctx->pend, (size_t)nc * sizeof(*np));
+			if (!np)
+				return NULL;
+			ctx->pend = np;
+			ctx->pend_cap = nc;
+		}
+		pd = &ctx->pend[ctx->npend++];
+		pd->buf = NULL;
+	}
+	if (!pd->buf && !(pd->buf = malloc(MP_HELLO_MAX + MP_CHALLENGE_LEN)))
+		return NULL;
+	buf = pd->buf;
+	memset(pd, 0, sizeof(*pd));
+	pd->buf = buf;
+	return pd;
 }
 
 void mp_conn_poll(struct mp_ctx *ctx)
 {
+	const uint64_t conn_to = (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
 	struct mp_drv_conn *c;
+	uint64_t now;
 	int rc;
 
+	/* Our own dials move on here as well, not only when an exchange asks
+	 * for them: a peer held up in an early round (by a dead groupmate,
+	 * say) has then finished connecting to the groupmates of its later
+	 * rounds, who would otherwise give up on it at their connect timeout. */
+	for (int i = 0; i < ctx->npeers; i++)
+		for (int k = 0; k < ctx->nconn; k++)
+			if (ctx->peers[i].conns[k] && !ctx->peers[i].ready[k])
+				handshake(ctx, i, k);
 	if (!ctx->listener)
 		return;
 	while ((rc = ctx->ops->accept(ctx->listener, &c)) == 0) {
-		struct mp_pending *pd = NULL;
-		for (int i = 0; i < ctx->npend; i++)
-			if (!ctx->pend[i].conn)
-				pd = &ctx->pend[i];
+		struct mp_pending *pd = pend_slot(ctx);
 		if (!pd) {
-			if (ctx->npend == ctx->pend_cap) {
-				int nc = ctx->pend_cap ? ctx->pend_cap * 2 : 16;
-				struct mp_pending *np = realloc(ctx->pend, (size_t)nc * sizeof(*np));
-				if (!np) {
-					ctx->ops->close(c);
-					continue;
-				}
-				ctx->pend = np;
-				ctx->pend_cap = nc;
-			}
-			pd = &ctx->pend[ctx->npend++];
+			ctx->ops->close(c);
+			continue;
 		}
-		memset(pd, 0, sizeof(*pd));
 		pd->conn = c;
 		pd->since_ns = mp_now_ns();
-		rc = ctx->ops->irecv(c, pd->buf, sizeof(pd->buf), NULL, &pd->req);
-		if (rc) {
-			ctx->ops->close(c);
-			pd->conn = NULL;
-		}
+		rc = ctx->ops->irecv(c, pd->buf, MP_HELLO_MAX, NULL, &pd->req);
+		if (rc)
+			pend_close(ctx, pd);
 	}
-	uint64_t now = mp_now_ns();
+	now = mp_now_ns();
 	for (int i = 0; i < ctx->npend; i++) {
 		struct mp_pending *pd = &ctx->pend[i];
 		size_t len = 0;
 		int done = 0;
+		char name[24];
 
 		if (!pd->conn)
 			continue;
 		rc = ctx->ops->test(pd->req, &done, &len);
-		if (done) {
-			adopt(ctx, pd, rc, len);
-		} else if (now - pd->since_ns > (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull) {
-			/* Someone connected and said nothing: do not hold the slot forever. */
-			reject(ctx, pd, MP_REJ_TRUNCATED, "no HELLO before the connect timeout");
+		if (!done) {
+			/* Someone connected and went quiet: do not hold the slot forever. */
+			if (now - pd->since_ns > conn_to)
+				reject(ctx, pd, MP_REJ_TRUNCATED, "no %s before the connect timeout",
+				       pd->got_hello ? "AUTH" : "HELLO");
+			continue;
+		}
+		pd->req = NULL;
+		if (rc == -EMSGSIZE) {
+			reject(ctx, pd, MP_REJ_LENGTH, "%s",
+			       pd->got_hello ? "AUTH too long" : "first message too long for a HELLO");
+		} else if (rc) {
+			/* A dialer that refuses our CHALLENGE (it lacks the run key)
+			 * hangs up here; so does one that timed out or left. Either
+			 * way it sent nothing wrong, and it counts itself. */
+			if (pd->got_hello)
+				MP_INFO("peer %s hung up during the handshake: %s",
+					id_str(ctx, pd->id, name), mp_strerror(rc));
+			pend_close(ctx, pd);
+		} else if (pd->got_hello) {
+			auth_arrived(ctx, pd, len);
+		} else {
+			hello_arrived(ctx, pd, len);
 		}
 	}
 }
 
 void mp_conn_close_all(struct mp_ctx *ctx)
 {
-	for (int i = 0; i < ctx->npend; i++)
-		if (ctx->pend[i].conn) {
-			ctx->ops->close(ctx->pend[i].conn);
-			mp_reap(ctx, ctx->pend[i].req);
-			ctx->pend[i].conn = NULL;
-		}
+	for (int i = 0; i < ctx->npend; i++) {
+		if (ctx->pend[i].conn)
+			pend_close(ctx, &ctx->pend[i]);
+		free(ctx->pend[i].buf);
+		ctx->pend[i].buf = NULL;
+	}
 	if (!ctx->peers)
 		return;
 	for (int p = 0; p < ctx->npeers; p++)

@@ -9,10 +9,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "clog.h"
 #include "conn.h"
+#include "ctrl.h"
+#include "fault.h"
 #include "kernels.h"
 #include "internal.h"
 #include "log.h"
+#include "matchmaker.h"
 
 static char *dup_or_null(const char *s)
 {
@@ -32,6 +36,14 @@ static int choose_grid(struct mp_ctx *ctx)
 		}
 	} else {
 		mp_grid_auto(ctx->npeers, &ctx->grid);
+	}
+	if (ctx->dynamic) {
+		/* Peers come and go: the grid is a space of cells, not a roster. */
+		if (!ctx->cfg.grid && ctx->npeers < 1) {
+			mp_set_init_error("the dht rendezvous needs a grid (MP_GRID) or npeers");
+			return -EINVAL;
+		}
+		return 0;
 	}
 	if (mp_grid_cells(&ctx->grid) < (uint64_t)ctx->npeers) {
 		mp_grid_format(&ctx->grid, buf, sizeof(buf));
@@ -126,6 +138,11 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		MP_INFO("no run key (MP_RUN_KEY or MP_RUN_KEY_FILE): the key derives from the run "
 			"name, so anyone who knows \"%s\" can join", ctx->run_name);
 	ctx->cfg.run_key = ctx->cfg.run_key_file = NULL;
+	rc = mp_clog_open(ctx);
+	if (!rc)
+		rc = mp_fault_init(ctx);
+	if (rc)
+		goto fail;
 	ctx->codec_cfg = cfg.codec;
 	mp_config_codec_params(&cfg, &ctx->cparams);
 	ctx->chunk_elems = cfg.chunk_bytes / sizeof(float);
@@ -163,29 +180,48 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	if (rc)
 		goto fail;
 	ctx->nconn = ctx->streams + 1;
-	rc = mp_peers_init(ctx, ctx->npeers);
-	if (!rc)
+	rc = mp_peers_init(ctx, ctx->dynamic ? 0 : ctx->npeers);
+	if (!rc && !ctx->dynamic)
 		rc = static_bandwidths(ctx);
 	ctx->cfg.bandwidths = NULL;
+	if (!rc)
+		rc = mp_ctrl_init(ctx);
 	if (rc)
 		goto fail;
 
-	/* listen */
+	/* listen (client peers are unreachable by definition: they only dial) */
 	const char *bind = ctx->listen_addr;
 	if (!bind && list)
 		bind = list[ctx->rank];
 	if (!bind)
 		bind = strcmp(ctx->transport, "loop") ? "127.0.0.1:0" : "loop:*";
-	uint8_t blob[MP_DRV_ADDR_MAX];
-	size_t blen = sizeof(blob);
-	rc = ctx->ops->listen(ctx->drv, bind, blob, &blen, &ctx->listener);
-	if (rc) {
-		mp_set_init_error("cannot listen on %s: %s", bind, mp_strerror(rc));
-		goto fail;
+	if (ctx->mode != MP_MODE_CLIENT) {
+		uint8_t blob[MP_DRV_ADDR_MAX];
+		size_t blen = sizeof(blob);
+		rc = ctx->ops->listen(ctx->drv, bind, blob, &blen, &ctx->listener);
+		if (rc) {
+			mp_set_init_error("cannot listen on %s: %s", bind, mp_strerror(rc));
+			goto fail;
+		}
+		rc = ctx->ops->addr_format(ctx->drv, blob, blen, ctx->local_addr,
+					   sizeof(ctx->local_addr));
+		if (rc)
+			goto fail;
 	}
-	rc = ctx->ops->addr_format(ctx->drv, blob, blen, ctx->local_addr, sizeof(ctx->local_addr));
-	if (rc)
-		goto fail;
+	if (ctx->dynamic) {
+		if (!ctx->self_id)
+			while (!ctx->self_id)
+				mp_auth_random(&ctx->self_id, sizeof(ctx->self_id));
+		rc = mp_peer_learn(ctx, ctx->self_id, ctx->local_addr, cfg.bandwidth, ctx->mode);
+		if (rc < 0)
+			goto fail;
+		ctx->rank = rc;
+		ctx->rdv = mp_rdv_dht_ops;
+		rc = mp_dht_start(ctx);
+		if (rc)
+			goto fail;
+		ctx->peers_set = 1;
+	}
 
 	rc = pthread_create(&ctx->thread, NULL, progress_main, ctx);
 	if (rc) {
@@ -203,9 +239,15 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	mp_free_list(list, nlist);
 	char gbuf[64];
 	mp_grid_format(&ctx->grid, gbuf, sizeof(gbuf));
-	MP_INFO("rank %d of %d, run %s, transport %s, listening on %s, grid %s, codec %s, %d stream(s)",
-		ctx->rank, ctx->npeers, ctx->run_name, ctx->transport, ctx->local_addr, gbuf,
-		mp_codec_name(ctx->codec_cfg), ctx->streams);
+	if (ctx->dynamic)
+		MP_INFO("peer %016llx, run %s, rendezvous dht, transport %s, listening on %s, grid %s, "
+			"codec %s, %d stream(s)", (unsigned long long)ctx->self_id, ctx->run_name,
+			ctx->transport, ctx->local_addr[0] ? ctx->local_addr : "(client: none)", gbuf,
+			mp_codec_name(ctx->codec_cfg), ctx->streams);
+	else
+		MP_INFO("rank %d of %d, run %s, transport %s, listening on %s, grid %s, codec %s, "
+			"%d stream(s)", ctx->rank, ctx->npeers, ctx->run_name, ctx->transport,
+			ctx->local_addr, gbuf, mp_codec_name(ctx->codec_cfg), ctx->streams);
 	*out = ctx;
 	return 0;
 fail:
@@ -238,19 +280,39 @@ int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n)
 		mp_set_error(ctx, "%d peer addresses given for %d peers", n, ctx->npeers);
 		return -EINVAL;
 	}
-	for (int i = 0; i < n; i++) {
-		struct mp_peer *p = &ctx->peers[i];
-		if (!addrs[i] || strlen(addrs[i]) >= sizeof(p->addr)) {
+	if (ctx->dynamic) {
+		mp_set_error(ctx, "peers come from the dht rendezvous, not a list");
+		return -EINVAL;
+	}
+	for (int i = 0; i < n; i++)
+		if (!addrs[i] || strlen(addrs[i]) >= MP_ADDR_STRLEN) {
 			mp_set_error(ctx, "peer %d: missing or overlong address", i);
 			return -EINVAL;
 		}
-		p->blob_len = sizeof(p->blob);
-		rc = ctx->ops->addr_parse(ctx->drv, addrs[i], p->blob, &p->blob_len);
-		if (rc) {
-			mp_set_error(ctx, "peer %d: \"%s\" is not a %s address", i, addrs[i], ctx->transport);
-			return -EINVAL;
-		}
-		strcpy(p->addr, addrs[i]);
+	/* The list goes behind the rendezvous interface like any membership. */
+	struct mp_rdv_params rp = {.run_name = ctx->run_name, .auth = &ctx->auth, .addrs = addrs,
+				   .naddrs = n};
+	struct mp_record *recs = calloc((size_t)n, sizeof(*recs));
+	if (!recs)
+		return -ENOMEM;
+	ctx->rdv = &mp_rdv_static_ops;
+	rc = ctx->rdv->init(&rp, &ctx->rdv_st);
+	if (!rc)
+		rc = ctx->rdv->members(ctx->rdv_st, recs, n) == n ? 0 : -EINVAL;
+	for (int i = 0; i < n && !rc; i++) {
+		rc = mp_peer_learn(ctx, recs[i].id, recs[i].addr, recs[i].bandwidth, recs[i].mode);
+		if (rc < 0)
+			mp_set_error(ctx, "peer %d: \"%s\" is not a %s address", i, recs[i].addr,
+				     ctx->transport);
+		rc = rc < 0 ? -EINVAL : 0;
+	}
+	free(recs);
+	if (rc) {
+		if (ctx->rdv_st)
+			ctx->rdv->fini(ctx->rdv_st);
+		ctx->rdv_st = NULL;
+		ctx->rdv = NULL;
+		return rc;
 	}
 	pthread_mutex_lock(&ctx->mu);
 	ctx->peers_set = 1;
@@ -275,6 +337,50 @@ int mp_grid_shape(const char *grid, int npeers, int *dims, int max)
 int mp_transport_available(const char *name)
 {
 	return name && mp_driver_find(name) != NULL;
+}
+
+uint64_t mp_peer_id(const mp_ctx *ctx)
+{
+	return ctx->self_id;
+}
+
+int mp_dht_address(mp_ctx *ctx, char *buf, size_t len)
+{
+	if (!ctx || !buf)
+		return -EINVAL;
+	if (!ctx->dynamic || !ctx->rdv_st)
+		return -ENOTSUP;
+	return ctx->rdv->address(ctx->rdv_st, buf, len);
+}
+
+/* Tell the others we go; the caller makes sure no operation runs. */
+static void leave_now(struct mp_ctx *ctx)
+{
+	if (ctx->left)
+		return;
+	ctx->left = 1;
+	if (!ctx->dynamic || !ctx->rdv_st)
+		return;
+	mp_ctrl_bye_all(ctx);
+	if (ctx->rdv->leave)
+		ctx->rdv->leave(ctx->rdv_st);
+	MP_INFO("left the run");
+}
+
+int mp_leave(mp_ctx *ctx)
+{
+	if (!ctx)
+		return -EINVAL;
+	pthread_mutex_lock(&ctx->mu);
+	if (ctx->qhead || ctx->live) {
+		pthread_mutex_unlock(&ctx->mu);
+		mp_set_error(ctx, "mp_leave: operations are still in flight");
+		return -EBUSY;
+	}
+	pthread_mutex_unlock(&ctx->mu);
+	/* The progress thread is idle (waiting for work), so the driver is ours. */
+	leave_now(ctx);
+	return 0;
 }
 
 int mp_rank(const mp_ctx *ctx)
@@ -430,7 +536,7 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 		rc = run_butterfly(ctx, &a);
 		break;
 	default:
-		rc = run_moshpit(ctx, &a);
+		rc = ctx->dynamic ? mp_dht_moshpit(ctx, &a) : run_moshpit(ctx, &a);
 		break;
 	}
 	req->res.weight = a.weight;
@@ -552,6 +658,10 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	if (!ctx->peers_set) {
 		mp_set_error(ctx, "peers are not set: call mp_set_peers first");
 		return -ENOTCONN;
+	}
+	if (ctx->left) {
+		mp_set_error(ctx, "this peer has left the run");
+		return -ESHUTDOWN;
 	}
 	if (mr && mr->kind != MP_MEM_HOST) {
 		/* The reducer runs on the CPU until the CUDA kernels arrive. */
@@ -811,8 +921,11 @@ int mp_finalize(mp_ctx *ctx)
 			free(req->mr);
 		free(req);
 	}
+	if (ctx->drv && ctx->ctrl)
+		leave_now(ctx);
 	if (ctx->drv) {
 		mp_conn_close_all(ctx);
+		mp_ctrl_fini(ctx);
 		if (ctx->listener)
 			ctx->ops->close_listener(ctx->listener);
 		if (ctx->slab_mr)
@@ -827,6 +940,10 @@ int mp_finalize(mp_ctx *ctx)
 		ctx->fbs = f->next;
 		fb_free(f);
 	}
+	if (ctx->dynamic)
+		mp_dht_stop(ctx);
+	else if (ctx->rdv_st)
+		ctx->rdv->fini(ctx->rdv_st);
 	free(ctx->pend);
 	mp_peers_free(ctx);
 	pthread_cond_destroy(&ctx->cv);
@@ -834,6 +951,8 @@ int mp_finalize(mp_ctx *ctx)
 	free(ctx->run_name);
 	free(ctx->transport);
 	free(ctx->listen_addr);
+	mp_clog_close(ctx);
+	mp_fault_free(ctx);
 	free(ctx);
 	return 0;
 }

@@ -160,8 +160,17 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 		reject(x, ch, why);
 		return;
 	}
-	if (h.round != x->round || h.group_id != x->group_id || h.sender != (uint32_t)ch->peer ||
-	    h.codec != x->codec->id) {
+	if (h.token != mp_conn_token(ctx, ch->peer, ch->stream)) {
+		/* Not of this connection's session: dropped, not held against the
+		 * peer, whose own frames may still come; the receive is reposted. */
+		ctx->rejected[MP_REJ_TOKEN]++;
+		x->res->frames_rejected++;
+		MP_WARN("%s round %u: dropped a frame with a wrong session token on the connection "
+			"to peer %d (%s)", x->what, x->round, ch->peer, ctx->peers[ch->peer].addr);
+		return;
+	}
+	if (h.round != x->round || h.group_id != x->group_id ||
+	    h.sender != (uint32_t)ctx->peers[ch->peer].id || h.codec != x->codec->id) {
 		MP_TRACE("unexpected frame: round %u/%u group %u/%u sender %u/%d codec %u/%u", h.round,
 			 x->round, h.group_id, x->group_id, h.sender, ch->peer, h.codec, x->codec->id);
 		reject(x, ch, MP_REJ_UNEXPECTED);
@@ -198,7 +207,8 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 		h.run_id = ctx->run_id;
 		h.round = x->round;
 		h.group_id = x->group_id;
-		h.sender = (uint32_t)ctx->rank;
+		h.sender = (uint32_t)ctx->self_id;
+		h.token = mp_conn_token(ctx, ch->peer, ch->stream);
 		h.flags = ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
 		if (what == 2) {
 			/* Encoded once by the algorithm (a reducer's result goes to
@@ -292,6 +302,7 @@ int mp_xfer_run(struct mp_xfer *x)
 	const uint64_t round_to = (uint64_t)ctx->cfg.round_timeout_ms * 1000000ull;
 	const size_t fmax = ctx->frame_rx_max;
 	uint64_t start = mp_now_ns(), last_move = start;
+	const uint64_t deadline = x->deadline_ms > 0 ? start + (uint64_t)x->deadline_ms * 1000000ull : 0;
 	const uint64_t spin_ns = (uint64_t)ctx->spin_us * 1000u;
 	uint64_t *last;
 	int rc, *conn_err;
@@ -337,11 +348,15 @@ int mp_xfer_run(struct mp_xfer *x)
 
 			if (ch->failed)
 				continue;
+			if (x->xops->drop && x->xops->drop(x->op, ch)) {
+				fail_peer(x, ch->peer, -ECONNABORTED, "connection cut (fault injection)");
+				continue;
+			}
 			conn = mp_conn_get(ctx, ch->peer, ch->stream, &err);
 			if (err)
 				conn_err[i] = err;
 			if (!conn) {
-				if (now - start > conn_to) {
+				if (now - start > conn_to || (deadline && now > deadline)) {
 					char why[96];
 					snprintf(why, sizeof(why), "not connected after %d ms",
 						 ctx->cfg.connect_timeout_ms);
@@ -423,10 +438,21 @@ int mp_xfer_run(struct mp_xfer *x)
 			if (ch->s_n || ch->r_n || ch->staged || x->xops->send_left(x->op, ch) ||
 			    x->xops->recv_left(x->op, ch)) {
 				active = 1;
+				/* Silence is the peer's fault only if it owes us
+				 * something it can send on its own: it counts from
+				 * the end of a wait on others. */
+				if (!ch->s_n && !ch->staged && x->xops->waits_on_others &&
+				    x->xops->waits_on_others(x->op, ch))
+					last[i] = now;
 				if (now - last[i] > round_to) {
 					char why[96];
 					snprintf(why, sizeof(why), "silent for %d ms",
 						 ctx->cfg.round_timeout_ms);
+					fail_peer(x, ch->peer, -ETIMEDOUT, why);
+				} else if (deadline && now > deadline) {
+					char why[96];
+					snprintf(why, sizeof(why), "still missing at the %d ms deadline",
+						 x->deadline_ms);
 					fail_peer(x, ch->peer, -ETIMEDOUT, why);
 				}
 			}

@@ -21,6 +21,28 @@ const char *mp_driver_names(void);
 
 uint64_t mp_now_ns(void);
 
+/* Handshake frames (doc/protocol.md, "Connection handshake"): HELLO carries
+ * a nonce, the dialer's mode, bandwidth and NUL-terminated address; CHALLENGE
+ * a nonce and a MAC; AUTH a MAC. */
+#define MP_HELLO_FIXED (MP_NONCE_BYTES + 1 + 8)
+#define MP_HELLO_MAX (MP_WIRE_HDR_SIZE + MP_HELLO_FIXED + MP_ADDR_STRLEN)
+#define MP_CHALLENGE_LEN (MP_WIRE_HDR_SIZE + MP_NONCE_BYTES + MP_MAC_BYTES)
+#define MP_AUTH_LEN (MP_WIRE_HDR_SIZE + MP_MAC_BYTES)
+
+/* Handshake and session of one connection index to a peer (conn.c). */
+struct mp_link {
+	uint32_t token;             /* session token once ready (never 0), else 0 */
+	uint64_t since_ns;          /* dialer: when the dial began (handshake deadline) */
+	uint64_t retry_at_ns;       /* dialer: when to dial again after a failure */
+	unsigned auth_fails;        /* dialer: CHALLENGEs refused in a row (log rate) */
+	int err;                    /* dialer: last failure, until mp_conn_get reports it */
+	struct mp_drv_req *sreq;    /* dialer: our HELLO, then our AUTH, in flight */
+	struct mp_drv_req *rreq;    /* dialer: the CHALLENGE's receive */
+	uint8_t nonce_d[MP_NONCE_BYTES];
+	uint8_t sbuf[MP_HELLO_MAX];
+	uint8_t rbuf[MP_CHALLENGE_LEN];
+};
+
 /* A peer as this context knows it. */
 struct mp_peer {
 	uint64_t id;                /* static: the rank; dht: from its record or HELLO */
@@ -30,11 +52,10 @@ struct mp_peer {
 	uint8_t blob[MP_DRV_ADDR_MAX];
 	size_t blob_len;
 	double bandwidth;           /* part-size weight; < 0 unknown, 0 client */
-	struct mp_drv_conn **conns; /* one per connection index (nconn); NULL = none yet */
-	struct mp_drv_req **hello;  /* connector side: our HELLO still in flight */
-	uint8_t (*hello_buf)[MP_WIRE_HDR_SIZE];
-	int *ready;                 /* per stream: HELLO exchanged, usable */
-	uint64_t *retry_at_ns;      /* connector side: when to dial again after a refusal */
+	/* Per connection index (nconn: the data streams, then control). */
+	struct mp_drv_conn **conns; /* NULL = none; dialer: set while the handshake runs */
+	int *ready;                 /* handshake done (token known): usable */
+	struct mp_link *links;
 };
 
 /* Peer table (peers.c). Static runs: n entries, id = rank, fixed. DHT runs:
@@ -51,12 +72,23 @@ int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double band
 /* The peer left or died: close its connections; it is never dialled again. */
 void mp_peer_gone(struct mp_ctx *ctx, int idx);
 
-/* An accepted connection whose HELLO has not arrived yet. */
+/* An accepted connection in its handshake: waiting for the HELLO, then (our
+ * CHALLENGE sent) for the AUTH. */
 struct mp_pending {
 	struct mp_drv_conn *conn;
-	struct mp_drv_req *req;
-	uint64_t since_ns;
-	uint8_t buf[MP_WIRE_HDR_SIZE];
+	struct mp_drv_req *req;     /* HELLO, then AUTH, receive */
+	struct mp_drv_req *sreq;    /* CHALLENGE send */
+	uint64_t since_ns;          /* accepted at; the whole handshake has the connect timeout */
+	int got_hello;
+	uint32_t idx;               /* from the HELLO: connection index */
+	uint64_t id;                /* from the HELLO: the dialer's id, unproven until AUTH */
+	int mode;
+	double bandwidth;
+	uint8_t nonce_d[MP_NONCE_BYTES], nonce_a[MP_NONCE_BYTES];
+	char addr[MP_ADDR_STRLEN];
+	/* MP_HELLO_MAX received, then MP_CHALLENGE_LEN sent: allocated apart,
+	 * since the driver writes into it while ctx->pend may be reallocated */
+	uint8_t *buf;
 };
 
 struct mp_mr {
@@ -94,7 +126,7 @@ struct mp_request {
 
 enum { REQ_QUEUED, REQ_RUNNING, REQ_DONE };
 
-enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_MAX };
+enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_STAGE, MP_SCR_MAX };
 
 struct mp_ctx {
 	/* configuration, with strings owned */
@@ -123,6 +155,10 @@ struct mp_ctx {
 	void *rdv_st;
 	int coords[MP_MAX_GRID_DIMS];      /* dht: this peer's grid cell */
 	int left;                          /* mp_leave was called */
+	struct mp_ctrl *ctrl;              /* control messages (ctrl.c) */
+	struct mp_record *recs;            /* dht: scratch for the rendezvous' member list */
+	uint64_t published_ns;             /* dht: when the record was last republished */
+	int placed;                        /* dht: has a grid cell (after the starting set) */
 	int clog_fd;                       /* contribution log, or -1 */
 	struct mp_fault *faults;           /* MP_FAULT actions (fault.c) */
 	const struct mp_grouping_ops *grouping;
@@ -203,6 +239,12 @@ struct mp_xfer_ops {
 	uint64_t (*send_left)(void *op, struct mp_chan *ch);
 	/* A peer failed (error, bad frame or silence): stop expecting from it. */
 	void (*peer_failed)(void *op, int peer);
+	/* Optional: nonzero to drop @ch's peer now (fault injection: a cut connection). */
+	int (*drop)(void *op, struct mp_chan *ch);
+	/* Optional: nonzero when all that is still expected on @ch waits on
+	 * other peers first (a result needs every contribution): silence there
+	 * is not the peer's fault, and only the exchange's deadline applies. */
+	int (*waits_on_others)(void *op, struct mp_chan *ch);
 };
 
 /* One connection of an exchange: (peer, stream). */
@@ -233,6 +275,7 @@ struct mp_xfer {
 	void *enc_scratch;         /* the codec's encoder scratch (engine-private) */
 	struct mp_result *res;
 	const char *what;          /* for messages: "group all-reduce", "ring" */
+	int deadline_ms;           /* the whole exchange; members still missing then are dropped (0 = none) */
 };
 
 /* Largest frame this context must be able to receive (engine.c). */

@@ -18,11 +18,9 @@ static int links_alloc(struct mp_ctx *ctx, struct mp_peer *p)
 	size_t n = (size_t)ctx->nconn;
 
 	p->conns = calloc(n, sizeof(*p->conns));
-	p->hello = calloc(n, sizeof(*p->hello));
-	p->hello_buf = calloc(n, sizeof(*p->hello_buf));
 	p->ready = calloc(n, sizeof(*p->ready));
-	p->retry_at_ns = calloc(n, sizeof(*p->retry_at_ns));
-	if (!p->conns || !p->hello || !p->hello_buf || !p->ready || !p->retry_at_ns)
+	p->links = calloc(n, sizeof(*p->links));
+	if (!p->conns || !p->ready || !p->links)
 		return -ENOMEM;
 	return 0;
 }
@@ -30,10 +28,8 @@ static int links_alloc(struct mp_ctx *ctx, struct mp_peer *p)
 static void links_free(struct mp_peer *p)
 {
 	free(p->conns);
-	free(p->hello);
-	free(p->hello_buf);
 	free(p->ready);
-	free(p->retry_at_ns);
+	free(p->links);
 }
 
 static int grow(struct mp_ctx *ctx, int want)

@@ -174,6 +174,7 @@ int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodec
 	wbits = get32(b + OFF_WEIGHT);
 	memcpy(&t.weight, &wbits, sizeof(t.weight));
 	t.aux = get32(b + OFF_AUX);
+	t.token = get32(b + OFF_TOKEN);
 
 	if (t.type == 0 || t.type > MP_MSG_TYPE_MAX)
 		return reject(why, MP_REJ_TYPE, -EPROTO);

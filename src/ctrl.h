@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Control messages between peers (JOIN, BEGIN, REJECT, BYE) on each pair's
+ * control connection (connection index ctx->streams), apart from the data
+ * streams so that a message never lands in a receive window of the engine.
+ * Every control connection that is ready has one receive posted; arrived
+ * messages are validated (wire.c, session token) and queued for the
+ * matchmaker, except BYE, which is acted on here.
+ */
+#ifndef MP_CTRL_H
+#define MP_CTRL_H
+
+#include "internal.h"
+
+#define MP_CTRL_PAYLOAD_MAX 16384
+
+struct mp_ctrl_msg {
+	int peer;                 /* peer-table index of the sender */
+	struct mp_wire_hdr h;
+	uint8_t *payload;         /* h.length bytes */
+	struct mp_ctrl_msg *next;
+};
+
+int mp_ctrl_init(struct mp_ctx *ctx);
+void mp_ctrl_fini(struct mp_ctx *ctx);
+/* Post receives, reap finished sends, queue arrivals. Never blocks. */
+void mp_ctrl_poll(struct mp_ctx *ctx);
+/* Send @h (type, round, group_id, aux set by the caller) and @len bytes of
+ * payload to @peer. 0, -EAGAIN while the control connection is not ready
+ * (call again after polling), or a negative errno. */
+int mp_ctrl_send(struct mp_ctx *ctx, int peer, struct mp_wire_hdr *h, const void *payload,
+		 size_t len);
+/* Oldest queued message, or NULL. Free it with mp_ctrl_msg_free. */
+struct mp_ctrl_msg *mp_ctrl_take(struct mp_ctx *ctx);
+void mp_ctrl_msg_free(struct mp_ctrl_msg *m);
+/* Put a taken message back at the end of the queue (a later round's). */
+void mp_ctrl_requeue(struct mp_ctx *ctx, struct mp_ctrl_msg *m);
+/* Tell every peer with a live control connection that we leave; waits a
+ * bounded time for the messages to go out. */
+void mp_ctrl_bye_all(struct mp_ctx *ctx);
+
+#endif

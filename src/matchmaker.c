@@ -1,0 +1,854 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Matchmaking, as in Moshpit SGD and hivemind, over the rendezvous and the
+ * control connections:
+ *
+ *   1. In round t a peer varies grid dimension t mod d. It declares itself
+ *      under the group key (run, t, its coordinates except that dimension)
+ *      with an expiration E = now + matchmaking time.
+ *   2. Of the live declarations under the key, the one with the smallest
+ *      (E, id) that is not a client leads: it came first, so every peer that
+ *      can see it agrees. A peer that leads collects JOINs; the others send
+ *      JOIN to it over the control connection and wait for its answer.
+ *   3. The leader starts once the group reaches the target size, or at E
+ *      with at least the minimum size: it sends BEGIN with a fresh group id
+ *      and the roster (ids, addresses, bandwidths, modes, coordinates) to
+ *      every follower. Below the minimum it disbands (REJECT) and everybody
+ *      keeps its values for this round.
+ *   4. A follower refused, or left unanswered for the request timeout, tries
+ *      the next candidate. A leader that has no follower yet steps down when
+ *      an earlier declaration shows up late.
+ *
+ * The roster is ordered by (coordinate in the varied dimension, id), which is
+ * also the part order; afterwards each member takes its part index as its
+ * new coordinate, so groupmates separate in the next rounds (on a full grid
+ * the order is the coordinates themselves and nobody moves).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clog.h"
+#include "conn.h"
+#include "ctrl.h"
+#include "fault.h"
+#include "log.h"
+#include "matchmaker.h"
+
+#define MAX_RECORDS 4096
+#define MAX_DECLS 256
+#define POLL_MS 2
+/* Members are read from the rendezvous at most this often while waiting. */
+#define SYNC_NS (50ull * 1000 * 1000)
+
+enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4 };
+
+/* ---- little-endian payload helpers -------------------------------------- */
+
+struct wbuf {
+	uint8_t *p;
+	size_t len, cap;
+	int err;
+};
+
+static void put_bytes(struct wbuf *w, const void *src, size_t n)
+{
+	if (w->len + n > w->cap) {
+		w->err = 1;
+		return;
+	}
+	memcpy(w->p + w->len, src, n);
+	w->len += n;
+}
+
+static void put_u(struct wbuf *w, uint64_t v, int n)
+{
+	uint8_t b[8];
+	for (int i = 0; i < n; i++)
+		b[i] = (uint8_t)(v >> (8 * i));
+	put_bytes(w, b, (size_t)n);
+}
+
+static void put_f64(struct wbuf *w, double d)
+{
+	uint64_t v;
+	memcpy(&v, &d, sizeof(v));
+	put_u(w, v, 8);
+}
+
+static void put_str(struct wbuf *w, const char *s)
+{
+	size_t n = strlen(s);
+	if (n >= MP_ADDR_STRLEN) {
+		w->err = 1;
+		return;
+	}
+	put_u(w, n, 1);
+	put_bytes(w, s, n);
+}
+
+struct rbuf {
+	const uint8_t *p;
+	size_t len, off;
+	int err;
+};
+
+static uint64_t get_u(struct rbuf *r, int n)
+{
+	uint64_t v = 0;
+	if (r->off + (size_t)n > r->len) {
+		r->err = 1;
+		return 0;
+	}
+	for (int i = 0; i < n; i++)
+		v |= (uint64_t)r->p[r->off + (size_t)i] << (8 * i);
+	r->off += (size_t)n;
+	return v;
+}
+
+static double get_f64(struct rbuf *r)
+{
+	uint64_t v = get_u(r, 8);
+	double d;
+	memcpy(&d, &v, sizeof(d));
+	return d;
+}
+
+static void get_str(struct rbuf *r, char *out)
+{
+	size_t n = (size_t)get_u(r, 1);
+	if (r->err || n >= MP_ADDR_STRLEN || r->off + n > r->len) {
+		r->err = 1;
+		out[0] = 0;
+		return;
+	}
+	memcpy(out, r->p + r->off, n);
+	out[n] = 0;
+	r->off += n;
+}
+
+/* One member as JOIN and BEGIN describe it. */
+struct entry {
+	uint64_t id;
+	double bw;
+	int mode;
+	int coord;
+	char addr[MP_ADDR_STRLEN];
+};
+
+static void put_entry(struct wbuf *w, const struct entry *e)
+{
+	put_u(w, e->id, 8);
+	put_f64(w, e->bw);
+	put_u(w, (uint64_t)e->mode, 1);
+	put_u(w, (uint16_t)(int16_t)e->coord, 2);
+	put_str(w, e->addr);
+}
+
+static int get_entry(struct rbuf *r, struct entry *e)
+{
+	e->id = get_u(r, 8);
+	e->bw = get_f64(r);
+	e->mode = (int)get_u(r, 1);
+	e->coord = (int16_t)(uint16_t)get_u(r, 2);
+	get_str(r, e->addr);
+	if (r->err || !e->id || !isfinite(e->bw) || e->mode > MP_MODE_AUX)
+		return -EBADMSG;
+	return 0;
+}
+
+/* ---- membership ---------------------------------------------------------- */
+
+static struct entry self_entry(const struct mp_ctx *ctx, int dim)
+{
+	struct entry e = {.id = ctx->self_id, .bw = ctx->mode == MP_MODE_CLIENT ? 0.0 :
+				   ctx->cfg.bandwidth, .mode = ctx->mode,
+			  .coord = dim >= 0 ? ctx->coords[dim] : 0};
+
+	snprintf(e.addr, sizeof(e.addr), "%s", ctx->mode == MP_MODE_CLIENT ? "" : ctx->local_addr);
+	return e;
+}
+
+static int publish_self(struct mp_ctx *ctx)
+{
+	struct mp_record r = {.id = ctx->self_id, .round = ctx->round, .mode = (uint8_t)ctx->mode,
+			      .ndims = (uint8_t)ctx->grid.ndims,
+			      .bandwidth = ctx->mode == MP_MODE_CLIENT ? 0.0 : ctx->cfg.bandwidth};
+
+	for (int i = 0; i < ctx->grid.ndims; i++)
+		r.coords[i] = (int16_t)ctx->coords[i];
+	snprintf(r.transport, sizeof(r.transport), "%s", ctx->transport);
+	snprintf(r.addr, sizeof(r.addr), "%s", ctx->mode == MP_MODE_CLIENT ? "" : ctx->local_addr);
+	return ctx->rdv->publish(ctx->rdv_st, &r);
+}
+
+/* Rounds can be short: republish the round at most every PUBLISH_NS. A
+ * joiner that reads a stale round catches up a few rounds later. */
+#define PUBLISH_NS (200ull * 1000 * 1000)
+
+static void publish_round(struct mp_ctx *ctx)
+{
+	uint64_t now = mp_now_ns();
+
+	if (now - ctx->published_ns < PUBLISH_NS)
+		return;
+	ctx->published_ns = now;
+	publish_self(ctx);
+}
+
+/* Bring the peer table up to date with the rendezvous; returns the number of
+ * live records (self included) or a negative errno. *max_round gets the
+ * largest round a member is at. */
+static int sync_members(struct mp_ctx *ctx, uint32_t *max_round)
+{
+	uint64_t gone[64];
+	int n, ng;
+
+	n = ctx->rdv->members(ctx->rdv_st, ctx->recs, MAX_RECORDS);
+	if (n < 0)
+		return n;
+	if (max_round)
+		*max_round = 0;
+	for (int i = 0; i < n; i++) {
+		const struct mp_record *r = &ctx->recs[i];
+		if (max_round && r->round > *max_round)
+			*max_round = r->round;
+		if (r->id == ctx->self_id || strcmp(r->transport, ctx->transport))
+			continue;
+		int idx = mp_peer_find(ctx, r->id);
+		if (idx >= 0 && ctx->peers[idx].gone)
+			continue;
+		if (mp_peer_learn(ctx, r->id, r->addr, r->bandwidth, r->mode) < 0)
+			MP_WARN("peer %016" PRIx64 ": unusable address \"%s\"", r->id, r->addr);
+	}
+	while ((ng = ctx->rdv->departed(ctx->rdv_st, gone, 64)) > 0) {
+		for (int i = 0; i < ng; i++) {
+			int idx = mp_peer_find(ctx, gone[i]);
+			if (idx >= 0)
+				mp_peer_gone(ctx, idx);
+		}
+		if (ng < 64)
+			break;
+	}
+	return n;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * The first npeers peers of a run take the cells 0..npeers-1 in the order of
+ * their ids, which they all see alike. A peer that joins later takes the
+ * first cell no live record occupies (or, on a full grid, a cell picked by
+ * its id), so the grid stays as full as it can be.
+ */
+static void take_cell(struct mp_ctx *ctx, int n)
+{
+	uint64_t cells = mp_grid_cells(&ctx->grid), cell = 0;
+
+	if (ctx->cfg.npeers > 0) {
+		uint64_t *ids = malloc((size_t)n * sizeof(*ids));
+		if (ids) {
+			for (int i = 0; i < n; i++)
+				ids[i] = ctx->recs[i].id;
+			qsort(ids, (size_t)n, sizeof(*ids), cmp_u64);
+			for (int i = 0; i < n; i++)
+				if (ids[i] == ctx->self_id)
+					cell = (uint64_t)i % cells;
+			free(ids);
+		}
+	} else {
+		uint8_t *used = calloc((size_t)cells, 1);
+		cell = ctx->self_id % cells;
+		if (used) {
+			for (int i = 0; i < n; i++) {
+				const struct mp_record *r = &ctx->recs[i];
+				int c[MP_MAX_GRID_DIMS] = {0};
+				if (r->id == ctx->self_id || r->ndims != ctx->grid.ndims)
+					continue;
+				for (int d = 0; d < r->ndims; d++)
+					c[d] = r->coords[d] < 0 || r->coords[d] >= ctx->grid.dims[d] ? 0 :
+					       r->coords[d];
+				used[mp_grid_cell(&ctx->grid, c)] = 1;
+			}
+			for (uint64_t c = 0; c < cells; c++)
+				if (!used[c]) {
+					cell = c;
+					break;
+				}
+			free(used);
+		}
+	}
+	mp_grid_coords(&ctx->grid, cell, ctx->coords);
+}
+
+int mp_dht_start(struct mp_ctx *ctx)
+{
+	char host[MP_ADDR_STRLEN];
+	struct mp_rdv_params p = {.run_name = ctx->run_name, .auth = &ctx->auth,
+				  .self_id = ctx->self_id, .port = ctx->cfg.dht_port,
+				  .bootstrap = ctx->cfg.bootstrap, .ttl_ms = ctx->cfg.record_ttl_ms};
+	int rc;
+
+	if (!ctx->rdv) {
+		mp_set_init_error("this libmoshpit is built without OpenDHT (the dht rendezvous)");
+		return -ENOTSUP;
+	}
+	/* Others bootstrap from the host our data plane listens on. */
+	snprintf(host, sizeof(host), "%s", ctx->local_addr);
+	char *colon = strrchr(host, ':');
+	if (colon && ctx->mode != MP_MODE_CLIENT) {
+		*colon = 0;
+		p.host = host;
+	}
+	ctx->recs = calloc(MAX_RECORDS, sizeof(*ctx->recs));
+	if (!ctx->recs)
+		return -ENOMEM;
+	rc = ctx->rdv->init(&p, &ctx->rdv_st);
+	if (rc) {
+		mp_set_init_error("dht rendezvous: cannot start a node (port %d, bootstrap %s): %s",
+				  ctx->cfg.dht_port, ctx->cfg.bootstrap ? ctx->cfg.bootstrap : "none",
+				  mp_strerror(rc));
+		return rc;
+	}
+	rc = publish_self(ctx);
+	if (rc) {
+		mp_set_init_error("dht rendezvous: cannot publish this peer: %s", mp_strerror(rc));
+		return rc;
+	}
+	MP_INFO("dht: peer %016" PRIx64 " published (%s)", ctx->self_id,
+		ctx->mode == MP_MODE_CLIENT ? "client" : ctx->mode == MP_MODE_AUX ? "aux" : "normal");
+	return 0;
+}
+
+/*
+ * Before the first round: wait to see the whole starting set (cfg.npeers),
+ * so that everybody places it alike, then take a cell. Done by the progress
+ * thread, so that mp_init returns at once and a launcher can read the first
+ * peer's DHT address before the others exist.
+ */
+static int place(struct mp_ctx *ctx)
+{
+	uint64_t until = mp_now_ns() + (uint64_t)ctx->cfg.join_timeout_ms * 1000000ull;
+	int n = 0, rc;
+
+	for (;;) {
+		n = ctx->rdv->members(ctx->rdv_st, ctx->recs, MAX_RECORDS);
+		if (n < 0) {
+			mp_set_error(ctx, "dht rendezvous: %s", mp_strerror(n));
+			return n;
+		}
+		if (n >= ctx->cfg.npeers || mp_now_ns() >= until ||
+		    __atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE))
+			break;
+		struct timespec ts = {0, 20 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	if (n < ctx->cfg.npeers) {
+		mp_set_error(ctx, "dht rendezvous: saw %d of the %d peers within %d ms (bootstrap %s)",
+			     n, ctx->cfg.npeers, ctx->cfg.join_timeout_ms,
+			     ctx->cfg.bootstrap ? ctx->cfg.bootstrap : "none");
+		return -ETIMEDOUT;
+	}
+	take_cell(ctx, n);
+	uint32_t r = 0;
+	sync_members(ctx, &r);
+	ctx->round = r;
+	ctx->placed = 1;
+	rc = publish_self(ctx);
+	if (rc)
+		return rc;
+	char cbuf[64];
+	int len = 0;
+	for (int i = 0; i < ctx->grid.ndims; i++)
+		len += snprintf(cbuf + len, sizeof(cbuf) - (size_t)len, i ? ",%d" : "%d", ctx->coords[i]);
+	MP_INFO("dht: sees %d peer(s); cell (%s), round %u", n, cbuf, ctx->round);
+	return 0;
+}
+
+void mp_dht_stop(struct mp_ctx *ctx)
+{
+	if (ctx->rdv_st) {
+		ctx->rdv->fini(ctx->rdv_st);
+		ctx->rdv_st = NULL;
+	}
+	free(ctx->recs);
+	ctx->recs = NULL;
+}
+
+/* ---- one round's matchmaking --------------------------------------------- */
+
+enum { SEEK, LEAD, FOLLOW };
+
+struct mm {
+	struct mp_ctx *ctx;
+	uint32_t round;
+	int dim;
+	char key[160];
+	int state;
+	int leader;               /* FOLLOW: peer index of the leader */
+	uint64_t leader_exp;      /* FOLLOW: the leader's declared expiration (wall ms) */
+	uint64_t join_at;         /* FOLLOW: when the JOIN went out (0 = not yet) */
+	uint64_t follow_at;       /* FOLLOW: when we chose the leader */
+	uint64_t excluded[MAX_DECLS];
+	int nexcl;
+	struct entry fol[MP_MAX_GROUP]; /* LEAD: followers */
+	int fol_peer[MP_MAX_GROUP];
+	int nfol;
+	int target, minsz;
+	struct mp_decl decls[MAX_DECLS];
+	struct mp_ctrl_msg *later, *later_tail; /* messages of future rounds */
+};
+
+static void send_reject(struct mm *m, int peer, int why)
+{
+	struct mp_wire_hdr h = {.type = MP_MSG_REJECT, .round = m->round, .aux = (uint32_t)why};
+	mp_ctrl_send(m->ctx, peer, &h, NULL, 0);
+}
+
+static int excluded(const struct mm *m, uint64_t id)
+{
+	for (int i = 0; i < m->nexcl; i++)
+		if (m->excluded[i] == id)
+			return 1;
+	return 0;
+}
+
+static void exclude(struct mm *m, uint64_t id)
+{
+	if (m->nexcl < MAX_DECLS && !excluded(m, id))
+		m->excluded[m->nexcl++] = id;
+}
+
+static void on_join(struct mm *m, struct mp_ctrl_msg *msg)
+{
+	struct mp_ctx *ctx = m->ctx;
+	struct rbuf r = {.p = msg->payload, .len = msg->h.length};
+	struct entry e;
+
+	if (get_entry(&r, &e) || e.id != ctx->peers[msg->peer].id) {
+		MP_WARN("round %u: malformed JOIN from peer %016" PRIx64, m->round,
+			ctx->peers[msg->peer].id);
+		ctx->rejected[MP_REJ_UNEXPECTED]++;
+		return;
+	}
+	if (ctx->mode == MP_MODE_CLIENT || m->state == FOLLOW) {
+		send_reject(m, msg->peer, REJ_BUSY);
+		return;
+	}
+	for (int i = 0; i < m->nfol; i++)
+		if (m->fol[i].id == e.id)
+			return; /* a repeated JOIN */
+	if (m->nfol + 1 >= m->target) {
+		send_reject(m, msg->peer, REJ_FULL);
+		return;
+	}
+	mp_peer_learn(ctx, e.id, e.addr, e.bw, e.mode);
+	m->fol[m->nfol] = e;
+	m->fol_peer[m->nfol++] = msg->peer;
+	m->state = LEAD;
+	MP_TRACE("round %u: %016" PRIx64 " joins us (%d of %d)", m->round, e.id, m->nfol + 1,
+		 m->target);
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+	const struct entry *x = a, *y = b;
+	if (x->coord != y->coord)
+		return x->coord < y->coord ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Fill @g from a roster; 0, or -EBADMSG if it does not describe a group with us. */
+static int take_roster(struct mm *m, struct entry *ro, int k, uint32_t gid, struct mp_group *g,
+		       double *bw, uint8_t *mode)
+{
+	struct mp_ctx *ctx = m->ctx;
+	int me = -1;
+
+	for (int i = 0; i < k; i++) {
+		for (int j = 0; j < i; j++)
+			if (ro[j].id == ro[i].id)
+				return -EBADMSG;
+		if (ro[i].id == ctx->self_id) {
+			me = i;
+			g->members[i] = ctx->rank;
+		} else {
+			int idx = mp_peer_learn(ctx, ro[i].id, ro[i].addr, ro[i].bw, ro[i].mode);
+			if (idx < 0)
+				return -EBADMSG;
+			g->members[i] = idx;
+		}
+		bw[i] = ro[i].mode == MP_MODE_CLIENT ? 0.0 : ro[i].bw;
+		mode[i] = (uint8_t)ro[i].mode;
+	}
+	if (me < 0)
+		return -EBADMSG;
+	g->id = gid;
+	g->size = k;
+	g->my_index = me;
+	g->bw = bw;
+	g->mode = mode;
+	return 0;
+}
+
+static int on_begin(struct mm *m, struct mp_ctrl_msg *msg, struct mp_group *g, double *bw,
+		    uint8_t *mode)
+{
+	struct mp_ctx *ctx = m->ctx;
+	struct rbuf r = {.p = msg->payload, .len = msg->h.length};
+	struct entry *ro = calloc(MP_MAX_GROUP, sizeof(*ro));
+	int k = (int)get_u(&r, 4), rc = -EBADMSG, has_leader = 0;
+
+	if (!ro)
+		return -ENOMEM;
+	if (!r.err && k >= 1 && k <= MP_MAX_GROUP) {
+		rc = 0;
+		for (int i = 0; i < k && !rc; i++) {
+			rc = get_entry(&r, &ro[i]);
+			has_leader |= ro[i].id == ctx->peers[msg->peer].id;
+		}
+		if (!rc && (!has_leader || r.off != r.len || !msg->h.group_id))
+			rc = -EBADMSG;
+		if (!rc)
+			rc = take_roster(m, ro, k, msg->h.group_id, g, bw, mode);
+	}
+	free(ro);
+	if (rc) {
+		MP_WARN("round %u: malformed BEGIN from peer %016" PRIx64, m->round,
+			ctx->peers[msg->peer].id);
+		ctx->rejected[MP_REJ_UNEXPECTED]++;
+	}
+	return rc;
+}
+
+/* The leader starts the group: roster, BEGIN to every follower, our view. */
+static int begin(struct mm *m, struct mp_group *g, double *bw, uint8_t *mode)
+{
+	struct mp_ctx *ctx = m->ctx;
+	struct entry ro[MP_MAX_GROUP];
+	uint8_t *buf = malloc(MP_CTRL_PAYLOAD_MAX);
+	struct wbuf w = {.p = buf, .cap = MP_CTRL_PAYLOAD_MAX};
+	uint32_t gid = 0;
+	int k = 0, rc;
+
+	if (!buf)
+		return -ENOMEM;
+	ro[k++] = self_entry(ctx, m->dim);
+	for (int i = 0; i < m->nfol; i++)
+		if (!ctx->peers[m->fol_peer[i]].gone)
+			ro[k++] = m->fol[i];
+	qsort(ro, (size_t)k, sizeof(ro[0]), cmp_entry);
+	while (!gid)
+		mp_auth_random(&gid, sizeof(gid));
+	put_u(&w, (uint64_t)k, 4);
+	for (int i = 0; i < k; i++)
+		put_entry(&w, &ro[i]);
+	rc = w.err ? -EMSGSIZE : 0;
+	for (int i = 0; i < m->nfol && !rc; i++) {
+		struct mp_wire_hdr h = {.type = MP_MSG_BEGIN, .round = m->round, .group_id = gid};
+		if (ctx->peers[m->fol_peer[i]].gone)
+			continue;
+		/* A follower we cannot tell is missing from the round: the
+		 * all-reduce drops it at its timeouts. */
+		if (mp_ctrl_send(ctx, m->fol_peer[i], &h, buf, w.len))
+			MP_WARN("round %u: BEGIN to %016" PRIx64 " failed", m->round, m->fol[i].id);
+	}
+	free(buf);
+	if (!rc)
+		rc = take_roster(m, ro, k, gid, g, bw, mode);
+	return rc;
+}
+
+static void send_join(struct mm *m)
+{
+	struct mp_ctx *ctx = m->ctx;
+	struct entry e = self_entry(ctx, m->dim);
+	uint8_t buf[256];
+	struct wbuf w = {.p = buf, .cap = sizeof(buf)};
+	struct mp_wire_hdr h = {.type = MP_MSG_JOIN, .round = m->round};
+	int rc;
+
+	put_entry(&w, &e);
+	rc = mp_ctrl_send(ctx, m->leader, &h, buf, w.len);
+	if (!rc)
+		m->join_at = mp_now_ns();
+	else if (rc != -EAGAIN) {
+		exclude(m, ctx->peers[m->leader].id);
+		m->state = SEEK;
+	}
+}
+
+/* Pick whom to follow (or lead) from the declarations. */
+static void choose(struct mm *m)
+{
+	struct mp_ctx *ctx = m->ctx;
+	int n = ctx->rdv->declared(ctx->rdv_st, m->key, m->decls, MAX_DECLS);
+	int ci = ctx->streams, err;
+
+	for (int i = 0; i < n; i++) {
+		const struct mp_decl *d = &m->decls[i];
+		int idx = d->id == ctx->self_id ? ctx->rank : mp_peer_find(ctx, d->id);
+		/* Connect early to everyone who may end up in the group: whoever
+		 * is the dialer of a pair must start, or a JOIN could wait on it. */
+		if (idx >= 0 && idx != ctx->rank && !ctx->peers[idx].gone)
+			mp_conn_get(ctx, idx, ci, &err);
+	}
+	if (m->state == FOLLOW || (m->state == LEAD && m->nfol))
+		return;
+	for (int i = 0; i < n; i++) {
+		const struct mp_decl *d = &m->decls[i];
+		if (d->mode == MP_MODE_CLIENT || excluded(m, d->id))
+			continue;
+		if (d->id == ctx->self_id) {
+			m->state = LEAD;
+			return;
+		}
+		int idx = mp_peer_find(ctx, d->id);
+		if (idx < 0 || ctx->peers[idx].gone)
+			continue; /* no record of it yet, or gone: not worth waiting on */
+		m->state = FOLLOW;
+		m->leader = idx;
+		m->leader_exp = d->expires_ms;
+		m->join_at = 0;
+		m->follow_at = mp_now_ns();
+		return;
+	}
+	/* Nobody to follow: lead, unless we cannot accept anyone. */
+	m->state = ctx->mode == MP_MODE_CLIENT ? SEEK : LEAD;
+}
+
+static void defer(struct mm *m, struct mp_ctrl_msg *msg)
+{
+	if (m->later_tail)
+		m->later_tail->next = msg;
+	else
+		m->later = msg;
+	m->later_tail = msg;
+}
+
+/*
+ * Matchmake round @round. Returns 0 with @g filled, or -EHOSTUNREACH when no
+ * group formed (the peer keeps its values this round).
+ */
+static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double *bw,
+		 uint8_t *mode)
+{
+	struct mm *m = calloc(1, sizeof(*m));
+	uint64_t start = mp_now_ns(), last_sync = 0, wall = mp_wall_ms();
+	uint64_t mm_ns = (uint64_t)ctx->cfg.matchmaking_ms * 1000000ull;
+	uint64_t req_ns = (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull;
+	int rc = -EHOSTUNREACH, len = 0;
+
+	if (!m)
+		return -ENOMEM;
+	m->ctx = ctx;
+	m->round = round;
+	m->dim = (int)(round % (uint32_t)ctx->grid.ndims);
+	m->target = ctx->cfg.group_size ? ctx->cfg.group_size : ctx->grid.dims[m->dim];
+	if (m->target > MP_MAX_GROUP)
+		m->target = MP_MAX_GROUP;
+	m->minsz = ctx->cfg.min_group_size < m->target ? ctx->cfg.min_group_size : m->target;
+	len = snprintf(m->key, sizeof(m->key), "r%u/d%d/", round, m->dim);
+	for (int i = 0; i < ctx->grid.ndims; i++) {
+		if (i == m->dim)
+			len += snprintf(m->key + len, sizeof(m->key) - (size_t)len, i ? ".*" : "*");
+		else
+			len += snprintf(m->key + len, sizeof(m->key) - (size_t)len, i ? ".%d" : "%d",
+					ctx->coords[i]);
+	}
+	struct mp_decl self = {.id = ctx->self_id, .expires_ms = wall + (uint64_t)ctx->cfg.matchmaking_ms,
+			       .mode = (uint8_t)ctx->mode, .coord = (int16_t)ctx->coords[m->dim]};
+	rc = ctx->rdv->declare(ctx->rdv_st, m->key, &self);
+	if (rc) {
+		MP_WARN("round %u: cannot declare under %s: %s", round, m->key, mp_strerror(rc));
+		free(m);
+		return -EHOSTUNREACH;
+	}
+	rc = -EHOSTUNREACH;
+	MP_TRACE("round %u: looking for a group under %s (target %d, min %d)", round, m->key,
+		 m->target, m->minsz);
+	for (;;) {
+		uint64_t now = mp_now_ns();
+		struct mp_ctrl_msg *msg;
+		int started = 0;
+
+		if (__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+			rc = -ECANCELED;
+			break;
+		}
+		mp_ctrl_poll(ctx);
+		if (now - last_sync > SYNC_NS) {
+			sync_members(ctx, NULL);
+			last_sync = now;
+		}
+		while (!started && (msg = mp_ctrl_take(ctx))) {
+			if (msg->h.round > round) {
+				defer(m, msg);
+				continue;
+			}
+			if (msg->h.round < round) {
+				if (msg->h.type == MP_MSG_JOIN)
+					send_reject(m, msg->peer, REJ_STALE);
+			} else if (msg->h.type == MP_MSG_JOIN) {
+				on_join(m, msg);
+			} else if (msg->h.type == MP_MSG_BEGIN) {
+				/* From our leader, or from one we gave up on while we
+				 * are still free: either way a confirmed place. */
+				if ((m->state == FOLLOW && msg->peer == m->leader) ||
+				    (m->state != FOLLOW && !m->nfol)) {
+					if (!on_begin(m, msg, g, bw, mode)) {
+						rc = 0;
+						started = 1;
+					}
+				}
+			} else if (msg->h.type == MP_MSG_REJECT && m->state == FOLLOW &&
+				   msg->peer == m->leader) {
+				MP_TRACE("round %u: %016" PRIx64 " refused us (%u)", round,
+					 ctx->peers[m->leader].id, msg->h.aux);
+				exclude(m, ctx->peers[m->leader].id);
+				m->state = SEEK;
+			}
+			mp_ctrl_msg_free(msg);
+		}
+		if (started)
+			break;
+		if (m->state == FOLLOW && ctx->peers[m->leader].gone) {
+			exclude(m, ctx->peers[m->leader].id);
+			m->state = SEEK;
+		}
+		choose(m);
+		if (m->state == FOLLOW) {
+			/* The leader answers at the latest at its expiration, when
+			 * it starts or disbands; a leader whose control connection
+			 * broke after our JOIN is not coming back. */
+			if (!m->join_at && now > m->follow_at &&
+			    now - m->follow_at > (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull) {
+				MP_TRACE("round %u: cannot reach %016" PRIx64, round,
+					 ctx->peers[m->leader].id);
+				exclude(m, ctx->peers[m->leader].id);
+				m->state = SEEK;
+			} else if (!m->join_at)
+				send_join(m);
+			else if (mp_wall_ms() > m->leader_exp + (uint64_t)ctx->cfg.request_timeout_ms ||
+				 (now > m->join_at && now - m->join_at > mm_ns + req_ns) ||
+				 !ctx->peers[m->leader].conns[ctx->streams]) {
+				MP_TRACE("round %u: no answer from %016" PRIx64, round,
+					 ctx->peers[m->leader].id);
+				exclude(m, ctx->peers[m->leader].id);
+				m->state = SEEK;
+			}
+		}
+		if (m->state == LEAD) {
+			if (m->nfol + 1 >= m->target ||
+			    (now - start >= mm_ns && m->nfol + 1 >= m->minsz)) {
+				rc = begin(m, g, bw, mode);
+				break;
+			}
+			if (now - start >= mm_ns) {
+				for (int i = 0; i < m->nfol; i++)
+					send_reject(m, m->fol_peer[i], REJ_DISBAND);
+				MP_INFO("round %u: group under %s disbanded: %d of the %d members needed",
+					round, m->key, m->nfol + 1, m->minsz);
+				break;
+			}
+		}
+		if (now - start >= mm_ns + req_ns) {
+			MP_INFO("round %u: no group under %s within %d ms", round, m->key,
+				ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms);
+			break;
+		}
+		ctx->ops->progress(ctx->drv, POLL_MS);
+	}
+	/* Messages of later rounds wait for them, in order. */
+	while (m->later) {
+		struct mp_ctrl_msg *msg = m->later;
+		m->later = msg->next;
+		msg->next = NULL;
+		mp_ctrl_requeue(ctx, msg);
+	}
+	ctx->rdv->forget(ctx->rdv_st, m->key);
+	free(m);
+	return rc;
+}
+
+static void dial_group(struct mp_ctx *ctx, const struct mp_group *g)
+{
+	int err;
+
+	for (int i = 0; i < g->size; i++)
+		for (int s = 0; s < ctx->streams && g->members[i] != ctx->rank; s++)
+			mp_conn_get(ctx, g->members[i], s, &err);
+}
+
+int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
+{
+	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : ctx->grid.ndims;
+	int *members = malloc(MP_MAX_GROUP * sizeof(int));
+	double *bw = malloc(MP_MAX_GROUP * sizeof(double));
+	uint8_t *mode = malloc(MP_MAX_GROUP);
+	uint32_t at = 0;
+	int rc = 0;
+
+	if (!members || !bw || !mode) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (ctx->left) {
+		mp_set_error(ctx, "this peer has left the run");
+		rc = -ESHUTDOWN;
+		goto out;
+	}
+	if (!ctx->placed && (rc = place(ctx)))
+		goto out;
+	for (int t = 0; t < rounds; t++) {
+		struct mp_group g = {.members = members};
+
+		/* Catch up with the run. Peers drift by one round (a fast group
+		 * starts the next round while a slow one finishes), so only a peer
+		 * two or more rounds behind (it sat rounds out, or its view was
+		 * stale) jumps, to one behind the front. */
+		if (sync_members(ctx, &at) > 0 && at > ctx->round + 1)
+			ctx->round = at - 1;
+		uint32_t round = ctx->round;
+		publish_round(ctx);
+		ctx->round++;
+		mp_fault_match(ctx, round);
+		rc = match(ctx, round, &g, bw, mode);
+		if (rc == -EHOSTUNREACH) {
+			a->res->rounds_alone++;
+			mp_clog_alone(ctx, round);
+			rc = 0;
+			continue;
+		}
+		if (rc)
+			break;
+		MP_TRACE("round %u: group %08x of %d, part %d", round, g.id, g.size, g.my_index);
+		a->res->group_size = g.size;
+		dial_group(ctx, &g);
+		rc = mp_group_allreduce(ctx, &g, round, a);
+		int dim = (int)(round % (uint32_t)ctx->grid.ndims);
+		/* Groupmates part: each takes its part index as its coordinate. */
+		ctx->coords[dim] = g.my_index % ctx->grid.dims[dim];
+		if (rc == -EHOSTUNREACH) {
+			a->res->rounds_alone++;
+			rc = 0;
+			continue;
+		}
+		if (rc)
+			break;
+	}
+	publish_round(ctx);
+out:
+	free(members);
+	free(bw);
+	free(mode);
+	return rc;
+}
