@@ -159,6 +159,8 @@ struct mp_ctx {
 	struct mp_record *recs;            /* dht: scratch for the rendezvous' member list */
 	uint64_t published_ns;             /* dht: when the record was last republished */
 	int placed;                        /* dht: has a grid cell (after the starting set) */
+	int need_probe;                    /* dht: ask peers for the run's round */
+	uint32_t round_hint;               /* dht: the largest round a peer said it is at */
 	int clog_fd;                       /* contribution log, or -1 */
 	struct mp_fault *faults;           /* MP_FAULT actions (fault.c) */
 	const struct mp_grouping_ops *grouping;

@@ -40,12 +40,20 @@
 #include "matchmaker.h"
 
 #define MAX_RECORDS 4096
+/* A leader whose declared peers have all joined starts after this fraction
+ * of the matchmaking time without news. */
+#define SETTLE_DIV 2
 #define MAX_DECLS 256
 #define POLL_MS 2
 /* Members are read from the rendezvous at most this often while waiting. */
 #define SYNC_NS (50ull * 1000 * 1000)
 
 enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4 };
+/* JOIN aux: a probe, answered with REJECT(REJ_STALE) carrying the round the
+ * answering peer is at. */
+#define JOIN_PROBE 1u
+/* Peers a probe asks. */
+#define PROBES 2
 
 /* ---- little-endian payload helpers -------------------------------------- */
 
@@ -186,15 +194,18 @@ static int publish_self(struct mp_ctx *ctx)
 	return ctx->rdv->publish(ctx->rdv_st, &r);
 }
 
-/* Rounds can be short: republish the round at most every PUBLISH_NS. A
- * joiner that reads a stale round catches up a few rounds later. */
-#define PUBLISH_NS (200ull * 1000 * 1000)
-
+/*
+ * Rounds can be much shorter than a record's refresh period, and every
+ * publish is a new DHT value (rdv_dht.c), so the round in the record is
+ * republished at most once per refresh period. A peer that reads a stale
+ * round finds the current one by probing (see probe()).
+ */
 static void publish_round(struct mp_ctx *ctx)
 {
 	uint64_t now = mp_now_ns();
 
-	if (now - ctx->published_ns < PUBLISH_NS)
+	if (ctx->published_ns &&
+	    now - ctx->published_ns < (uint64_t)ctx->cfg.record_ttl_ms * 1000000ull / 3)
 		return;
 	ctx->published_ns = now;
 	publish_self(ctx);
@@ -362,6 +373,8 @@ static int place(struct mp_ctx *ctx)
 	sync_members(ctx, &r);
 	ctx->round = r;
 	ctx->placed = 1;
+	/* A peer joining a running run learns its round from the others. */
+	ctx->need_probe = ctx->cfg.npeers == 0;
 	rc = publish_self(ctx);
 	if (rc)
 		return rc;
@@ -405,7 +418,64 @@ struct mm {
 	int target, minsz;
 	struct mp_decl decls[MAX_DECLS];
 	struct mp_ctrl_msg *later, *later_tail; /* messages of future rounds */
+	int company;              /* someone else declared under the key */
+	int ndecl;                /* live declarations under the key, own included */
+	uint64_t news_at;         /* last new declaration or JOIN */
 };
+
+/*
+ * Ask a few live peers which round they are at; their answers raise
+ * ctx->round_hint while we matchmake. Used by a peer that joined a running
+ * run, and by one that found nobody under its key (it has fallen behind, or
+ * the others are ahead).
+ */
+static void probe(struct mp_ctx *ctx)
+{
+	int asked = 0, start = 0;
+
+	if (ctx->npeers > 1) {
+		uint32_t r;
+		mp_auth_random(&r, sizeof(r));
+		start = (int)(r % (uint32_t)ctx->npeers);
+	}
+	for (int i = 0; i < ctx->npeers && asked < PROBES; i++) {
+		int p = (start + i) % ctx->npeers;
+		struct mp_peer *pe = &ctx->peers[p];
+		struct mp_wire_hdr h = {.type = MP_MSG_JOIN, .aux = JOIN_PROBE};
+		int err;
+
+		if (p == ctx->rank || pe->gone || pe->mode == MP_MODE_CLIENT || !pe->addr[0])
+			continue;
+		if (!mp_conn_get(ctx, p, ctx->streams, &err) && err == -ENOTCONN)
+			continue;
+		/* Not connected yet: the send is retried by the next probe. */
+		if (!mp_ctrl_send(ctx, p, &h, NULL, 0))
+			asked++;
+	}
+}
+
+/* "r<round>/d<dim>/<c0>.*.<c2>": the round and every coordinate but the varied one. */
+static void group_key(const struct mp_ctx *ctx, uint32_t round, char *key, size_t cap)
+{
+	int dim = (int)(round % (uint32_t)ctx->grid.ndims);
+	int len = snprintf(key, cap, "r%u/d%d/", round, dim);
+
+	for (int i = 0; i < ctx->grid.ndims && len > 0 && (size_t)len < cap; i++) {
+		if (i == dim)
+			len += snprintf(key + len, cap - (size_t)len, i ? ".*" : "*");
+		else
+			len += snprintf(key + len, cap - (size_t)len, i ? ".%d" : "%d", ctx->coords[i]);
+	}
+}
+
+static void prewarm(struct mp_ctx *ctx, uint32_t round)
+{
+	char key[160];
+	struct mp_decl d;
+
+	group_key(ctx, round, key, sizeof(key));
+	ctx->rdv->declared(ctx->rdv_st, key, &d, 1);
+}
 
 static void send_reject(struct mm *m, int peer, int why)
 {
@@ -454,6 +524,7 @@ static void on_join(struct mm *m, struct mp_ctrl_msg *msg)
 	m->fol[m->nfol] = e;
 	m->fol_peer[m->nfol++] = msg->peer;
 	m->state = LEAD;
+	m->news_at = mp_now_ns();
 	MP_TRACE("round %u: %016" PRIx64 " joins us (%d of %d)", m->round, e.id, m->nfol + 1,
 		 m->target);
 }
@@ -593,6 +664,11 @@ static void choose(struct mm *m)
 	int n = ctx->rdv->declared(ctx->rdv_st, m->key, m->decls, MAX_DECLS);
 	int ci = ctx->streams, err;
 
+	if (n > 1)
+		m->company = 1;
+	if (n > m->ndecl)
+		m->news_at = mp_now_ns();
+	m->ndecl = n;
 	for (int i = 0; i < n; i++) {
 		const struct mp_decl *d = &m->decls[i];
 		int idx = d->id == ctx->self_id ? ctx->rank : mp_peer_find(ctx, d->id);
@@ -645,7 +721,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 	uint64_t start = mp_now_ns(), last_sync = 0, wall = mp_wall_ms();
 	uint64_t mm_ns = (uint64_t)ctx->cfg.matchmaking_ms * 1000000ull;
 	uint64_t req_ns = (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull;
-	int rc = -EHOSTUNREACH, len = 0;
+	int rc = -EHOSTUNREACH;
 
 	if (!m)
 		return -ENOMEM;
@@ -656,14 +732,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 	if (m->target > MP_MAX_GROUP)
 		m->target = MP_MAX_GROUP;
 	m->minsz = ctx->cfg.min_group_size < m->target ? ctx->cfg.min_group_size : m->target;
-	len = snprintf(m->key, sizeof(m->key), "r%u/d%d/", round, m->dim);
-	for (int i = 0; i < ctx->grid.ndims; i++) {
-		if (i == m->dim)
-			len += snprintf(m->key + len, sizeof(m->key) - (size_t)len, i ? ".*" : "*");
-		else
-			len += snprintf(m->key + len, sizeof(m->key) - (size_t)len, i ? ".%d" : "%d",
-					ctx->coords[i]);
-	}
+	group_key(ctx, round, m->key, sizeof(m->key));
 	struct mp_decl self = {.id = ctx->self_id, .expires_ms = wall + (uint64_t)ctx->cfg.matchmaking_ms,
 			       .mode = (uint8_t)ctx->mode, .coord = (int16_t)ctx->coords[m->dim]};
 	rc = ctx->rdv->declare(ctx->rdv_st, m->key, &self);
@@ -675,6 +744,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 	rc = -EHOSTUNREACH;
 	MP_TRACE("round %u: looking for a group under %s (target %d, min %d)", round, m->key,
 		 m->target, m->minsz);
+	uint64_t probe_at = ctx->need_probe ? start : UINT64_MAX;
 	for (;;) {
 		uint64_t now = mp_now_ns();
 		struct mp_ctrl_msg *msg;
@@ -689,7 +759,32 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			sync_members(ctx, NULL);
 			last_sync = now;
 		}
+		if (now >= probe_at) {
+			/* Again a little later: the first may find no connection. */
+			probe(ctx);
+			probe_at = now + SYNC_NS * 4;
+		}
+		if (ctx->round_hint > round && !m->nfol) {
+			MP_INFO("round %u: the run is at round %u; catching up", round, ctx->round_hint);
+			break;
+		}
 		while (!started && (msg = mp_ctrl_take(ctx))) {
+			if (msg->h.type == MP_MSG_JOIN && msg->h.aux == JOIN_PROBE) {
+				send_reject(m, msg->peer, REJ_STALE);
+				mp_ctrl_msg_free(msg);
+				continue;
+			}
+			if (msg->h.type == MP_MSG_REJECT && msg->h.aux == REJ_STALE) {
+				/* We are behind: the answer says where the run is. */
+				if (msg->h.round > ctx->round_hint)
+					ctx->round_hint = msg->h.round;
+				if (m->state == FOLLOW && msg->peer == m->leader) {
+					exclude(m, ctx->peers[m->leader].id);
+					m->state = SEEK;
+				}
+				mp_ctrl_msg_free(msg);
+				continue;
+			}
 			if (msg->h.round > round) {
 				defer(m, msg);
 				continue;
@@ -747,8 +842,14 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			}
 		}
 		if (m->state == LEAD) {
+			/* Everyone who declared has joined and nobody new came for a
+			 * while: the rest of the line is dead or far behind, and
+			 * waiting for it would only hold this group back (and, round
+			 * after round, push the groups out of step). */
+			int settled = m->nfol + 1 >= m->ndecl && now > m->news_at &&
+				      now - m->news_at >= mm_ns / SETTLE_DIV;
 			if (m->nfol + 1 >= m->target ||
-			    (now - start >= mm_ns && m->nfol + 1 >= m->minsz)) {
+			    (m->nfol + 1 >= m->minsz && (settled || now - start >= mm_ns))) {
 				rc = begin(m, g, bw, mode);
 				break;
 			}
@@ -775,6 +876,8 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 		mp_ctrl_requeue(ctx, msg);
 	}
 	ctx->rdv->forget(ctx->rdv_st, m->key);
+	/* Alone under the key: probably behind the others, or they ahead. */
+	ctx->need_probe = rc == -EHOSTUNREACH && !m->company;
 	free(m);
 	return rc;
 }
@@ -817,6 +920,8 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		 * stale) jumps, to one behind the front. */
 		if (sync_members(ctx, &at) > 0 && at > ctx->round + 1)
 			ctx->round = at - 1;
+		if (ctx->round_hint > ctx->round)
+			ctx->round = ctx->round_hint;
 		uint32_t round = ctx->round;
 		publish_round(ctx);
 		ctx->round++;
@@ -832,6 +937,14 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 			break;
 		MP_TRACE("round %u: group %08x of %d, part %d", round, g.id, g.size, g.my_index);
 		a->res->group_size = g.size;
+		{
+			/* Our next key is known now: start listening to it while the
+			 * all-reduce runs, since a new key costs the DHT a search. */
+			int d0 = (int)(round % (uint32_t)ctx->grid.ndims), keep = ctx->coords[d0];
+			ctx->coords[d0] = g.my_index % ctx->grid.dims[d0];
+			prewarm(ctx, round + 1);
+			ctx->coords[d0] = keep;
+		}
 		dial_group(ctx, &g);
 		rc = mp_group_allreduce(ctx, &g, round, a);
 		int dim = (int)(round % (uint32_t)ctx->grid.ndims);
