@@ -104,6 +104,7 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		mp_free_list(list, nlist);
 		return -ENOMEM;
 	}
+	ctx->clog_fd = -1; /* before any failure: mp_finalize closes it */
 	ctx->cfg = cfg;
 	ctx->rank = cfg.rank;
 	ctx->npeers = cfg.npeers;
@@ -124,7 +125,6 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		goto fail;
 	}
 	ctx->run_id = mp_wire_run_id(ctx->run_name);
-	ctx->clog_fd = -1;
 	ctx->mode = cfg.mode;
 	ctx->dynamic = !strcmp(cfg.rendezvous, "dht");
 	ctx->self_id = ctx->dynamic ? cfg.peer_id : (uint64_t)ctx->rank;

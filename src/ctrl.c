@@ -204,13 +204,15 @@ void mp_ctrl_poll(struct mp_ctx *ctx)
 				break;
 			}
 			arrived(ctx, p, r->buf, len);
-			if (pe->gone || !pe->conns[ci]) {
+			if (pe->gone || pe->conns[ci] != conn) {
 				r->conn = NULL;
 				break;
 			}
 			if (ctx->ops->irecv(conn, r->buf, FRAME_MAX, NULL, &r->req))
 				r->req = NULL;
 		}
+		/* The loop may have closed the connection (error, BYE): look again. */
+		conn = pe->conns[ci] && pe->ready[ci] ? pe->conns[ci] : NULL;
 		if (!conn || r->req || pe->gone)
 			continue;
 		if (!r->buf && !(r->buf = malloc(FRAME_MAX)))

@@ -359,7 +359,8 @@ int mp_xfer_run(struct mp_xfer *x)
 				if (now - start > conn_to || (deadline && now > deadline)) {
 					char why[96];
 					snprintf(why, sizeof(why), "not connected after %d ms",
-						 ctx->cfg.connect_timeout_ms);
+						 now - start > conn_to ? ctx->cfg.connect_timeout_ms
+								       : x->deadline_ms);
 					fail_peer(x, ch->peer,
 						  conn_err[i] ? conn_err[i] : -ETIMEDOUT, why);
 				} else {

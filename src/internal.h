@@ -160,6 +160,7 @@ struct mp_ctx {
 	uint64_t published_ns;             /* dht: when the record was last republished */
 	int placed;                        /* dht: has a grid cell (after the starting set) */
 	int need_probe;                    /* dht: ask peers for the run's round */
+	int synced;                        /* dht: a joiner asked before its first round */
 	uint32_t round_hint;               /* dht: the largest round a peer said it is at */
 	int clog_fd;                       /* contribution log, or -1 */
 	struct mp_fault *faults;           /* MP_FAULT actions (fault.c) */

@@ -230,11 +230,20 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *max_round)
 			*max_round = r->round;
 		if (r->id == ctx->self_id || strcmp(r->transport, ctx->transport))
 			continue;
-		int idx = mp_peer_find(ctx, r->id);
+		int idx = mp_peer_find(ctx, r->id), err;
 		if (idx >= 0 && ctx->peers[idx].gone)
 			continue;
-		if (mp_peer_learn(ctx, r->id, r->addr, r->bandwidth, r->mode) < 0)
+		int known = idx >= 0;
+		idx = mp_peer_learn(ctx, r->id, r->addr, r->bandwidth, r->mode);
+		if (idx < 0) {
 			MP_WARN("peer %016" PRIx64 ": unusable address \"%s\"", r->id, r->addr);
+			continue;
+		}
+		/* Open the control connection to a new peer now when this side
+		 * dials: only the dialer can, and a peer that just joined needs
+		 * one to ask the others which round the run is at. */
+		if (!known && ctx->placed)
+			mp_conn_get(ctx, idx, ctx->streams, &err);
 	}
 	while ((ng = ctx->rdv->departed(ctx->rdv_st, gone, 64)) > 0) {
 		for (int i = 0; i < ng; i++) {
@@ -477,6 +486,18 @@ static void prewarm(struct mp_ctx *ctx, uint32_t round)
 	ctx->rdv->declared(ctx->rdv_st, key, &d, 1);
 }
 
+/*
+ * How many members the leader waits for: the target, or everyone who has
+ * declared under the key when that is more. On a full grid a peer that
+ * joins the run shares a cell, and so a line, with another; with a strict
+ * target one of the two would be left out of every round.
+ */
+static int want(const struct mm *m)
+{
+	int w = m->ndecl > m->target ? m->ndecl : m->target;
+	return w < MP_MAX_GROUP ? w : MP_MAX_GROUP;
+}
+
 static void send_reject(struct mm *m, int peer, int why)
 {
 	struct mp_wire_hdr h = {.type = MP_MSG_REJECT, .round = m->round, .aux = (uint32_t)why};
@@ -516,7 +537,7 @@ static void on_join(struct mm *m, struct mp_ctrl_msg *msg)
 	for (int i = 0; i < m->nfol; i++)
 		if (m->fol[i].id == e.id)
 			return; /* a repeated JOIN */
-	if (m->nfol + 1 >= m->target) {
+	if (m->nfol + 1 >= want(m)) {
 		send_reject(m, msg->peer, REJ_FULL);
 		return;
 	}
@@ -770,7 +791,12 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 		}
 		while (!started && (msg = mp_ctrl_take(ctx))) {
 			if (msg->h.type == MP_MSG_JOIN && msg->h.aux == JOIN_PROBE) {
-				send_reject(m, msg->peer, REJ_STALE);
+				/* Point the prober at the next round: this one's groups
+				 * are forming now and would be gone by the time it
+				 * declares; early, it may even lead the next one. */
+				struct mp_wire_hdr h = {.type = MP_MSG_REJECT, .round = round + 1,
+							.aux = REJ_STALE};
+				mp_ctrl_send(ctx, msg->peer, &h, NULL, 0);
 				mp_ctrl_msg_free(msg);
 				continue;
 			}
@@ -848,7 +874,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			 * after round, push the groups out of step). */
 			int settled = m->nfol + 1 >= m->ndecl && now > m->news_at &&
 				      now - m->news_at >= mm_ns / SETTLE_DIV;
-			if (m->nfol + 1 >= m->target ||
+			if (m->nfol + 1 >= want(m) ||
 			    (m->nfol + 1 >= m->minsz && (settled || now - start >= mm_ns))) {
 				rc = begin(m, g, bw, mode);
 				break;
@@ -882,6 +908,50 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 	return rc;
 }
 
+/*
+ * A peer that joins a running run asks where the run is before its first
+ * round, rather than spend a round alone under a key the others have left.
+ * Waits at most the request timeout; other control messages stay queued.
+ */
+static void catch_up(struct mp_ctx *ctx)
+{
+	uint64_t start = mp_now_ns(), last = 0;
+	uint64_t limit = (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull;
+	struct mp_ctrl_msg *keep = NULL, **tail = &keep, *msg;
+
+	while (!ctx->round_hint && mp_now_ns() - start < limit &&
+	       !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+		uint64_t now = mp_now_ns();
+		if (now - last > SYNC_NS) {
+			sync_members(ctx, NULL);
+			probe(ctx);
+			last = now;
+		}
+		mp_ctrl_poll(ctx);
+		while ((msg = mp_ctrl_take(ctx))) {
+			if (msg->h.type == MP_MSG_REJECT && msg->h.aux == REJ_STALE) {
+				if (msg->h.round > ctx->round_hint)
+					ctx->round_hint = msg->h.round;
+				mp_ctrl_msg_free(msg);
+				continue;
+			}
+			*tail = msg;
+			tail = &msg->next;
+		}
+		ctx->ops->progress(ctx->drv, POLL_MS);
+	}
+	while (keep) {
+		msg = keep;
+		keep = msg->next;
+		mp_ctrl_requeue(ctx, msg);
+	}
+	if (ctx->round_hint > ctx->round) {
+		MP_INFO("the run is at round %u", ctx->round_hint);
+		ctx->round = ctx->round_hint;
+	}
+	ctx->need_probe = 0;
+}
+
 static void dial_group(struct mp_ctx *ctx, const struct mp_group *g)
 {
 	int err;
@@ -911,6 +981,10 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	}
 	if (!ctx->placed && (rc = place(ctx)))
 		goto out;
+	if (!ctx->cfg.npeers && !ctx->synced) {
+		ctx->synced = 1;
+		catch_up(ctx);
+	}
 	for (int t = 0; t < rounds; t++) {
 		struct mp_group g = {.members = members};
 

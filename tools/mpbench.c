@@ -12,8 +12,15 @@
  *  - local, one thread per peer (--transport=loop): the same, with the peers
  *    as threads of this process and the pipes replaced by in-memory queues.
  *  - multi-host (--hostfile, MP_HOSTFILE or MP_PEERS, with a rank from
- *    --rank, MP_RANK, mpirun, PMI or srun): this process is one peer; the
- *    library finds the others; rank 0 prints its own measurements.
+ *    --rank, MP_RANK, mpirun, PMI or srun; or --rendezvous=dht with a rank
+ *    and --bootstrap): this process is one peer; the library finds the
+ *    others; rank 0 prints its own measurements.
+ *
+ * With the DHT rendezvous or any churn (--rendezvous=dht, --churn, --fault,
+ * --late, --intruders) local peers average one round per call and are
+ * followed round by round: they may die, join or be refused, and the
+ * survivors' values are checked against a replay of every peer's
+ * contribution log (replay.c).
  *
  * Every wait is bounded: pipe and queue reads poll with a deadline, every
  * average waits at most a safety limit on top of the library's own
@@ -32,6 +39,10 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +57,7 @@
 #endif
 
 #include <moshpit/moshpit.h>
+#include "replay.h"
 #include "size_arg.h"
 
 #define PROG "mpbench"
@@ -64,6 +76,12 @@ enum {
 	MSG_ERROR = 5,     /* peer -> coord: what went wrong (text); the peer stops */
 	MSG_DONE = 6,      /* peer -> coord: finished and finalized */
 	MSG_EOF = 7,       /* made up by the coordinator: the peer's pipe closed */
+	/* Followed runs (dht rendezvous, churn) only: */
+	MSG_HELLO = 8,     /* peer -> coord: struct hello, after mp_init */
+	MSG_ROUND = 9,     /* peer -> coord: struct round_report, after each round */
+	MSG_VECTOR = 10,   /* peer -> coord: its final values (--check) */
+	MSG_SUMMARY = 11,  /* peer -> coord: struct summary, before MSG_DONE */
+	MSG_STOP = 12,     /* coord -> peer: the run is over, stop averaging */
 };
 
 #define MSG_MAX_LEN (1u << 24)
@@ -103,6 +121,8 @@ struct size_result {
 	double values_sent;   /* fp32 values carried per operation (summed over peers) */
 	int32_t codec;        /* codec the library used ("auto" resolved) */
 	int32_t flushed;      /* checked after mp_average_flush (sparse codecs) */
+	int32_t lost;         /* followed runs: peers that died */
+	int32_t joined;       /* followed runs: peers that joined later and took part */
 };
 
 struct gridinfo {
@@ -137,6 +157,25 @@ struct bench {
 	double bus_factor;
 	int op_cap_ms;  /* safety limit on one average */
 	int silence_ms; /* longest silence the coordinator tolerates from a peer */
+	/* Control plane: rendezvous, churn, faults, joiners, intruders. */
+	int dht;            /* --rendezvous=dht */
+	int rdv_static;     /* --rendezvous=static given explicitly */
+	double churn;       /* probability that a peer dies in a round */
+	int join;           /* replace peers that died (-1: default) */
+	int late;           /* peers that start after round 1 */
+	int intruders;      /* peers with another run key */
+	struct fault_opt {
+		int index;
+		const char *spec;
+	} *faults;
+	int nfaults;
+	double max_rms;     /* fail when rms_err exceeds it (< 0: no limit) */
+	const char *logdir; /* --logs: keep the contribution logs here */
+	int follow;         /* local peers followed round by round */
+	int size_given;     /* -b or -e was given */
+	char grid_buf[96];  /* followed runs: the grid every peer is given */
+	int total_rounds;   /* followed runs: rounds of the run, warmup included */
+	int churn_end;      /* --churn: deaths fall in rounds [0, churn_end) */
 };
 
 static const char *const algo_names[] = { "moshpit", "ring", "butterfly" };
@@ -179,6 +218,32 @@ static double codec_step_err(int c)
 	case MP_CODEC_UNIFORM8: return 0.028;
 	default: return 0.0;
 	}
+}
+
+/* Followed runs where the exact mean is due as well: no churn, no faults,
+ * no late peers, on a full grid (bench_derive's exact). */
+static int follow_exact(const struct bench *b)
+{
+	return b->follow && b->exact && b->churn <= 0 && b->nfaults == 0 && b->late == 0;
+}
+
+/*
+ * Tolerance of the replay check of followed runs: an element is wrong when it
+ * lies further than max(atol, rtol * |replay|) from the replay. The library
+ * sums in fp32 and the replay in double: rtol is 1e-5 per round of the run,
+ * atol 1e-6 for data in [-1, 1), plus two codec steps per round for a lossy
+ * codec (each value is encoded on its way to the reducer and back).
+ */
+static double replay_rtol(const struct bench *b)
+{
+	return 1e-5 * (b->total_rounds > 0 ? b->total_rounds : 1);
+}
+
+static double replay_atol(const struct bench *b)
+{
+	int c = b->cfg.codec == MP_CODEC_AUTO ? MP_CODEC_BLOCKWISE8 : b->cfg.codec;
+
+	return 1e-6 + 2.0 * codec_step_err(c) * b->total_rounds;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -602,6 +667,11 @@ static void bench_derive(struct bench *b, int npeers)
 
 	/* Safety net only: the library's deadlines should fire long before. */
 	cap = 30000 + cto + rto * (int64_t)(b->rounds_eff + 4) + (int64_t)(b->maxbytes / 1000);
+	if (b->dht)
+		cap += (int64_t)(b->rounds_eff + 1) *
+		       ((c->matchmaking_ms > 0 ? c->matchmaking_ms : 5000) +
+			(c->request_timeout_ms > 0 ? c->request_timeout_ms : 3000) +
+			(c->allreduce_timeout_ms > 0 ? c->allreduce_timeout_ms : 60000));
 	b->op_cap_ms = clamp_ms(cap);
 	b->silence_ms = clamp_ms(cap + 30000);
 }
@@ -621,6 +691,10 @@ struct agg {
 	int nrows;
 	int64_t wrong_total;
 	int counted; /* rows whose wrong values were counted */
+	double rms_worst; /* largest rms_err of the rows; < 0 when one was not measured */
+	/* Followed runs: what the footer and JSON add. */
+	int intruders_refused;
+	int64_t replay_problems;
 };
 
 static void agg_init(struct agg *a, const struct bench *b, int nrep, int print)
@@ -633,6 +707,7 @@ static void agg_init(struct agg *a, const struct bench *b, int nrep, int print)
 	a->count = xcalloc((size_t)b->nsizes, sizeof(*a->count));
 	a->algbw = xcalloc((size_t)b->nsizes, sizeof(double));
 	a->busbw = xcalloc((size_t)b->nsizes, sizeof(double));
+	a->rms_worst = 0.0;
 }
 
 static void agg_free(struct agg *a)
@@ -674,23 +749,40 @@ static void print_header(const struct bench *b, const char *mode)
 	printf("# chunk %zu  streams %d  timeouts %d/%d ms (connect/round)  run %s\n",
 	       c->chunk_bytes, c->streams, c->connect_timeout_ms, c->round_timeout_ms,
 	       b->run ? b->run : "(default)");
+	if (b->follow) {
+		printf("# rendezvous %s  one round per call, %d rounds in all  late %d  "
+		       "intruders %d  faults %d\n", b->dht ? "dht" : "static", b->total_rounds,
+		       b->late, b->intruders, b->nfaults);
+		if (b->churn > 0)
+			printf("# churn %g per peer and round, deaths in rounds 0..%d, then %d "
+			       "rounds to converge  join %d\n", b->churn, b->churn_end - 1,
+			       b->total_rounds - b->churn_end, b->join);
+	}
 	if (!b->check)
 		printf("# check off: max_err and #wrong are not computed\n");
 	else if (b->exact && codec_sparse(c->codec))
 		printf("# check: exact weighted mean after mp_average_flush (error feedback), "
 		       "tolerance %g\n", b->tol);
+	else if (follow_exact(b))
+		printf("# check: replay of the contribution logs, tolerance max(%g, %g |x|); "
+		       "and the exact weighted mean, tolerance %g\n", replay_atol(b),
+		       replay_rtol(b), b->tol);
+	else if (b->follow)
+		printf("# check: replay of the contribution logs, tolerance max(%g, %g |x|)\n",
+		       replay_atol(b), replay_rtol(b));
 	else if (b->exact)
 		printf("# check: exact weighted mean, tolerance %g\n", b->tol);
 	else
 		printf("# check: approximate by design (%s): errors shown, #wrong n/a\n",
 		       b->inexact_why);
 	printf("#\n");
-	printf("# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s\n", "size",
-	       "count", "type", "codec", "algo", "peers", "rounds", "time", "algbw", "busbw",
-	       "wire_bytes", "ratio", "max_err", "#wrong");
-	printf("# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s\n", "(B)",
-	       "(elements)", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(B/peer)", "", "",
-	       "");
+	printf("# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s %5s %6s "
+	       "%9s\n", "size", "count", "type", "codec", "algo", "peers", "rounds", "time",
+	       "algbw", "busbw", "wire_bytes", "ratio", "max_err", "#wrong", "lost", "joined",
+	       "rms_err");
+	printf("# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s %5s %6s "
+	       "%9s\n", "(B)", "(elements)", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)",
+	       "(B/peer)", "", "", "", "", "", "");
 	fflush(stdout);
 }
 
@@ -713,7 +805,7 @@ static void print_row(struct agg *a, int s)
 	uint64_t bytes = b->sizes[s];
 	double algbw = r->time_us > 0 ? (double)bytes / r->time_us / 1e3 : 0.0;
 	double busbw = algbw * b->bus_factor;
-	char err[32], wrong[32];
+	char err[32], wrong[32], rms[32];
 
 	a->algbw[s] = algbw;
 	a->busbw[s] = busbw;
@@ -723,6 +815,10 @@ static void print_row(struct agg *a, int s)
 		a->wrong_total += r->wrong;
 		a->counted++;
 	}
+	if (r->rms_err < 0 || a->rms_worst < 0)
+		a->rms_worst = -1.0;
+	else if (r->rms_err > a->rms_worst)
+		a->rms_worst = r->rms_err;
 	if (!a->print)
 		return;
 	if (r->max_err >= 0)
@@ -733,11 +829,15 @@ static void print_row(struct agg *a, int s)
 		snprintf(wrong, sizeof(wrong), "%7" PRId64, r->wrong);
 	else
 		snprintf(wrong, sizeof(wrong), "%7s", "n/a");
+	if (r->rms_err >= 0)
+		snprintf(rms, sizeof(rms), "%9.2e", r->rms_err);
+	else
+		snprintf(rms, sizeof(rms), "%9s", "n/a");
 	printf("  %10" PRIu64 " %12" PRIu64 " %6s %10s %10s %6d %6d %10.1f %8.3f %8.3f %12.0f "
-	       "%6.2f %s %s\n",
+	       "%6.2f %s %s %5d %6d %s\n",
 	       bytes, bytes / 4, "float", codec_name(r->codec), algo_name(b->cfg.algo),
 	       b->npeers, r->rounds, r->time_us, algbw, busbw, row_wire_bytes(a, r),
-	       row_ratio(r), err, wrong);
+	       row_ratio(r), err, wrong, r->lost, r->joined, rms);
 	fflush(stdout);
 	if (r->failed_peers > 0)
 		fprintf(stderr, PROG ": warning: size %" PRIu64 ": %d peer(s) dropped during the "
@@ -793,6 +893,11 @@ static void print_footer(const struct agg *a)
 	else
 		printf("# Out of bounds values : %" PRId64 " %s\n", a->wrong_total,
 		       a->wrong_total ? "FAILED" : "OK");
+	if (a->b->follow && a->b->intruders)
+		printf("# Intruders refused : %d of %d %s\n", a->intruders_refused,
+		       a->b->intruders, a->intruders_refused == a->b->intruders ? "OK" : "FAILED");
+	if (a->b->follow && a->b->check)
+		printf("# Log inconsistencies : %" PRId64 "\n", a->replay_problems);
 	printf("#\n");
 	fflush(stdout);
 }
@@ -885,6 +990,25 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		c->connect_timeout_ms, c->round_timeout_ms);
 	fprintf(f, "    \"exact\": %s,\n    \"tolerance\": ", b->exact ? "true" : "false");
 	json_num(f, b->tol);
+	fprintf(f, ",\n    \"rendezvous\": \"%s\",\n    \"followed\": %s,\n",
+		b->dht ? "dht" : "static", b->follow ? "true" : "false");
+	fprintf(f, "    \"total_rounds\": %d,\n    \"churn\": ", b->follow ? b->total_rounds : 0);
+	json_num(f, b->churn);
+	fprintf(f, ",\n    \"churn_end\": %d,\n    \"join\": %d,\n    \"late\": %d,\n"
+		"    \"intruders\": %d,\n    \"faults\": [", b->churn > 0 ? b->churn_end : 0,
+		b->join > 0, b->late, b->intruders);
+	for (int k = 0; k < b->nfaults; k++) {
+		char spec[640];
+
+		snprintf(spec, sizeof(spec), "%d:%s", b->faults[k].index, b->faults[k].spec);
+		fprintf(f, "%s", k ? ", " : "");
+		json_str(f, spec);
+	}
+	fprintf(f, "],\n    \"max_rms\": ");
+	json_num(f, b->max_rms >= 0 ? b->max_rms : NAN);
+	if (b->follow)
+		fprintf(f, ",\n    \"replay_rtol\": %g,\n    \"replay_atol\": %g", replay_rtol(b),
+			replay_atol(b));
 	fprintf(f, "\n  },\n  \"results\": [\n");
 	for (int s = 0; s < a->nrows; s++) {
 		const struct size_result *r = &a->rows[s];
@@ -918,11 +1042,14 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		json_num(f, row_ratio(r));
 		fprintf(f, ", \"checked\": %" PRId64 ", \"checked_after_flush\": %s", r->checked,
 			r->flushed ? "true" : "false");
-		fprintf(f, ", \"failed_peers\": %d}%s\n", r->failed_peers,
-			s + 1 < a->nrows ? "," : "");
+		fprintf(f, ", \"failed_peers\": %d, \"peers_lost\": %d, \"peers_joined\": %d}%s\n",
+			r->failed_peers, r->lost, r->joined, s + 1 < a->nrows ? "," : "");
 	}
 	fprintf(f, "  ],\n  \"avg_busbw_gbs\": ");
 	json_num(f, a->nrows ? a->busbw_sum / a->nrows : 0.0);
+	if (b->follow)
+		fprintf(f, ",\n  \"intruders_refused\": %d,\n  \"log_inconsistencies\": %" PRId64,
+			a->intruders_refused, a->replay_problems);
 	if (a->counted)
 		fprintf(f, ",\n  \"out_of_bounds\": %" PRId64 "\n}\n", a->wrong_total);
 	else
@@ -1196,15 +1323,54 @@ static int split_lines(char *text, const char **out, int n)
 	return k == n && (!s || !*s) ? 0 : -1;
 }
 
+/* A static local peer: send our address up, set every peer's address from
+ * the list that comes back. 0, or negative after peer_fail. */
+static int peer_exchange(struct peer *p)
+{
+	const struct bench *b = p->b;
+	char addr[MP_ADDR_STRLEN];
+	const char **addrs = NULL;
+	struct msg m = { 0 };
+	int rc;
+
+	rc = mp_local_address(p->ctx, addr, sizeof(addr));
+	if (rc) {
+		peer_fail(p, "mp_local_address: %s: %s", mp_strerror(rc), mp_last_error(p->ctx));
+		goto out;
+	}
+	rc = chan_send(p->up, MSG_ADDR, p->rank, addr, (uint32_t)strlen(addr), b->silence_ms);
+	if (rc)
+		goto out;
+	p->last_hb = now_s();
+
+	rc = chan_recv(p->down, &m, clamp_ms((int64_t)b->silence_ms * 2));
+	if (rc <= 0 || m.type != MSG_PEERS || !m.data) {
+		peer_fail(p, "no peer list from the launcher (%s)",
+			  rc == 0 ? "timed out" : rc < 0 ? strerror(-rc) : "unexpected message");
+		rc = -1;
+		goto out;
+	}
+	addrs = xcalloc((size_t)b->npeers, sizeof(*addrs));
+	if (split_lines(m.data, addrs, b->npeers) < 0) {
+		peer_fail(p, "malformed peer list from the launcher");
+		rc = -1;
+		goto out;
+	}
+	rc = mp_set_peers(p->ctx, addrs, b->npeers);
+	if (rc)
+		peer_fail(p, "mp_set_peers: %s: %s", mp_strerror(rc), mp_last_error(p->ctx));
+out:
+	free(addrs);
+	free(m.data);
+	return rc;
+}
+
 /* A local peer (child process or thread). 0 on success. */
 static int peer_main(const struct bench *b, int rank, const struct chan *up,
 		     const struct chan *down)
 {
 	struct peer p = { .b = b, .rank = rank, .npeers = b->npeers, .up = up, .down = down };
 	struct mp_config cfg = b->cfg;
-	char addr[MP_ADDR_STRLEN];
-	const char **addrs = NULL;
-	struct msg m = { 0 };
 	int rc;
 
 	cfg.rank = rank;
@@ -1225,38 +1391,9 @@ static int peer_main(const struct bench *b, int rank, const struct chan *up,
 		peer_fail(&p, "mp_init: %s: %s", mp_strerror(rc), mp_last_error(NULL));
 		return -1;
 	}
-	rc = mp_local_address(p.ctx, addr, sizeof(addr));
-	if (rc) {
-		peer_fail(&p, "mp_local_address: %s: %s", mp_strerror(rc), mp_last_error(p.ctx));
-		goto out;
-	}
-	rc = chan_send(up, MSG_ADDR, rank, addr, (uint32_t)strlen(addr), b->silence_ms);
-	if (rc)
-		goto out;
-	p.last_hb = now_s();
-
-	rc = chan_recv(down, &m, clamp_ms((int64_t)b->silence_ms * 2));
-	if (rc <= 0 || m.type != MSG_PEERS || !m.data) {
-		peer_fail(&p, "no peer list from the launcher (%s)",
-			  rc == 0 ? "timed out" : rc < 0 ? strerror(-rc) : "unexpected message");
-		rc = -1;
-		goto out;
-	}
-	addrs = xcalloc((size_t)b->npeers, sizeof(*addrs));
-	if (split_lines(m.data, addrs, b->npeers) < 0) {
-		peer_fail(&p, "malformed peer list from the launcher");
-		rc = -1;
-		goto out;
-	}
-	rc = mp_set_peers(p.ctx, addrs, b->npeers);
-	if (rc) {
-		peer_fail(&p, "mp_set_peers: %s: %s", mp_strerror(rc), mp_last_error(p.ctx));
-		goto out;
-	}
-	rc = peer_bench(&p);
-out:
-	free(addrs);
-	free(m.data);
+	rc = peer_exchange(&p);
+	if (rc == 0)
+		rc = peer_bench(&p);
 	mp_finalize(p.ctx);
 	if (rc == 0)
 		chan_send(up, MSG_DONE, rank, NULL, 0, b->silence_ms);
@@ -1715,6 +1852,1081 @@ static int run_local_threads(const struct bench *b, struct agg *a)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Followed runs: dht rendezvous, churn, faults, joiners, intruders          */
+
+/*
+ * Every local peer averages one Moshpit round per call (cfg.rounds = 1) and
+ * reports each round, so that the coordinator follows the run: it starts
+ * late peers after round 1, notices deaths (pipe EOF, then waitpid) and
+ * starts replacements. A peer learns the global round of each call from the
+ * tail of its own contribution log, since a joiner starts at whatever round
+ * the run is at. The vector is generated once and averaged through every
+ * iteration, so a joiner's values do not depend on when it joins; the
+ * survivors send their final values up and the coordinator checks them
+ * against a replay of every log (replay.c).
+ */
+
+enum { ROLE_INITIAL, ROLE_LATE, ROLE_INTRUDER, ROLE_REPLACEMENT };
+
+static const char *const role_names[] = { "peer", "late peer", "intruder", "replacement" };
+
+struct hello {
+	uint64_t id;
+	char dht[MP_ADDR_STRLEN]; /* "" in static runs */
+};
+
+struct round_report {
+	int64_t round;
+	int32_t grouped; /* a group formed */
+	int32_t group_size;
+	int32_t failed;
+	int32_t rc;
+};
+
+struct summary {
+	int32_t init_rc; /* intruders: mp_init's refusal, else 0 */
+	int32_t grouped; /* rounds spent in a group */
+	int32_t errors;  /* calls that failed (intruders; -EHOSTUNREACH) */
+	int32_t calls;
+};
+
+/* What a peer of a followed run is, fixed before it is forked. */
+struct fspec {
+	int idx, role;
+	uint64_t id;
+	int npeers;    /* dht: peers mp_init waits for; 0 joins a running run */
+	int dht_port;  /* dht: 0 = any */
+	int kill;      /* a kill is planned: its death is a loss, not a failure */
+	char bootstrap[MP_ADDR_STRLEN];
+	char fault[1024];
+	char log[PATH_MAX];
+};
+
+/* Peer ids of a dht run, from the seed and the spawn index: distinct (mix64
+ * is a bijection) and never 0, so data and logs can be keyed by id. */
+static uint64_t peer_id_of(uint64_t seed, int idx)
+{
+	uint64_t id = mix64(seed ^ mix64(0x6d6f736870697421ULL + (uint64_t)(uint32_t)idx));
+
+	return id ? id : 1;
+}
+
+/* A peer's values at the start: iteration 0's data of its spawn index;
+ * intruders' are far off, so that any contribution of theirs shows. */
+static void follow_fill(const struct bench *b, const struct fspec *s, float *x, size_t count)
+{
+	uint64_t key = stream_key(b->seed, s->idx, 0);
+	float shift = s->role == ROLE_INTRUDER ? 1000.0f : 0.0f;
+
+	for (size_t i = 0; i < count; i++)
+		x[i] = gen_value(key, i) + shift;
+}
+
+/* The peer's own contribution log, read as it grows. */
+struct clog_tail {
+	int fd;
+	size_t len;
+	char line[256]; /* the start of the line being read: "kind round=R ..." */
+};
+
+/* Highest round among the complete lines appended since the last call, or
+ * -1 if none (no log yet, or a library that writes none). */
+static int64_t clog_tail_round(struct clog_tail *t, const char *path)
+{
+	char buf[4096];
+	int64_t best = -1;
+
+	if (t->fd < 0)
+		t->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (t->fd < 0)
+		return -1;
+	for (;;) {
+		ssize_t n = read(t->fd, buf, sizeof(buf));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		for (ssize_t i = 0; i < n; i++) {
+			const char *r;
+
+			if (buf[i] != '\n') {
+				if (t->len < sizeof(t->line) - 1)
+					t->line[t->len++] = buf[i];
+				continue;
+			}
+			t->line[t->len] = '\0';
+			r = strstr(t->line, " round=");
+			if (r) {
+				long long v = strtoll(r + 7, NULL, 10);
+
+				if (v > best)
+					best = v;
+			}
+			t->len = 0;
+		}
+	}
+	return best;
+}
+
+/* Whether the coordinator said stop (or is gone). */
+static int stop_requested(const struct peer *p)
+{
+	struct msg m = { 0 };
+	int rc = chan_recv(p->down, &m, 0);
+
+	free(m.data);
+	return rc < 0 || (rc > 0 && m.type == MSG_STOP);
+}
+
+/* Average round after round until the run's last one; report each. */
+static int follow_rounds(struct peer *p, const struct fspec *s, struct summary *sum)
+{
+	const struct bench *b = p->b;
+	size_t count = (size_t)(b->sizes[0] / 4);
+	float *buf = xmalloc(count * sizeof(float));
+	float w = s->role == ROLE_INTRUDER ? 1.0f : peer_weight(b, s->idx);
+	int R = b->rounds_eff, T = b->total_rounds, timed = 0;
+	int64_t last = -1;
+	struct clog_tail tail = { .fd = -1 };
+	struct size_result r;
+	double tsum = 0.0, sent = 0.0, recvd = 0.0, vals = 0.0;
+	int rc = 0;
+
+	memset(&r, 0, sizeof(r));
+	r.max_err = -1.0;
+	r.rms_err = -1.0;
+	r.wrong = -1;
+	r.time_us = -1.0;
+	follow_fill(b, s, buf, count);
+	/* Bounded: every call moves the round on by at least one. */
+	for (int calls = 0; last < T - 1 && calls < T + R; calls++) {
+		struct mp_result res;
+		struct round_report rr = { 0 };
+		char why[768];
+		double t0, t1;
+		int64_t g;
+
+		if (stop_requested(p))
+			break;
+		memset(&res, 0, sizeof(res));
+		t0 = now_s();
+		rc = peer_average(p, buf, count, w, NULL, &res, why, sizeof(why));
+		t1 = now_s();
+		/* A round whose whole group failed is not the end of the run;
+		 * an intruder's refusals are what it is here for. */
+		if (rc && rc != -EHOSTUNREACH && s->role != ROLE_INTRUDER) {
+			peer_fail(p, "after round %lld: %s", (long long)last, why);
+			break;
+		}
+		sum->calls++;
+		g = clog_tail_round(&tail, s->log);
+		if (g <= last)
+			g = last + 1;
+		rr.round = g;
+		rr.rc = rc;
+		rr.grouped = rc == 0 && res.rounds_alone == 0;
+		rr.group_size = res.group_size;
+		rr.failed = res.failed_peers;
+		if (rc)
+			sum->errors++;
+		rc = 0;
+		if (rr.grouped) {
+			sum->grouped++;
+			/* One round per call: carry the weight the round left us
+			 * with into the next, as one call of R rounds would. */
+			if (isfinite(res.weight) && res.weight >= 0)
+				w = res.weight;
+			if (g >= T - R)
+				r.rounds++;
+		}
+		if (g >= (int64_t)b->warmup * R && g < T) {
+			timed++;
+			tsum += t1 - t0;
+			sent += (double)res.bytes_sent;
+			recvd += (double)res.bytes_received;
+			vals += (double)res.values_sent;
+		}
+		r.codec = res.codec;
+		r.peers = res.peers;
+		if (res.failed_peers > r.failed_peers)
+			r.failed_peers = res.failed_peers;
+		last = g;
+		if (chan_send(p->up, MSG_ROUND, p->rank, &rr, sizeof(rr), b->silence_ms))
+			break;
+	}
+	if (tail.fd >= 0)
+		close(tail.fd);
+	if (rc == 0 && s->role != ROLE_INTRUDER) {
+		/* Per average of R rounds, from the rounds timed. */
+		if (timed) {
+			r.time_us = tsum / timed * R * 1e6;
+			r.bytes_sent = sent / timed * R;
+			r.bytes_received = recvd / timed * R;
+			r.values_sent = vals / timed * R;
+		}
+		if (b->check)
+			rc = chan_send(p->up, MSG_VECTOR, p->rank, buf,
+				       (uint32_t)(count * sizeof(float)), b->silence_ms);
+		if (rc == 0)
+			rc = chan_send(p->up, MSG_RESULT, p->rank, &r, sizeof(r), b->silence_ms);
+	}
+	free(buf);
+	return rc ? -1 : 0;
+}
+
+/* A peer of a followed run (a child process). 0 on success. */
+static int follow_peer(const struct bench *b, const struct fspec *s, const struct chan *up,
+		       const struct chan *down)
+{
+	struct peer p = { .b = b, .rank = s->idx, .npeers = b->npeers, .up = up, .down = down };
+	struct mp_config cfg = b->cfg;
+	struct summary sum = { 0 };
+	struct hello h = { 0 };
+	char key[160];
+	int rc;
+
+	cfg.rounds = 1;
+	cfg.transport = "tcp";
+	cfg.listen = "127.0.0.1:0";
+	cfg.run_name = b->run;
+	cfg.peers = NULL;
+	cfg.hostfile = NULL;
+	cfg.grid = b->cfg.grid;
+	/* Faults and logs are per peer: MP_FAULT or MP_CONTRIB_LOG from the
+	 * environment would hit every peer alike. */
+	cfg.fault = s->fault[0] ? s->fault : NULL;
+	cfg.contrib_log = s->log;
+	if (s->role == ROLE_INTRUDER) {
+		snprintf(key, sizeof(key), "not the key of %s", b->run);
+		cfg.run_key = key;
+		cfg.run_key_file = NULL;
+	}
+	if (b->dht) {
+		cfg.rendezvous = "dht";
+		cfg.bootstrap = s->bootstrap[0] ? s->bootstrap : NULL;
+		cfg.dht_port = s->dht_port;
+		cfg.npeers = s->npeers;
+		cfg.peer_id = s->id;
+		cfg.rank = -1;
+	} else {
+		cfg.rendezvous = "static";
+		cfg.rank = s->idx;
+		cfg.npeers = b->npeers;
+	}
+	rc = mp_init(&cfg, &p.ctx);
+	if (rc && s->role == ROLE_INTRUDER) {
+		sum.init_rc = rc;
+		chan_send(up, MSG_SUMMARY, p.rank, &sum, sizeof(sum), b->silence_ms);
+		chan_send(up, MSG_DONE, p.rank, NULL, 0, b->silence_ms);
+		return 0;
+	}
+	if (rc) {
+		peer_fail(&p, "mp_init: %s: %s", mp_strerror(rc), mp_last_error(NULL));
+		return -1;
+	}
+	p.last_hb = now_s();
+	if (!b->dht)
+		rc = peer_exchange(&p);
+	if (rc == 0) {
+		h.id = mp_peer_id(p.ctx);
+		if (b->dht && mp_dht_address(p.ctx, h.dht, sizeof(h.dht)))
+			h.dht[0] = '\0';
+		rc = chan_send(up, MSG_HELLO, p.rank, &h, sizeof(h), b->silence_ms);
+	}
+	if (rc == 0)
+		rc = follow_rounds(&p, s, &sum);
+	mp_finalize(p.ctx);
+	if (rc == 0) {
+		chan_send(up, MSG_SUMMARY, p.rank, &sum, sizeof(sum), b->silence_ms);
+		chan_send(up, MSG_DONE, p.rank, NULL, 0, b->silence_ms);
+	}
+	return rc ? -1 : 0;
+}
+
+/* The coordinator's view of one peer. */
+struct fpeer {
+	struct fspec s;
+	pid_t pid;            /* 0 once reaped */
+	int up_fd, down_fd;   /* -1 once closed */
+	int64_t seen;         /* last message, ms */
+	int have_addr, hello, done, lost, stopped;
+	uint64_t id;
+	char addr[MP_ADDR_STRLEN]; /* static: data-plane address */
+	char dht[MP_ADDR_STRLEN];
+	int64_t last_round;   /* -1 before its first */
+	int grouped;          /* rounds in a group, as it reported them */
+	float *vec;           /* final values (--check) */
+	struct size_result res;
+	int have_res;
+	struct summary sum;
+	int have_sum;
+};
+
+struct fcoord {
+	const struct bench *b;
+	struct fpeer *p;
+	int n, cap;
+	char logdir[PATH_MAX / 2]; /* room for "/<id>.log" in fspec.log */
+	int own_logdir;       /* a temporary directory of ours */
+	char boot[MP_ADDR_STRLEN]; /* peer 0's DHT node */
+	int rr;
+};
+
+static void fpeer_name(const struct fpeer *fp, char *buf, size_t len)
+{
+	if (fp->pid > 0)
+		snprintf(buf, len, "%s %d (id %016llx, pid %ld)", role_names[fp->s.role],
+			 fp->s.idx, (unsigned long long)fp->s.id, (long)fp->pid);
+	else
+		snprintf(buf, len, "%s %d (id %016llx)", role_names[fp->s.role], fp->s.idx,
+			 (unsigned long long)fp->s.id);
+}
+
+static int fpeer_running(const struct fpeer *fp)
+{
+	return !fp->done && !fp->lost;
+}
+
+/* Append @fmt to the peer's fault spec, comma-separated. */
+__attribute__((format(printf, 2, 3)))
+static void fault_add(struct fspec *s, const char *fmt, ...)
+{
+	size_t off = strlen(s->fault);
+	va_list ap;
+
+	if (off && off + 1 < sizeof(s->fault))
+		s->fault[off++] = ',';
+	va_start(ap, fmt);
+	vsnprintf(s->fault + off, sizeof(s->fault) - off, fmt, ap);
+	va_end(ap);
+}
+
+/*
+ * The peer's faults: --fault for its index, and with --churn its death: in
+ * each round from @from on (before churn_end) it dies with probability
+ * --churn, drawn from its own seeded generator; it is killed (SIGKILL) in
+ * the scatter or gather phase, after 0 or 1 frames of it.
+ */
+static void plan_faults(const struct bench *b, struct fspec *s, int64_t from)
+{
+	uint64_t st = mix64(b->seed ^ 0x636875726e000000ULL ^ mix64((uint64_t)s->idx + 1));
+
+	s->fault[0] = '\0';
+	for (int k = 0; k < b->nfaults; k++) {
+		if (b->faults[k].index != s->idx)
+			continue;
+		fault_add(s, "%s", b->faults[k].spec);
+		if (strncmp(b->faults[k].spec, "kill", 4) == 0 || strstr(b->faults[k].spec, ",kill"))
+			s->kill = 1;
+	}
+	if (b->churn <= 0 || s->role == ROLE_INTRUDER)
+		return;
+	for (int64_t r = from < 0 ? 0 : from; r < b->churn_end; r++) {
+		uint64_t h;
+
+		st = mix64(st + 0x9e3779b97f4a7c15ULL);
+		if ((double)(st >> 11) * 0x1p-53 >= b->churn)
+			continue;
+		h = mix64(st ^ 0x5bd1e995ULL);
+		fault_add(s, "kill:round=%lld:phase=%s:after=%d", (long long)r,
+			  (h & 1) ? "gather" : "scatter", (int)((h >> 1) & 1));
+		s->kill = 1;
+		break;
+	}
+}
+
+/* Start a peer of @role. 0, or -1 after a message. */
+static int fspawn(struct fcoord *fc, int role, int npeers, const char *bootstrap, int dht_port,
+		  int64_t from_round)
+{
+	const struct bench *b = fc->b;
+	pid_t self = getpid(), pid;
+	struct fpeer *fp;
+	int up[2], down[2];
+
+	if (fc->n == fc->cap) {
+		fc->cap = fc->cap ? fc->cap * 2 : 32;
+		fc->p = realloc(fc->p, (size_t)fc->cap * sizeof(*fc->p));
+		if (!fc->p)
+			die_oom();
+	}
+	fp = &fc->p[fc->n];
+	memset(fp, 0, sizeof(*fp));
+	fp->up_fd = fp->down_fd = -1;
+	fp->last_round = -1;
+	fp->s.idx = fc->n;
+	fp->s.role = role;
+	fp->s.id = b->dht ? peer_id_of(b->seed, fp->s.idx) : (uint64_t)fp->s.idx;
+	fp->s.npeers = npeers;
+	fp->s.dht_port = dht_port;
+	snprintf(fp->s.bootstrap, sizeof(fp->s.bootstrap), "%s", bootstrap ? bootstrap : "");
+	plan_faults(b, &fp->s, from_round);
+	snprintf(fp->s.log, sizeof(fp->s.log), "%s/%016llx.log", fc->logdir,
+		 (unsigned long long)fp->s.id);
+	unlink(fp->s.log); /* a kept directory from an earlier run */
+	fp->id = fp->s.id;
+	fp->seen = now_ms();
+
+	if (pipe(up) < 0) {
+		fprintf(stderr, PROG ": pipe: %s\n", strerror(errno));
+		return -1;
+	}
+	if (pipe(down) < 0) {
+		fprintf(stderr, PROG ": pipe: %s\n", strerror(errno));
+		close(up[0]);
+		close(up[1]);
+		return -1;
+	}
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, PROG ": cannot start %s %d: fork: %s\n", role_names[role],
+			fp->s.idx, strerror(errno));
+		close(up[0]);
+		close(up[1]);
+		close(down[0]);
+		close(down[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		struct chan cu = { .fd = up[1] }, cd = { .fd = down[0] };
+
+#ifdef __linux__
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+		if (getppid() != self)
+			_exit(EXIT_FAIL);
+		for (int j = 0; j < fc->n; j++) {
+			if (fc->p[j].up_fd >= 0)
+				close(fc->p[j].up_fd);
+			if (fc->p[j].down_fd >= 0)
+				close(fc->p[j].down_fd);
+		}
+		close(up[0]);
+		close(down[1]);
+		set_nonblock(up[1]);
+		_exit(follow_peer(b, &fp->s, &cu, &cd) ? EXIT_FAIL : EXIT_OK);
+	}
+	close(up[1]);
+	close(down[0]);
+	set_nonblock(down[1]);
+	fp->up_fd = up[0];
+	fp->down_fd = down[1];
+	fp->pid = pid;
+	fc->n++;
+	return 0;
+}
+
+/* 1 with a message (MSG_EOF when a pipe closed), 0 on timeout, < 0 on error. */
+static int frecv(struct fcoord *fc, struct msg *m, int timeout_ms)
+{
+	struct pollfd *pfd = xcalloc((size_t)fc->n, sizeof(*pfd));
+	int *who = xcalloc((size_t)fc->n, sizeof(*who));
+	int np = 0, rc;
+
+	for (int k = 0; k < fc->n; k++) {
+		int r = (fc->rr + k) % fc->n;
+
+		if (fc->p[r].up_fd < 0)
+			continue;
+		pfd[np].fd = fc->p[r].up_fd;
+		pfd[np].events = POLLIN;
+		who[np++] = r;
+	}
+	rc = np ? poll(pfd, (nfds_t)np, timeout_ms) : 0;
+	if (!np)
+		usleep((useconds_t)timeout_ms * 1000);
+	if (rc <= 0) {
+		rc = rc < 0 && errno != EINTR ? -errno : 0;
+		goto out;
+	}
+	rc = 0;
+	for (int k = 0; k < np; k++) {
+		struct fpeer *fp = &fc->p[who[k]];
+
+		if (!pfd[k].revents)
+			continue;
+		fc->rr = (who[k] + 1) % fc->n;
+		if (fd_recv_msg(fp->up_fd, m, 5000) <= 0) {
+			close(fp->up_fd);
+			fp->up_fd = -1;
+			memset(m, 0, sizeof(*m));
+			m->type = MSG_EOF;
+		}
+		m->rank = who[k];
+		rc = 1;
+		break;
+	}
+out:
+	free(pfd);
+	free(who);
+	return rc;
+}
+
+/* Wait up to @ms for the peer to exit; 1 with its status, else 0. */
+static int freap(struct fpeer *fp, int ms, int *status)
+{
+	int64_t deadline = now_ms() + ms;
+
+	while (fp->pid > 0) {
+		pid_t w = waitpid(fp->pid, status, WNOHANG);
+
+		if (w == fp->pid) {
+			fp->pid = 0;
+			return 1;
+		}
+		if ((w < 0 && errno != EINTR) || now_ms() > deadline)
+			return 0;
+		usleep(2000);
+	}
+	return 0;
+}
+
+static void fkill_all(struct fcoord *fc)
+{
+	int status;
+
+	for (int k = 0; k < fc->n; k++)
+		if (fc->p[k].pid > 0)
+			kill(fc->p[k].pid, SIGKILL);
+	for (int k = 0; k < fc->n; k++)
+		freap(&fc->p[k], 5000, &status);
+}
+
+/* Whether a UDP socket is bound to @port (Linux: /proc/net/udp, udp6). */
+static int udp_port_bound(int port)
+{
+	static const char *const files[] = { "/proc/net/udp", "/proc/net/udp6" };
+
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		FILE *f = fopen(files[i], "r");
+		char line[512];
+
+		if (!f)
+			continue;
+		while (fgets(line, sizeof(line), f)) {
+			unsigned lport;
+
+			if (sscanf(line, " %*d: %*[0-9A-Fa-f]:%x", &lport) == 1 &&
+			    lport == (unsigned)port) {
+				fclose(f);
+				return 1;
+			}
+		}
+		fclose(f);
+	}
+	return 0;
+}
+
+/* A UDP port free right now, for peer 0's DHT node: the others bootstrap
+ * from it while peer 0 is still in mp_init, which waits for them. */
+static int free_udp_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), port = -1;
+
+	if (fd < 0)
+		return -1;
+	a.sin_addr.s_addr = htonl(INADDR_ANY);
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+/* DHT address of a live peer to bootstrap from (peer 0's node if none said). */
+static const char *fboot(const struct fcoord *fc)
+{
+	for (int k = 0; k < fc->n; k++) {
+		const struct fpeer *fp = &fc->p[k];
+
+		if (fp->s.role != ROLE_INTRUDER && fp->hello && fpeer_running(fp) && fp->dht[0])
+			return fp->dht;
+	}
+	return fc->boot;
+}
+
+/* The round the run is at: the highest any running peer finished. */
+static int64_t fround(const struct fcoord *fc)
+{
+	int64_t r = -1;
+
+	for (int k = 0; k < fc->n; k++)
+		if (fpeer_running(&fc->p[k]) && fc->p[k].s.role != ROLE_INTRUDER &&
+		    fc->p[k].last_round > r)
+			r = fc->p[k].last_round;
+	return r;
+}
+
+/* A peer's pipe closed before MSG_DONE: a planned death is a loss, anything
+ * else a failure. 0 or -1. */
+static int fpeer_gone(struct fcoord *fc, struct fpeer *fp)
+{
+	const struct bench *b = fc->b;
+	char name[160], how[96];
+	int status = 0;
+
+	fpeer_name(fp, name, sizeof(name));
+	if (!freap(fp, 5000, &status)) {
+		fprintf(stderr, PROG ": %s closed its pipe without finishing\n", name);
+		return -1;
+	}
+	if (!(fp->s.kill && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
+		describe_status(status, how, sizeof(how));
+		fprintf(stderr, PROG ": %s %s without finishing the benchmark\n", name, how);
+		return -1;
+	}
+	fp->lost = 1;
+	if (fp->last_round < 0)
+		fprintf(stderr, PROG ": %s died as planned (%s) before finishing a round\n", name,
+			fp->s.fault);
+	else
+		fprintf(stderr, PROG ": %s died as planned (%s) after round %lld\n", name,
+			fp->s.fault, (long long)fp->last_round);
+	/* A replacement only while enough rounds remain for it to be
+	 * averaged in before the run ends. */
+	if (b->churn > 0 && b->join > 0 && fround(fc) + 1 < b->churn_end) {
+		int64_t from = fround(fc) + 1;
+
+		if (fspawn(fc, ROLE_REPLACEMENT, 0, fboot(fc), 0, from))
+			return -1;
+		fpeer_name(&fc->p[fc->n - 1], name, sizeof(name));
+		fprintf(stderr, PROG ": %s started\n", name);
+	}
+	return 0;
+}
+
+/* One message of peer @fp. 0, or -1 after a message (the run fails). */
+static int fhandle(struct fcoord *fc, struct fpeer *fp, struct msg *m)
+{
+	const struct bench *b = fc->b;
+	size_t vbytes = (size_t)(b->sizes[0] / 4) * sizeof(float);
+	char name[160];
+
+	fp->seen = now_ms();
+	fpeer_name(fp, name, sizeof(name));
+	switch (m->type) {
+	case MSG_ADDR:
+		if (fp->have_addr || !m->data || m->len >= MP_ADDR_STRLEN)
+			break;
+		memcpy(fp->addr, m->data, m->len + 1);
+		fp->have_addr = 1;
+		return 0;
+	case MSG_HELLO:
+		if (m->len != sizeof(struct hello))
+			break;
+		{
+			struct hello h;
+
+			memcpy(&h, m->data, sizeof(h));
+			h.dht[sizeof(h.dht) - 1] = '\0';
+			fp->id = h.id;
+			memcpy(fp->dht, h.dht, sizeof(fp->dht));
+			fp->hello = 1;
+		}
+		return 0;
+	case MSG_ROUND:
+		if (m->len != sizeof(struct round_report))
+			break;
+		{
+			struct round_report rr;
+
+			memcpy(&rr, m->data, sizeof(rr));
+			fp->last_round = rr.round;
+			fp->grouped += rr.grouped != 0;
+		}
+		return 0;
+	case MSG_VECTOR:
+		if (m->len != vbytes || fp->vec)
+			break;
+		fp->vec = xmalloc(vbytes);
+		memcpy(fp->vec, m->data, vbytes);
+		return 0;
+	case MSG_RESULT:
+		if (m->len != sizeof(struct size_result))
+			break;
+		memcpy(&fp->res, m->data, sizeof(fp->res));
+		fp->have_res = 1;
+		return 0;
+	case MSG_SUMMARY:
+		if (m->len != sizeof(struct summary))
+			break;
+		memcpy(&fp->sum, m->data, sizeof(fp->sum));
+		fp->have_sum = 1;
+		return 0;
+	case MSG_HEARTBEAT:
+		return 0;
+	case MSG_DONE:
+		fp->done = 1;
+		return 0;
+	case MSG_ERROR:
+		fprintf(stderr, PROG ": %s: %s\n", name, m->data ? m->data : "failed");
+		return -1;
+	case MSG_EOF:
+		return fp->done ? 0 : fpeer_gone(fc, fp);
+	default:
+		break;
+	}
+	fprintf(stderr, PROG ": %s sent a malformed or unexpected message %u\n", name, m->type);
+	return -1;
+}
+
+/* Static runs: once every peer's address is in, send them the list. */
+static int fsend_peers(struct fcoord *fc)
+{
+	const struct bench *b = fc->b;
+	char *list = xmalloc((size_t)b->npeers * MP_ADDR_STRLEN + 1);
+	size_t len = 0;
+	int rc = 0;
+
+	for (int k = 0; k < b->npeers; k++)
+		len += (size_t)sprintf(list + len, "%s%s", k ? "\n" : "", fc->p[k].addr);
+	for (int k = 0; k < b->npeers && rc == 0; k++) {
+		rc = fd_send_msg(fc->p[k].down_fd, MSG_PEERS, -1, list, (uint32_t)len,
+				 b->silence_ms);
+		if (rc)
+			fprintf(stderr, PROG ": cannot send the peer list to peer %d: %s\n", k,
+				strerror(-rc));
+	}
+	free(list);
+	return rc ? -1 : 0;
+}
+
+/*
+ * Start the peers and follow the run until every peer finished or died.
+ * 0, or -1 after a message.
+ */
+static int fdrive(struct fcoord *fc)
+{
+	const struct bench *b = fc->b;
+	int N = b->npeers, sent_peers = 0, late_done = 0, intruders_done = 0;
+
+	if (b->dht) {
+		int port = free_udp_port(), status;
+		int64_t deadline;
+
+		if (port <= 0) {
+			fprintf(stderr, PROG ": no free UDP port for the first DHT node\n");
+			return -1;
+		}
+		snprintf(fc->boot, sizeof(fc->boot), "127.0.0.1:%d", port);
+		if (fspawn(fc, ROLE_INITIAL, N, NULL, port, 0))
+			return -1;
+		/* The others bootstrap from peer 0's node: wait until it is up
+		 * (bounded; they retry bootstrapping anyway). */
+		deadline = now_ms() + 5000;
+		while (!udp_port_bound(port) && now_ms() < deadline) {
+			if (freap(&fc->p[0], 0, &status)) {
+				fprintf(stderr, PROG ": peer 0 exited before its DHT node was up\n");
+				return -1;
+			}
+			usleep(10000);
+		}
+		for (int k = 1; k < N; k++)
+			if (fspawn(fc, ROLE_INITIAL, N, fc->boot, 0, 0))
+				return -1;
+	} else {
+		for (int k = 0; k < N; k++)
+			if (fspawn(fc, ROLE_INITIAL, N, NULL, 0, 0))
+				return -1;
+	}
+
+	for (;;) {
+		struct msg m = { 0 };
+		int got = frecv(fc, &m, 200), running = 0, initial_running = 0, started = 1,
+		    past1 = 1, any_done = 0;
+		int64_t t = now_ms();
+
+		if (got < 0) {
+			fprintf(stderr, PROG ": waiting for peers: %s\n", strerror(-got));
+			return -1;
+		}
+		if (got > 0) {
+			int rc = fhandle(fc, &fc->p[m.rank], &m);
+
+			free(m.data);
+			if (rc)
+				return -1;
+		}
+		for (int k = 0; k < fc->n; k++) {
+			struct fpeer *fp = &fc->p[k];
+
+			if (fp->s.role == ROLE_INITIAL && !fp->lost && !fp->hello)
+				started = 0;
+			if (fp->s.role == ROLE_INITIAL && fpeer_running(fp)) {
+				initial_running++;
+				if (fp->last_round < 1)
+					past1 = 0;
+			}
+			if (fp->done && fp->s.role != ROLE_INTRUDER)
+				any_done = 1;
+			if (!fpeer_running(fp))
+				continue;
+			running++;
+			if (t - fp->seen > b->silence_ms) {
+				char name[160];
+
+				fpeer_name(fp, name, sizeof(name));
+				fprintf(stderr, PROG ": %s has been silent for %d s; giving up\n", name,
+					(int)((t - fp->seen) / 1000));
+				return -1;
+			}
+		}
+		if (!running)
+			return 0;
+		if (!b->dht && !sent_peers) {
+			int have = 0;
+
+			for (int k = 0; k < N; k++)
+				have += fc->p[k].have_addr;
+			if (have == N) {
+				if (fsend_peers(fc))
+					return -1;
+				sent_peers = 1;
+			}
+		}
+		if (started && !intruders_done) {
+			for (int k = 0; k < b->intruders; k++)
+				if (fspawn(fc, ROLE_INTRUDER, 0, fboot(fc), 0, 0))
+					return -1;
+			intruders_done = 1;
+		}
+		if (started && past1 && initial_running && !late_done) {
+			for (int k = 0; k < b->late; k++)
+				if (fspawn(fc, ROLE_LATE, 0, fboot(fc), 0, fround(fc) + 1))
+					return -1;
+			late_done = 1;
+		}
+		/* The initial peers are through: whoever still averages would
+		 * only find itself alone. */
+		if (!initial_running && any_done) {
+			for (int k = 0; k < fc->n; k++) {
+				struct fpeer *fp = &fc->p[k];
+
+				if (fpeer_running(fp) && !fp->stopped && fp->down_fd >= 0) {
+					fd_send_msg(fp->down_fd, MSG_STOP, -1, NULL, 0, 1000);
+					fp->stopped = 1;
+				}
+			}
+		}
+	}
+}
+
+/* Remove the logs (and our temporary directory) of a run that passed. */
+static void fclean_logs(struct fcoord *fc)
+{
+	for (int k = 0; k < fc->n; k++)
+		unlink(fc->p[k].s.log);
+	if (fc->own_logdir)
+		rmdir(fc->logdir);
+}
+
+/*
+ * The row of a followed run: times, bytes and rounds of the survivors'
+ * reports; losses and joins; consensus (rms_err) and the checks. Returns
+ * the number of things that failed beyond wrong values (a late peer that
+ * never averaged, an intruder let in).
+ */
+static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
+{
+	const struct bench *b = fc->b;
+	size_t count = (size_t)(b->sizes[0] / 4);
+	struct replay *rp = NULL;
+	int nsurv = 0, fails = 0, first = 1;
+	float **vecs = xcalloc((size_t)fc->n, sizeof(*vecs));
+	int nvec = 0;
+
+	memset(row, 0, sizeof(*row));
+	row->max_err = -1.0;
+	row->rms_err = -1.0;
+	row->wrong = -1;
+	row->time_us = 0.0;
+	for (int k = 0; k < fc->n; k++) {
+		const struct fpeer *fp = &fc->p[k];
+
+		if (fp->s.role == ROLE_INTRUDER)
+			continue;
+		if (fp->lost)
+			row->lost++;
+		if ((fp->s.role == ROLE_LATE || fp->s.role == ROLE_REPLACEMENT) && fp->grouped)
+			row->joined++;
+		if (!fp->done || !fp->have_res)
+			continue;
+		nsurv++;
+		if (fp->res.time_us > row->time_us)
+			row->time_us = fp->res.time_us;
+		row->bytes_sent += fp->res.bytes_sent;
+		row->bytes_received += fp->res.bytes_received;
+		row->values_sent += fp->res.values_sent;
+		row->codec = fp->res.codec;
+		if (fp->res.failed_peers > row->failed_peers)
+			row->failed_peers = fp->res.failed_peers;
+		if (first || fp->res.rounds < row->rounds)
+			row->rounds = fp->res.rounds;
+		if (first || fp->res.peers < row->peers)
+			row->peers = fp->res.peers;
+		first = 0;
+		if (fp->vec)
+			vecs[nvec++] = fp->vec;
+	}
+	a->nrep = nsurv;
+
+	if (b->check && nvec > 0) {
+		/* Consensus: every survivor against the survivors' mean. */
+		double sumsq = 0.0;
+
+		for (size_t i = 0; i < count; i++) {
+			double mean = 0.0;
+
+			for (int v = 0; v < nvec; v++)
+				mean += vecs[v][i];
+			mean /= nvec;
+			for (int v = 0; v < nvec; v++)
+				sumsq += (vecs[v][i] - mean) * (vecs[v][i] - mean);
+		}
+		row->rms_err = sqrt(sumsq / ((double)count * nvec));
+	}
+
+	if (b->check) {
+		float *x0 = xmalloc(count * sizeof(float));
+		int rc;
+
+		rp = replay_new(count);
+		if (!rp)
+			die_oom();
+		for (int k = 0; k < fc->n; k++) {
+			const struct fpeer *fp = &fc->p[k];
+
+			/* Intruders are strangers to the replay: anything they
+			 * got into a group would come out unknown, hence wrong. */
+			if (fp->s.role == ROLE_INTRUDER)
+				continue;
+			follow_fill(b, &fp->s, x0, count);
+			rc = replay_add_peer(rp, fp->id, x0);
+			if (rc == 0)
+				rc = replay_add_log_file(rp, fp->id, fp->s.log);
+			if (rc) {
+				fprintf(stderr, PROG ": %016llx: cannot replay %s: %s\n",
+					(unsigned long long)fp->id, fp->s.log, strerror(-rc));
+				fails++;
+			}
+		}
+		free(x0);
+		if (replay_run(rp))
+			die_oom();
+		a->replay_problems = replay_problems(rp);
+		if (a->replay_problems)
+			fprintf(stderr, PROG ": %" PRId64 " inconsistencies in the contribution logs; "
+				"first: %s\n", a->replay_problems, replay_first_problem(rp));
+		row->wrong = 0;
+		row->max_err = 0.0;
+		for (int k = 0; k < fc->n; k++) {
+			const struct fpeer *fp = &fc->p[k];
+			struct replay_cmp cmp;
+
+			if (fp->s.role == ROLE_INTRUDER || !fp->vec)
+				continue;
+			replay_compare(rp, fp->id, fp->vec, replay_rtol(b), replay_atol(b), &cmp);
+			if (cmp.wrong) {
+				char name[160];
+
+				fpeer_name(fp, name, sizeof(name));
+				fprintf(stderr, PROG ": %s: %" PRId64 " value(s) differ from the replay "
+					"of the logs (largest by %g)\n", name, cmp.wrong, cmp.max_err);
+			}
+			row->wrong += cmp.wrong;
+			row->checked += cmp.checked;
+			if (cmp.max_err > row->max_err)
+				row->max_err = cmp.max_err;
+		}
+	}
+
+	/* No churn on a full grid: the exact mean of the initial peers is due. */
+	if (b->check && follow_exact(b)) {
+		double *mean = xcalloc(count, sizeof(double));
+		float *x0 = xmalloc(count * sizeof(float));
+		double wsum = 0.0;
+
+		for (int k = 0; k < fc->n; k++) {
+			const struct fpeer *fp = &fc->p[k];
+			double w = peer_weight(b, fp->s.idx);
+
+			if (fp->s.role != ROLE_INITIAL)
+				continue;
+			follow_fill(b, &fp->s, x0, count);
+			for (size_t i = 0; i < count; i++)
+				mean[i] += w * x0[i];
+			wsum += w;
+		}
+		for (int k = 0; k < fc->n; k++) {
+			const struct fpeer *fp = &fc->p[k];
+			int64_t wrong = 0;
+
+			if (fp->s.role == ROLE_INTRUDER || !fp->vec)
+				continue;
+			for (size_t i = 0; i < count; i++) {
+				double d = fabs((double)fp->vec[i] - mean[i] / wsum);
+
+				if (isnan(d))
+					d = INFINITY;
+				if (!(d <= b->tol))
+					wrong++;
+				if (d > row->max_err)
+					row->max_err = d;
+			}
+			if (wrong) {
+				char name[160];
+
+				fpeer_name(fp, name, sizeof(name));
+				fprintf(stderr, PROG ": %s: %" PRId64 " value(s) off the exact mean\n",
+					name, wrong);
+			}
+			row->wrong += wrong;
+		}
+		free(mean);
+		free(x0);
+	}
+
+	for (int role = ROLE_LATE; role <= ROLE_INTRUDER; role++) {
+		int want = role == ROLE_LATE ? b->late : b->intruders, have = 0;
+
+		for (int k = 0; k < fc->n; k++)
+			have += fc->p[k].s.role == role;
+		if (have < want) {
+			fprintf(stderr, PROG ": %d %s(s) never started: the run ended first\n",
+				want - have, role_names[role]);
+			fails++;
+		}
+	}
+	for (int k = 0; k < fc->n; k++) {
+		const struct fpeer *fp = &fc->p[k];
+		char name[160];
+
+		fpeer_name(fp, name, sizeof(name));
+		if (fp->s.role == ROLE_LATE && !fp->grouped && !(rp && replay_groups(rp, fp->id))) {
+			fprintf(stderr, PROG ": %s never took part in a group\n", name);
+			fails++;
+		}
+		if (fp->s.role == ROLE_INTRUDER) {
+			int in = !fp->have_sum || fp->sum.grouped > 0 ||
+				 (rp && replay_named_by_others(rp, fp->id));
+
+			if (in)
+				fprintf(stderr, PROG ": %s was let into a group\n", name);
+			else
+				a->intruders_refused++;
+			fails += in;
+		}
+	}
+	replay_free(rp);
+	free(vecs);
+	return fails;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Options                                                                   */
 
 static void usage(FILE *f)
@@ -1754,6 +2966,21 @@ static void usage(FILE *f)
 		"      --hostfile=FILE      multi-host: one host[:port] per line, rank order\n"
 		"      --rank=R             multi-host: this process's rank (else from\n"
 		"                           MP_RANK, mpirun, PMI or srun)\n"
+		"\n"
+		"Control plane (local peers are then followed round by round):\n"
+		"      --rendezvous=NAME    static (default: a peer list) or dht (OpenDHT)\n"
+		"      --bootstrap=H:P      dht across hosts: a running peer's DHT node; this\n"
+		"                           process is peer --rank of --peers\n"
+		"      --dht-port=P         dht across hosts: UDP port of this peer's DHT node\n"
+		"      --churn=P            each peer dies (SIGKILL mid-round) with probability\n"
+		"                           P in each round of the first part of the run\n"
+		"      --join=0|1           replace peers that died (default 1 with --churn)\n"
+		"      --fault=I:SPEC       MP_FAULT SPEC for the peer of spawn index I\n"
+		"                           (repeatable), e.g. 3:kill:round=1:phase=gather\n"
+		"      --late=K             K more peers start once the others finished round 1\n"
+		"      --intruders=K        K more peers with another run key try to join\n"
+		"      --max-rms=X          fail if rms_err exceeds X\n"
+		"      --logs=DIR           keep the contribution logs in DIR\n"
 		"\n"
 		"Output:\n"
 		"      --json=FILE          also write settings and results as JSON\n"
@@ -1800,6 +3027,19 @@ static uint64_t parse_size(const char *opt, const char *s)
 	return v;
 }
 
+/* A finite number in [@lo, @hi]. */
+static double parse_real(const char *opt, const char *s, double lo, double hi)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v) || !(v >= lo && v <= hi))
+		usage_error("bad value '%s' for %s (a number from %g to %g)", s, opt, lo, hi);
+	return v;
+}
+
 static uint64_t parse_u64(const char *opt, const char *s)
 {
 	char *end;
@@ -1831,6 +3071,16 @@ enum {
 	OPT_WEIGHTED,
 	OPT_SEED,
 	OPT_TOL,
+	OPT_RENDEZVOUS,
+	OPT_BOOTSTRAP,
+	OPT_DHT_PORT,
+	OPT_CHURN,
+	OPT_JOIN,
+	OPT_FAULT,
+	OPT_LATE,
+	OPT_INTRUDERS,
+	OPT_MAX_RMS,
+	OPT_LOGS,
 };
 
 static const struct option long_opts[] = {
@@ -1856,6 +3106,16 @@ static const struct option long_opts[] = {
 	{ "weighted", no_argument, NULL, OPT_WEIGHTED },
 	{ "seed", required_argument, NULL, OPT_SEED },
 	{ "tol", required_argument, NULL, OPT_TOL },
+	{ "rendezvous", required_argument, NULL, OPT_RENDEZVOUS },
+	{ "bootstrap", required_argument, NULL, OPT_BOOTSTRAP },
+	{ "dht-port", required_argument, NULL, OPT_DHT_PORT },
+	{ "churn", required_argument, NULL, OPT_CHURN },
+	{ "join", required_argument, NULL, OPT_JOIN },
+	{ "fault", required_argument, NULL, OPT_FAULT },
+	{ "late", required_argument, NULL, OPT_LATE },
+	{ "intruders", required_argument, NULL, OPT_INTRUDERS },
+	{ "max-rms", required_argument, NULL, OPT_MAX_RMS },
+	{ "logs", required_argument, NULL, OPT_LOGS },
 	{ "help", no_argument, NULL, 'h' },
 	{ NULL, 0, NULL, 0 },
 };
@@ -1903,9 +3163,11 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		switch (o) {
 		case 'b':
 			b->minbytes = parse_size("--minbytes", optarg);
+			b->size_given |= 1;
 			break;
 		case 'e':
 			b->maxbytes = parse_size("--maxbytes", optarg);
+			b->size_given |= 2;
 			break;
 		case 'f':
 			b->stepfactor = (uint64_t)parse_int("--stepfactor", optarg, 2, 1 << 20);
@@ -2012,6 +3274,62 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			b->tol_set = 1;
 			break;
 		}
+		case OPT_RENDEZVOUS:
+			if (strcmp(optarg, "dht") == 0)
+				b->dht = 1;
+			else if (strcmp(optarg, "static") == 0)
+				b->rdv_static = 1;
+			else
+				usage_error("unknown --rendezvous '%s' (static or dht)", optarg);
+			if (b->dht && b->rdv_static)
+				usage_error("--rendezvous given as both static and dht");
+			break;
+		case OPT_BOOTSTRAP:
+			if (!*optarg || !strchr(optarg, ':'))
+				usage_error("bad --bootstrap '%s' (host:port[,host:port...])", optarg);
+			c->bootstrap = optarg;
+			break;
+		case OPT_DHT_PORT:
+			c->dht_port = (int)parse_int("--dht-port", optarg, 0, 65535);
+			break;
+		case OPT_CHURN:
+			b->churn = parse_real("--churn", optarg, 0.0, 0.5);
+			break;
+		case OPT_JOIN:
+			b->join = (int)parse_int("--join", optarg, 0, 1);
+			break;
+		case OPT_FAULT: {
+			char *end;
+			long idx;
+
+			errno = 0;
+			idx = strtol(optarg, &end, 10);
+			if (errno || end == optarg || *end != ':' || !end[1] || idx < 0 ||
+			    idx > INT_MAX)
+				usage_error("bad --fault '%s' (INDEX:SPEC, e.g. "
+					    "3:kill:round=1:phase=gather)", optarg);
+			b->faults = realloc(b->faults, (size_t)(b->nfaults + 1) * sizeof(*b->faults));
+			if (!b->faults)
+				die_oom();
+			b->faults[b->nfaults].index = (int)idx;
+			b->faults[b->nfaults].spec = end + 1;
+			b->nfaults++;
+			break;
+		}
+		case OPT_LATE:
+			b->late = (int)parse_int("--late", optarg, 0, 1024);
+			break;
+		case OPT_INTRUDERS:
+			b->intruders = (int)parse_int("--intruders", optarg, 0, 1024);
+			break;
+		case OPT_MAX_RMS:
+			b->max_rms = parse_real("--max-rms", optarg, 0.0, HUGE_VAL);
+			break;
+		case OPT_LOGS:
+			if (!*optarg)
+				usage_error("empty --logs");
+			b->logdir = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			exit(EXIT_OK);
@@ -2024,6 +3342,45 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 	}
 	if (optind < argc)
 		usage_error("unexpected argument '%s'", argv[optind]);
+}
+
+/*
+ * Followed runs: one vector size for the whole run (a joiner's buffer must
+ * match the others' at whatever round it arrives), tcp peers (a fault kills
+ * its process), and the codecs the replay can follow.
+ */
+static void follow_options(struct bench *b)
+{
+	if (b->loop)
+		usage_error("--rendezvous=dht, --churn and --fault need --transport=tcp (a fault "
+			    "kills its whole process)");
+	if (b->cfg.algo != MP_ALGO_MOSHPIT)
+		usage_error("--rendezvous=dht, --churn and --fault need --algo=moshpit");
+	if (codec_sparse(b->cfg.codec))
+		usage_error("--codec=%s holds values back (error feedback), which the replay "
+			    "of the logs cannot follow", codec_name(b->cfg.codec));
+	if (b->size_given == 3 && b->minbytes != b->maxbytes)
+		usage_error("--rendezvous=dht, --churn and --fault run one size: give -b or -e");
+	if (b->size_given == 1)
+		b->maxbytes = b->minbytes;
+	else if (b->size_given == 2)
+		b->minbytes = b->maxbytes;
+	else
+		b->minbytes = b->maxbytes = 256u << 10;
+}
+
+/* Every peer of a followed run, joiners included, gets the same grid: the
+ * one given, or the library's choice for the peers and the late peers. */
+static void follow_grid(struct bench *b)
+{
+	struct gridinfo g;
+
+	if (b->cfg.grid)
+		return;
+	if (grid_from_library(NULL, b->npeers + b->late, &g) < 0)
+		usage_error("no grid for %d peers", b->npeers + b->late);
+	grid_format(&g, b->grid_buf, sizeof(b->grid_buf));
+	b->cfg.grid = b->grid_buf;
 }
 
 /* Sizes from min to max, multiplying by the step factor. */
@@ -2068,6 +3425,14 @@ static int finish(struct agg *a, const char *mode, int rank, int failed)
 		if (b->json && write_json(a, mode, rank) < 0)
 			rc = EXIT_FAIL;
 	}
+	if (b->max_rms >= 0 && a->nrows > 0 && !(a->rms_worst >= 0 && a->rms_worst <= b->max_rms)) {
+		if (a->rms_worst < 0)
+			fprintf(stderr, PROG ": rms_err was not measured (--max-rms needs --check=1)\n");
+		else
+			fprintf(stderr, PROG ": rms_err %g exceeds --max-rms=%g\n", a->rms_worst,
+				b->max_rms);
+		rc = EXIT_FAIL;
+	}
 	if (a->wrong_total > 0) {
 		if (a->print)
 			fprintf(stderr, PROG ": %" PRId64 " value(s) out of bounds (tolerance %g)\n",
@@ -2103,6 +3468,95 @@ static int run_local(struct bench *b)
 	return rc;
 }
 
+/* Local peers followed round by round (dht rendezvous, churn, faults). */
+static int run_follow(struct bench *b)
+{
+	struct fcoord fc = { .b = b };
+	struct size_result row;
+	struct agg a;
+	char mode[96];
+	int rc, fails = 0;
+
+	bench_derive(b, b->npeers);
+	if ((uint64_t)b->npeers + (uint64_t)b->late > b->grid.cells)
+		usage_error("--late=%d needs free grid cells: grid %s has %" PRIu64 " cells for %d "
+			    "peers", b->late, b->cfg.grid, b->grid.cells, b->npeers);
+	b->total_rounds = (b->warmup + b->iters) * b->rounds_eff;
+	/* The last rounds are free of deaths, so that the survivors and any
+	 * replacement can reach consensus: rms_err measures whether they do. */
+	b->churn_end = b->total_rounds - 2 * b->grid.ndims - 2;
+	if (b->churn_end < 0)
+		b->churn_end = 0;
+	if (b->churn > 0 && b->churn_end == 0)
+		usage_error("--churn: %d rounds leave none for deaths (the last 2 x %d + 2 "
+			    "converge); raise --rounds or --iters", b->total_rounds, b->grid.ndims);
+	snprintf(mode, sizeof(mode), "local, %d processes, followed round by round", b->npeers);
+	print_header(b, mode);
+	agg_init(&a, b, b->npeers, 1);
+	if (b->logdir) {
+		if (strlen(b->logdir) >= sizeof(fc.logdir)) {
+			fprintf(stderr, PROG ": --logs: path too long\n");
+			agg_free(&a);
+			return EXIT_FAIL;
+		}
+		if (mkdir(b->logdir, 0755) < 0 && errno != EEXIST) {
+			fprintf(stderr, PROG ": cannot create %s: %s\n", b->logdir, strerror(errno));
+			agg_free(&a);
+			return EXIT_FAIL;
+		}
+		snprintf(fc.logdir, sizeof(fc.logdir), "%s", b->logdir);
+	} else {
+		snprintf(fc.logdir, sizeof(fc.logdir), "%s/mpbench-XXXXXX",
+			 getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+		if (!mkdtemp(fc.logdir)) {
+			fprintf(stderr, PROG ": cannot create a directory for the logs: %s\n",
+				strerror(errno));
+			agg_free(&a);
+			return EXIT_FAIL;
+		}
+		fc.own_logdir = 1;
+	}
+	fprintf(stderr, PROG ": size %" PRIu64 ", %d rounds ...\n", b->sizes[0], b->total_rounds);
+
+	rc = fdrive(&fc);
+	if (rc) {
+		fkill_all(&fc);
+	} else {
+		/* Everyone said done or died: reap the rest. */
+		for (int k = 0; k < fc.n; k++) {
+			int status;
+
+			if (fc.p[k].pid > 0 && !freap(&fc.p[k], 10000, &status)) {
+				fprintf(stderr, PROG ": %s %d did not exit after finishing\n",
+					role_names[fc.p[k].s.role], k);
+				fkill_all(&fc);
+				rc = -1;
+			}
+		}
+		fails = fevaluate(&fc, &a, &row);
+		a.rows[0] = row;
+		print_row(&a, 0);
+		a.next = 1;
+	}
+	rc = finish(&a, "local-processes-followed", 0, rc != 0);
+	if (fails)
+		rc = EXIT_FAIL;
+	if (rc == EXIT_OK && !b->logdir)
+		fclean_logs(&fc);
+	else if (rc != EXIT_OK || b->logdir)
+		fprintf(stderr, PROG ": contribution logs are in %s\n", fc.logdir);
+	for (int k = 0; k < fc.n; k++) {
+		if (fc.p[k].up_fd >= 0)
+			close(fc.p[k].up_fd);
+		if (fc.p[k].down_fd >= 0)
+			close(fc.p[k].down_fd);
+		free(fc.p[k].vec);
+	}
+	free(fc.p);
+	agg_free(&a);
+	return rc;
+}
+
 static int run_multi(struct bench *b, const char *how)
 {
 	struct mp_config cfg = b->cfg;
@@ -2114,6 +3568,14 @@ static int run_multi(struct bench *b, const char *how)
 	if (b->run)
 		cfg.run_name = b->run;
 	cfg.transport = b->transport;
+	if (b->dht) {
+		/* Ranks only number the data and weights; ids follow from them. */
+		cfg.rendezvous = "dht";
+		cfg.peer_id = peer_id_of(b->seed, cfg.rank);
+		p.rank = cfg.rank;
+		p.npeers = cfg.npeers;
+		cfg.rank = -1;
+	}
 	rc = mp_init(&cfg, &p.ctx);
 	if (rc) {
 		if (cfg.rank >= 0)
@@ -2124,8 +3586,15 @@ static int run_multi(struct bench *b, const char *how)
 				mp_last_error(NULL));
 		return EXIT_FAIL;
 	}
-	p.rank = mp_rank(p.ctx);
-	p.npeers = mp_npeers(p.ctx);
+	if (b->dht) {
+		char dht[MP_ADDR_STRLEN];
+
+		if (mp_dht_address(p.ctx, dht, sizeof(dht)) == 0)
+			fprintf(stderr, PROG ": rank %d: DHT node at %s\n", p.rank, dht);
+	} else {
+		p.rank = mp_rank(p.ctx);
+		p.npeers = mp_npeers(p.ctx);
+	}
 	bench_derive(b, p.npeers);
 	snprintf(mode, sizeof(mode), "multi-host (%s), rank %d of %d; errors are this rank's own",
 		 how, p.rank, p.npeers);
@@ -2165,14 +3634,34 @@ int main(int argc, char **argv)
 	b.check = 1;
 	b.seed = 42;
 	b.transport = b.cfg.transport && *b.cfg.transport ? b.cfg.transport : "tcp";
+	b.join = -1;
+	b.max_rms = -1.0;
 	parse_options(&b, argc, argv, &rank_opt, &peers_opt);
-	make_sizes(&b);
+	if (!b.rdv_static && b.cfg.rendezvous && strcmp(b.cfg.rendezvous, "dht") == 0)
+		b.dht = 1;
+	if (b.churn > 0 || b.late || b.intruders || (b.cfg.bootstrap && !b.rdv_static)) {
+		if (b.rdv_static)
+			usage_error("--churn, --late and --intruders need --rendezvous=dht");
+		b.dht = 1;
+	}
+	if (b.join < 0)
+		b.join = b.churn > 0;
 	b.loop = strcmp(b.transport, "loop") == 0;
 	signal(SIGPIPE, SIG_IGN);
 
 	launched = launcher_env(&lrank, &lsize, &lname);
 	b.multi = b.cfg.hostfile || b.cfg.peers || rank_opt >= 0 || b.cfg.rank >= 0 ||
-		  (launched && lsize > 1);
+		  (launched && lsize > 1) || (b.dht && b.cfg.bootstrap);
+	b.follow = !b.multi && (b.dht || b.nfaults || b.churn > 0 || b.late || b.intruders);
+	if (b.multi && (b.nfaults || b.churn > 0 || b.late || b.intruders))
+		usage_error("--churn, --fault, --late and --intruders start local peers: they "
+			    "cannot be used across hosts");
+	if (b.follow)
+		follow_options(&b);
+	make_sizes(&b);
+	if (b.follow && b.check && b.maxbytes > (1u << 20))
+		usage_error("--check with --rendezvous=dht, --churn or --fault sends every "
+			    "peer's final values to the launcher: at most 1M (or --check=0)");
 	if (!b.multi) {
 		b.npeers = peers_opt ? peers_opt : b.cfg.npeers > 0 ? b.cfg.npeers : 8;
 		run_env = getenv("MP_RUN");
@@ -2182,12 +3671,26 @@ int main(int argc, char **argv)
 			snprintf(b.run_buf, sizeof(b.run_buf), PROG "-%ld", (long)getpid());
 			b.run = b.run_buf;
 		}
-		rc = run_local(&b);
+		if (b.follow) {
+			for (int k = 0; k < b.nfaults; k++)
+				if (b.faults[k].index >= b.npeers + b.late)
+					usage_error("--fault=%d:...: peers are numbered 0 to %d",
+						    b.faults[k].index, b.npeers + b.late - 1);
+			follow_grid(&b);
+			rc = run_follow(&b);
+		} else {
+			rc = run_local(&b);
+		}
 		free(b.sizes);
+		free(b.faults);
 		return rc;
 	}
 
-	if (!b.cfg.hostfile && !b.cfg.peers) {
+	if (b.dht) {
+		if (rank_opt < 0 && b.cfg.rank < 0 && !launched)
+			usage_error("--rendezvous=dht across hosts needs --rank=R and --peers=N: "
+				    "this process is peer R of N");
+	} else if (!b.cfg.hostfile && !b.cfg.peers) {
 		if (launched)
 			usage_error("started by %s as rank %d of %d: multi-host mode needs "
 				    "--hostfile=FILE (or MP_HOSTFILE / MP_PEERS)", lname, lrank,
@@ -2208,9 +3711,15 @@ int main(int argc, char **argv)
 		b.cfg.npeers = peers_opt;
 	else if (b.cfg.npeers <= 0 && launched && (rank_opt < 0 || lrank == rank_opt))
 		b.cfg.npeers = lsize;
-	snprintf(how, sizeof(how), "%s %s%s%s", b.cfg.hostfile ? "hostfile" : "peer list",
-		 b.cfg.hostfile ? b.cfg.hostfile : "MP_PEERS", lname ? ", started by " : "",
-		 lname ? lname : "");
+	if (b.dht && b.cfg.npeers <= 0)
+		usage_error("--rendezvous=dht across hosts needs --peers=N");
+	if (b.dht)
+		snprintf(how, sizeof(how), "dht, %s%s", b.cfg.bootstrap ? "bootstrap " : "first node",
+			 b.cfg.bootstrap ? b.cfg.bootstrap : "");
+	else
+		snprintf(how, sizeof(how), "%s %s%s%s", b.cfg.hostfile ? "hostfile" : "peer list",
+			 b.cfg.hostfile ? b.cfg.hostfile : "MP_PEERS", lname ? ", started by " : "",
+			 lname ? lname : "");
 	rc = run_multi(&b, how);
 	free(b.sizes);
 	return rc;
