@@ -791,10 +791,10 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 		}
 		while (!started && (msg = mp_ctrl_take(ctx))) {
 			if (msg->h.type == MP_MSG_JOIN && msg->h.aux == JOIN_PROBE) {
-				/* Point the prober at the next round: this one's groups
-				 * are forming now and would be gone by the time it
-				 * declares; early, it may even lead the next one. */
-				struct mp_wire_hdr h = {.type = MP_MSG_REJECT, .round = round + 1,
+				/* The round we are at, no more: a peer that is behind
+				 * jumps to what it hears, so an answer ahead of the truth
+				 * would feed on itself from peer to peer. */
+				struct mp_wire_hdr h = {.type = MP_MSG_REJECT, .round = round,
 							.aux = REJ_STALE};
 				mp_ctrl_send(ctx, msg->peer, &h, NULL, 0);
 				mp_ctrl_msg_free(msg);
@@ -945,11 +945,31 @@ static void catch_up(struct mp_ctx *ctx)
 		keep = msg->next;
 		mp_ctrl_requeue(ctx, msg);
 	}
-	if (ctx->round_hint > ctx->round) {
-		MP_INFO("the run is at round %u", ctx->round_hint);
-		ctx->round = ctx->round_hint;
+	if (ctx->round_hint >= ctx->round) {
+		/* That round's groups are forming as we hear of it and would be
+		 * gone by the time we declare: wait for the next one instead
+		 * (early, we may even lead it). */
+		MP_INFO("the run is at round %u; joining at %u", ctx->round_hint, ctx->round_hint + 1);
+		ctx->round = ctx->round_hint + 1;
 	}
 	ctx->need_probe = 0;
+}
+
+/*
+ * Groupmates part: each takes its part index as its coordinate in the varied
+ * dimension, rotated by an offset every member derives from the group id.
+ * The indices of a group are distinct, so its members land on distinct
+ * coordinates, and on a full grid each line still holds one member of every
+ * group of the previous round (the exact mean after d rounds). Without the
+ * rotation a group smaller than the grid packs its members into the low
+ * coordinates, round after round, until the occupied cells can split into
+ * blocks whose lines never meet, and the blocks never average together.
+ */
+static int next_coord(const struct mp_ctx *ctx, const struct mp_group *g, int dim)
+{
+	int m = ctx->grid.dims[dim];
+
+	return (int)(((uint32_t)g->my_index + g->id % (uint32_t)m) % (uint32_t)m);
 }
 
 static void dial_group(struct mp_ctx *ctx, const struct mp_group *g)
@@ -1015,15 +1035,14 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 			/* Our next key is known now: start listening to it while the
 			 * all-reduce runs, since a new key costs the DHT a search. */
 			int d0 = (int)(round % (uint32_t)ctx->grid.ndims), keep = ctx->coords[d0];
-			ctx->coords[d0] = g.my_index % ctx->grid.dims[d0];
+			ctx->coords[d0] = next_coord(ctx, &g, d0);
 			prewarm(ctx, round + 1);
 			ctx->coords[d0] = keep;
 		}
 		dial_group(ctx, &g);
 		rc = mp_group_allreduce(ctx, &g, round, a);
 		int dim = (int)(round % (uint32_t)ctx->grid.ndims);
-		/* Groupmates part: each takes its part index as its coordinate. */
-		ctx->coords[dim] = g.my_index % ctx->grid.dims[dim];
+		ctx->coords[dim] = next_coord(ctx, &g, dim);
 		if (rc == -EHOSTUNREACH) {
 			a->res->rounds_alone++;
 			rc = 0;
