@@ -48,7 +48,10 @@
 /* Members are read from the rendezvous at most this often while waiting. */
 #define SYNC_NS (50ull * 1000 * 1000)
 
-enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4 };
+enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT = 5 };
+/* Hand-overs a leader makes per round, so views that keep changing cannot
+ * bounce a group between leaders until its deadline. */
+#define MAX_REDIRECTS 2
 /* JOIN aux: a probe, answered with REJECT(REJ_STALE) carrying the round the
  * answering peer is at. */
 #define JOIN_PROBE 1u
@@ -429,6 +432,7 @@ struct mm {
 	struct mp_ctrl_msg *later, *later_tail; /* messages of future rounds */
 	int company;              /* someone else declared under the key */
 	int ndecl;                /* live declarations under the key, own included */
+	int redirects;            /* followers handed over to an earlier leader */
 	uint64_t news_at;         /* last new declaration or JOIN */
 };
 
@@ -670,8 +674,10 @@ static void send_join(struct mm *m)
 
 	put_entry(&w, &e);
 	rc = mp_ctrl_send(ctx, m->leader, &h, buf, w.len);
-	if (!rc)
+	if (!rc) {
 		m->join_at = mp_now_ns();
+		MP_TRACE("round %u: JOIN sent to %016" PRIx64, m->round, ctx->peers[m->leader].id);
+	}
 	else if (rc != -EAGAIN) {
 		exclude(m, ctx->peers[m->leader].id);
 		m->state = SEEK;
@@ -687,8 +693,10 @@ static void choose(struct mm *m)
 
 	if (n > 1)
 		m->company = 1;
-	if (n > m->ndecl)
+	if (n > m->ndecl) {
 		m->news_at = mp_now_ns();
+		MP_TRACE("round %u: %d declaration(s) under %s", m->round, n, m->key);
+	}
 	m->ndecl = n;
 	for (int i = 0; i < n; i++) {
 		const struct mp_decl *d = &m->decls[i];
@@ -698,19 +706,41 @@ static void choose(struct mm *m)
 		if (idx >= 0 && idx != ctx->rank && !ctx->peers[idx].gone)
 			mp_conn_get(ctx, idx, ci, &err);
 	}
-	if (m->state == FOLLOW || (m->state == LEAD && m->nfol))
+	if (m->state == FOLLOW)
 		return;
+	if (m->state == LEAD && m->nfol) {
+		/* A leader with followers hands them over to an earlier
+		 * declaration that shows up late (its own came through the DHT
+		 * first): one group, not two halves of one. */
+		const struct mp_decl *best = NULL;
+		for (int i = 0; i < n && !best; i++)
+			if (m->decls[i].mode != MP_MODE_CLIENT && !excluded(m, m->decls[i].id))
+				best = &m->decls[i];
+		int idx = best && best->id != ctx->self_id ? mp_peer_find(ctx, best->id) : -1;
+		if (idx < 0 || ctx->peers[idx].gone || m->redirects >= MAX_REDIRECTS)
+			return;
+		MP_TRACE("round %u: handing %d follower(s) over to %016" PRIx64, m->round, m->nfol,
+			 best->id);
+		for (int i = 0; i < m->nfol; i++)
+			send_reject(m, m->fol_peer[i], REJ_REDIRECT);
+		m->nfol = 0;
+		m->redirects++;
+	}
 	for (int i = 0; i < n; i++) {
 		const struct mp_decl *d = &m->decls[i];
 		if (d->mode == MP_MODE_CLIENT || excluded(m, d->id))
 			continue;
 		if (d->id == ctx->self_id) {
+			if (m->state != LEAD)
+				MP_TRACE("round %u: leading", m->round);
 			m->state = LEAD;
 			return;
 		}
 		int idx = mp_peer_find(ctx, d->id);
 		if (idx < 0 || ctx->peers[idx].gone)
 			continue; /* no record of it yet, or gone: not worth waiting on */
+		if (m->state != FOLLOW || m->leader != idx)
+			MP_TRACE("round %u: following %016" PRIx64, m->round, d->id);
 		m->state = FOLLOW;
 		m->leader = idx;
 		m->leader_exp = d->expires_ms;
@@ -868,12 +898,11 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			}
 		}
 		if (m->state == LEAD) {
-			/* Everyone who declared has joined and nobody new came for a
-			 * while: the rest of the line is dead or far behind, and
+			/* Nobody new declared or joined for a while: the rest of the
+			 * line is dead, far behind, or following another leader, and
 			 * waiting for it would only hold this group back (and, round
 			 * after round, push the groups out of step). */
-			int settled = m->nfol + 1 >= m->ndecl && now > m->news_at &&
-				      now - m->news_at >= mm_ns / SETTLE_DIV;
+			int settled = now > m->news_at && now - m->news_at >= mm_ns / SETTLE_DIV;
 			if (m->nfol + 1 >= want(m) ||
 			    (m->nfol + 1 >= m->minsz && (settled || now - start >= mm_ns))) {
 				rc = begin(m, g, bw, mode);
