@@ -129,7 +129,7 @@ static void arrived(struct mp_ctx *ctx, int peer, const uint8_t *buf, size_t len
 	}
 	if (h.sender != (uint32_t)ctx->peers[peer].id ||
 	    (h.type != MP_MSG_BYE && h.type != MP_MSG_JOIN && h.type != MP_MSG_BEGIN &&
-	     h.type != MP_MSG_REJECT)) {
+	     h.type != MP_MSG_REJECT && h.type != MP_MSG_ACCEPT)) {
 		reject(ctx, peer, MP_REJ_UNEXPECTED, "not a control message of this peer");
 		return;
 	}

@@ -422,6 +422,7 @@ struct mm {
 	uint64_t leader_exp;      /* FOLLOW: the leader's declared expiration (wall ms) */
 	uint64_t join_at;         /* FOLLOW: when the JOIN went out (0 = not yet) */
 	uint64_t follow_at;       /* FOLLOW: when we chose the leader */
+	int accepted;             /* FOLLOW: the leader took our JOIN */
 	uint64_t excluded[MAX_DECLS];
 	int nexcl;
 	struct entry fol[MP_MAX_GROUP]; /* LEAD: followers */
@@ -546,6 +547,8 @@ static void on_join(struct mm *m, struct mp_ctrl_msg *msg)
 		return;
 	}
 	mp_peer_learn(ctx, e.id, e.addr, e.bw, e.mode);
+	struct mp_wire_hdr ack = {.type = MP_MSG_ACCEPT, .round = m->round};
+	mp_ctrl_send(ctx, msg->peer, &ack, NULL, 0);
 	m->fol[m->nfol] = e;
 	m->fol_peer[m->nfol++] = msg->peer;
 	m->state = LEAD;
@@ -745,6 +748,7 @@ static void choose(struct mm *m)
 		m->leader = idx;
 		m->leader_exp = d->expires_ms;
 		m->join_at = 0;
+		m->accepted = 0;
 		m->follow_at = mp_now_ns();
 		return;
 	}
@@ -860,6 +864,9 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 						started = 1;
 					}
 				}
+			} else if (msg->h.type == MP_MSG_ACCEPT) {
+				if (m->state == FOLLOW && msg->peer == m->leader)
+					m->accepted = 1;
 			} else if (msg->h.type == MP_MSG_REJECT && m->state == FOLLOW &&
 				   msg->peer == m->leader) {
 				MP_TRACE("round %u: %016" PRIx64 " refused us (%u)", round,
@@ -877,9 +884,11 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 		}
 		choose(m);
 		if (m->state == FOLLOW) {
-			/* The leader answers at the latest at its expiration, when
-			 * it starts or disbands; a leader whose control connection
-			 * broke after our JOIN is not coming back. */
+			/* A leader that is still matchmaking ACCEPTs at once, then
+			 * answers at the latest at its expiration, when it starts or
+			 * disbands. No ACCEPT within the request timeout: it has
+			 * started without us (it is busy in its all-reduce) or is
+			 * gone. A broken control connection: not coming back. */
 			if (!m->join_at && now > m->follow_at &&
 			    now - m->follow_at > (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull) {
 				MP_TRACE("round %u: cannot reach %016" PRIx64, round,
@@ -888,7 +897,8 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 				m->state = SEEK;
 			} else if (!m->join_at)
 				send_join(m);
-			else if (mp_wall_ms() > m->leader_exp + (uint64_t)ctx->cfg.request_timeout_ms ||
+			else if ((!m->accepted && now > m->join_at && now - m->join_at > req_ns) ||
+				 mp_wall_ms() > m->leader_exp + (uint64_t)ctx->cfg.request_timeout_ms ||
 				 (now > m->join_at && now - m->join_at > mm_ns + req_ns) ||
 				 !ctx->peers[m->leader].conns[ctx->streams]) {
 				MP_TRACE("round %u: no answer from %016" PRIx64, round,

@@ -27,7 +27,8 @@ enum mp_msg_type {
 	MP_MSG_JOIN = 9,    /* matchmaking: follower asks the leader for a place */
 	MP_MSG_BEGIN = 10,  /* matchmaking: leader's confirmed roster, group id */
 	MP_MSG_REJECT = 11, /* matchmaking: leader refuses or disbands (aux: reason) */
-	MP_MSG_TYPE_MAX = MP_MSG_REJECT,
+	MP_MSG_ACCEPT = 12, /* matchmaking: leader took the JOIN; BEGIN follows by its deadline */
+	MP_MSG_TYPE_MAX = MP_MSG_ACCEPT,
 };
 
 #define MP_WIRE_F_PAYLOAD_CRC 0x01u /* checksum covers the payload too */
