@@ -23,30 +23,10 @@
 #include <string.h>
 
 #include "conn.h"
+#include "le.h"
 #include "log.h"
 
 #define RETRY_NS (100ull * 1000 * 1000)
-
-static void put32(uint8_t *b, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *b, uint64_t v)
-{
-	put32(b, (uint32_t)v);
-	put32(b + 4, (uint32_t)(v >> 32));
-}
-
-static uint64_t get64(const uint8_t *b)
-{
-	uint64_t v = 0;
-
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | b[i];
-	return v;
-}
 
 /* The rank in a static run, the 16 hex digits of the id in a dht run. */
 static const char *id_str(const struct mp_ctx *ctx, uint64_t id, char buf[24])
@@ -75,10 +55,10 @@ static int hs_mac(const struct mp_ctx *ctx, enum mp_auth_domain d, const struct 
 	struct mp_auth_piece pc[5];
 	int n = 0;
 
-	put64(dialer, s->dialer);
-	put64(acceptor, s->acceptor);
-	put32(idx, s->idx);
-	put64(run, ctx->run_id);
+	mp_le_put64(dialer, s->dialer);
+	mp_le_put64(acceptor, s->acceptor);
+	mp_le_put32(idx, s->idx);
+	mp_le_put64(run, ctx->run_id);
 	if (d == MP_AUTH_RESPONSE)
 		pc[n++] = (struct mp_auth_piece){s->nonce_a, MP_NONCE_BYTES};
 	pc[n++] = (struct mp_auth_piece){s->nonce_d, MP_NONCE_BYTES};
@@ -197,7 +177,7 @@ static size_t hello_frame(const struct mp_ctx *ctx, int idx, const uint8_t *nonc
 	memcpy(pl, nonce, MP_NONCE_BYTES);
 	pl[MP_NONCE_BYTES] = (uint8_t)ctx->mode;
 	memcpy(&bw, &ctx->cfg.bandwidth, sizeof(bw));
-	put64(pl + MP_NONCE_BYTES + 1, bw);
+	mp_le_put64(pl + MP_NONCE_BYTES + 1, bw);
 	memcpy(pl + MP_HELLO_FIXED, addr, alen);
 	mp_wire_encode(&h, buf, pl);
 	return MP_WIRE_HDR_SIZE + h.length;
@@ -440,7 +420,7 @@ static int hello_payload(struct mp_ctx *ctx, struct mp_pending *pd, const struct
 	pd->id = h->offset;
 	pd->idx = h->aux;
 	pd->mode = pl[MP_NONCE_BYTES];
-	bits = get64(pl + MP_NONCE_BYTES + 1);
+	bits = mp_le_get64(pl + MP_NONCE_BYTES + 1);
 	memcpy(&pd->bandwidth, &bits, sizeof(bits));
 	memcpy(pd->nonce_d, pl, MP_NONCE_BYTES);
 	strcpy(pd->addr, addr);

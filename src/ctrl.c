@@ -114,7 +114,6 @@ static void reject(struct mp_ctx *ctx, int peer, enum mp_wire_reject why, const 
 /* A control frame arrived from @peer: check it, then act on it or queue it. */
 static void arrived(struct mp_ctx *ctx, int peer, const uint8_t *buf, size_t len)
 {
-	struct mp_ctrl *c = ctx->ctrl;
 	enum mp_wire_reject why = MP_REJ_NONE;
 	struct mp_wire_hdr h;
 	struct mp_ctrl_msg *m;
@@ -151,11 +150,7 @@ static void arrived(struct mp_ctx *ctx, int peer, const uint8_t *buf, size_t len
 		}
 		memcpy(m->payload, buf + MP_WIRE_HDR_SIZE, h.length);
 	}
-	if (c->qtail)
-		c->qtail->next = m;
-	else
-		c->qhead = m;
-	c->qtail = m;
+	mp_ctrl_requeue(ctx, m);
 }
 
 void mp_ctrl_poll(struct mp_ctx *ctx)

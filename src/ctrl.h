@@ -33,7 +33,7 @@ int mp_ctrl_send(struct mp_ctx *ctx, int peer, struct mp_wire_hdr *h, const void
 /* Oldest queued message, or NULL. Free it with mp_ctrl_msg_free. */
 struct mp_ctrl_msg *mp_ctrl_take(struct mp_ctx *ctx);
 void mp_ctrl_msg_free(struct mp_ctrl_msg *m);
-/* Put a taken message back at the end of the queue (a later round's). */
+/* Append @m to the queue: an arrival, or a later round's message put back. */
 void mp_ctrl_requeue(struct mp_ctx *ctx, struct mp_ctrl_msg *m);
 /* Tell every peer with a live control connection that we leave; waits a
  * bounded time for the messages to go out. */

@@ -1070,18 +1070,14 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 			break;
 		MP_TRACE("round %u: group %08x of %d, part %d", round, g.id, g.size, g.my_index);
 		a->res->group_size = g.size;
-		{
-			/* Our next key is known now: start listening to it while the
-			 * all-reduce runs, since a new key costs the DHT a search. */
-			int d0 = (int)(round % (uint32_t)ctx->grid.ndims), keep = ctx->coords[d0];
-			ctx->coords[d0] = next_coord(ctx, &g, d0);
-			prewarm(ctx, round + 1);
-			ctx->coords[d0] = keep;
-		}
-		dial_group(ctx, &g);
-		rc = mp_group_allreduce(ctx, &g, round, a);
+		/* The next coordinate depends on the roster alone, so our next
+		 * key is known now: listen to it while the all-reduce runs, since
+		 * a new key costs the DHT a search. */
 		int dim = (int)(round % (uint32_t)ctx->grid.ndims);
 		ctx->coords[dim] = next_coord(ctx, &g, dim);
+		prewarm(ctx, round + 1);
+		dial_group(ctx, &g);
+		rc = mp_group_allreduce(ctx, &g, round, a);
 		if (rc == -EHOSTUNREACH) {
 			a->res->rounds_alone++;
 			rc = 0;

@@ -45,6 +45,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "le.h"
 #include "mp_build_config.h"
 #include "rdv.h"
 #include "wire.h"
@@ -95,47 +96,6 @@ uint64_t mp_wall_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	uint32_t v = 0;
-
-	for (int i = 3; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
 /* Copy string @s into a zero-padded field of @len bytes; -EINVAL if it does
  * not fit with its NUL. */
 static int put_str(uint8_t *p, size_t len, const char *s)
@@ -180,15 +140,15 @@ int mp_record_encode(const struct mp_auth *a, const char *run_name, const struct
 	buf[R_MODE] = r->mode;
 	buf[R_BYE] = r->bye;
 	buf[R_NDIMS] = r->ndims;
-	put64(buf + R_RUN, mp_wire_run_id(run_name));
-	put64(buf + R_ID, r->id);
-	put64(buf + R_SEQ, r->seq);
-	put64(buf + R_EXPIRES, r->expires_ms);
-	put32(buf + R_ROUND, r->round);
+	mp_le_put64(buf + R_RUN, mp_wire_run_id(run_name));
+	mp_le_put64(buf + R_ID, r->id);
+	mp_le_put64(buf + R_SEQ, r->seq);
+	mp_le_put64(buf + R_EXPIRES, r->expires_ms);
+	mp_le_put32(buf + R_ROUND, r->round);
 	for (int i = 0; i < r->ndims; i++)
-		put16(buf + R_COORDS + 2 * i, (uint16_t)r->coords[i]);
+		mp_le_put16(buf + R_COORDS + 2 * i, (uint16_t)r->coords[i]);
 	memcpy(&bw, &r->bandwidth, sizeof(bw));
-	put64(buf + R_BW, bw);
+	mp_le_put64(buf + R_BW, bw);
 	if (put_str(buf + R_TRANSPORT, TRANSPORT_LEN, r->transport) ||
 	    put_str(buf + R_ADDR, MP_ADDR_STRLEN, r->addr))
 		return -EINVAL;
@@ -208,26 +168,26 @@ int mp_record_decode(const struct mp_auth *a, const char *run_name, const uint8_
 	if (mp_auth_verify(a, MP_AUTH_RECORD, &(struct mp_auth_piece){ buf, R_MAC }, 1,
 			   buf + R_MAC))
 		return -EACCES;
-	if (get64(buf + R_RUN) != mp_wire_run_id(run_name))
+	if (mp_le_get64(buf + R_RUN) != mp_wire_run_id(run_name))
 		return -EPROTO;
 	memset(&r, 0, sizeof(r));
 	r.mode = buf[R_MODE];
 	r.bye = buf[R_BYE];
 	r.ndims = buf[R_NDIMS];
-	r.id = get64(buf + R_ID);
-	r.seq = get64(buf + R_SEQ);
-	r.expires_ms = get64(buf + R_EXPIRES);
-	r.round = get32(buf + R_ROUND);
+	r.id = mp_le_get64(buf + R_ID);
+	r.seq = mp_le_get64(buf + R_SEQ);
+	r.expires_ms = mp_le_get64(buf + R_EXPIRES);
+	r.round = mp_le_get32(buf + R_ROUND);
 	if (!r.id || r.mode > MP_MODE_AUX || r.bye > 1 || r.ndims > MP_MAX_GRID_DIMS)
 		return -EBADMSG;
 	for (int i = 0; i < MP_MAX_GRID_DIMS; i++) {
-		uint16_t c = get16(buf + R_COORDS + 2 * i);
+		uint16_t c = mp_le_get16(buf + R_COORDS + 2 * i);
 
 		if (i >= r.ndims && c)
 			return -EBADMSG;
 		r.coords[i] = (int16_t)c;
 	}
-	bw = get64(buf + R_BW);
+	bw = mp_le_get64(buf + R_BW);
 	memcpy(&r.bandwidth, &bw, sizeof(bw));
 	if (!isfinite(r.bandwidth) || get_str(buf + R_TRANSPORT, TRANSPORT_LEN, r.transport) ||
 	    get_str(buf + R_ADDR, MP_ADDR_STRLEN, r.addr))
@@ -249,9 +209,9 @@ int mp_decl_encode(const struct mp_auth *a, const char *key, const struct mp_dec
 	buf[1] = VERSION;
 	buf[2] = KIND_DECL;
 	buf[D_MODE] = d->mode;
-	put16(buf + D_COORD, (uint16_t)d->coord);
-	put64(buf + D_ID, d->id);
-	put64(buf + D_EXPIRES, d->expires_ms);
+	mp_le_put16(buf + D_COORD, (uint16_t)d->coord);
+	mp_le_put64(buf + D_ID, d->id);
+	mp_le_put64(buf + D_EXPIRES, d->expires_ms);
 	pieces[0] = (struct mp_auth_piece){ buf, D_MAC };
 	pieces[1] = (struct mp_auth_piece){ key, strlen(key) };
 	mp_auth_mac(a, MP_AUTH_DECL, pieces, 2, buf + D_MAC);
@@ -275,9 +235,9 @@ int mp_decl_decode(const struct mp_auth *a, const char *key, const uint8_t *buf,
 		return -EACCES;
 	memset(&d, 0, sizeof(d));
 	d.mode = buf[D_MODE];
-	d.coord = (int16_t)get16(buf + D_COORD);
-	d.id = get64(buf + D_ID);
-	d.expires_ms = get64(buf + D_EXPIRES);
+	d.coord = (int16_t)mp_le_get16(buf + D_COORD);
+	d.id = mp_le_get64(buf + D_ID);
+	d.expires_ms = mp_le_get64(buf + D_EXPIRES);
 	if (!d.id || d.mode > MP_MODE_AUX)
 		return -EBADMSG;
 	*out = d;

@@ -5,6 +5,7 @@
  * endianness, alignment or struct padding.
  */
 #include "wire.h"
+#include "le.h"
 
 #include <errno.h>
 #include <math.h>
@@ -30,31 +31,6 @@ enum {
 	OFF_TOKEN = 56,
 	OFF_CRC = 60,
 };
-
-static void put32(unsigned char *p, uint32_t v)
-{
-	p[0] = (unsigned char)v;
-	p[1] = (unsigned char)(v >> 8);
-	p[2] = (unsigned char)(v >> 16);
-	p[3] = (unsigned char)(v >> 24);
-}
-
-static void put64(unsigned char *p, uint64_t v)
-{
-	put32(p, (uint32_t)v);
-	put32(p + 4, (uint32_t)(v >> 32));
-}
-
-static uint32_t get32(const unsigned char *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-	       (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const unsigned char *p)
-{
-	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
 
 static const char *const reject_names[MP_REJ_MAX] = {
 	[MP_REJ_NONE] = "none",
@@ -99,27 +75,27 @@ void mp_wire_encode(const struct mp_wire_hdr *h, void *buf, const void *payload)
 	uint32_t wbits, crc;
 
 	memcpy(&wbits, &h->weight, sizeof(wbits));
-	put32(b + OFF_MAGIC, MP_WIRE_MAGIC);
+	mp_le_put32(b + OFF_MAGIC, MP_WIRE_MAGIC);
 	b[OFF_VERSION] = MP_WIRE_VERSION;
 	b[OFF_TYPE] = h->type;
 	b[OFF_CODEC] = h->codec;
 	b[OFF_FLAGS] = h->flags;
-	put64(b + OFF_RUN_ID, h->run_id);
-	put32(b + OFF_ROUND, h->round);
-	put32(b + OFF_GROUP, h->group_id);
-	put32(b + OFF_SENDER, h->sender);
-	put32(b + OFF_PART, h->part);
-	put64(b + OFF_OFFSET, h->offset);
-	put32(b + OFF_COUNT, h->count);
-	put32(b + OFF_LENGTH, h->length);
-	put32(b + OFF_WEIGHT, wbits);
-	put32(b + OFF_AUX, h->aux);
-	put32(b + OFF_TOKEN, h->token);
+	mp_le_put64(b + OFF_RUN_ID, h->run_id);
+	mp_le_put32(b + OFF_ROUND, h->round);
+	mp_le_put32(b + OFF_GROUP, h->group_id);
+	mp_le_put32(b + OFF_SENDER, h->sender);
+	mp_le_put32(b + OFF_PART, h->part);
+	mp_le_put64(b + OFF_OFFSET, h->offset);
+	mp_le_put32(b + OFF_COUNT, h->count);
+	mp_le_put32(b + OFF_LENGTH, h->length);
+	mp_le_put32(b + OFF_WEIGHT, wbits);
+	mp_le_put32(b + OFF_AUX, h->aux);
+	mp_le_put32(b + OFF_TOKEN, h->token);
 
 	crc = mp_crc32c(0, b, OFF_CRC);
 	if ((h->flags & MP_WIRE_F_PAYLOAD_CRC) && h->length)
 		crc = mp_crc32c(crc, payload, h->length);
-	put32(b + OFF_CRC, crc);
+	mp_le_put32(b + OFF_CRC, crc);
 }
 
 static int reject(enum mp_wire_reject *why, enum mp_wire_reject r, int err)
@@ -141,7 +117,7 @@ int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodec
 		return reject(why, MP_REJ_TRUNCATED, -EMSGSIZE);
 	/* Magic and version first: a stranger or a peer of another protocol
 	 * version is worth a precise reason, and is not a corrupted frame. */
-	if (get32(b + OFF_MAGIC) != MP_WIRE_MAGIC)
+	if (mp_le_get32(b + OFF_MAGIC) != MP_WIRE_MAGIC)
 		return reject(why, MP_REJ_MAGIC, -EBADMSG);
 	if (b[OFF_VERSION] != MP_WIRE_VERSION)
 		return reject(why, MP_REJ_VERSION, -EPROTO);
@@ -157,24 +133,24 @@ int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodec
 	crc = mp_crc32c(0, b, OFF_CRC);
 	if (b[OFF_FLAGS] & MP_WIRE_F_PAYLOAD_CRC)
 		crc = mp_crc32c(crc, b + MP_WIRE_HDR_SIZE, avail);
-	if (crc != get32(b + OFF_CRC))
+	if (crc != mp_le_get32(b + OFF_CRC))
 		return reject(why, MP_REJ_CHECKSUM, -EBADMSG);
 
 	t.type = b[OFF_TYPE];
 	t.codec = b[OFF_CODEC];
 	t.flags = b[OFF_FLAGS];
-	t.run_id = get64(b + OFF_RUN_ID);
-	t.round = get32(b + OFF_ROUND);
-	t.group_id = get32(b + OFF_GROUP);
-	t.sender = get32(b + OFF_SENDER);
-	t.part = get32(b + OFF_PART);
-	t.offset = get64(b + OFF_OFFSET);
-	t.count = get32(b + OFF_COUNT);
-	t.length = get32(b + OFF_LENGTH);
-	wbits = get32(b + OFF_WEIGHT);
+	t.run_id = mp_le_get64(b + OFF_RUN_ID);
+	t.round = mp_le_get32(b + OFF_ROUND);
+	t.group_id = mp_le_get32(b + OFF_GROUP);
+	t.sender = mp_le_get32(b + OFF_SENDER);
+	t.part = mp_le_get32(b + OFF_PART);
+	t.offset = mp_le_get64(b + OFF_OFFSET);
+	t.count = mp_le_get32(b + OFF_COUNT);
+	t.length = mp_le_get32(b + OFF_LENGTH);
+	wbits = mp_le_get32(b + OFF_WEIGHT);
 	memcpy(&t.weight, &wbits, sizeof(t.weight));
-	t.aux = get32(b + OFF_AUX);
-	t.token = get32(b + OFF_TOKEN);
+	t.aux = mp_le_get32(b + OFF_AUX);
+	t.token = mp_le_get32(b + OFF_TOKEN);
 
 	if (t.type == 0 || t.type > MP_MSG_TYPE_MAX)
 		return reject(why, MP_REJ_TYPE, -EPROTO);

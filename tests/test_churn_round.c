@@ -31,6 +31,7 @@
 #include <moshpit/moshpit.h>
 
 #include "internal.h"
+#include "proc_io.h"
 
 #define MAXP 8
 #define MAXR 4
@@ -832,37 +833,6 @@ static void silent_client(void **s)
 }
 
 /* ---- a killed process (tcp) ------------------------------------------------ */
-
-static int write_all(int fd, const void *p, size_t n)
-{
-	const char *c = p;
-	while (n) {
-		ssize_t w = write(fd, c, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return -1;
-		c += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
-static int read_all(int fd, void *p, size_t n, int timeout_ms)
-{
-	char *c = p;
-	while (n) {
-		struct pollfd pf = {fd, POLLIN, 0};
-		if (poll(&pf, 1, timeout_ms) <= 0)
-			return -1;
-		ssize_t r = read(fd, c, n);
-		if (r <= 0)
-			return -1;
-		c += r;
-		n -= (size_t)r;
-	}
-	return 0;
-}
 
 #define KILL_PEERS 4
 #define KILL_COUNT 2000

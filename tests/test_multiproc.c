@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <moshpit/moshpit.h>
+#include "proc_io.h"
 
 #define MAXP 16
 
@@ -40,37 +41,6 @@ struct job {
 static float input(int rank, size_t i)
 {
 	return (float)((int)((rank * 31 + (int)i * 17) % 4001) - 2000) / 32.0f;
-}
-
-static int write_all(int fd, const void *p, size_t n)
-{
-	const char *c = p;
-	while (n) {
-		ssize_t w = write(fd, c, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return -1;
-		c += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
-static int read_all(int fd, void *p, size_t n, int timeout_ms)
-{
-	char *c = p;
-	while (n) {
-		struct pollfd pf = {fd, POLLIN, 0};
-		if (poll(&pf, 1, timeout_ms) <= 0)
-			return -1;
-		ssize_t r = read(fd, c, n);
-		if (r <= 0)
-			return -1;
-		c += r;
-		n -= (size_t)r;
-	}
-	return 0;
 }
 
 /* Child: returns the exit status (0 ok, 1 wrong, 2 error). */
