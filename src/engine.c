@@ -136,6 +136,9 @@ static void fail_peer(struct mp_xfer *x, int peer, int err, const char *why)
 		ch->s_n = ch->r_n = 0;
 	}
 	if (!first) {
+		/* The matchmaker stops counting on it for a while (a SIGKILLed
+		 * peer's record outlives it by up to its TTL). */
+		ctx->peers[peer].failed_ns = mp_now_ns();
 		x->res->failed_peers++;
 		x->xops->peer_failed(x->op, peer);
 	}

@@ -48,6 +48,7 @@ struct mp_peer {
 	uint64_t id;                /* static: the rank; dht: from its record or HELLO */
 	int mode;                   /* enum mp_mode */
 	int gone;                   /* said BYE or its record expired: never dialled again */
+	uint64_t failed_ns;         /* when an exchange last dropped it (0 never): a suspect */
 	char addr[MP_ADDR_STRLEN];  /* "" when unknown (client peers) */
 	uint8_t blob[MP_DRV_ADDR_MAX];
 	size_t blob_len;
@@ -162,6 +163,7 @@ struct mp_ctx {
 	int need_probe;                    /* dht: ask peers for the run's round */
 	int synced;                        /* dht: a joiner asked before its first round */
 	uint32_t round_hint;               /* dht: the largest round a peer said it is at */
+	int nrecs;                         /* dht: records in recs (the last sync) */
 	int clog_fd;                       /* contribution log, or -1 */
 	struct mp_fault *faults;           /* MP_FAULT actions (fault.c) */
 	const struct mp_grouping_ops *grouping;

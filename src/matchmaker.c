@@ -40,9 +40,8 @@
 #include "matchmaker.h"
 
 #define MAX_RECORDS 4096
-/* A leader whose declared peers have all joined starts after this fraction
- * of the matchmaking time without news. */
-#define SETTLE_DIV 2
+/* How often a leader reads the round's key while it waits. */
+#define ROUND_READ_NS (10ull * 1000 * 1000)
 #define MAX_DECLS 256
 #define POLL_MS 2
 /* Members are read from the rendezvous at most this often while waiting. */
@@ -57,6 +56,11 @@ enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT 
 #define JOIN_PROBE 1u
 /* Peers a probe asks. */
 #define PROBES 2
+/* The round in the record of a peer that joins a running run until it
+ * knows the run's round: no round waits for it. */
+#define ROUND_JOINING UINT32_MAX
+/* Member reads in a row with the same count before a joiner trusts it. */
+#define STEADY_SYNCS 3
 
 /* ---- little-endian payload helpers -------------------------------------- */
 
@@ -186,7 +190,9 @@ static struct entry self_entry(const struct mp_ctx *ctx, int dim)
 
 static int publish_self(struct mp_ctx *ctx)
 {
-	struct mp_record r = {.id = ctx->self_id, .round = ctx->round, .mode = (uint8_t)ctx->mode,
+	/* A joiner names its first round once catch_up found it. */
+	uint32_t round = ctx->cfg.npeers || ctx->synced ? ctx->round : ROUND_JOINING;
+	struct mp_record r = {.id = ctx->self_id, .round = round, .mode = (uint8_t)ctx->mode,
 			      .ndims = (uint8_t)ctx->grid.ndims,
 			      .bandwidth = ctx->mode == MP_MODE_CLIENT ? 0.0 : ctx->cfg.bandwidth};
 
@@ -229,7 +235,7 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *max_round)
 		*max_round = 0;
 	for (int i = 0; i < n; i++) {
 		const struct mp_record *r = &ctx->recs[i];
-		if (max_round && r->round > *max_round)
+		if (max_round && r->round != ROUND_JOINING && r->round > *max_round)
 			*max_round = r->round;
 		if (r->id == ctx->self_id || strcmp(r->transport, ctx->transport))
 			continue;
@@ -257,7 +263,55 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *max_round)
 		if (ng < 64)
 			break;
 	}
+	ctx->nrecs = n;
 	return n;
+}
+
+/*
+ * Does the peer of record @r take part in @round, as far as we know? Not a
+ * peer that joins the run later (its record names a later round, or none
+ * yet), nor one an exchange dropped lately (a SIGKILLed peer's record
+ * outlives it by up to its TTL).
+ */
+static int takes_part(const struct mp_ctx *ctx, const struct mp_record *r, uint32_t round,
+		      uint64_t now)
+{
+	uint64_t ttl_ns = (uint64_t)ctx->cfg.record_ttl_ms * 1000000ull;
+
+	if (r->round > round || strcmp(r->transport, ctx->transport))
+		return 0;
+	int idx = mp_peer_find(ctx, r->id);
+	if (idx < 0 || ctx->peers[idx].gone)
+		return 0;
+	uint64_t f = ctx->peers[idx].failed_ns;
+	return !f || now - f >= ttl_ns;
+}
+
+static int cmp_decl_id(const void *a, const void *b)
+{
+	uint64_t x = ((const struct mp_decl *)a)->id, y = ((const struct mp_decl *)b)->id;
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * How many other members that take part in @round have neither declared
+ * for it nor been reported absent: @d (n of them, reordered by id here) are
+ * the round's declarations. -ENOMEM on failure.
+ */
+static int missing(const struct mp_ctx *ctx, uint32_t round, struct mp_decl *d, int n)
+{
+	uint64_t now = mp_now_ns();
+	int miss = 0;
+
+	qsort(d, (size_t)n, sizeof(*d), cmp_decl_id);
+	for (int i = 0; i < ctx->nrecs; i++) {
+		const struct mp_record *r = &ctx->recs[i];
+		struct mp_decl key = {.id = r->id};
+		if (r->id != ctx->self_id && takes_part(ctx, r, round, now) &&
+		    !bsearch(&key, d, (size_t)n, sizeof(*d), cmp_decl_id))
+			miss++;
+	}
+	return miss;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -359,8 +413,8 @@ int mp_dht_start(struct mp_ctx *ctx)
  */
 static int place(struct mp_ctx *ctx)
 {
-	uint64_t until = mp_now_ns() + (uint64_t)ctx->cfg.join_timeout_ms * 1000000ull;
-	int n = 0, rc;
+	uint64_t start = mp_now_ns(), until = start + (uint64_t)ctx->cfg.join_timeout_ms * 1000000ull;
+	int n = 0, rc, seen = -1, steady = 0;
 
 	for (;;) {
 		n = ctx->rdv->members(ctx->rdv_st, ctx->recs, MAX_RECORDS);
@@ -368,7 +422,14 @@ static int place(struct mp_ctx *ctx)
 			mp_set_error(ctx, "dht rendezvous: %s", mp_strerror(n));
 			return n;
 		}
-		if (n >= ctx->cfg.npeers || mp_now_ns() >= until ||
+		/* A peer joining a running run (npeers 0) waits until its new
+		 * DHT node has learnt the members: the count held for a few
+		 * reads (and, alone, for the request timeout). */
+		steady = n == seen ? steady + 1 : 0;
+		seen = n;
+		int learnt = steady >= STEADY_SYNCS &&
+			     (n > 1 || mp_now_ns() - start >= (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull);
+		if ((ctx->cfg.npeers ? n >= ctx->cfg.npeers : learnt) || mp_now_ns() >= until ||
 		    __atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE))
 			break;
 		struct timespec ts = {0, 20 * 1000 * 1000};
@@ -433,8 +494,14 @@ struct mm {
 	struct mp_ctrl_msg *later, *later_tail; /* messages of future rounds */
 	int company;              /* someone else declared under the key */
 	int ndecl;                /* live declarations under the key, own included */
+	char rkey[32];            /* the round's key (round_key) */
+	struct mp_decl *all;      /* scratch: declarations under rkey */
+	int nround;               /* live declarations under rkey, own included */
+	int nmissing;             /* members of the round not among them (missing()) */
+	uint32_t line;            /* our line (line_of) */
+	int next;                 /* once in a group: our next coordinate */
+	uint64_t round_at;        /* when rkey was last read */
 	int redirects;            /* followers handed over to an earlier leader */
-	uint64_t news_at;         /* last new declaration or JOIN */
 };
 
 /*
@@ -482,12 +549,31 @@ static void group_key(const struct mp_ctx *ctx, uint32_t round, char *key, size_
 	}
 }
 
+/* "r<round>/all": every peer of the round declares here too, so that a
+ * leader can tell when nobody else is coming and a joiner can find holes. */
+static void round_key(uint32_t round, char *key, size_t cap)
+{
+	snprintf(key, cap, "r%u/all", round);
+}
+
+/* The line of @coords along @dim: its cell index with that coordinate 0. */
+static uint32_t line_of(const struct mp_ctx *ctx, const int *coords, int dim)
+{
+	int c[MP_MAX_GRID_DIMS];
+
+	memcpy(c, coords, sizeof(c));
+	c[dim] = 0;
+	return (uint32_t)mp_grid_cell(&ctx->grid, c);
+}
+
 static void prewarm(struct mp_ctx *ctx, uint32_t round)
 {
 	char key[160];
 	struct mp_decl d;
 
 	group_key(ctx, round, key, sizeof(key));
+	ctx->rdv->declared(ctx->rdv_st, key, &d, 1);
+	round_key(round, key, sizeof(key));
 	ctx->rdv->declared(ctx->rdv_st, key, &d, 1);
 }
 
@@ -552,7 +638,6 @@ static void on_join(struct mm *m, struct mp_ctrl_msg *msg)
 	m->fol[m->nfol] = e;
 	m->fol_peer[m->nfol++] = msg->peer;
 	m->state = LEAD;
-	m->news_at = mp_now_ns();
 	MP_TRACE("round %u: %016" PRIx64 " joins us (%d of %d)", m->round, e.id, m->nfol + 1,
 		 m->target);
 }
@@ -565,7 +650,22 @@ static int cmp_entry(const void *a, const void *b)
 	return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* Fill @g from a roster; 0, or -EBADMSG if it does not describe a group with us. */
+/*
+ * Fill @g from a roster; 0, or -EBADMSG if it does not describe a group with
+ * us. It also sets our next coordinate: the members trade the coordinates
+ * they hold in the varied dimension, member i (roster order, which is also
+ * the part index) taking that of member (i + gid mod k) mod k.
+ *
+ *  - On a full line the held coordinates are 0..M-1, so member i moves to
+ *    (i + gid) mod M: groupmates separate, and on a full grid each line of
+ *    the next round holds one member of every group of this one (the exact
+ *    mean after d rounds). The offset from the group id keeps a short group
+ *    from packing its members into the low coordinates round after round.
+ *  - A group never takes a cell it does not hold, so a member that is
+ *    missing (dead, late, alone, skipping a round) finds its cell free when
+ *    it comes back, and a joiner that takes a hole (take_hole) keeps it: two
+ *    peers never come to share a cell, and a line never holds more than M.
+ */
 static int take_roster(struct mm *m, struct entry *ro, int k, uint32_t gid, struct mp_group *g,
 		       double *bw, uint8_t *mode)
 {
@@ -590,6 +690,12 @@ static int take_roster(struct mm *m, struct entry *ro, int k, uint32_t gid, stru
 	}
 	if (me < 0)
 		return -EBADMSG;
+	/* Members of the group trade cells (see next_cell). */
+	int dims = ctx->grid.dims[m->dim];
+	for (int i = 0; i < k; i++)
+		if (ro[i].coord < 0 || ro[i].coord >= dims)
+			return -EBADMSG;
+	m->next = ro[(uint32_t)(me + (int)(gid % (uint32_t)k)) % (uint32_t)k].coord;
 	g->id = gid;
 	g->size = k;
 	g->my_index = me;
@@ -687,17 +793,95 @@ static void send_join(struct mm *m)
 	}
 }
 
+/*
+ * Has every live member of the run declared for this round? Then nobody
+ * else can come, and a leader need not wait for its deadline.
+ */
+static int everyone(struct mm *m, uint64_t now)
+{
+	struct mp_ctx *ctx = m->ctx;
+
+	if (!m->all)
+		return 0;
+	if (!m->round_at || now - m->round_at >= ROUND_READ_NS) {
+		int n = ctx->rdv->declared(ctx->rdv_st, m->rkey, m->all, MAX_RECORDS);
+		if (n >= 0) {
+			m->nround = n;
+			m->nmissing = missing(ctx, m->round, m->all, n);
+		}
+		m->round_at = now;
+	}
+	return !m->nmissing;
+}
+
+/* Tell the round that the peers an exchange dropped lately will not come
+ * (their records may live on for up to a TTL). */
+static void declare_absent(struct mm *m, uint64_t expires_ms)
+{
+	struct mp_ctx *ctx = m->ctx;
+	uint64_t now = mp_now_ns(), ttl_ns = (uint64_t)ctx->cfg.record_ttl_ms * 1000000ull;
+
+	for (int i = 0; i < ctx->npeers; i++) {
+		const struct mp_peer *pe = &ctx->peers[i];
+		struct mp_decl d = {.id = pe->id, .expires_ms = expires_ms, .mode = MP_DECL_ABSENT,
+				    .line = UINT32_MAX};
+		if (i == ctx->rank || pe->gone || !pe->failed_ns || now - pe->failed_ns >= ttl_ns)
+			continue;
+		ctx->rdv->declare(ctx->rdv_st, m->rkey, &d);
+	}
+}
+
+static int cmp_decl(const void *a, const void *b)
+{
+	const struct mp_decl *x = a, *y = b;
+
+	if (x->expires_ms != y->expires_ms)
+		return x->expires_ms < y->expires_ms ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/*
+ * Our line's declarations: those under its key and, since the two keys
+ * travel through the DHT apart, those of the round's key that name our
+ * line; sorted by (expiration, id).
+ */
+static int line_decls(struct mm *m, uint64_t now)
+{
+	struct mp_ctx *ctx = m->ctx;
+	int n = ctx->rdv->declared(ctx->rdv_st, m->key, m->decls, MAX_DECLS), k;
+
+	if (n < 0)
+		n = 0;
+	/* An absence belongs under the round's key only. */
+	k = 0;
+	for (int i = 0; i < n; i++)
+		if (m->decls[i].mode != MP_DECL_ABSENT)
+			m->decls[k++] = m->decls[i];
+	n = k;
+	everyone(m, now);
+	for (int i = 0; i < m->nround && k < MAX_DECLS; i++) {
+		const struct mp_decl *d = &m->all[i];
+		int dup = d->line != m->line || d->mode == MP_DECL_ABSENT;
+		for (int j = 0; j < n && !dup; j++)
+			dup = m->decls[j].id == d->id;
+		if (!dup)
+			m->decls[k++] = *d;
+	}
+	if (k > n)
+		qsort(m->decls, (size_t)k, sizeof(m->decls[0]), cmp_decl);
+	return k;
+}
+
 /* Pick whom to follow (or lead) from the declarations. */
 static void choose(struct mm *m)
 {
 	struct mp_ctx *ctx = m->ctx;
-	int n = ctx->rdv->declared(ctx->rdv_st, m->key, m->decls, MAX_DECLS);
+	int n = line_decls(m, mp_now_ns());
 	int ci = ctx->streams, err;
 
 	if (n > 1)
 		m->company = 1;
 	if (n > m->ndecl) {
-		m->news_at = mp_now_ns();
 		MP_TRACE("round %u: %d declaration(s) under %s", m->round, n, m->key);
 	}
 	m->ndecl = n;
@@ -770,7 +954,7 @@ static void defer(struct mm *m, struct mp_ctrl_msg *msg)
  * group formed (the peer keeps its values this round).
  */
 static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double *bw,
-		 uint8_t *mode)
+		 uint8_t *mode, int *next)
 {
 	struct mm *m = calloc(1, sizeof(*m));
 	uint64_t start = mp_now_ns(), last_sync = 0, wall = mp_wall_ms();
@@ -789,13 +973,26 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 	m->minsz = ctx->cfg.min_group_size < m->target ? ctx->cfg.min_group_size : m->target;
 	group_key(ctx, round, m->key, sizeof(m->key));
 	struct mp_decl self = {.id = ctx->self_id, .expires_ms = wall + (uint64_t)ctx->cfg.matchmaking_ms,
-			       .mode = (uint8_t)ctx->mode, .coord = (int16_t)ctx->coords[m->dim]};
+			       .mode = (uint8_t)ctx->mode, .coord = (int16_t)ctx->coords[m->dim],
+			       .line = line_of(ctx, ctx->coords, m->dim)};
 	rc = ctx->rdv->declare(ctx->rdv_st, m->key, &self);
 	if (rc) {
 		MP_WARN("round %u: cannot declare under %s: %s", round, m->key, mp_strerror(rc));
 		free(m);
 		return -EHOSTUNREACH;
 	}
+	/* Without the round's key (no memory, a failed put) leaders wait for
+	 * their deadlines: slower, still correct. */
+	round_key(round, m->rkey, sizeof(m->rkey));
+	m->line = self.line;
+	m->all = malloc(MAX_RECORDS * sizeof(*m->all));
+	if (m->all && (rc = ctx->rdv->declare(ctx->rdv_st, m->rkey, &self))) {
+		MP_WARN("round %u: cannot declare under %s: %s", round, m->rkey, mp_strerror(rc));
+		free(m->all);
+		m->all = NULL;
+	}
+	if (m->all)
+		declare_absent(m, self.expires_ms);
 	rc = -EHOSTUNREACH;
 	MP_TRACE("round %u: looking for a group under %s (target %d, min %d)", round, m->key,
 		 m->target, m->minsz);
@@ -908,17 +1105,19 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			}
 		}
 		if (m->state == LEAD) {
-			/* Nobody new declared or joined for a while: the rest of the
-			 * line is dead, far behind, or following another leader, and
-			 * waiting for it would only hold this group back (and, round
-			 * after round, push the groups out of step). */
-			int settled = now > m->news_at && now - m->news_at >= mm_ns / SETTLE_DIV;
+			/* Short of the target, a leader starts once every live
+			 * member of the run has declared for this round and all of
+			 * its line has joined: nobody else can come. Starting
+			 * earlier, when the line merely went quiet, left out members
+			 * that were only late (their last group lost someone), and
+			 * the rounds after fell out of step with them. */
+			int done = m->nfol + 1 >= m->ndecl && everyone(m, now);
 			if (m->nfol + 1 >= want(m) ||
-			    (m->nfol + 1 >= m->minsz && (settled || now - start >= mm_ns))) {
+			    (m->nfol + 1 >= m->minsz && (done || now - start >= mm_ns))) {
 				rc = begin(m, g, bw, mode);
 				break;
 			}
-			if (now - start >= mm_ns) {
+			if (now - start >= mm_ns || done) {
 				for (int i = 0; i < m->nfol; i++)
 					send_reject(m, m->fol_peer[i], REJ_DISBAND);
 				MP_INFO("round %u: group under %s disbanded: %d of the %d members needed",
@@ -940,7 +1139,11 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 		msg->next = NULL;
 		mp_ctrl_requeue(ctx, msg);
 	}
+	if (!rc)
+		*next = m->next;
 	ctx->rdv->forget(ctx->rdv_st, m->key);
+	ctx->rdv->forget(ctx->rdv_st, m->rkey);
+	free(m->all);
 	/* Alone under the key: probably behind the others, or they ahead. */
 	ctx->need_probe = rc == -EHOSTUNREACH && !m->company;
 	free(m);
@@ -955,14 +1158,17 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 static void catch_up(struct mp_ctx *ctx)
 {
 	uint64_t start = mp_now_ns(), last = 0;
-	uint64_t limit = (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull;
+	/* The others must learn our record before they take our connections. */
+	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) *
+			 1000000ull;
 	struct mp_ctrl_msg *keep = NULL, **tail = &keep, *msg;
+	uint32_t at = 0;
 
 	while (!ctx->round_hint && mp_now_ns() - start < limit &&
 	       !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t now = mp_now_ns();
 		if (now - last > SYNC_NS) {
-			sync_members(ctx, NULL);
+			sync_members(ctx, &at);
 			probe(ctx);
 			last = now;
 		}
@@ -984,6 +1190,12 @@ static void catch_up(struct mp_ctx *ctx)
 		keep = msg->next;
 		mp_ctrl_requeue(ctx, msg);
 	}
+	if (!ctx->round_hint && at > ctx->round_hint) {
+		/* Nobody answered: the records' rounds, which lag by up to a
+		 * refresh period, are the best guess. */
+		MP_INFO("no peer said which round the run is at; the records say %u", at);
+		ctx->round_hint = at;
+	}
 	if (ctx->round_hint >= ctx->round) {
 		/* That round's groups are forming as we hear of it and would be
 		 * gone by the time we declare: wait for the next one instead
@@ -992,23 +1204,102 @@ static void catch_up(struct mp_ctx *ctx)
 		ctx->round = ctx->round_hint + 1;
 	}
 	ctx->need_probe = 0;
+	ctx->synced = 1;
+	ctx->published_ns = mp_now_ns();
+	publish_self(ctx);
 }
 
 /*
- * Groupmates part: each takes its part index as its coordinate in the varied
- * dimension, rotated by an offset every member derives from the group id.
- * The indices of a group are distinct, so its members land on distinct
- * coordinates, and on a full grid each line still holds one member of every
- * group of the previous round (the exact mean after d rounds). Without the
- * rotation a group smaller than the grid packs its members into the low
- * coordinates, round after round, until the occupied cells can split into
- * blocks whose lines never meet, and the blocks never average together.
+ * A peer that joins a running run moves into the line of its first round
+ * that has the fewest members: where a peer died, the line is one short,
+ * and filling it keeps the grid full (on a full grid, d rounds give the
+ * exact mean). It waits until the others have declared for that round;
+ * leaders wait for it meanwhile, since its record is live. Without
+ * declarations to go by (within the matchmaking and request timeouts) it
+ * keeps its cell.
  */
-static int next_coord(const struct mp_ctx *ctx, const struct mp_group *g, int dim)
+static void take_hole(struct mp_ctx *ctx)
 {
-	int m = ctx->grid.dims[dim];
+	uint32_t round = ctx->round;
+	int dim = (int)(round % (uint32_t)ctx->grid.ndims);
+	uint64_t cells = mp_grid_cells(&ctx->grid), start = mp_now_ns(), last = 0;
+	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) * 1000000ull;
+	int seen = -1, steady = 0;
+	struct mp_decl *all = malloc(MAX_RECORDS * sizeof(*all));
+	uint32_t *count = calloc((size_t)cells, sizeof(*count));
+	char key[32];
+	int n = 0;
 
-	return (int)(((uint32_t)g->my_index + g->id % (uint32_t)m) % (uint32_t)m);
+	if (!all || !count)
+		goto out;
+	round_key(round, key, sizeof(key));
+	while (mp_now_ns() - start < limit && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+		uint64_t now = mp_now_ns();
+		if (now - last > SYNC_NS) {
+			/* A new DHT node learns the records over a while: trust
+			 * the count once it held for a few reads. */
+			int k = sync_members(ctx, NULL);
+			steady = k == seen ? steady + 1 : 0;
+			seen = k;
+			last = now;
+		}
+		n = ctx->rdv->declared(ctx->rdv_st, key, all, MAX_RECORDS);
+		if (steady >= STEADY_SYNCS && n > 0 && !missing(ctx, round, all, n))
+			break;
+		ctx->ops->progress(ctx->drv, POLL_MS);
+	}
+	for (int i = 0; i < n; i++) {
+		int c[MP_MAX_GRID_DIMS];
+		if (all[i].line >= cells || all[i].id == ctx->self_id ||
+		    all[i].mode == MP_DECL_ABSENT)
+			continue;
+		mp_grid_coords(&ctx->grid, all[i].line, c);
+		if (!c[dim])
+			count[all[i].line]++;
+	}
+	if (n <= 0)
+		goto out;
+	/* The emptiest line; among equals, one picked by our id, so that
+	 * joiners arriving together spread out. */
+	uint32_t least = UINT32_MAX, ties = 0, pick, line = 0;
+	int c[MP_MAX_GRID_DIMS];
+	for (uint64_t l = 0; l < cells; l++) {
+		mp_grid_coords(&ctx->grid, l, c);
+		if (c[dim])
+			continue;
+		if (count[l] < least) {
+			least = count[l];
+			ties = 0;
+		}
+		ties += count[l] == least;
+	}
+	pick = (uint32_t)(ctx->self_id % ties);
+	for (uint64_t l = 0; l < cells; l++) {
+		mp_grid_coords(&ctx->grid, l, c);
+		if (!c[dim] && count[l] == least && !pick--) {
+			line = (uint32_t)l;
+			break;
+		}
+	}
+	/* In the line, the first coordinate nobody declared. */
+	uint8_t used[MP_MAX_GROUP] = {0};
+	for (int i = 0; i < n; i++)
+		if (all[i].line == line && all[i].mode != MP_DECL_ABSENT && all[i].coord >= 0 &&
+		    all[i].coord < MP_MAX_GROUP)
+			used[all[i].coord] = 1;
+	mp_grid_coords(&ctx->grid, line, c);
+	for (int v = 0; v < ctx->grid.dims[dim] && v < MP_MAX_GROUP; v++)
+		if (!used[v]) {
+			c[dim] = v;
+			break;
+		}
+	MP_INFO("round %u: joining line %u (%u member(s) declared there, %d declaration(s) in the round)",
+		round, line, least, n);
+	memcpy(ctx->coords, c, sizeof(c));
+out:
+	ctx->rdv->forget(ctx->rdv_st, key);
+	free(count);
+	free(all);
 }
 
 static void dial_group(struct mp_ctx *ctx, const struct mp_group *g)
@@ -1041,8 +1332,8 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	if (!ctx->placed && (rc = place(ctx)))
 		goto out;
 	if (!ctx->cfg.npeers && !ctx->synced) {
-		ctx->synced = 1;
 		catch_up(ctx);
+		take_hole(ctx);
 	}
 	for (int t = 0; t < rounds; t++) {
 		struct mp_group g = {.members = members};
@@ -1059,7 +1350,8 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		publish_round(ctx);
 		ctx->round++;
 		mp_fault_match(ctx, round);
-		rc = match(ctx, round, &g, bw, mode);
+		int next = 0;
+		rc = match(ctx, round, &g, bw, mode, &next);
 		if (rc == -EHOSTUNREACH) {
 			a->res->rounds_alone++;
 			mp_clog_alone(ctx, round);
@@ -1073,8 +1365,7 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		/* The next coordinate depends on the roster alone, so our next
 		 * key is known now: listen to it while the all-reduce runs, since
 		 * a new key costs the DHT a search. */
-		int dim = (int)(round % (uint32_t)ctx->grid.ndims);
-		ctx->coords[dim] = next_coord(ctx, &g, dim);
+		ctx->coords[round % (uint32_t)ctx->grid.ndims] = next;
 		prewarm(ctx, round + 1);
 		dial_group(ctx, &g);
 		rc = mp_group_allreduce(ctx, &g, round, a);

@@ -41,12 +41,18 @@ struct mp_record {
 	char addr[MP_ADDR_STRLEN]; /* data-plane address; "" for client peers */
 };
 
+/* Declaration mode past enum mp_mode: "peer id will not come to this
+ * round" (its groupmates saw it fail), declared under a round's key by
+ * another member, so that nobody waits for a dead peer's lingering record. */
+#define MP_DECL_ABSENT 3
+
 /* A matchmaking declaration: "I am looking for a group under this key". */
 struct mp_decl {
 	uint64_t id;
 	uint64_t expires_ms;  /* the declarer's matchmaking deadline */
-	uint8_t mode;         /* enum mp_mode: client peers never lead */
+	uint8_t mode;         /* enum mp_mode (client peers never lead), or MP_DECL_ABSENT */
 	int16_t coord;        /* the declarer's coordinate in the varied dimension */
+	uint32_t line;        /* its line: the cell index with the varied coordinate 0 */
 };
 
 struct mp_rdv_params {

@@ -7,7 +7,7 @@
  *
  *   off  size  field
  *     0     1  magic 0x6d ('m')
- *     1     1  version 1
+ *     1     1  version 2
  *     2     1  kind 1
  *     3     1  mode (enum mp_mode, <= MP_MODE_AUX)
  *     4     1  bye (0 or 1)
@@ -23,16 +23,17 @@
  *    82   128  addr: NUL-terminated, zero-padded
  *   210    32  MAC = mp_auth_mac(MP_AUTH_RECORD, bytes 0..209)
  *
- * Declaration (kind 2), 54 bytes:
+ * Declaration (kind 2), 58 bytes:
  *
  *     0     1  magic 0x6d
- *     1     1  version 1
+ *     1     1  version 2
  *     2     1  kind 2
- *     3     1  mode (<= MP_MODE_AUX)
+ *     3     1  mode (<= MP_MODE_AUX, or MP_DECL_ABSENT)
  *     4     2  coord (int16)
- *     6     8  id (never 0)
- *    14     8  expires_ms (wall clock)
- *    22    32  MAC = mp_auth_mac(MP_AUTH_DECL, bytes 0..21, group key)
+ *     6     4  line (uint32)
+ *    10     8  id (never 0)
+ *    18     8  expires_ms (wall clock)
+ *    26    32  MAC = mp_auth_mac(MP_AUTH_DECL, bytes 0..25, group key)
  *
  * The group key is a second MAC piece, not stored: a declaration copied
  * under another key does not verify there. Decoding checks length, magic,
@@ -51,7 +52,7 @@
 #include "wire.h"
 
 #define MAGIC 0x6d
-#define VERSION 1
+#define VERSION 2
 #define KIND_RECORD 1
 #define KIND_DECL 2
 
@@ -73,9 +74,10 @@
 
 #define D_MODE 3
 #define D_COORD 4
-#define D_ID 6
-#define D_EXPIRES 14
-#define D_MAC 22
+#define D_LINE 6
+#define D_ID 10
+#define D_EXPIRES 18
+#define D_MAC 26
 #define DECL_LEN (D_MAC + MP_MAC_BYTES)
 
 _Static_assert(RECORD_LEN == 242, "record layout as documented");
@@ -201,7 +203,7 @@ int mp_decl_encode(const struct mp_auth *a, const char *key, const struct mp_dec
 {
 	struct mp_auth_piece pieces[2];
 
-	if (!key || !d->id || d->mode > MP_MODE_AUX)
+	if (!key || !d->id || d->mode > MP_DECL_ABSENT)
 		return -EINVAL;
 	if (cap < DECL_LEN)
 		return -ENOSPC;
@@ -210,6 +212,7 @@ int mp_decl_encode(const struct mp_auth *a, const char *key, const struct mp_dec
 	buf[2] = KIND_DECL;
 	buf[D_MODE] = d->mode;
 	mp_le_put16(buf + D_COORD, (uint16_t)d->coord);
+	mp_le_put32(buf + D_LINE, d->line);
 	mp_le_put64(buf + D_ID, d->id);
 	mp_le_put64(buf + D_EXPIRES, d->expires_ms);
 	pieces[0] = (struct mp_auth_piece){ buf, D_MAC };
@@ -236,9 +239,10 @@ int mp_decl_decode(const struct mp_auth *a, const char *key, const uint8_t *buf,
 	memset(&d, 0, sizeof(d));
 	d.mode = buf[D_MODE];
 	d.coord = (int16_t)mp_le_get16(buf + D_COORD);
+	d.line = mp_le_get32(buf + D_LINE);
 	d.id = mp_le_get64(buf + D_ID);
 	d.expires_ms = mp_le_get64(buf + D_EXPIRES);
-	if (!d.id || d.mode > MP_MODE_AUX)
+	if (!d.id || d.mode > MP_DECL_ABSENT)
 		return -EBADMSG;
 	*out = d;
 	return 0;

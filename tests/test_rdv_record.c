@@ -18,8 +18,8 @@
 #define GKEY "round-7/dim-1/cell-3"
 #define RECORD_LEN 242
 #define REC_MAC 210
-#define DECL_LEN 54
-#define DECL_MAC 22
+#define DECL_LEN 58
+#define DECL_MAC 26
 
 static struct mp_auth auth, other;
 
@@ -107,7 +107,7 @@ static void test_record_layout(void **state)
 	(void)state;
 	assert_int_equal(mp_record_encode(&auth, RUN, &r, buf, sizeof(buf), &len), 0);
 	assert_int_equal(buf[0], 0x6d);
-	assert_int_equal(buf[1], 1);
+	assert_int_equal(buf[1], 2);
 	assert_int_equal(buf[2], 1);
 	assert_int_equal(buf[3], MP_MODE_AUX);
 	assert_int_equal(buf[4], 1);
@@ -238,7 +238,7 @@ static int decode_resigned(size_t off, uint8_t v)
 static void test_record_decode_validates(void **state)
 {
 	(void)state;
-	assert_int_equal(decode_resigned(1, 2), -EBADMSG);                  /* version */
+	assert_int_equal(decode_resigned(1, 1), -EBADMSG);                  /* version */
 	assert_int_equal(decode_resigned(3, MP_MODE_AUX + 1), -EBADMSG);    /* mode */
 	assert_int_equal(decode_resigned(4, 2), -EBADMSG);                  /* bye */
 	assert_int_equal(decode_resigned(5, MP_MAX_GRID_DIMS + 1), -EBADMSG); /* ndims */
@@ -282,7 +282,7 @@ static void test_record_decode_validates(void **state)
 static void test_decl_round_trip(void **state)
 {
 	struct mp_decl d = { .id = 0xfedcba9876543210ULL, .expires_ms = 1700000005000ULL,
-			     .mode = MP_MODE_CLIENT, .coord = -3 };
+			     .mode = MP_MODE_CLIENT, .coord = -3, .line = 0x01020304 };
 	struct mp_decl out;
 	uint8_t buf[MP_RECORD_WIRE_MAX], mac[MP_MAC_BYTES];
 	struct mp_auth_piece pieces[2];
@@ -295,7 +295,9 @@ static void test_decl_round_trip(void **state)
 	assert_int_equal(buf[2], 2);
 	assert_int_equal(buf[3], MP_MODE_CLIENT);
 	assert_int_equal(buf[4], 0xfd);
-	assert_int_equal(buf[6], 0x10);
+	assert_int_equal(buf[6], 0x04);
+	assert_int_equal(buf[9], 0x01);
+	assert_int_equal(buf[10], 0x10);
 	pieces[0] = (struct mp_auth_piece){ buf, DECL_MAC };
 	pieces[1] = (struct mp_auth_piece){ GKEY, strlen(GKEY) };
 	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, mac);
@@ -306,6 +308,7 @@ static void test_decl_round_trip(void **state)
 	assert_int_equal(out.expires_ms, d.expires_ms);
 	assert_int_equal(out.mode, d.mode);
 	assert_int_equal(out.coord, d.coord);
+	assert_int_equal(out.line, d.line);
 	assert_int_equal(mp_decl_encode(&auth, GKEY, &d, buf, DECL_LEN - 1, &len), -ENOSPC);
 }
 
@@ -338,18 +341,23 @@ static void test_decl_rejects(void **state)
 	/* Signed but out of range: mode, id 0. */
 	pieces[0] = (struct mp_auth_piece){ buf, DECL_MAC };
 	pieces[1] = (struct mp_auth_piece){ GKEY, strlen(GKEY) };
-	buf[3] = MP_MODE_AUX + 1;
+	buf[3] = MP_DECL_ABSENT + 1;
 	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
 	assert_int_equal(mp_decl_decode(&auth, GKEY, buf, len, &out), -EBADMSG);
+	/* An absence (another member's word that the peer will not come). */
+	buf[3] = MP_DECL_ABSENT;
+	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
+	assert_int_equal(mp_decl_decode(&auth, GKEY, buf, len, &out), 0);
+	assert_int_equal(out.mode, MP_DECL_ABSENT);
 	buf[3] = 0;
-	memset(buf + 6, 0, 8);
+	memset(buf + 10, 0, 8);
 	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
 	assert_int_equal(mp_decl_decode(&auth, GKEY, buf, len, &out), -EBADMSG);
 	/* Encoding checks the same. */
 	d.id = 0;
 	assert_int_equal(mp_decl_encode(&auth, GKEY, &d, buf, sizeof(buf), &len), -EINVAL);
 	d.id = 1;
-	d.mode = MP_MODE_AUX + 1;
+	d.mode = MP_DECL_ABSENT + 1;
 	assert_int_equal(mp_decl_encode(&auth, GKEY, &d, buf, sizeof(buf), &len), -EINVAL);
 }
 

@@ -2486,9 +2486,10 @@ static int fpeer_gone(struct fcoord *fc, struct fpeer *fp)
 	else
 		fprintf(stderr, PROG ": %s died as planned (%s) after round %lld\n", name,
 			fp->s.fault, (long long)fp->last_round);
-	/* A replacement only while enough rounds remain for it to be
-	 * averaged in before the run ends. */
-	if (b->churn > 0 && b->join > 0 && fround(fc) + 1 < b->churn_end) {
+	/* A replacement for every death of the churn rounds: the rounds
+	 * after them (2d + 2) are enough to average it in, and a full grid
+	 * gives the exact mean. */
+	if (b->churn > 0 && b->join > 0 && fround(fc) < b->churn_end) {
 		int64_t from = fround(fc) + 1;
 
 		if (fspawn(fc, ROLE_REPLACEMENT, 0, fboot(fc), 0, from))
