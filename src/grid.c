@@ -186,39 +186,53 @@ static uint32_t group_id(uint32_t round, int dim, uint64_t line)
 	return mix32((uint32_t)line ^ salt);
 }
 
+int mp_grid_line(const struct mp_grid *g, uint64_t cell, uint32_t round,
+		 int (*occupant)(void *arg, uint64_t cell), void *arg, int *members, uint32_t *id)
+{
+	int dim = (int)(round % (uint32_t)g->ndims);
+	uint64_t stride = 1, base;
+	int n = 0;
+
+	for (int i = 0; i < dim; i++)
+		stride *= (uint64_t)g->dims[i];
+	/* the line's first cell: @cell with coordinate dim set to 0 */
+	base = cell - (cell / stride % (uint64_t)g->dims[dim]) * stride;
+
+	/*
+	 * Empty cells (a partial grid) are skipped, so a member's part index
+	 * is its position in this list, which differs from its coordinate
+	 * when lower cells are empty.
+	 */
+	for (int k = 0; k < g->dims[dim]; k++) {
+		int p = occupant(arg, base + (uint64_t)k * stride);
+
+		if (p >= 0)
+			members[n++] = p;
+	}
+	*id = group_id(round, dim, base);
+	return n;
+}
+
+/* Rank r sits in cell r: the first npeers cells are occupied. */
+static int grid_occupant(void *arg, uint64_t cell)
+{
+	const struct mp_grid_grouping *gg = arg;
+
+	return cell < (uint64_t)gg->npeers ? (int)cell : -1;
+}
+
 static int grid_form(void *state, uint32_t round, int rank, struct mp_group *out)
 {
-	const struct mp_grid_grouping *gg = state;
-	const struct mp_grid *g;
-	int coords[MP_MAX_GRID_DIMS];
-	int dim, n = 0, me = -1;
+	struct mp_grid_grouping *gg = state;
 
 	if (!gg || !out || !out->members || rank < 0 || rank >= gg->npeers)
 		return -EINVAL;
-	g = &gg->grid;
-	dim = (int)(round % (uint32_t)g->ndims);
-	mp_grid_coords(g, (uint64_t)rank, coords);
-
-	/*
-	 * Walk the line along dim; cells beyond npeers are empty in a partial
-	 * grid, so a member's part index is its position in this list, which
-	 * differs from its coordinate when lower cells are missing.
-	 */
-	for (int k = 0; k < g->dims[dim]; k++) {
-		uint64_t cell;
-
-		coords[dim] = k;
-		cell = mp_grid_cell(g, coords);
-		if (cell >= (uint64_t)gg->npeers)
-			continue;
-		if (cell == (uint64_t)rank)
-			me = n;
-		out->members[n++] = (int)cell;
-	}
-	coords[dim] = 0;
-	out->size = n;
-	out->my_index = me;
-	out->id = group_id(round, dim, mp_grid_cell(g, coords));
+	out->size = mp_grid_line(&gg->grid, (uint64_t)rank, round, grid_occupant, gg, out->members,
+				 &out->id);
+	out->my_index = -1;
+	for (int i = 0; i < out->size; i++)
+		if (out->members[i] == rank)
+			out->my_index = i;
 	return 0;
 }
 

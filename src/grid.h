@@ -27,6 +27,18 @@ uint64_t mp_grid_cell(const struct mp_grid *g, const int *coords);
 /* "2x2x2" into buf. */
 void mp_grid_format(const struct mp_grid *g, char *buf, size_t len);
 
+/*
+ * The line of round @round through @cell: the cells that differ from @cell
+ * only in dimension round mod d, in coordinate order. @occupant names each
+ * cell's peer, or -1 for an empty one. Writes the occupants in that order,
+ * which is their part index, to @members (room for the dimension's length),
+ * sets *@id to the line's group id (the same from every cell on it, distinct
+ * for distinct lines of a round) and returns the count. The static grouping
+ * and tools/mpsim form their groups with it.
+ */
+int mp_grid_line(const struct mp_grid *g, uint64_t cell, uint32_t round,
+		 int (*occupant)(void *arg, uint64_t cell), void *arg, int *members, uint32_t *id);
+
 /* One round's group, as seen by one member. */
 struct mp_group {
 	uint32_t id;     /* same for every member */

@@ -162,6 +162,14 @@ static float *contribution(struct gar *r, int m)
 	return r->cbuf + (size_t)r->mb[m].slot * r->mb[r->me].len;
 }
 
+/* The i-th contribution the reducer uses, for mp_k_wmean. */
+static float *used_contribution(void *arg, int i)
+{
+	struct gar *r = arg;
+
+	return contribution(r, r->who[i]);
+}
+
 /*
  * Every contributor has delivered our whole part or failed: sum the complete
  * contributions in member order, then divide by Σ w. The sum of one
@@ -200,12 +208,7 @@ static void reduce_part(struct gar *r)
 	if (r->wsum > 0.0f && r->nused > 1) {
 		/* Accumulate in place in the first contribution (ours is in the
 		 * buffer, which takes the result anyway). */
-		float *acc = contribution(r, r->who[0]);
-
-		mp_k_scale(acc, acc, r->whow[0], L);
-		for (int i = 1; i < r->nused; i++)
-			mp_k_axpy(acc, contribution(r, r->who[i]), r->whow[i], L);
-		mp_k_scale(x, acc, 1.0f / r->wsum, L);
+		mp_k_wmean(x, r->nused, r->whow, r->wsum, L, used_contribution, r);
 	} else if (r->wsum > 0.0f && r->who[0] != me) {
 		memcpy(x, contribution(r, r->who[0]), L * sizeof(float));
 	}

@@ -14,6 +14,15 @@
 void mp_k_axpy(float *acc, const float *x, float w, size_t n);
 /* dst[i] = w * x[i] (dst may equal x) */
 void mp_k_scale(float *dst, const float *x, float w, size_t n);
+/*
+ * A reducer's weighted mean of n contributions of len values each, x_i =
+ * at(arg, i): acc = w[0]·x_0, then acc += w[i]·x_i for i = 1..n-1 in that
+ * order, then dst = acc·(1/wsum). The fixed order makes the bits independent
+ * of arrival order. The accumulator is x_0 itself (overwritten); dst may be
+ * any of the contributions. The group all-reduce and tools/mpsim share it.
+ */
+void mp_k_wmean(float *dst, int n, const float *w, float wsum, size_t len,
+		float *(*at)(void *arg, int i), void *arg);
 /* dst[i] = fp16(src[i]), round to nearest even, clamped to +-65504; NaN stays NaN */
 void mp_k_f32_to_f16(uint16_t *dst, const float *src, size_t n);
 /* dst[i] = float(src[i]) */

@@ -143,6 +143,17 @@ void mp_k_scale(float *dst, const float *x, float w, size_t n)
 	kv()->scale(dst, x, w, n);
 }
 
+void mp_k_wmean(float *dst, int n, const float *w, float wsum, size_t len,
+		float *(*at)(void *arg, int i), void *arg)
+{
+	float *acc = at(arg, 0);
+
+	mp_k_scale(acc, acc, w[0], len);
+	for (int i = 1; i < n; i++)
+		mp_k_axpy(acc, at(arg, i), w[i], len);
+	mp_k_scale(dst, acc, 1.0f / wsum, len);
+}
+
 void mp_k_f32_to_f16(uint16_t *dst, const float *src, size_t n)
 {
 	kv()->f32_to_f16(dst, src, n);
