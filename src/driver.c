@@ -10,13 +10,20 @@
 
 #include "internal.h"
 #include "log.h"
+#include "mp_build_config.h"
 
 extern const struct mp_driver_ops mp_tcp_driver_ops;
 extern const struct mp_driver_ops mp_loop_driver_ops;
+#ifdef MP_HAVE_DPDK
+extern const struct mp_driver_ops mp_dpdk_driver_ops;
+#endif
 
 static const struct mp_driver_ops *const builtin[] = {
 	&mp_tcp_driver_ops,
 	&mp_loop_driver_ops,
+#ifdef MP_HAVE_DPDK
+	&mp_dpdk_driver_ops,
+#endif
 };
 
 /*
@@ -48,5 +55,9 @@ const struct mp_driver_ops *mp_driver_find(const char *name)
 
 const char *mp_driver_names(void)
 {
+#ifdef MP_HAVE_DPDK
+	return "tcp, loop, dpdk";
+#else
 	return "tcp, loop";
+#endif
 }

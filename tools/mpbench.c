@@ -57,6 +57,7 @@
 #endif
 
 #include <moshpit/moshpit.h>
+#include "dpdk_seg.h"
 #include "replay.h"
 #include "size_arg.h"
 
@@ -176,6 +177,9 @@ struct bench {
 	char grid_buf[96];  /* followed runs: the grid every peer is given */
 	int total_rounds;   /* followed runs: rounds of the run, warmup included */
 	int churn_end;      /* --churn: deaths fall in rounds [0, churn_end) */
+	/* --transport=dpdk (dpdk_seg.c builds the local segment) */
+	const char *dpdk_args; /* --dpdk-args: EAL arguments instead of a made-up segment */
+	double inject_loss;    /* --inject-loss: fraction of received frames dropped */
 };
 
 static const char *const algo_names[] = { "moshpit", "ring", "butterfly" };
@@ -749,6 +753,9 @@ static void print_header(const struct bench *b, const char *mode)
 	printf("# chunk %zu  streams %d  timeouts %d/%d ms (connect/round)  run %s\n",
 	       c->chunk_bytes, c->streams, c->connect_timeout_ms, c->round_timeout_ms,
 	       b->run ? b->run : "(default)");
+	if (strcmp(b->transport, "dpdk") == 0)
+		printf("# dpdk segment: %s  injected loss %g of received frames\n",
+		       b->multi ? "this host's (MP_DPDK_*)" : dseg_describe(), b->inject_loss);
 	if (b->follow) {
 		printf("# rendezvous %s  one round per call, %d rounds in all  late %d  "
 		       "intruders %d  faults %d\n", b->dht ? "dht" : "static", b->total_rounds,
@@ -1385,6 +1392,14 @@ static int peer_main(const struct bench *b, int rank, const struct chan *up,
 		cfg.listen = "127.0.0.1:0";
 	else
 		cfg.listen = NULL;
+	char dlisten[64];
+	if (strcmp(b->transport, "dpdk") == 0) {
+		if (dseg_enter(rank, dlisten, sizeof(dlisten))) {
+			peer_fail(&p, "cannot join the dpdk segment");
+			return -1;
+		}
+		cfg.listen = dlisten;
+	}
 
 	rc = mp_init(&cfg, &p.ctx);
 	if (rc) {
@@ -2961,12 +2976,17 @@ static void usage(FILE *f)
 		"      --timeout=MS         connect and round timeouts in milliseconds\n"
 		"\n"
 		"Peers:\n"
-		"      --transport=NAME     tcp (default) or loop (threads of one process)\n"
+		"      --transport=NAME     tcp (default), loop (threads of one process) or dpdk\n"
 		"      --peers=N            number of peers (default 8 when run locally)\n"
 		"      --run=NAME           run name (default mpbench-<pid> locally)\n"
 		"      --hostfile=FILE      multi-host: one host[:port] per line, rank order\n"
 		"      --rank=R             multi-host: this process's rank (else from\n"
 		"                           MP_RANK, mpirun, PMI or srun)\n"
+		"      --dpdk-args=ARGS     dpdk: EAL arguments (MP_DPDK_EAL); locally\n"
+		"                           \"{rank}\" becomes each peer's rank. Without it\n"
+		"                           local peers get a memif pair (2 peers) or a\n"
+		"                           bridge of veths in namespaces (3-64 peers)\n"
+		"      --inject-loss=P      dpdk: drop a fraction P of received frames\n"
 		"\n"
 		"Control plane (local peers are then followed round by round):\n"
 		"      --rendezvous=NAME    static (default: a peer list) or dht (OpenDHT)\n"
@@ -3082,6 +3102,8 @@ enum {
 	OPT_INTRUDERS,
 	OPT_MAX_RMS,
 	OPT_LOGS,
+	OPT_DPDK_ARGS,
+	OPT_INJECT_LOSS,
 };
 
 static const struct option long_opts[] = {
@@ -3117,6 +3139,8 @@ static const struct option long_opts[] = {
 	{ "intruders", required_argument, NULL, OPT_INTRUDERS },
 	{ "max-rms", required_argument, NULL, OPT_MAX_RMS },
 	{ "logs", required_argument, NULL, OPT_LOGS },
+	{ "dpdk-args", required_argument, NULL, OPT_DPDK_ARGS },
+	{ "inject-loss", required_argument, NULL, OPT_INJECT_LOSS },
 	{ "help", no_argument, NULL, 'h' },
 	{ NULL, 0, NULL, 0 },
 };
@@ -3189,6 +3213,12 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			break;
 		case OPT_PEERS:
 			*peers_opt = (int)parse_int("--peers", optarg, 1, 1 << 20);
+			break;
+		case OPT_DPDK_ARGS:
+			b->dpdk_args = optarg;
+			break;
+		case OPT_INJECT_LOSS:
+			b->inject_loss = parse_real("--inject-loss", optarg, 0, 0.5);
 			break;
 		case OPT_ALGO: {
 			int v = mp_algo_from_name(optarg);
@@ -3659,6 +3689,21 @@ int main(int argc, char **argv)
 			    "cannot be used across hosts");
 	if (b.follow)
 		follow_options(&b);
+	if (strcmp(b.transport, "dpdk") == 0) {
+		char v[32];
+
+		if (b.follow)
+			usage_error("--transport=dpdk runs static rounds: no --rendezvous=dht, "
+				    "--churn or --fault");
+		snprintf(v, sizeof(v), "%g", b.inject_loss);
+		setenv("MP_DPDK_INJECT_LOSS", v, 1);
+		snprintf(v, sizeof(v), "%" PRIu64, b.seed);
+		setenv("MP_DPDK_INJECT_SEED", v, 0);
+		if (b.multi && b.dpdk_args)
+			setenv("MP_DPDK_EAL", b.dpdk_args, 1);
+	} else if (b.dpdk_args || b.inject_loss > 0) {
+		usage_error("--dpdk-args and --inject-loss are for --transport=dpdk");
+	}
 	make_sizes(&b);
 	if (b.follow && b.check && b.maxbytes > (1u << 20))
 		usage_error("--check with --rendezvous=dht, --churn or --fault sends every "
@@ -3679,6 +3724,12 @@ int main(int argc, char **argv)
 						    b.faults[k].index, b.npeers + b.late - 1);
 			follow_grid(&b);
 			rc = run_follow(&b);
+		} else if (strcmp(b.transport, "dpdk") == 0) {
+			if (dseg_setup(b.npeers, b.dpdk_args, 0))
+				return EXIT_FAIL;
+			rc = run_local(&b);
+			dseg_report();
+			dseg_teardown();
 		} else {
 			rc = run_local(&b);
 		}

@@ -1,0 +1,1362 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * dpdk transport: messages in Ethernet/IPv4/UDP frames on one DPDK port,
+ * made reliable and ordered by the rel core (rel.h), with no kernel on the
+ * data path (doc/dpdk.md).
+ *
+ * Layers
+ *  - EAL: initialised once per process, from MP_DPDK_EAL (split on spaces)
+ *    or, without it, a local default (--no-huge -m 256 --no-pci --no-shconf
+ *    plus MP_DPDK_VDEV). DPDK cannot initialise EAL twice in a process, so
+ *    EAL stays up after the last instance is gone and a later instance
+ *    reuses it and the port; two live instances at once are refused.
+ *  - Port: one ethdev port with MP_DPDK_QUEUES queue pairs, two mempools
+ *    (frames; and data-less mbufs that carry registered shard memory as
+ *    external buffers) sized from MP_DPDK_MBUFS.
+ *  - Framing (frame.c): every segment of rel becomes one Ethernet/IPv4/UDP
+ *    frame from our MAC/IP/port to the peer's. Received frames are
+ *    classified; those not for our IP and UDP port, not IPv4/UDP or failing
+ *    validation are dropped and counted by reason. ARP requests for our IP
+ *    are answered, so ordinary hosts and switches can reach us.
+ *  - Routes: rel names peers by a 32-bit route; here a route is an index
+ *    into a table of peer MAC/IP/port, found by IP and port through a small
+ *    open-addressing hash. Routes are made by connect (from the address
+ *    blob) and by frames from new senders (a SYN from a peer that dials us).
+ *  - Run to completion: progress() polls every rx queue in bursts, feeds
+ *    each UDP payload to rel, runs rel's timers and flushes the tx bursts,
+ *    all in the calling thread, which registers with EAL on its first call
+ *    so that mempool caches work. When idle it spins MP_DPDK_SPIN_US, then
+ *    naps in short sleeps until its timeout, rel's next deadline or wake().
+ *  - Zero copy on send: when the port takes chained mbufs, payload pieces
+ *    that lie in memory registered with reg_mr are attached to mbufs as
+ *    external buffers behind a small header mbuf instead of being copied.
+ *    rel keeps the send buffer valid until the whole message is
+ *    acknowledged, which is after the frame left.
+ *  - Fault injection for tests: MP_DPDK_INJECT_LOSS / _DUP / _REORDER drop,
+ *    duplicate or delay that fraction of our received frames (seeded by
+ *    MP_DPDK_INJECT_SEED), before rel sees them.
+ *
+ * Threading: an instance is driven by one thread at a time, like every
+ * driver; wake() may come from any thread, and reg_mr/dereg_mr from the
+ * application's thread (the registry has its own lock).
+ */
+/* rte_dev_dma_map/unmap (DMA mappings of external memory) are experimental in 22.11. */
+#define ALLOW_EXPERIMENTAL_API 1
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <rte_bus.h>
+#include <rte_devargs.h>
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_log.h>
+#include <rte_malloc.h>
+#include <rte_mbuf.h>
+#include <rte_memory.h>
+
+#include <moshpit/driver.h>
+
+#include "frame.h"
+#include "log.h"
+#include "rel.h"
+
+extern const struct mp_driver_ops mp_dpdk_driver_ops;
+
+#define DPDK_BURST 32
+#define DPDK_MAX_QUEUES 16
+#define DPDK_MAX_MSG ((size_t)1 << 30)
+#define DPDK_DEFAULT_UDP_PORT 7000
+#define DPDK_DEFAULT_MTU 1500
+#define DPDK_DEFAULT_RING 1024
+#define DPDK_DEFAULT_SPIN_US 200
+#define DPDK_NAP_US 50
+#define DPDK_ROUTES_MAX 4096  /* peers one instance can know */
+#define DPDK_HASH_SLOTS 8192  /* twice the routes: short probes */
+#define DPDK_BACKLOG 1024
+#define DPDK_ZC_MIN 256       /* smaller pieces are cheaper to copy than to attach */
+#define DPDK_MR_MAX 64
+
+/* Counters of the port layer, beside rel's (printed together at fini). */
+struct dpdk_stats {
+	uint64_t rx_frames;
+	uint64_t verdict[MP_FRAME_NVERDICTS]; /* [MP_FRAME_OURS] = handed to rel */
+	uint64_t rx_no_route;   /* from a new sender with the route table full */
+	uint64_t rx_multiseg;   /* chained frames copied flat before parsing */
+	uint64_t arp_replies;
+	uint64_t inj_loss, inj_dup, inj_reorder;
+	uint64_t tx_frames;
+	uint64_t tx_zc_pieces;  /* payload pieces sent as external buffers */
+	uint64_t tx_nombuf;     /* no mbuf: the segment counts as lost */
+	uint64_t tx_again;      /* tx ring full: rel retries */
+};
+
+struct dpdk_route {
+	struct mp_dpdk_addr a;
+	uint16_t queue; /* tx queue, fixed per route so its frames stay in order */
+};
+
+struct mp_drv_mr {
+	uintptr_t lo, hi;   /* registered range [lo, hi) */
+	bool zc;            /* payload from here may be attached, not copied */
+	bool extmem;        /* rte_extmem_register succeeded: unregister at dereg */
+	uintptr_t ext_lo;   /* the page-rounded range registered with EAL */
+	size_t ext_len;
+	struct mp_drv_mr *next;
+};
+
+struct dpdk_txq {
+	uint16_t n;
+	struct rte_mbuf *m[DPDK_BURST];
+};
+
+struct dpdk_listener {
+	struct dpdk_drv *d;
+};
+
+struct dpdk_drv {
+	struct mp_drv base; /* first: the core sees a struct mp_drv * */
+	struct mp_rel *rel;
+	struct mp_dpdk_addr self;
+	bool have_ip;
+	int rank;
+	bool listening;
+	bool zc;            /* port takes chained mbufs and MP_DPDK_ZC is not 0 */
+	bool udp_csum;
+	bool link_up;       /* as of the last poll */
+	uint16_t ip_id;
+	atomic_int woken;
+	uint64_t spin_ns;
+	/* fault injection */
+	double loss, dup, reorder;
+	uint64_t rng;
+	struct rte_mbuf *held;        /* reordering: delivered after the next frame */
+	uint32_t held_route;
+	const uint8_t *held_payload;
+	size_t held_len;
+	/* routes */
+	uint32_t nroutes;
+	struct dpdk_route *routes;
+	int32_t *hash;                /* route index + 1, 0 = empty */
+	struct dpdk_txq txq[DPDK_MAX_QUEUES];
+	struct dpdk_listener listener;
+	pthread_mutex_t mr_lock;
+	struct mp_drv_mr *mrs;
+	struct dpdk_stats st;
+	uint8_t flat[RTE_ETHER_MAX_JUMBO_FRAME_LEN]; /* chained rx frames, copied flat */
+};
+
+/* Process-wide: EAL and the port outlive instances (EAL cannot restart). */
+static struct {
+	pthread_mutex_t lock;
+	int eal;               /* 0 not tried, 1 up, < 0: rte_eal_init failed with this */
+	bool port_ready;       /* configured and pools made */
+	bool started;
+	uint16_t port;
+	uint16_t nq;
+	uint16_t mtu;
+	bool multiseg;
+	bool pci;              /* a bus device that needs DMA mappings for external memory */
+	bool dials;            /* starting the port dials its peer (memif client) */
+	struct rte_ether_addr mac;
+	struct rte_mempool *pool, *zpool;
+	struct dpdk_drv *live; /* the one instance allowed at a time */
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* ---- configuration from the environment ---- */
+
+static long env_long(const char *name, long def, long lo, long hi)
+{
+	const char *s = getenv(name);
+	char *end;
+	long v;
+
+	if (!s || !*s)
+		return def;
+	errno = 0;
+	v = strtol(s, &end, 0);
+	if (errno || *end || v < lo || v > hi) {
+		MP_WARN("dpdk: %s=%s is not a number in [%ld, %ld]; using %ld", name, s, lo, hi, def);
+		return def;
+	}
+	return v;
+}
+
+static double env_prob(const char *name)
+{
+	const char *s = getenv(name);
+	char *end;
+	double v;
+
+	if (!s || !*s)
+		return 0;
+	v = strtod(s, &end);
+	if (*end || !(v >= 0 && v < 1)) {
+		MP_WARN("dpdk: %s=%s is not a probability in [0, 1); ignored", name, s);
+		return 0;
+	}
+	return v;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t rel_clock(void *user)
+{
+	(void)user;
+	return now_ns();
+}
+
+/* xorshift64*: the injection decisions, reproducible from the seed. */
+static double rnd(struct dpdk_drv *d)
+{
+	uint64_t x = d->rng;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	d->rng = x;
+	return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0;
+}
+
+/* ---- EAL ---- */
+
+/* What rte_eal_init's rte_errno means for a user (doc/dpdk.md has the long form). */
+static const char *eal_hint(int e)
+{
+	switch (e) {
+	case EACCES:
+		return "permission denied: run as root or give the user access to hugepages, "
+		       "/dev/vfio and the NIC";
+	case EAGAIN:
+		return "not enough memory: reserve hugepages (dpdk-hugepages.py) or run with "
+		       "--no-huge -m <MB>";
+	case EALREADY:
+		return "EAL was initialised already in this process, not by moshpit";
+	case EFAULT:
+		return "the EAL tailq configuration is corrupt (mismatched DPDK libraries?)";
+	case ENODEV:
+		return "memory or devices could not be set up: check hugepages, --file-prefix "
+		       "collisions with another DPDK process, and IOMMU/VFIO";
+	case ENOTSUP:
+		return "this CPU or kernel lacks something EAL needs";
+	case EPROTO:
+		return "a service core could not be set up";
+	case ENOEXEC:
+		return "a driver plugin (-d) could not be loaded";
+	case EINVAL:
+		return "invalid EAL arguments in MP_DPDK_EAL / --dpdk-args";
+	default:
+		return "see the lines EAL printed above";
+	}
+}
+
+/*
+ * "--lcores=0@(cpus)": EAL pins the thread that calls rte_eal_init to its
+ * main lcore; mapping lcore 0 to every CPU we may run on keeps the
+ * application's scheduling as it was.
+ */
+static void lcores_arg(char *buf, size_t cap)
+{
+	cpu_set_t set;
+	size_t n = (size_t)snprintf(buf, cap, "--lcores=0@(");
+	bool first = true;
+
+	if (sched_getaffinity(0, sizeof(set), &set)) {
+		snprintf(buf, cap, "-l 0");
+		return;
+	}
+	for (int c = 0; c < CPU_SETSIZE && n + 8 < cap; c++)
+		if (CPU_ISSET(c, &set)) {
+			n += (size_t)snprintf(buf + n, cap - n, "%s%d", first ? "" : ",", c);
+			first = false;
+		}
+	snprintf(buf + n, cap - n, ")");
+}
+
+/* Split @s on blanks into a NULL-terminated argv (argv[0] = "moshpit"). */
+static char **split_args(const char *s, int *argc)
+{
+	size_t cap = 8;
+	int n = 0;
+	char **v = malloc(cap * sizeof(*v));
+	char *copy = strdup(s ? s : ""), *save = NULL;
+
+	if (!v || !copy) {
+		free(v);
+		free(copy);
+		return NULL;
+	}
+	v[n++] = "moshpit";
+	for (char *t = strtok_r(copy, " \t\n", &save); t; t = strtok_r(NULL, " \t\n", &save)) {
+		if ((size_t)n + 2 > cap) {
+			char **nv = realloc(v, 2 * cap * sizeof(*v));
+
+			if (!nv) {
+				free(v);
+				free(copy);
+				return NULL;
+			}
+			v = nv;
+			cap *= 2;
+		}
+		v[n++] = t;
+	}
+	v[n] = NULL;
+	*argc = n;
+	/* EAL may keep pointers into argv: the strings live as long as the process. */
+	return v;
+}
+
+static int eal_up(void)
+{
+	const char *user = getenv("MP_DPDK_EAL");
+	char args[1024], lc[512];
+	char **argv;
+	int argc, rc;
+
+	if (g.eal)
+		return g.eal > 0 ? 0 : g.eal;
+	if (user && *user) {
+		snprintf(args, sizeof(args), "%s", user);
+	} else {
+		const char *vdev = getenv("MP_DPDK_VDEV");
+
+		lcores_arg(lc, sizeof(lc));
+		snprintf(args, sizeof(args),
+			 "%s --no-huge -m %ld --no-pci --no-shconf --no-telemetry --file-prefix=mp%ld "
+			 "--log-level=%s%s%s",
+			 lc, env_long("MP_DPDK_MEM_MB", 256, 16, 1 << 20), (long)getpid(),
+			 mp_log_level >= MP_LOG_TRACE ? "info" : "warning", vdev && *vdev ? " --vdev=" : "",
+			 vdev && *vdev ? vdev : "");
+	}
+	argv = split_args(args, &argc);
+	if (!argv)
+		return -ENOMEM;
+	MP_INFO("dpdk: EAL arguments: %s", args);
+	rc = rte_eal_init(argc, argv);
+	if (rc < 0) {
+		int e = rte_errno;
+
+		MP_WARN("dpdk: EAL initialisation failed: %s (%s); arguments: %s", rte_strerror(e),
+			eal_hint(e), args);
+		g.eal = -(e ? e : EINVAL);
+		return g.eal;
+	}
+	g.eal = 1;
+	/* With --no-shconf EAL leaves its runtime directory empty: do not litter /var/run. */
+	if (rmdir(rte_eal_get_runtime_dir()) == 0)
+		MP_TRACE("dpdk: removed the empty EAL runtime directory");
+	return 0;
+}
+
+/* ---- port ---- */
+
+static int port_setup(uint16_t nq, uint16_t mtu, unsigned mbufs, uint16_t ring)
+{
+	struct rte_eth_conf conf;
+	struct rte_eth_dev_info info;
+	uint16_t port = (uint16_t)env_long("MP_DPDK_PORT", 0, 0, RTE_MAX_ETHPORTS - 1);
+	unsigned room;
+	char name[RTE_MEMPOOL_NAMESIZE];
+	int rc;
+
+	if (!rte_eth_dev_is_valid_port(port)) {
+		MP_WARN("dpdk: no port %u (%u port(s) available): give a NIC bound to a DPDK driver "
+			"or a --vdev in MP_DPDK_EAL, or MP_DPDK_VDEV", port,
+			rte_eth_dev_count_avail());
+		return -ENODEV;
+	}
+	rc = rte_eth_dev_info_get(port, &info);
+	if (rc)
+		return rc;
+	if (nq > info.max_rx_queues || nq > info.max_tx_queues) {
+		MP_WARN("dpdk: port %u (%s) has at most %u rx / %u tx queues, MP_DPDK_QUEUES=%u",
+			port, info.driver_name, info.max_rx_queues, info.max_tx_queues, nq);
+		return -EINVAL;
+	}
+	memset(&conf, 0, sizeof(conf));
+	g.multiseg = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0;
+	if (g.multiseg)
+		conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+	if (nq > 1 && (info.flow_type_rss_offloads & RTE_ETH_RSS_NONFRAG_IPV4_UDP)) {
+		/* Spread peers over the rx queues by address and port. */
+		conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
+		conf.rx_adv_conf.rss_conf.rss_hf = RTE_ETH_RSS_NONFRAG_IPV4_UDP;
+	}
+	rc = rte_eth_dev_configure(port, nq, nq, &conf);
+	if (rc) {
+		MP_WARN("dpdk: configuring port %u (%s) with %u queue pair(s): %s", port,
+			info.driver_name, nq, rte_strerror(-rc));
+		return rc;
+	}
+	/* A frame copied into one mbuf: headroom plus the largest frame. */
+	room = RTE_PKTMBUF_HEADROOM + mtu + RTE_ETHER_HDR_LEN;
+	if (room < RTE_MBUF_DEFAULT_BUF_SIZE)
+		room = RTE_MBUF_DEFAULT_BUF_SIZE;
+	snprintf(name, sizeof(name), "mp_frames_%u", port);
+	g.pool = rte_pktmbuf_pool_create(name, mbufs, 256, 0, (uint16_t)room, (int)rte_socket_id());
+	/* Attached mbufs need no data room; the shared info sits in what they have. */
+	snprintf(name, sizeof(name), "mp_attach_%u", port);
+	g.zpool = g.multiseg ? rte_pktmbuf_pool_create(name, mbufs, 256, 0,
+						      sizeof(struct rte_mbuf_ext_shared_info) + 64,
+						      (int)rte_socket_id())
+			     : NULL;
+	if (!g.pool || (g.multiseg && !g.zpool)) {
+		MP_WARN("dpdk: cannot create %u mbufs of %u bytes: %s (MP_DPDK_MBUFS, or more "
+			"memory: -m / hugepages)", mbufs, room, rte_strerror(rte_errno));
+		return -ENOMEM;
+	}
+	for (uint16_t q = 0; q < nq; q++) {
+		rc = rte_eth_rx_queue_setup(port, q, ring, rte_eth_dev_socket_id(port), NULL, g.pool);
+		if (!rc)
+			rc = rte_eth_tx_queue_setup(port, q, ring, rte_eth_dev_socket_id(port), NULL);
+		if (rc) {
+			MP_WARN("dpdk: queue %u of port %u: %s", q, port, rte_strerror(-rc));
+			return rc;
+		}
+	}
+	/* Virtual devices often have no MTU to set; frames are sized by us anyway. */
+	rc = rte_eth_dev_set_mtu(port, mtu);
+	if (rc)
+		MP_INFO("dpdk: port %u (%s): MTU %u not set (%s); make sure the path carries it",
+			port, info.driver_name, mtu, rte_strerror(-rc));
+	rte_eth_macaddr_get(port, &g.mac);
+	g.pci = info.device && strcmp(rte_bus_name(rte_dev_bus(info.device)), "vdev") != 0;
+	if (info.device && !strcmp(info.driver_name, "net_memif")) {
+		const struct rte_devargs *da = rte_dev_devargs(info.device);
+
+		g.dials = da && da->args && strstr(da->args, "role=client");
+	}
+	g.port = port;
+	g.nq = nq;
+	g.mtu = mtu;
+	g.port_ready = true;
+	MP_INFO("dpdk: port %u (%s), %u queue pair(s) of %u descriptors, MTU %u, %u mbufs, "
+		"chained tx %s", port, info.driver_name, nq, ring, mtu, mbufs,
+		g.multiseg ? "yes" : "no");
+	return 0;
+}
+
+/* Start the port and wait (bounded) for its link: memif has none until its peer came. */
+static int port_start(int wait_ms)
+{
+	struct rte_eth_link link;
+	uint64_t until = now_ns() + (uint64_t)wait_ms * 1000000u;
+	int rc;
+
+	if (!g.started) {
+		rc = rte_eth_dev_start(g.port);
+		if (rc) {
+			MP_WARN("dpdk: starting port %u: %s", g.port, rte_strerror(-rc));
+			return rc;
+		}
+		/* Frames to our address; af_packet and memif deliver everything anyway. */
+		rte_eth_promiscuous_disable(g.port);
+		g.started = true;
+		/*
+		 * A memif server must be started before its client dials, or the
+		 * two sides disagree about the link: launchers wait for this file.
+		 */
+		const char *ready = getenv("MP_DPDK_READY_FILE");
+
+		if (ready && *ready) {
+			FILE *f = fopen(ready, "w");
+
+			if (f)
+				fclose(f);
+		}
+	}
+	for (uint64_t redial = now_ns() + 500000000u;;) {
+		memset(&link, 0, sizeof(link));
+		rte_eth_link_get_nowait(g.port, &link);
+		if (link.link_status == RTE_ETH_LINK_UP)
+			return 0;
+		if (now_ns() >= until)
+			break;
+		/*
+		 * A memif client that dialled before its server was ready is not
+		 * retried by the PMD: restarting the port dials again.
+		 */
+		if (g.dials && now_ns() >= redial) {
+			redial = now_ns() + 500000000u;
+			if (rte_eth_dev_stop(g.port) == 0 && rte_eth_dev_start(g.port) != 0)
+				MP_TRACE("dpdk: memif server not there yet");
+		}
+		usleep(1000);
+	}
+	MP_WARN("dpdk: port %u link still down after %d ms; frames wait for retransmission",
+		g.port, wait_ms);
+	return 0;
+}
+
+/* ---- routes ---- */
+
+static uint32_t route_hash(const uint8_t ip[4], const uint8_t port[2])
+{
+	uint64_t k = (uint64_t)ip[0] << 40 | (uint64_t)ip[1] << 32 | (uint64_t)ip[2] << 24 |
+		     (uint64_t)ip[3] << 16 | (uint64_t)port[0] << 8 | port[1];
+
+	k *= 0x9E3779B97F4A7C15ULL;
+	return (uint32_t)(k >> 40) & (DPDK_HASH_SLOTS - 1);
+}
+
+/* The route of @a (by IP and port), made if new; -ENOSPC when the table is full. */
+static int64_t route_get(struct dpdk_drv *d, const struct mp_dpdk_addr *a)
+{
+	uint32_t h = route_hash(a->ip, a->port);
+
+	for (;; h = (h + 1) & (DPDK_HASH_SLOTS - 1)) {
+		int32_t e = d->hash[h];
+
+		if (!e)
+			break;
+		struct dpdk_route *r = &d->routes[e - 1];
+
+		if (!memcmp(r->a.ip, a->ip, 4) && !memcmp(r->a.port, a->port, 2))
+			return e - 1;
+	}
+	if (d->nroutes == DPDK_ROUTES_MAX)
+		return -ENOSPC;
+	d->routes[d->nroutes].a = *a;
+	d->routes[d->nroutes].queue = (uint16_t)(route_hash(a->ip, a->port) % g.nq);
+	d->hash[h] = (int32_t)++d->nroutes;
+	return d->nroutes - 1;
+}
+
+/* ---- transmit ---- */
+
+static uint16_t txq_flush(struct dpdk_drv *d, uint16_t q)
+{
+	struct dpdk_txq *t = &d->txq[q];
+	uint16_t sent;
+
+	/*
+	 * Nothing goes to a port whose link is down: memif tears its rings
+	 * down when the peer leaves, and a burst into them can crash.
+	 */
+	if (!t->n || !d->link_up)
+		return 0;
+	sent = rte_eth_tx_burst(g.port, q, t->m, t->n);
+	if (sent < t->n)
+		memmove(t->m, t->m + sent, (size_t)(t->n - sent) * sizeof(t->m[0]));
+	t->n = (uint16_t)(t->n - sent);
+	d->st.tx_frames += sent;
+	return sent;
+}
+
+static bool flush_all(struct dpdk_drv *d)
+{
+	bool any = false;
+
+	for (uint16_t q = 0; q < g.nq; q++)
+		any |= txq_flush(d, q) > 0;
+	return any;
+}
+
+/* The registration holding [p, p + len), for attaching it; NULL = copy. */
+static bool zc_ok(struct dpdk_drv *d, const void *p, size_t len)
+{
+	uintptr_t a = (uintptr_t)p;
+	bool ok = false;
+
+	pthread_mutex_lock(&d->mr_lock);
+	for (struct mp_drv_mr *m = d->mrs; m; m = m->next)
+		if (m->zc && a >= m->lo && a + len <= m->hi) {
+			ok = true;
+			break;
+		}
+	pthread_mutex_unlock(&d->mr_lock);
+	return ok;
+}
+
+static void ext_free_noop(void *addr, void *opaque)
+{
+	/* The memory is the application's; rel tells it when the send is done. */
+	(void)addr;
+	(void)opaque;
+}
+
+/* An mbuf carrying @len bytes at @p as an external buffer, or NULL. */
+static struct rte_mbuf *attach_piece(const void *p, size_t len)
+{
+	struct rte_mbuf *m = rte_pktmbuf_alloc(g.zpool);
+	struct rte_mbuf_ext_shared_info *sh;
+
+	if (!m)
+		return NULL;
+	/* The mbuf's own data room is unused while attached: the shared info lives there. */
+	sh = (struct rte_mbuf_ext_shared_info *)RTE_PTR_ALIGN_CEIL(m->buf_addr, 8);
+	sh->free_cb = ext_free_noop;
+	sh->fcb_opaque = NULL;
+	rte_mbuf_ext_refcnt_set(sh, 1);
+	rte_pktmbuf_attach_extbuf(m, (void *)(uintptr_t)p,
+				  rte_eal_iova_mode() == RTE_IOVA_VA ? (rte_iova_t)(uintptr_t)p
+								     : rte_mem_virt2iova(p),
+				  (uint16_t)len, sh);
+	m->data_off = 0;
+	m->data_len = (uint16_t)len;
+	m->pkt_len = (uint32_t)len;
+	return m;
+}
+
+/* rel's output: one segment, one frame. */
+static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_len,
+		      const struct mp_iov *payload, int n)
+{
+	struct dpdk_drv *d = user;
+	struct dpdk_route *r;
+	struct dpdk_txq *t;
+	struct rte_mbuf *m, *last;
+	size_t plen = hdr_len, off;
+	uint8_t *p;
+	uint32_t sum = 0;
+
+	if (route >= d->nroutes)
+		return -EINVAL;
+	r = &d->routes[route];
+	t = &d->txq[r->queue];
+	if (t->n == DPDK_BURST && !txq_flush(d, r->queue)) {
+		d->st.tx_again++;
+		return -EAGAIN;
+	}
+	for (int i = 0; i < n; i++)
+		plen += payload[i].len;
+	if (MP_FRAME_HDR_LEN + plen > (size_t)g.mtu + RTE_ETHER_HDR_LEN)
+		return -EMSGSIZE;
+	m = rte_pktmbuf_alloc(g.pool);
+	if (!m) {
+		d->st.tx_nombuf++;
+		return -ENOBUFS;
+	}
+	p = rte_pktmbuf_mtod(m, uint8_t *);
+	mp_frame_build(p, &d->self, &r->a, d->ip_id++, plen);
+	memcpy(p + MP_FRAME_HDR_LEN, hdr, hdr_len);
+	m->data_len = (uint16_t)(MP_FRAME_HDR_LEN + hdr_len);
+	m->pkt_len = m->data_len;
+	if (d->udp_csum)
+		sum = mp_csum_add(0, hdr, hdr_len, 0);
+	off = hdr_len;
+	last = m;
+	for (int i = 0; i < n; i++) {
+		const struct mp_iov *v = &payload[i];
+		struct rte_mbuf *x;
+
+		if (!v->len)
+			continue;
+		if (d->udp_csum)
+			sum = mp_csum_add(sum, v->base, v->len, off);
+		off += v->len;
+		if (d->zc && v->len >= DPDK_ZC_MIN && zc_ok(d, v->base, v->len) &&
+		    (x = attach_piece(v->base, v->len))) {
+			last->next = x;
+			last = x;
+			m->nb_segs++;
+			m->pkt_len += (uint32_t)v->len;
+			d->st.tx_zc_pieces++;
+			continue;
+		}
+		/* Copy into the last mbuf when it is ours, else into a fresh one. */
+		if (last != m || rte_pktmbuf_tailroom(m) < v->len) {
+			x = rte_pktmbuf_alloc(g.pool);
+			if (!x) {
+				rte_pktmbuf_free(m);
+				d->st.tx_nombuf++;
+				return -ENOBUFS;
+			}
+			x->data_len = 0;
+			last->next = x;
+			last = x;
+			m->nb_segs++;
+		}
+		memcpy(rte_pktmbuf_mtod_offset(last, uint8_t *, last->data_len), v->base, v->len);
+		last->data_len = (uint16_t)(last->data_len + v->len);
+		m->pkt_len += (uint32_t)v->len;
+	}
+	if (d->udp_csum)
+		mp_frame_udp_csum(p, sum);
+	t->m[t->n++] = m;
+	return 0;
+}
+
+static void send_arp_reply(struct dpdk_drv *d, const uint8_t *req)
+{
+	struct rte_mbuf *m = rte_pktmbuf_alloc(g.pool);
+	struct dpdk_txq *t = &d->txq[0];
+
+	if (!m) {
+		d->st.tx_nombuf++;
+		return;
+	}
+	if (t->n == DPDK_BURST && !txq_flush(d, 0)) {
+		rte_pktmbuf_free(m);
+		return;
+	}
+	/* Padded to the 60-byte minimum frame. */
+	memset(rte_pktmbuf_mtod(m, uint8_t *), 0, 60);
+	mp_frame_arp_reply(rte_pktmbuf_mtod(m, uint8_t *), req, &d->self);
+	m->data_len = 60;
+	m->pkt_len = 60;
+	t->m[t->n++] = m;
+	d->st.arp_replies++;
+}
+
+/* ---- receive ---- */
+
+static void deliver_held(struct dpdk_drv *d)
+{
+	if (!d->held)
+		return;
+	mp_rel_input(d->rel, d->held_route, d->held_payload, d->held_len);
+	rte_pktmbuf_free(d->held);
+	d->held = NULL;
+}
+
+static void rx_frame(struct dpdk_drv *d, struct rte_mbuf *m)
+{
+	const uint8_t *f = rte_pktmbuf_mtod(m, const uint8_t *), *pl;
+	size_t len = rte_pktmbuf_data_len(m), plen;
+	struct mp_dpdk_addr src;
+	int64_t route;
+	int v;
+
+	d->st.rx_frames++;
+	if (m->nb_segs > 1) {
+		if (m->pkt_len > sizeof(d->flat)) {
+			d->st.verdict[MP_FRAME_BAD_IP]++;
+			rte_pktmbuf_free(m);
+			return;
+		}
+		f = rte_pktmbuf_read(m, 0, m->pkt_len, d->flat);
+		len = m->pkt_len;
+		d->st.rx_multiseg++;
+	}
+	v = mp_frame_classify(f, len, &d->self, &pl, &plen, &src);
+	d->st.verdict[v]++;
+	if (v == MP_FRAME_ARP_REQUEST)
+		send_arp_reply(d, f);
+	if (v != MP_FRAME_OURS) {
+		rte_pktmbuf_free(m);
+		return;
+	}
+	route = route_get(d, &src);
+	if (route < 0) {
+		d->st.rx_no_route++;
+		rte_pktmbuf_free(m);
+		return;
+	}
+	if (d->loss > 0 && rnd(d) < d->loss) {
+		d->st.inj_loss++;
+		rte_pktmbuf_free(m);
+		return;
+	}
+	if (d->dup > 0 && rnd(d) < d->dup) {
+		d->st.inj_dup++;
+		mp_rel_input(d->rel, (uint32_t)route, pl, plen);
+	}
+	/* A held frame goes after this one; a flat copy cannot be held (d->flat is reused). */
+	if (d->reorder > 0 && !d->held && f != d->flat && rnd(d) < d->reorder) {
+		d->st.inj_reorder++;
+		d->held = m;
+		d->held_route = (uint32_t)route;
+		d->held_payload = pl;
+		d->held_len = plen;
+		return;
+	}
+	mp_rel_input(d->rel, (uint32_t)route, pl, plen);
+	rte_pktmbuf_free(m);
+	deliver_held(d);
+}
+
+/* One pass: receive, run rel, send. Returns whether anything happened. */
+static bool poll_once(struct dpdk_drv *d)
+{
+	struct rte_mbuf *burst[DPDK_BURST];
+	struct rte_eth_link link;
+	bool work = false;
+
+	memset(&link, 0, sizeof(link));
+	rte_eth_link_get_nowait(g.port, &link);
+	d->link_up = link.link_status == RTE_ETH_LINK_UP;
+	for (uint16_t q = 0; q < g.nq && d->link_up; q++) {
+		uint16_t n = rte_eth_rx_burst(g.port, q, burst, DPDK_BURST);
+
+		for (uint16_t i = 0; i < n; i++)
+			rx_frame(d, burst[i]);
+		work |= n > 0;
+	}
+	/* A frame held for reordering never waits more than one pass. */
+	if (d->held && !work) {
+		deliver_held(d);
+		work = true;
+	}
+	work |= mp_rel_poll(d->rel) != 0;
+	work |= flush_all(d);
+	return work;
+}
+
+/* ---- ops ---- */
+
+static void write_stats(struct dpdk_drv *d)
+{
+	struct mp_rel_stats rs;
+	const char *dir = getenv("MP_DPDK_STATS");
+	char line[2048], path[512];
+	size_t n = 0;
+	FILE *f;
+
+	mp_rel_get_stats(d->rel, &rs);
+	n += (size_t)snprintf(line + n, sizeof(line) - n,
+			      "rx_frames=%llu tx_frames=%llu tx_zc_pieces=%llu tx_nombuf=%llu "
+			      "tx_again=%llu arp_replies=%llu rx_no_route=%llu rx_multiseg=%llu "
+			      "inj_loss=%llu inj_dup=%llu inj_reorder=%llu",
+			      (unsigned long long)d->st.rx_frames, (unsigned long long)d->st.tx_frames,
+			      (unsigned long long)d->st.tx_zc_pieces,
+			      (unsigned long long)d->st.tx_nombuf, (unsigned long long)d->st.tx_again,
+			      (unsigned long long)d->st.arp_replies,
+			      (unsigned long long)d->st.rx_no_route,
+			      (unsigned long long)d->st.rx_multiseg, (unsigned long long)d->st.inj_loss,
+			      (unsigned long long)d->st.inj_dup, (unsigned long long)d->st.inj_reorder);
+	for (int v = 0; v < MP_FRAME_NVERDICTS && n < sizeof(line); v++)
+		n += (size_t)snprintf(line + n, sizeof(line) - n, " frame_%s=%llu",
+				      mp_frame_verdict_name(v), (unsigned long long)d->st.verdict[v]);
+	if (n < sizeof(line))
+		n += (size_t)snprintf(line + n, sizeof(line) - n,
+				      " seg_tx=%llu data_tx=%llu data_rtx=%llu fast_rtx=%llu "
+				      "rto_fired=%llu seg_rx=%llu data_rx=%llu dup_rx=%llu "
+				      "conns_failed=%llu",
+				      (unsigned long long)rs.seg_tx, (unsigned long long)rs.data_tx,
+				      (unsigned long long)rs.data_rtx, (unsigned long long)rs.fast_rtx,
+				      (unsigned long long)rs.rto_fired, (unsigned long long)rs.seg_rx,
+				      (unsigned long long)rs.data_rx, (unsigned long long)rs.dup_rx,
+				      (unsigned long long)rs.conns_failed);
+	for (int w = 0; w < MP_REL_DROP_MAX && n < sizeof(line); w++)
+		n += (size_t)snprintf(line + n, sizeof(line) - n, " rel_drop_%s=%llu",
+				      mp_rel_drop_name(w), (unsigned long long)rs.drop[w]);
+	MP_INFO("dpdk: counters: %s", line);
+	if (!dir || !*dir)
+		return;
+	snprintf(path, sizeof(path), "%s/dpdk.%d.%ld.stats", dir, d->rank, (long)getpid());
+	f = fopen(path, "w");
+	if (!f) {
+		MP_WARN("dpdk: MP_DPDK_STATS: cannot write %s", path);
+		return;
+	}
+	fprintf(f, "%s\n", line);
+	fclose(f);
+}
+
+static void dpdk_fini(struct mp_drv *dd)
+{
+	struct dpdk_drv *d = (struct dpdk_drv *)dd;
+
+	if (!d)
+		return;
+	if (d->rel) {
+		deliver_held(d);
+		write_stats(d);
+		/* FINs for what is still open, flushed while the port still runs. */
+		mp_rel_destroy(d->rel);
+		for (int i = 0; i < 100 && g.started; i++) {
+			flush_all(d);
+			bool left = false;
+
+			for (uint16_t q = 0; q < g.nq; q++)
+				left |= d->txq[q].n > 0;
+			if (!left)
+				break;
+			usleep(100);
+		}
+	}
+	for (uint16_t q = 0; q < DPDK_MAX_QUEUES; q++)
+		for (uint16_t i = 0; i < d->txq[q].n; i++)
+			rte_pktmbuf_free(d->txq[q].m[i]);
+	while (d->mrs) {
+		struct mp_drv_mr *m = d->mrs;
+
+		d->mrs = m->next;
+		if (m->extmem)
+			rte_extmem_unregister((void *)m->ext_lo, m->ext_len);
+		free(m);
+	}
+	pthread_mutex_destroy(&d->mr_lock);
+	pthread_mutex_lock(&g.lock);
+	if (g.live == d) {
+		/* EAL stays up (it cannot be initialised twice); the port is stopped for the next one. */
+		if (g.started && rte_eth_dev_stop(g.port) == 0)
+			g.started = false;
+		g.live = NULL;
+	}
+	pthread_mutex_unlock(&g.lock);
+	free(d->routes);
+	free(d->hash);
+	free(d);
+}
+
+static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
+{
+	struct dpdk_drv *d;
+	struct mp_rel_params rp;
+	uint16_t nq = (uint16_t)env_long("MP_DPDK_QUEUES", 1, 1, DPDK_MAX_QUEUES);
+	uint16_t mtu = (uint16_t)env_long("MP_DPDK_MTU", DPDK_DEFAULT_MTU, 576, 9600);
+	uint16_t ring = (uint16_t)env_long("MP_DPDK_RING", DPDK_DEFAULT_RING, 64, 16384);
+	unsigned mbufs = (unsigned)env_long("MP_DPDK_MBUFS", 2L * nq * ring * 2 + 2047, 1023,
+					    1 << 24);
+	int timeout = 10000, rc;
+
+	if (!out)
+		return -EINVAL;
+	mp_log_init();
+	if (p && p->size >= offsetof(struct mp_drv_params, connect_timeout_ms) +
+				    sizeof(p->connect_timeout_ms) && p->connect_timeout_ms > 0)
+		timeout = p->connect_timeout_ms;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->base.ops = &mp_dpdk_driver_ops;
+	d->rank = p && p->size >= offsetof(struct mp_drv_params, rank) + sizeof(p->rank) ? p->rank
+											 : -1;
+	pthread_mutex_init(&d->mr_lock, NULL);
+	d->routes = calloc(DPDK_ROUTES_MAX, sizeof(*d->routes));
+	d->hash = calloc(DPDK_HASH_SLOTS, sizeof(*d->hash));
+	if (!d->routes || !d->hash) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+
+	pthread_mutex_lock(&g.lock);
+	if (g.live) {
+		pthread_mutex_unlock(&g.lock);
+		MP_WARN("dpdk: one dpdk context per process (EAL and the port are process-wide); "
+			"finalize the other one first");
+		rc = -EBUSY;
+		goto fail;
+	}
+	rc = eal_up();
+	if (!rc && !g.port_ready)
+		rc = port_setup(nq, mtu, mbufs, ring);
+	else if (!rc && (g.nq != nq || g.mtu != mtu))
+		MP_WARN("dpdk: the port keeps the %u queue pair(s) and MTU %u it was set up with",
+			g.nq, g.mtu);
+	if (!rc)
+		rc = port_start((int)env_long("MP_DPDK_LINK_WAIT_MS", timeout, 0, 600000));
+	if (!rc)
+		g.live = d;
+	pthread_mutex_unlock(&g.lock);
+	if (rc)
+		goto fail;
+
+	memcpy(d->self.mac, g.mac.addr_bytes, 6);
+	d->self.port[0] = (uint8_t)(env_long("MP_DPDK_UDP_PORT", DPDK_DEFAULT_UDP_PORT, 1, 65535) >> 8);
+	d->self.port[1] = (uint8_t)env_long("MP_DPDK_UDP_PORT", DPDK_DEFAULT_UDP_PORT, 1, 65535);
+	{
+		const char *ip = getenv("MP_DPDK_IP");
+		unsigned b[4];
+		int k = 0;
+
+		if (ip && *ip) {
+			if (sscanf(ip, "%3u.%3u.%3u.%3u%n", &b[0], &b[1], &b[2], &b[3], &k) == 4 &&
+			    !ip[k] && b[0] < 256 && b[1] < 256 && b[2] < 256 && b[3] < 256) {
+				for (int i = 0; i < 4; i++)
+					d->self.ip[i] = (uint8_t)b[i];
+				d->have_ip = true;
+			} else {
+				MP_WARN("dpdk: MP_DPDK_IP=%s is not an IPv4 address", ip);
+			}
+		}
+	}
+	d->zc = g.multiseg && env_long("MP_DPDK_ZC", 1, 0, 1);
+	d->udp_csum = env_long("MP_DPDK_UDP_CSUM", 0, 0, 1);
+	d->spin_ns = (uint64_t)env_long("MP_DPDK_SPIN_US", DPDK_DEFAULT_SPIN_US, 0, 10000000) * 1000;
+	d->loss = env_prob("MP_DPDK_INJECT_LOSS");
+	d->dup = env_prob("MP_DPDK_INJECT_DUP");
+	d->reorder = env_prob("MP_DPDK_INJECT_REORDER");
+	d->rng = (uint64_t)env_long("MP_DPDK_INJECT_SEED", 1, LONG_MIN, LONG_MAX) * 2654435761u +
+		 (uint64_t)(d->rank + 1) * 0x9E3779B97F4A7C15ULL;
+	if (!d->rng)
+		d->rng = 1;
+	if (d->loss > 0 || d->dup > 0 || d->reorder > 0)
+		MP_INFO("dpdk: injecting faults into received frames: loss %g, duplication %g, "
+			"reordering %g", d->loss, d->dup, d->reorder);
+
+	memset(&rp, 0, sizeof(rp));
+	rp.mss = (uint32_t)(g.mtu - MP_IP4_HDR_LEN - MP_UDP_HDR_LEN - MP_REL_DATA_HDR_LEN);
+	rp.window = (uint32_t)env_long("MP_DPDK_WINDOW", 0, 0, MP_REL_WINDOW_MAX);
+	/* 0 keeps rel's defaults; shared or oversubscribed cores want a longer floor. */
+	rp.rto_min_ns = (uint64_t)env_long("MP_DPDK_RTO_MIN_US", 0, 0, 10000000) * 1000u;
+	rp.rto_max_ns = (uint64_t)env_long("MP_DPDK_RTO_MAX_US", 0, 0, 60000000) * 1000u;
+	rp.tx = tx_segment;
+	rp.now_ns = rel_clock;
+	rp.user = d;
+	rc = mp_rel_create(&rp, &d->rel);
+	if (rc) {
+		MP_WARN("dpdk: reliable delivery: %s (MP_DPDK_WINDOW must be a power of two in "
+			"64..%u)", strerror(-rc), MP_REL_WINDOW_MAX);
+		goto fail;
+	}
+	*out = &d->base;
+	return 0;
+fail:
+	dpdk_fini(&d->base);
+	return rc;
+}
+
+static int dpdk_query(struct mp_drv *dd, struct mp_drv_caps *caps)
+{
+	struct dpdk_drv *d = (struct dpdk_drv *)dd;
+
+	if (!d || !caps)
+		return -EINVAL;
+	caps->flags = MP_DRV_CAP_ORDERED | (d->zc ? MP_DRV_CAP_ZERO_COPY : 0);
+	caps->max_msg = DPDK_MAX_MSG;
+	caps->default_streams = 1;
+	return 0;
+}
+
+static int dpdk_addr_parse(struct mp_drv *d, const char *text, void *blob, size_t *len)
+{
+	(void)d;
+	if (!blob || !len || *len < sizeof(struct mp_dpdk_addr))
+		return -EINVAL;
+	if (mp_dpdk_addr_parse(text, blob))
+		return -EINVAL;
+	*len = sizeof(struct mp_dpdk_addr);
+	return 0;
+}
+
+static int dpdk_addr_format(struct mp_drv *d, const void *blob, size_t len, char *text,
+			    size_t cap)
+{
+	(void)d;
+	if (!blob || len != sizeof(struct mp_dpdk_addr))
+		return -EINVAL;
+	return mp_dpdk_addr_format(blob, text, cap);
+}
+
+/*
+ * Bind forms: "MAC/IP:PORT" (the MAC must be the port's), "IP:PORT" (the
+ * port's MAC), port 0 = MP_DPDK_UDP_PORT. The core's default "127.0.0.1:0"
+ * (nothing configured) and 0.0.0.0 take the IP from MP_DPDK_IP.
+ */
+static int parse_bind(struct dpdk_drv *d, const char *bind)
+{
+	struct mp_dpdk_addr a;
+	unsigned b[4], port;
+	int k = 0;
+
+	if (bind && mp_dpdk_addr_parse(bind, &a) == 0) {
+		if (memcmp(a.mac, d->self.mac, 6)) {
+			char want[MP_DPDK_ADDR_STRLEN];
+
+			mp_dpdk_addr_format(&d->self, want, sizeof(want));
+			MP_WARN("dpdk: cannot listen on %s: the port's MAC is %.17s", bind, want);
+			return -EADDRNOTAVAIL;
+		}
+		d->self = a;
+		d->have_ip = true;
+		return 0;
+	}
+	if (bind && *bind) {
+		if (sscanf(bind, "%3u.%3u.%3u.%3u:%u%n", &b[0], &b[1], &b[2], &b[3], &port, &k) != 5 ||
+		    bind[k] || b[0] > 255 || b[1] > 255 || b[2] > 255 || b[3] > 255 || port > 65535)
+			return -EINVAL;
+		if (port) {
+			d->self.port[0] = (uint8_t)(port >> 8);
+			d->self.port[1] = (uint8_t)port;
+		}
+		if (b[0] != 127 && (b[0] | b[1] | b[2] | b[3])) {
+			for (int i = 0; i < 4; i++)
+				d->self.ip[i] = (uint8_t)b[i];
+			d->have_ip = true;
+		}
+	}
+	if (!d->have_ip) {
+		MP_WARN("dpdk: no IPv4 address for this peer: listen on IP:PORT or MAC/IP:PORT "
+			"(MP_LISTEN, the hostfile) or set MP_DPDK_IP");
+		return -EADDRNOTAVAIL;
+	}
+	return 0;
+}
+
+static int dpdk_listen(struct mp_drv *dd, const char *bind, void *blob, size_t *len,
+		       struct mp_drv_listener **out)
+{
+	struct dpdk_drv *d = (struct dpdk_drv *)dd;
+	char text[MP_DPDK_ADDR_STRLEN];
+	int rc;
+
+	if (!d || !out)
+		return -EINVAL;
+	if (d->listening)
+		return -EADDRINUSE; /* one UDP port, one listener */
+	rc = parse_bind(d, bind);
+	if (rc)
+		return rc;
+	rc = mp_rel_listen(d->rel, DPDK_BACKLOG);
+	if (rc)
+		return rc;
+	d->listening = true;
+	d->listener.d = d;
+	if (blob && len) {
+		if (*len < sizeof(d->self))
+			return -ENOSPC;
+		memcpy(blob, &d->self, sizeof(d->self));
+		*len = sizeof(d->self);
+	}
+	mp_dpdk_addr_format(&d->self, text, sizeof(text));
+	MP_INFO("dpdk: listening on %s (port %u)", text, g.port);
+	*out = (struct mp_drv_listener *)&d->listener;
+	return 0;
+}
+
+static int dpdk_accept(struct mp_drv_listener *l, struct mp_drv_conn **out)
+{
+	struct dpdk_listener *dl = (struct dpdk_listener *)l;
+	struct mp_rel_conn *c;
+	int rc;
+
+	if (!dl || !out)
+		return -EINVAL;
+	rc = mp_rel_accept(dl->d->rel, &c);
+	if (!rc)
+		*out = (struct mp_drv_conn *)c;
+	return rc;
+}
+
+static void dpdk_close_listener(struct mp_drv_listener *l)
+{
+	struct dpdk_listener *dl = (struct dpdk_listener *)l;
+
+	if (!dl || !dl->d->listening)
+		return;
+	mp_rel_listen(dl->d->rel, 0);
+	dl->d->listening = false;
+}
+
+static int dpdk_connect(struct mp_drv *dd, const void *blob, size_t len, struct mp_drv_conn **out)
+{
+	struct dpdk_drv *d = (struct dpdk_drv *)dd;
+	struct mp_rel_conn *c;
+	int64_t route;
+	int rc;
+
+	if (!d || !out || !blob || len != sizeof(struct mp_dpdk_addr))
+		return -EINVAL;
+	if (!d->have_ip) {
+		MP_WARN("dpdk: cannot dial without our own IPv4 address: set MP_DPDK_IP");
+		return -EADDRNOTAVAIL;
+	}
+	route = route_get(d, blob);
+	if (route < 0)
+		return (int)route;
+	rc = mp_rel_connect(d->rel, (uint32_t)route, &c);
+	if (!rc)
+		*out = (struct mp_drv_conn *)c;
+	return rc;
+}
+
+static void dpdk_close(struct mp_drv_conn *c)
+{
+	if (c)
+		mp_rel_close((struct mp_rel_conn *)c);
+}
+
+static int dpdk_reg_mr(struct mp_drv *dd, void *buf, size_t len, enum mp_mem_kind kind,
+		       struct mp_drv_mr **out)
+{
+	struct dpdk_drv *d = (struct dpdk_drv *)dd;
+	struct mp_drv_mr *m;
+
+	if (!d || !out || (!buf && len))
+		return -EINVAL;
+	if (kind != MP_MEM_HOST)
+		return -ENOTSUP; /* device memory: doc/dpdk.md, "GPU memory" */
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->lo = (uintptr_t)buf;
+	m->hi = (uintptr_t)buf + len;
+	m->zc = d->zc && len > 0;
+	if (m->zc && g.pci) {
+		/*
+		 * A NIC reads the memory by DMA: it must be known to EAL and mapped
+		 * for the device. EAL takes whole pages; pages another registration
+		 * holds already make this fail, and then the sends are copied.
+		 */
+		size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+		struct rte_eth_dev_info info;
+
+		m->ext_lo = m->lo & ~(uintptr_t)(pg - 1);
+		m->ext_len = ((m->hi + pg - 1) & ~(uintptr_t)(pg - 1)) - m->ext_lo;
+		if (rte_extmem_register((void *)m->ext_lo, m->ext_len, NULL, 0, pg) == 0) {
+			m->extmem = true;
+			if (rte_eth_dev_info_get(g.port, &info) ||
+			    rte_dev_dma_map(info.device, (void *)m->ext_lo, m->ext_lo, m->ext_len)) {
+				MP_INFO("dpdk: DMA mapping of %zu bytes failed (%s); sends from it are "
+					"copied", m->ext_len, rte_strerror(rte_errno));
+				m->zc = false;
+			}
+		} else {
+			MP_INFO("dpdk: registering %zu bytes with EAL failed (%s); sends from it are "
+				"copied", m->ext_len, rte_strerror(rte_errno));
+			m->zc = false;
+		}
+	}
+	pthread_mutex_lock(&d->mr_lock);
+	m->next = d->mrs;
+	d->mrs = m;
+	pthread_mutex_unlock(&d->mr_lock);
+	*out = m;
+	return 0;
+}
+
+static void dpdk_dereg_mr(struct mp_drv *dd, struct mp_drv_mr *mr)
+{
+	struct dpdk_drv *d = (struct dpdk_drv *)dd;
+
+	if (!d || !mr)
+		return;
+	pthread_mutex_lock(&d->mr_lock);
+	for (struct mp_drv_mr **pp = &d->mrs; *pp; pp = &(*pp)->next)
+		if (*pp == mr) {
+			*pp = mr->next;
+			break;
+		}
+	pthread_mutex_unlock(&d->mr_lock);
+	if (mr->extmem) {
+		struct rte_eth_dev_info info;
+
+		if (rte_eth_dev_info_get(g.port, &info) == 0)
+			rte_dev_dma_unmap(info.device, (void *)mr->ext_lo, mr->ext_lo, mr->ext_len);
+		rte_extmem_unregister((void *)mr->ext_lo, mr->ext_len);
+	}
+	free(mr);
+}
+
+static int dpdk_isend(struct mp_drv_conn *c, const struct mp_iov *iov, int iovcnt,
+		      struct mp_drv_mr *mr, struct mp_drv_req **out)
+{
+	struct mp_rel_req *r;
+	int rc;
+
+	(void)mr; /* tx_segment finds the registration of each piece itself */
+	if (!c || !out)
+		return -EINVAL;
+	rc = mp_rel_send((struct mp_rel_conn *)c, iov, iovcnt, &r);
+	if (!rc)
+		*out = (struct mp_drv_req *)r;
+	return rc;
+}
+
+static int dpdk_irecv(struct mp_drv_conn *c, void *buf, size_t cap, struct mp_drv_mr *mr,
+		      struct mp_drv_req **out)
+{
+	struct mp_rel_req *r;
+	int rc;
+
+	(void)mr;
+	if (!c || !out)
+		return -EINVAL;
+	rc = mp_rel_recv((struct mp_rel_conn *)c, buf, cap, &r);
+	if (!rc)
+		*out = (struct mp_drv_req *)r;
+	return rc;
+}
+
+static int dpdk_test(struct mp_drv_req *r, int *done, size_t *nbytes)
+{
+	if (!r || !done)
+		return -EINVAL;
+	return mp_rel_test((struct mp_rel_req *)r, done, nbytes);
+}
+
+/* timeout_ms < 0 waits until something happens or wake(). */
+static int dpdk_progress(struct mp_drv *dd, int timeout_ms)
+{
+	struct dpdk_drv *d = (struct dpdk_drv *)dd;
+	uint64_t start, until, idle_since;
+
+	if (!d)
+		return -EINVAL;
+	/* Mempool caches are per lcore: the polling thread gets an lcore id once. */
+	if (rte_lcore_id() == LCORE_ID_ANY && rte_thread_register())
+		MP_TRACE("dpdk: rte_thread_register: %s (mempools without per-thread cache)",
+			 rte_strerror(rte_errno));
+	if (poll_once(d) || timeout_ms == 0)
+		return 0;
+	start = idle_since = now_ns();
+	until = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
+	for (;;) {
+		uint64_t t, next;
+
+		if (atomic_exchange(&d->woken, 0))
+			return 0;
+		t = now_ns();
+		if (t >= until)
+			return 0;
+		if (t - idle_since >= d->spin_ns) {
+			/* Idle: nap, but not past the timeout or rel's next timer. */
+			uint64_t nap = DPDK_NAP_US * 1000u;
+
+			next = mp_rel_next_deadline_ns(d->rel);
+			if (next > t && next - t < nap)
+				nap = next - t;
+			if (until - t < nap)
+				nap = until - t;
+			if (next > t) {
+				struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap};
+
+				nanosleep(&ts, NULL);
+			}
+		}
+		if (poll_once(d))
+			return 0;
+	}
+}
+
+static void dpdk_wake(struct mp_drv *dd)
+{
+	struct dpdk_drv *d = (struct dpdk_drv *)dd;
+
+	if (d)
+		atomic_store(&d->woken, 1);
+}
+
+const struct mp_driver_ops mp_dpdk_driver_ops = {
+	.size = sizeof(struct mp_driver_ops),
+	.abi = MP_DRIVER_ABI,
+	.name = "dpdk",
+	.init = dpdk_init,
+	.fini = dpdk_fini,
+	.query = dpdk_query,
+	.addr_parse = dpdk_addr_parse,
+	.addr_format = dpdk_addr_format,
+	.listen = dpdk_listen,
+	.accept = dpdk_accept,
+	.close_listener = dpdk_close_listener,
+	.connect = dpdk_connect,
+	.close = dpdk_close,
+	.reg_mr = dpdk_reg_mr,
+	.dereg_mr = dpdk_dereg_mr,
+	.isend = dpdk_isend,
+	.irecv = dpdk_irecv,
+	.test = dpdk_test,
+	.progress = dpdk_progress,
+	.wake = dpdk_wake,
+};
