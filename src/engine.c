@@ -139,6 +139,7 @@ static void fail_peer(struct mp_xfer *x, int peer, int err, const char *why)
 		/* The matchmaker stops counting on it for a while (a SIGKILLed
 		 * peer's record outlives it by up to its TTL). */
 		ctx->peers[peer].failed_ns = mp_now_ns();
+		ctx->peers[peer].failed_wall_ms = mp_wall_ms();
 		x->res->failed_peers++;
 		x->xops->peer_failed(x->op, peer);
 	}
@@ -170,6 +171,19 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 		x->res->frames_rejected++;
 		MP_WARN("%s round %u: dropped a frame with a wrong session token on the connection "
 			"to peer %d (%s)", x->what, x->round, ch->peer, ctx->peers[ch->peer].addr);
+		return;
+	}
+	if (h.sender == (uint32_t)ctx->peers[ch->peer].id &&
+	    (h.round < x->round || (h.round == x->round && h.group_id != x->group_id))) {
+		/* The peer sent for an exchange we were not in, or left: a
+		 * roster that named us after we had given up on its leader, or
+		 * one that timed us out. Its frames wait on the connection until
+		 * the next exchange reads them; they are skipped, not held
+		 * against the peer, and the receive is reposted. */
+		ctx->rejected[MP_REJ_STALE]++;
+		x->res->frames_rejected++;
+		MP_TRACE("%s round %u: skipped a frame of round %u (group %08x) from peer %d",
+			 x->what, x->round, h.round, h.group_id, ch->peer);
 		return;
 	}
 	if (h.round != x->round || h.group_id != x->group_id ||

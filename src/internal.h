@@ -49,6 +49,7 @@ struct mp_peer {
 	int mode;                   /* enum mp_mode */
 	int gone;                   /* said BYE or its record expired: never dialled again */
 	uint64_t failed_ns;         /* when an exchange last dropped it (0 never): a suspect */
+	uint64_t failed_wall_ms;    /* the same, wall clock: a record stamped later clears it */
 	char addr[MP_ADDR_STRLEN];  /* "" when unknown (client peers) */
 	uint8_t blob[MP_DRV_ADDR_MAX];
 	size_t blob_len;

@@ -47,7 +47,10 @@
 /* Members are read from the rendezvous at most this often while waiting. */
 #define SYNC_NS (50ull * 1000 * 1000)
 
-enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT = 5 };
+/* REJECT reasons; REJ_WITHDRAW goes the other way, from a follower that
+ * gives up on its leader, so that the leader does not start with it. */
+enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT = 5,
+       REJ_WITHDRAW = 6 };
 /* Hand-overs a leader makes per round, so views that keep changing cannot
  * bounce a group between leaders until its deadline. */
 #define MAX_REDIRECTS 2
@@ -247,6 +250,14 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *max_round)
 		if (idx < 0) {
 			MP_WARN("peer %016" PRIx64 ": unusable address \"%s\"", r->id, r->addr);
 			continue;
+		}
+		/* A record stamped after an exchange dropped the peer shows it
+		 * alive (it was late, or in a roster it had left): count on it
+		 * again rather than start rounds without it for a whole TTL. */
+		struct mp_peer *pe = &ctx->peers[idx];
+		if (pe->failed_ns && r->seq / 1000 > pe->failed_wall_ms) {
+			MP_TRACE("peer %016" PRIx64 " is alive after all", r->id);
+			pe->failed_ns = 0;
 		}
 		/* Open the control connection to a new peer now when this side
 		 * dials: only the dialer can, and a peer that just joined needs
@@ -501,6 +512,7 @@ struct mm {
 	uint32_t line;            /* our line (line_of) */
 	int next;                 /* once in a group: our next coordinate */
 	uint64_t round_at;        /* when rkey was last read */
+	struct mp_decl self;      /* our declaration */
 	int redirects;            /* followers handed over to an earlier leader */
 };
 
@@ -794,6 +806,32 @@ static void send_join(struct mm *m)
 }
 
 /*
+ * Stop following our leader. One that has our JOIN hears that we withdraw,
+ * so that it does not start with us in its roster: a member that never
+ * comes costs the group its timeouts, and us a round as a suspect.
+ */
+static void give_up(struct mm *m)
+{
+	if (m->join_at)
+		send_reject(m, m->leader, REJ_WITHDRAW);
+	exclude(m, m->ctx->peers[m->leader].id);
+	m->state = SEEK;
+}
+
+/* The leader's side of REJ_WITHDRAW: forget the follower. */
+static void on_withdraw(struct mm *m, int peer)
+{
+	for (int i = 0; i < m->nfol; i++)
+		if (m->fol_peer[i] == peer) {
+			MP_TRACE("round %u: %016" PRIx64 " withdraws", m->round, m->fol[i].id);
+			m->fol[i] = m->fol[m->nfol - 1];
+			m->fol_peer[i] = m->fol_peer[m->nfol - 1];
+			m->nfol--;
+			return;
+		}
+}
+
+/*
  * Has every live member of the run declared for this round? Then nobody
  * else can come, and a leader need not wait for its deadline.
  */
@@ -903,7 +941,11 @@ static void choose(struct mm *m)
 		for (int i = 0; i < n && !best; i++)
 			if (m->decls[i].mode != MP_MODE_CLIENT && !excluded(m, m->decls[i].id))
 				best = &m->decls[i];
-		int idx = best && best->id != ctx->self_id ? mp_peer_find(ctx, best->id) : -1;
+		/* Only to one that is really earlier: once our own declaration
+		 * has expired (we came early, and waited) it is missing from the
+		 * list, and a later one would look first. */
+		int idx = best && best->id != ctx->self_id && cmp_decl(best, &m->self) < 0 ?
+			  mp_peer_find(ctx, best->id) : -1;
 		if (idx < 0 || ctx->peers[idx].gone || m->redirects >= MAX_REDIRECTS)
 			return;
 		MP_TRACE("round %u: handing %d follower(s) over to %016" PRIx64, m->round, m->nfol,
@@ -975,6 +1017,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 	struct mp_decl self = {.id = ctx->self_id, .expires_ms = wall + (uint64_t)ctx->cfg.matchmaking_ms,
 			       .mode = (uint8_t)ctx->mode, .coord = (int16_t)ctx->coords[m->dim],
 			       .line = line_of(ctx, ctx->coords, m->dim)};
+	m->self = self;
 	rc = ctx->rdv->declare(ctx->rdv_st, m->key, &self);
 	if (rc) {
 		MP_WARN("round %u: cannot declare under %s: %s", round, m->key, mp_strerror(rc));
@@ -1018,6 +1061,8 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 		}
 		if (ctx->round_hint > round && !m->nfol) {
 			MP_INFO("round %u: the run is at round %u; catching up", round, ctx->round_hint);
+			if (m->state == FOLLOW)
+				give_up(m);
 			break;
 		}
 		while (!started && (msg = mp_ctrl_take(ctx))) {
@@ -1053,17 +1098,20 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 				on_join(m, msg);
 			} else if (msg->h.type == MP_MSG_BEGIN) {
 				/* From our leader, or from one we gave up on while we
-				 * are still free: either way a confirmed place. */
-				if ((m->state == FOLLOW && msg->peer == m->leader) ||
-				    (m->state != FOLLOW && !m->nfol)) {
-					if (!on_begin(m, msg, g, bw, mode)) {
-						rc = 0;
-						started = 1;
-					}
+				 * have no followers of our own: either way a confirmed
+				 * place, and refusing it would leave a hole in a group
+				 * that has started. A leader we follow now is told. */
+				if (!m->nfol && !on_begin(m, msg, g, bw, mode)) {
+					if (m->state == FOLLOW && msg->peer != m->leader)
+						give_up(m);
+					rc = 0;
+					started = 1;
 				}
 			} else if (msg->h.type == MP_MSG_ACCEPT) {
 				if (m->state == FOLLOW && msg->peer == m->leader)
 					m->accepted = 1;
+			} else if (msg->h.type == MP_MSG_REJECT && msg->h.aux == REJ_WITHDRAW) {
+				on_withdraw(m, msg->peer);
 			} else if (msg->h.type == MP_MSG_REJECT && m->state == FOLLOW &&
 				   msg->peer == m->leader) {
 				MP_TRACE("round %u: %016" PRIx64 " refused us (%u)", round,
@@ -1100,8 +1148,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 				 !ctx->peers[m->leader].conns[ctx->streams]) {
 				MP_TRACE("round %u: no answer from %016" PRIx64, round,
 					 ctx->peers[m->leader].id);
-				exclude(m, ctx->peers[m->leader].id);
-				m->state = SEEK;
+				give_up(m);
 			}
 		}
 		if (m->state == LEAD) {
@@ -1114,6 +1161,11 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			int done = m->nfol + 1 >= m->ndecl && everyone(m, now);
 			if (m->nfol + 1 >= want(m) ||
 			    (m->nfol + 1 >= m->minsz && (done || now - start >= mm_ns))) {
+				if (m->nfol + 1 < m->target)
+					MP_INFO("round %u: starting %d of %d under %s (%s)", round,
+						m->nfol + 1, m->target, m->key,
+						done ? "nobody else declared for the round" :
+						"matchmaking time is up");
 				rc = begin(m, g, bw, mode);
 				break;
 			}
@@ -1125,9 +1177,17 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 				break;
 			}
 		}
-		if (now - start >= mm_ns + req_ns) {
+		/* A follower its leader has accepted waits for the leader's
+		 * deadline (checked above), which is later than ours when the
+		 * leader declared after us; bounded all the same. */
+		uint64_t limit = mm_ns + req_ns;
+		if (m->state == FOLLOW && m->accepted)
+			limit *= 2;
+		if (now - start >= limit) {
 			MP_INFO("round %u: no group under %s within %d ms", round, m->key,
-				ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms);
+				(int)(limit / 1000000));
+			if (m->state == FOLLOW)
+				give_up(m);
 			break;
 		}
 		ctx->ops->progress(ctx->drv, POLL_MS);

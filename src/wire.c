@@ -47,6 +47,7 @@ static const char *const reject_names[MP_REJ_MAX] = {
 	[MP_REJ_WEIGHT] = "weight",
 	[MP_REJ_AUTH] = "auth",
 	[MP_REJ_TOKEN] = "token",
+	[MP_REJ_STALE] = "stale",
 };
 
 const char *mp_wire_reject_name(enum mp_wire_reject why)

@@ -70,6 +70,7 @@ enum mp_wire_reject {
 	MP_REJ_WEIGHT,      /* weight negative, NaN or infinite */
 	MP_REJ_AUTH,        /* handshake MAC wrong: the peer lacks the run key */
 	MP_REJ_TOKEN,       /* frame with another connection's session token */
+	MP_REJ_STALE,       /* frame of an exchange this peer has left (an earlier round) */
 	MP_REJ_MAX,
 };
 
