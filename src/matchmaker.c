@@ -64,6 +64,11 @@ enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT 
 #define ROUND_JOINING UINT32_MAX
 /* Member reads in a row with the same count before a joiner trusts it. */
 #define STEADY_SYNCS 3
+/* ... and how long that count must hold when it places itself: a new DHT
+ * node learns the network (and so finds the nodes that hold the run's
+ * keys) over a few hundred milliseconds, and a count that held for a few
+ * reads only may be that of a node that knows few others yet. */
+#define PLACE_STEADY_NS (500ull * 1000 * 1000)
 
 /* ---- little-endian payload helpers -------------------------------------- */
 
@@ -425,7 +430,8 @@ int mp_dht_start(struct mp_ctx *ctx)
 static int place(struct mp_ctx *ctx)
 {
 	uint64_t start = mp_now_ns(), until = start + (uint64_t)ctx->cfg.join_timeout_ms * 1000000ull;
-	int n = 0, rc, seen = -1, steady = 0;
+	uint64_t since = start;
+	int n = 0, rc, seen = -1;
 
 	for (;;) {
 		n = ctx->rdv->members(ctx->rdv_st, ctx->recs, MAX_RECORDS);
@@ -434,12 +440,17 @@ static int place(struct mp_ctx *ctx)
 			return n;
 		}
 		/* A peer joining a running run (npeers 0) waits until its new
-		 * DHT node has learnt the members: the count held for a few
-		 * reads (and, alone, for the request timeout). */
-		steady = n == seen ? steady + 1 : 0;
+		 * DHT node has learnt the members: the count held for a while.
+		 * One that bootstraps from others is never alone: seeing only
+		 * itself means its node has not reached them yet. Without a
+		 * bootstrap it starts the run, after the request timeout. */
+		uint64_t now = mp_now_ns();
+		if (n != seen)
+			since = now;
 		seen = n;
-		int learnt = steady >= STEADY_SYNCS &&
-			     (n > 1 || mp_now_ns() - start >= (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull);
+		int learnt = now - since >= PLACE_STEADY_NS &&
+			     (n > 1 || (!ctx->cfg.bootstrap &&
+					now - start >= (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull));
 		if ((ctx->cfg.npeers ? n >= ctx->cfg.npeers : learnt) || mp_now_ns() >= until ||
 		    __atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE))
 			break;
@@ -1256,12 +1267,15 @@ static void catch_up(struct mp_ctx *ctx)
 		MP_INFO("no peer said which round the run is at; the records say %u", at);
 		ctx->round_hint = at;
 	}
-	if (ctx->round_hint >= ctx->round) {
+	if (ctx->round_hint + 1 >= ctx->round) {
 		/* That round's groups are forming as we hear of it and would be
-		 * gone by the time we declare: wait for the next one instead
-		 * (early, we may even lead it). */
-		MP_INFO("the run is at round %u; joining at %u", ctx->round_hint, ctx->round_hint + 1);
-		ctx->round = ctx->round_hint + 1;
+		 * gone by the time we declare. The next one may be too close as
+		 * well: our new DHT node must first find the nodes that hold the
+		 * round's key, and that search lasts seconds while the nodes of
+		 * peers that died time out. So the one after; take_hole starts
+		 * that search now. */
+		MP_INFO("the run is at round %u; joining at %u", ctx->round_hint, ctx->round_hint + 2);
+		ctx->round = ctx->round_hint + 2;
 	}
 	ctx->need_probe = 0;
 	ctx->synced = 1;
@@ -1284,7 +1298,7 @@ static void take_hole(struct mp_ctx *ctx)
 	int dim = (int)(round % (uint32_t)ctx->grid.ndims);
 	uint64_t cells = mp_grid_cells(&ctx->grid), start = mp_now_ns(), last = 0;
 	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) * 1000000ull;
-	int seen = -1, steady = 0;
+	int seen = -1, steady = 0, whole = 0;
 	struct mp_decl *all = malloc(MAX_RECORDS * sizeof(*all));
 	uint32_t *count = calloc((size_t)cells, sizeof(*count));
 	char key[32];
@@ -1304,9 +1318,17 @@ static void take_hole(struct mp_ctx *ctx)
 			last = now;
 		}
 		n = ctx->rdv->declared(ctx->rdv_st, key, all, MAX_RECORDS);
-		if (steady >= STEADY_SYNCS && n > 0 && !missing(ctx, round, all, n))
+		if (steady >= STEADY_SYNCS && n > 0 && !missing(ctx, round, all, n)) {
+			whole = 1;
 			break;
+		}
 		ctx->ops->progress(ctx->drv, POLL_MS);
+	}
+	if (!whole) {
+		/* Holes read from part of the round would be no holes at all:
+		 * several joiners would crowd into one cell. */
+		MP_INFO("round %u: saw %d declaration(s), not the whole round; keeping cell", round, n);
+		goto out;
 	}
 	for (int i = 0; i < n; i++) {
 		int c[MP_MAX_GRID_DIMS];
