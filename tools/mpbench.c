@@ -2185,6 +2185,7 @@ struct fcoord {
 	char logdir[PATH_MAX / 2]; /* room for "/<id>.log" in fspec.log */
 	int own_logdir;       /* a temporary directory of ours */
 	char boot[MP_ADDR_STRLEN]; /* peer 0's DHT node */
+	char bootlist[MP_ADDR_STRLEN]; /* fboot's answer */
 	int rr;
 };
 
@@ -2453,15 +2454,24 @@ static int free_udp_port(void)
 }
 
 /* DHT address of a live peer to bootstrap from (peer 0's node if none said). */
-static const char *fboot(const struct fcoord *fc)
+static const char *fboot(struct fcoord *fc)
 {
-	for (int k = 0; k < fc->n; k++) {
+	size_t len = 0;
+	int n = 0;
+
+	/* A few running peers, not one: a new DHT node learns the network
+	 * through its bootstrap contacts, and with several its puts and
+	 * listens find the nodes that hold the run's keys sooner. */
+	for (int k = 0; k < fc->n && n < 3; k++) {
 		const struct fpeer *fp = &fc->p[k];
 
-		if (fp->s.role != ROLE_INTRUDER && fp->hello && fpeer_running(fp) && fp->dht[0])
-			return fp->dht;
+		if (fp->s.role == ROLE_INTRUDER || !fp->hello || !fpeer_running(fp) || !fp->dht[0] ||
+		    len + strlen(fp->dht) + 2 > sizeof(fc->bootlist))
+			continue;
+		len += (size_t)snprintf(fc->bootlist + len, sizeof(fc->bootlist) - len, "%s%s",
+					n++ ? "," : "", fp->dht);
 	}
-	return fc->boot;
+	return n ? fc->bootlist : fc->boot;
 }
 
 /* The round the run is at: the highest any running peer finished. */
