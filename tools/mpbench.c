@@ -124,6 +124,7 @@ struct size_result {
 	int32_t flushed;      /* checked after mp_average_flush (sparse codecs) */
 	int32_t lost;         /* followed runs: peers that died */
 	int32_t joined;       /* followed runs: peers that joined later and took part */
+	int32_t client_reduces; /* --clients: parts client peers reduced (0 is right) */
 };
 
 struct gridinfo {
@@ -165,6 +166,7 @@ struct bench {
 	int join;           /* replace peers that died (-1: default) */
 	int late;           /* peers that start after round 1 */
 	int intruders;      /* peers with another run key */
+	int clients, aux;   /* DeDLOC modes: the last initial peers (aux last) */
 	struct fault_opt {
 		int index;
 		const char *spec;
@@ -333,6 +335,7 @@ static float peer_weight(const struct bench *b, int rank)
 {
 	return b->weighted ? (float)(rank + 1) : 1.0f;
 }
+
 
 /* ------------------------------------------------------------------------ */
 /* Pipes with deadlines                                                      */
@@ -758,8 +761,8 @@ static void print_header(const struct bench *b, const char *mode)
 		       b->multi ? "this host's (MP_DPDK_*)" : dseg_describe(), b->inject_loss);
 	if (b->follow) {
 		printf("# rendezvous %s  one round per call, %d rounds in all  late %d  "
-		       "intruders %d  faults %d\n", b->dht ? "dht" : "static", b->total_rounds,
-		       b->late, b->intruders, b->nfaults);
+		       "intruders %d  faults %d  clients %d  aux %d\n", b->dht ? "dht" : "static",
+		       b->total_rounds, b->late, b->intruders, b->nfaults, b->clients, b->aux);
 		if (b->churn > 0)
 			printf("# churn %g per peer and round, deaths in rounds 0..%d, then %d "
 			       "rounds to converge  join %d\n", b->churn, b->churn_end - 1,
@@ -1002,8 +1005,9 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 	fprintf(f, "    \"total_rounds\": %d,\n    \"churn\": ", b->follow ? b->total_rounds : 0);
 	json_num(f, b->churn);
 	fprintf(f, ",\n    \"churn_end\": %d,\n    \"join\": %d,\n    \"late\": %d,\n"
-		"    \"intruders\": %d,\n    \"faults\": [", b->churn > 0 ? b->churn_end : 0,
-		b->join > 0, b->late, b->intruders);
+		"    \"intruders\": %d,\n    \"clients\": %d,\n    \"aux\": %d,\n"
+		"    \"faults\": [", b->churn > 0 ? b->churn_end : 0, b->join > 0, b->late,
+		b->intruders, b->clients, b->aux);
 	for (int k = 0; k < b->nfaults; k++) {
 		char spec[640];
 
@@ -1049,8 +1053,9 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		json_num(f, row_ratio(r));
 		fprintf(f, ", \"checked\": %" PRId64 ", \"checked_after_flush\": %s", r->checked,
 			r->flushed ? "true" : "false");
-		fprintf(f, ", \"failed_peers\": %d, \"peers_lost\": %d, \"peers_joined\": %d}%s\n",
-			r->failed_peers, r->lost, r->joined, s + 1 < a->nrows ? "," : "");
+		fprintf(f, ", \"failed_peers\": %d, \"peers_lost\": %d, \"peers_joined\": %d, "
+			"\"client_reduces\": %d}%s\n", r->failed_peers, r->lost, r->joined,
+			r->client_reduces, s + 1 < a->nrows ? "," : "");
 	}
 	fprintf(f, "  ],\n  \"avg_busbw_gbs\": ");
 	json_num(f, a->nrows ? a->busbw_sum / a->nrows : 0.0);
@@ -1912,6 +1917,7 @@ struct fspec {
 	int npeers;    /* dht: peers mp_init waits for; 0 joins a running run */
 	int dht_port;  /* dht: 0 = any */
 	int kill;      /* a kill is planned: its death is a loss, not a failure */
+	int mode;      /* enum mp_mode */
 	char bootstrap[MP_ADDR_STRLEN];
 	char fault[1024];
 	char log[PATH_MAX];
@@ -2112,6 +2118,7 @@ static int follow_peer(const struct bench *b, const struct fspec *s, const struc
 	 * environment would hit every peer alike. */
 	cfg.fault = s->fault[0] ? s->fault : NULL;
 	cfg.contrib_log = s->log;
+	cfg.mode = s->mode;
 	if (s->role == ROLE_INTRUDER) {
 		snprintf(key, sizeof(key), "not the key of %s", b->run);
 		cfg.run_key = key;
@@ -2252,6 +2259,16 @@ static void plan_faults(const struct bench *b, struct fspec *s, int64_t from)
 	}
 }
 
+/* --clients, --aux: the last initial peers of a followed run, aux last. */
+static int peer_mode(const struct bench *b, int role, int idx)
+{
+	if (role != ROLE_INITIAL)
+		return MP_MODE_NORMAL;
+	if (idx >= b->npeers - b->aux)
+		return MP_MODE_AUX;
+	return idx >= b->npeers - b->aux - b->clients ? MP_MODE_CLIENT : MP_MODE_NORMAL;
+}
+
 /* Start a peer of @role. 0, or -1 after a message. */
 static int fspawn(struct fcoord *fc, int role, int npeers, const char *bootstrap, int dht_port,
 		  int64_t from_round)
@@ -2276,6 +2293,7 @@ static int fspawn(struct fcoord *fc, int role, int npeers, const char *bootstrap
 	fp->s.id = b->dht ? peer_id_of(b->seed, fp->s.idx) : (uint64_t)fp->s.idx;
 	fp->s.npeers = npeers;
 	fp->s.dht_port = dht_port;
+	fp->s.mode = peer_mode(b, role, fp->s.idx);
 	snprintf(fp->s.bootstrap, sizeof(fp->s.bootstrap), "%s", bootstrap ? bootstrap : "");
 	plan_faults(b, &fp->s, from_round);
 	snprintf(fp->s.log, sizeof(fp->s.log), "%s/%016llx.log", fc->logdir,
@@ -2750,6 +2768,24 @@ static void fclean_logs(struct fcoord *fc)
 		rmdir(fc->logdir);
 }
 
+/* Parts a peer reduced, from its contribution log (0 when there is none). */
+static int count_reduces(const char *path)
+{
+	char line[256];
+	int n = 0, start = 1;
+	FILE *f = fopen(path, "r");
+
+	if (!f)
+		return 0;
+	/* Lines are long; only their starts matter. */
+	while (fgets(line, sizeof(line), f)) {
+		n += start && strncmp(line, "reduce ", 7) == 0;
+		start = line[strlen(line) - 1] == '\n';
+	}
+	fclose(f);
+	return n;
+}
+
 /*
  * The row of a followed run: times, bytes and rounds of the survivors'
  * reports; losses and joins; consensus (rms_err) and the checks. Returns
@@ -2779,6 +2815,8 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 			row->lost++;
 		if ((fp->s.role == ROLE_LATE || fp->s.role == ROLE_REPLACEMENT) && fp->grouped)
 			row->joined++;
+		if (fp->s.mode == MP_MODE_CLIENT)
+			row->client_reduces += count_reduces(fp->s.log);
 		if (!fp->done || !fp->have_res)
 			continue;
 		nsurv++;
@@ -2795,7 +2833,8 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 		if (first || fp->res.peers < row->peers)
 			row->peers = fp->res.peers;
 		first = 0;
-		if (fp->vec)
+		/* An aux peer keeps its own values: no consensus to hold. */
+		if (fp->vec && fp->s.mode != MP_MODE_AUX)
 			vecs[nvec++] = fp->vec;
 	}
 	a->nrep = nsurv;
@@ -2878,7 +2917,8 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 
 		for (int k = 0; k < fc->n; k++) {
 			const struct fpeer *fp = &fc->p[k];
-			double w = peer_weight(b, fp->s.idx);
+			/* An auxiliary peer reduces but contributes nothing. */
+			double w = fp->s.mode == MP_MODE_AUX ? 0.0 : peer_weight(b, fp->s.idx);
 
 			if (fp->s.role != ROLE_INITIAL)
 				continue;
@@ -2891,7 +2931,7 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 			const struct fpeer *fp = &fc->p[k];
 			int64_t wrong = 0;
 
-			if (fp->s.role == ROLE_INTRUDER || !fp->vec)
+			if (fp->s.role == ROLE_INTRUDER || fp->s.mode == MP_MODE_AUX || !fp->vec)
 				continue;
 			for (size_t i = 0; i < count; i++) {
 				double d = fabs((double)fp->vec[i] - mean[i] / wsum);
@@ -3010,6 +3050,10 @@ static void usage(FILE *f)
 		"                           (repeatable), e.g. 3:kill:round=1:phase=gather\n"
 		"      --late=K             K more peers start once the others finished round 1\n"
 		"      --intruders=K        K more peers with another run key try to join\n"
+		"      --clients=K          dht: the last K initial peers are clients (no inbound\n"
+		"                           connections, they reduce nothing)\n"
+		"      --aux=K              dht: the last K initial peers are auxiliary (they\n"
+		"                           reduce but contribute weight 0)\n"
 		"      --max-rms=X          fail if rms_err exceeds X\n"
 		"      --logs=DIR           keep the contribution logs in DIR\n"
 		"\n"
@@ -3110,6 +3154,8 @@ enum {
 	OPT_FAULT,
 	OPT_LATE,
 	OPT_INTRUDERS,
+	OPT_CLIENTS,
+	OPT_AUX,
 	OPT_MAX_RMS,
 	OPT_LOGS,
 	OPT_DPDK_ARGS,
@@ -3147,6 +3193,8 @@ static const struct option long_opts[] = {
 	{ "fault", required_argument, NULL, OPT_FAULT },
 	{ "late", required_argument, NULL, OPT_LATE },
 	{ "intruders", required_argument, NULL, OPT_INTRUDERS },
+	{ "clients", required_argument, NULL, OPT_CLIENTS },
+	{ "aux", required_argument, NULL, OPT_AUX },
 	{ "max-rms", required_argument, NULL, OPT_MAX_RMS },
 	{ "logs", required_argument, NULL, OPT_LOGS },
 	{ "dpdk-args", required_argument, NULL, OPT_DPDK_ARGS },
@@ -3362,6 +3410,12 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			break;
 		case OPT_INTRUDERS:
 			b->intruders = (int)parse_int("--intruders", optarg, 0, 1024);
+			break;
+		case OPT_CLIENTS:
+			b->clients = (int)parse_int("--clients", optarg, 0, 1024);
+			break;
+		case OPT_AUX:
+			b->aux = (int)parse_int("--aux", optarg, 0, 1024);
 			break;
 		case OPT_MAX_RMS:
 			b->max_rms = parse_real("--max-rms", optarg, 0.0, HUGE_VAL);
@@ -3697,6 +3751,9 @@ int main(int argc, char **argv)
 	if (b.multi && (b.nfaults || b.churn > 0 || b.late || b.intruders))
 		usage_error("--churn, --fault, --late and --intruders start local peers: they "
 			    "cannot be used across hosts");
+	if ((b.clients || b.aux) && (!b.dht || b.multi))
+		usage_error("--clients and --aux give local peers of a --rendezvous=dht run their "
+			    "DeDLOC modes");
 	if (b.follow)
 		follow_options(&b);
 	if (strcmp(b.transport, "dpdk") == 0) {
@@ -3720,6 +3777,9 @@ int main(int argc, char **argv)
 			    "peer's final values to the launcher: at most 1M (or --check=0)");
 	if (!b.multi) {
 		b.npeers = peers_opt ? peers_opt : b.cfg.npeers > 0 ? b.cfg.npeers : 8;
+		if (b.clients + b.aux >= b.npeers)
+			usage_error("--clients=%d and --aux=%d leave no normal peer of %d",
+				    b.clients, b.aux, b.npeers);
 		run_env = getenv("MP_RUN");
 		if (b.run == NULL && run_env && *run_env)
 			b.run = run_env;
