@@ -880,15 +880,6 @@ static void declare_absent(struct mm *m, uint64_t expires_ms)
 	}
 }
 
-static int cmp_decl(const void *a, const void *b)
-{
-	const struct mp_decl *x = a, *y = b;
-
-	if (x->expires_ms != y->expires_ms)
-		return x->expires_ms < y->expires_ms ? -1 : 1;
-	return x->id < y->id ? -1 : x->id > y->id;
-}
-
 /*
  * Our line's declarations: those under its key and, since the two keys
  * travel through the DHT apart, those of the round's key that name our
@@ -917,7 +908,7 @@ static int line_decls(struct mm *m, uint64_t now)
 			m->decls[k++] = *d;
 	}
 	if (k > n)
-		qsort(m->decls, (size_t)k, sizeof(m->decls[0]), cmp_decl);
+		qsort(m->decls, (size_t)k, sizeof(m->decls[0]), mp_decl_cmp);
 	return k;
 }
 
@@ -955,7 +946,7 @@ static void choose(struct mm *m)
 		/* Only to one that is really earlier: once our own declaration
 		 * has expired (we came early, and waited) it is missing from the
 		 * list, and a later one would look first. */
-		int idx = best && best->id != ctx->self_id && cmp_decl(best, &m->self) < 0 ?
+		int idx = best && best->id != ctx->self_id && mp_decl_cmp(best, &m->self) < 0 ?
 			  mp_peer_find(ctx, best->id) : -1;
 		if (idx < 0 || ctx->peers[idx].gone || m->redirects >= MAX_REDIRECTS)
 			return;

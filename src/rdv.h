@@ -115,4 +115,8 @@ int mp_decl_encode(const struct mp_auth *a, const char *key, const struct mp_dec
 int mp_decl_decode(const struct mp_auth *a, const char *key, const uint8_t *buf, size_t len,
 		   struct mp_decl *d);
 
+/* qsort order of declarations: by (expires_ms, id), the order in which a
+ * key's leader is chosen. */
+int mp_decl_cmp(const void *a, const void *b);
+
 #endif

@@ -873,15 +873,6 @@ static int dht_declare(void *arg, const char *key, const struct mp_decl *d)
 	return rc;
 }
 
-static int decl_cmp(const void *a, const void *b)
-{
-	const struct mp_decl *x = a, *y = b;
-
-	if (x->expires_ms != y->expires_ms)
-		return x->expires_ms < y->expires_ms ? -1 : 1;
-	return x->id < y->id ? -1 : x->id > y->id;
-}
-
 static int dht_declared(void *arg, const char *key, struct mp_decl *out, int max)
 {
 	struct rdv_dht *st = arg;
@@ -900,7 +891,7 @@ static int dht_declared(void *arg, const char *key, struct mp_decl *out, int max
 			dk->d[j++] = dk->d[i];
 	dk->n = j;
 	if (dk->n > 1)
-		qsort(dk->d, (size_t)dk->n, sizeof(*dk->d), decl_cmp);
+		qsort(dk->d, (size_t)dk->n, sizeof(*dk->d), mp_decl_cmp);
 	for (; n < dk->n && n < max; n++)
 		out[n] = dk->d[n];
 	pthread_mutex_unlock(&st->mu);

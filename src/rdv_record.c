@@ -198,6 +198,15 @@ int mp_record_decode(const struct mp_auth *a, const char *run_name, const uint8_
 	return 0;
 }
 
+int mp_decl_cmp(const void *a, const void *b)
+{
+	const struct mp_decl *x = a, *y = b;
+
+	if (x->expires_ms != y->expires_ms)
+		return x->expires_ms < y->expires_ms ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
 int mp_decl_encode(const struct mp_auth *a, const char *key, const struct mp_decl *d,
 		   uint8_t *buf, size_t cap, size_t *len)
 {
