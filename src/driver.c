@@ -17,12 +17,24 @@ extern const struct mp_driver_ops mp_loop_driver_ops;
 #ifdef MP_HAVE_DPDK
 extern const struct mp_driver_ops mp_dpdk_driver_ops;
 #endif
+#ifdef MP_HAVE_VERBS
+extern const struct mp_driver_ops mp_verbs_driver_ops;
+#endif
+#ifdef MP_HAVE_OFI
+extern const struct mp_driver_ops mp_ofi_driver_ops;
+#endif
 
 static const struct mp_driver_ops *const builtin[] = {
 	&mp_tcp_driver_ops,
 	&mp_loop_driver_ops,
 #ifdef MP_HAVE_DPDK
 	&mp_dpdk_driver_ops,
+#endif
+#ifdef MP_HAVE_VERBS
+	&mp_verbs_driver_ops,
+#endif
+#ifdef MP_HAVE_OFI
+	&mp_ofi_driver_ops,
 #endif
 };
 
@@ -55,9 +67,15 @@ const struct mp_driver_ops *mp_driver_find(const char *name)
 
 const char *mp_driver_names(void)
 {
+	return "tcp, loop"
 #ifdef MP_HAVE_DPDK
-	return "tcp, loop, dpdk";
-#else
-	return "tcp, loop";
+	       ", dpdk"
 #endif
+#ifdef MP_HAVE_VERBS
+	       ", verbs"
+#endif
+#ifdef MP_HAVE_OFI
+	       ", ofi"
+#endif
+		;
 }

@@ -2108,7 +2108,7 @@ static int follow_peer(const struct bench *b, const struct fspec *s, const struc
 	int rc;
 
 	cfg.rounds = 1;
-	cfg.transport = "tcp";
+	cfg.transport = b->transport;
 	cfg.listen = "127.0.0.1:0";
 	cfg.run_name = b->run;
 	cfg.peers = NULL;
@@ -3026,7 +3026,8 @@ static void usage(FILE *f)
 		"      --timeout=MS         connect and round timeouts in milliseconds\n"
 		"\n"
 		"Peers:\n"
-		"      --transport=NAME     tcp (default), loop (threads of one process) or dpdk\n"
+		"      --transport=NAME     tcp (default), loop (threads of one process), dpdk,\n"
+		"                           ofi (libfabric) or verbs (RDMA verbs)\n"
 		"      --peers=N            number of peers (default 8 when run locally)\n"
 		"      --run=NAME           run name (default mpbench-<pid> locally)\n"
 		"      --hostfile=FILE      multi-host: one host[:port] per line, rank order\n"
@@ -3266,7 +3267,7 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			break;
 		case OPT_TRANSPORT:
 			if (!mp_transport_available(optarg))
-				usage_error("--transport: not built into this library (tcp, loop)");
+				usage_error("--transport=%s: not built into this library", optarg);
 			b->transport = optarg;
 			break;
 		case OPT_PEERS:
@@ -3441,14 +3442,15 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 
 /*
  * Followed runs: one vector size for the whole run (a joiner's buffer must
- * match the others' at whatever round it arrives), tcp peers (a fault kills
- * its process), and the codecs the replay can follow.
+ * match the others' at whatever round it arrives), one process per peer
+ * (tcp, ofi, verbs: a fault kills its process), and the codecs the replay
+ * can follow.
  */
 static void follow_options(struct bench *b)
 {
 	if (b->loop)
-		usage_error("--rendezvous=dht, --churn and --fault need --transport=tcp (a fault "
-			    "kills its whole process)");
+		usage_error("--rendezvous=dht, --churn and --fault need a process per peer: "
+			    "--transport=tcp, ofi or verbs (a fault kills its whole process)");
 	if (b->cfg.algo != MP_ALGO_MOSHPIT)
 		usage_error("--rendezvous=dht, --churn and --fault need --algo=moshpit");
 	if (codec_sparse(b->cfg.codec))

@@ -1,0 +1,2023 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The clear-to-send protocol over an RDMA provider (prov.h), written once
+ * and exported as the "verbs" and "ofi" transports (doc/protocol.md,
+ * "RDMA: clear to send").
+ *
+ * Set-up: listen opens a TCP side channel; its "host:port" is the address.
+ * connect dials it and both sides swap a hello { magic, version, provider
+ * name, CTS ring address and key, endpoint blob }; the acceptor connects its
+ * endpoint before answering, the connector connects its own and sends a
+ * 4-byte ack, so neither side writes before the other can take it. The
+ * socket then stays open only to notice a peer that goes away.
+ *
+ * Data: the receiver turns irecv into a clear-to-send record { address,
+ * key, capacity, sequence } that it writes (inline, with an immediate) into
+ * ring slot sequence % RDMA_QDEPTH in the sender's memory. The sender
+ * matches records to its posted sends in order and moves each message with
+ * RDMA WRITEs straight into the posted buffer; the last write carries the
+ * immediate that completes the receive. The immediate holds the message
+ * length (prov.h does not promise the length of a write at the target:
+ * libfabric reports 0), so messages stop at RDMA_MAX_MSG. Which receive it
+ * completes follows from the order: the provider delivers a connection's
+ * immediates in posting order, and records are consumed in order.
+ *
+ * Immediate layout (32 bits):
+ *   bit 31     1 = a clear-to-send record landed; bits 0..30 = its sequence
+ *   bit 30     (data) the message did not fit: the receive fails -EMSGSIZE
+ *   bits 0..29 (data) message length
+ *
+ * Memory: buffers inside a registration (reg_mr) are written directly; a
+ * receive or a send piece outside every registration goes through a
+ * registered bounce buffer (one copy, logged at TRACE), and small send
+ * pieces go inline.
+ *
+ * Errors: a failed completion, an endpoint error or the side channel
+ * closing fails the connection: its posted requests complete with the
+ * error and the endpoint is destroyed so nothing more lands in their
+ * buffers. close() completes them with -ECANCELED.
+ *
+ * Threading: one thread drives an instance; wake() may come from any.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "mp_build_config.h"
+#include "rdma.h"
+
+#define RDMA_QDEPTH 64                 /* posted requests per direction; CTS ring slots */
+#define RDMA_CTS_SIZE 32               /* bytes of one clear-to-send record */
+#define RDMA_MAX_MSG (((size_t)1 << 30) - 1)
+#define RDMA_SEG ((size_t)1 << 20)     /* largest single write */
+#define RDMA_MAX_OUT 128               /* writes in flight per connection */
+#define RDMA_SIGNAL_EVERY 32           /* unsignalled writes between signalled ones */
+#define RDMA_REQ_BLOCK 64
+#define RDMA_EVENTS 64
+#define RDMA_CQ_BATCH 32
+#define RDMA_BACKLOG 1024
+#define RDMA_NAME_MAX 64
+#define RDMA_DEFAULT_TIMEOUT_MS 10000  /* when the core gives no connect timeout */
+#define RDMA_EOF_GRACE_MS 200          /* completions may trail the side channel's close */
+#define RDMA_SPIN_NS 50000             /* progress polls this long before it sleeps */
+#define RDMA_SLEEP_MAX_NS 1000000      /* longest sleep between polls of the CQ */
+#define RDMA_BOUNCE_MIN 4096
+#define RDMA_BOUNCE_CACHE ((size_t)64 << 20) /* bytes of idle bounce buffers kept */
+
+#define RDMA_IMM_CTS (1u << 31)
+#define RDMA_IMM_TOOBIG (1u << 30)
+#define RDMA_IMM_LEN ((1u << 30) - 1)
+#define RDMA_IMM_SEQ ((1u << 31) - 1)
+
+#define RDMA_HELLO_MAGIC 0x3152504dU /* "MPR1" */
+#define RDMA_ACK_MAGIC 0x4b41504dU   /* "MPAK" */
+#define RDMA_VERSION 1
+#define RDMA_PROV_NAME 16
+/* magic, version, blob length, provider, ring address, ring key, blob */
+#define RDMA_HELLO_LEN (4 + 2 + 2 + RDMA_PROV_NAME + 8 + 8 + MP_RDMA_EP_BLOB_MAX)
+#define RDMA_ACK_LEN 4
+
+#define rdma_container_of(ptr, type, member) \
+	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+_Static_assert(RDMA_MAX_MSG <= RDMA_IMM_LEN, "lengths must fit the immediate");
+
+/* Side-channel address blob, as tcp's: family, zero, port (big-endian), ip. */
+struct rdma_addr {
+	uint8_t family;
+	uint8_t reserved;
+	uint8_t port[2];
+	uint8_t ip[16];
+};
+#define RDMA_ADDR_LEN4 (offsetof(struct rdma_addr, ip) + 4)
+#define RDMA_ADDR_LEN6 (offsetof(struct rdma_addr, ip) + 16)
+_Static_assert(sizeof(struct rdma_addr) <= MP_DRV_ADDR_MAX, "address too large");
+
+enum rdma_ev_kind {
+	RDMA_EV_WAKE,
+	RDMA_EV_LISTENER,
+	RDMA_EV_CONN,
+};
+
+struct rdma_ev {
+	enum rdma_ev_kind kind;
+};
+
+enum rdma_req_state {
+	RDMA_REQ_FREE,
+	RDMA_REQ_POSTED,
+	RDMA_REQ_DONE,
+};
+
+struct rdma_drv;
+
+/* A registered buffer for memory outside the caller's registrations. */
+struct rdma_bounce {
+	struct rdma_bounce *next;
+	size_t cap;
+	void *buf;
+	struct mp_rdma_mr *mr;
+};
+
+/* One contiguous piece of an outgoing message. */
+struct rdma_piece {
+	const unsigned char *src;
+	size_t len;
+	struct mp_rdma_mr *mr; /* NULL: goes inline */
+};
+
+struct rdma_req {
+	struct rdma_req *next;
+	struct rdma_drv *drv;
+	enum rdma_req_state state;
+	int status;
+	size_t nbytes;                /* send: message length; recv: received length */
+	struct rdma_bounce *bounce;
+	union {
+		struct {
+			struct rdma_piece piece[MP_DRV_IOV_MAX];
+			int npieces;
+			int cur;          /* piece being written */
+			size_t off;       /* bytes of it written */
+			size_t moff;      /* bytes of the message written */
+			int matched;      /* has a clear-to-send record */
+			int toobig;
+			uint64_t raddr;
+			uint64_t rkey;
+			uint32_t last_wr; /* write count after its last write */
+		} s;
+		struct {
+			unsigned char *buf;
+			size_t cap;
+			struct mp_rdma_mr *mr; /* where the data lands: the caller's or the bounce's */
+			void *target;
+		} r;
+	};
+};
+
+struct rdma_req_block {
+	struct rdma_req_block *next;
+	struct rdma_req reqs[RDMA_REQ_BLOCK];
+};
+
+struct rdma_queue {
+	struct rdma_req *head;
+	struct rdma_req *tail;
+	int n;
+};
+
+/* Handshake steps; see the file comment. */
+enum rdma_hs {
+	RDMA_HS_TCP,       /* connector: TCP connect in progress */
+	RDMA_HS_C_HELLO,   /* connector: hello out, waiting for the acceptor's */
+	RDMA_HS_C_ACK,     /* connector: sending the ack */
+	RDMA_HS_A_HELLO,   /* acceptor: waiting for the connector's hello */
+	RDMA_HS_A_ACK,     /* acceptor: hello out, waiting for the ack */
+	RDMA_HS_DONE,
+};
+
+enum rdma_conn_state {
+	RDMA_CONNECTING,
+	RDMA_OPEN,
+	RDMA_FAILED,
+};
+
+struct rdma_listener;
+
+struct rdma_conn {
+	struct rdma_ev ev;
+	struct rdma_drv *drv;
+	struct rdma_conn *prev, *next; /* every connection of the instance */
+	struct rdma_listener *lis;     /* acceptor side, until accepted */
+	struct rdma_conn *lnext;       /* listener's ready list */
+	uint32_t id;                   /* names the connection in write ids */
+	enum rdma_conn_state state;
+	enum rdma_hs hs;
+	int err;
+	int fd;
+	uint32_t events;
+	int64_t deadline;              /* handshake deadline, or end of the EOF grace; 0 = none */
+	unsigned char out[RDMA_HELLO_LEN];
+	size_t out_len, out_off;
+	unsigned char in[RDMA_HELLO_LEN];
+	size_t in_len, in_got;
+	struct mp_rdma_ep *ep;
+	int ep_ready;                  /* connected: the peer may write to us */
+	/* ring[RDMA_QDEPTH] records written by the peer, then our outgoing records */
+	unsigned char *ring;
+	struct mp_rdma_mr *ring_mr;
+	uint64_t peer_ring;
+	uint64_t peer_ring_key;
+	struct rdma_queue sq;          /* sends not fully posted */
+	struct rdma_queue sfly;        /* sends posted, waiting for their last write */
+	struct rdma_queue rq;          /* receives without a clear-to-send record out */
+	struct rdma_queue rcts;        /* receives waiting for their data */
+	uint32_t cts_sent;             /* records we wrote to the peer */
+	uint32_t cts_seen;             /* records the peer wrote to us */
+	uint32_t cts_used;             /* of those, matched to sends */
+	uint32_t wr_posted;            /* writes posted */
+	uint32_t wr_done;              /* writes known complete */
+	uint32_t unsignalled;
+	int stalled;                   /* the provider said -EAGAIN: pump again on progress */
+	char name[RDMA_NAME_MAX];
+};
+
+struct rdma_listener {
+	struct rdma_ev ev;
+	struct rdma_drv *drv;
+	struct rdma_listener *prev, *next;
+	int fd;
+	struct rdma_conn *ready_head, *ready_tail;
+	char name[RDMA_NAME_MAX];
+};
+
+/* What the core sees as a registration. */
+struct rdma_mr {
+	struct rdma_mr *prev, *next;
+	struct mp_rdma_mr *m;
+};
+
+struct rdma_drv {
+	struct mp_drv base;
+	const struct mp_rdma_prov_ops *po;
+	struct mp_rdma_prov *pv;
+	const char *tname;             /* transport name for logs */
+	uint32_t caps_extra;
+	struct rdma_ev wake_ev;
+	int epfd;
+	int wakefd;
+	int rank;
+	int timeout_ms;
+	size_t max_inline;
+	uint32_t next_id;
+	struct rdma_conn *conns;
+	struct rdma_conn *hit;         /* last connection a completion named */
+	struct rdma_listener *listeners;
+	struct rdma_mr *mrs;
+	struct rdma_bounce *bounce_free;
+	size_t bounce_cached;
+	struct rdma_req *free_reqs;
+	struct rdma_req_block *blocks;
+};
+
+static inline struct rdma_drv *rdma_drv_of(struct mp_drv *d)
+{
+	return rdma_container_of(d, struct rdma_drv, base);
+}
+
+static inline struct rdma_conn *rdma_conn_of(struct mp_drv_conn *c)
+{
+	return (struct rdma_conn *)(void *)c;
+}
+
+static void conn_fail(struct rdma_conn *c, int err);
+static void conn_pump(struct rdma_conn *c);
+
+/* ---- little helpers ---------------------------------------------------- */
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t now_ms(void)
+{
+	return now_ns() / 1000000;
+}
+
+static void put_le16(unsigned char *p, uint16_t v)
+{
+	p[0] = (unsigned char)v;
+	p[1] = (unsigned char)(v >> 8);
+}
+
+static void put_le32(unsigned char *p, uint32_t v)
+{
+	put_le16(p, (uint16_t)v);
+	put_le16(p + 2, (uint16_t)(v >> 16));
+}
+
+static void put_le64(unsigned char *p, uint64_t v)
+{
+	put_le32(p, (uint32_t)v);
+	put_le32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint16_t get_le16(const unsigned char *p)
+{
+	return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t get_le32(const unsigned char *p)
+{
+	return (uint32_t)get_le16(p) | (uint32_t)get_le16(p + 2) << 16;
+}
+
+static uint64_t get_le64(const unsigned char *p)
+{
+	return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
+}
+
+/* a was before b, modulo 2^32 */
+static int seq_before(uint32_t a, uint32_t b)
+{
+	return (int32_t)(a - b) < 0;
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+static struct rdma_req *req_get(struct rdma_drv *d)
+{
+	struct rdma_req *r;
+
+	if (!d->free_reqs) {
+		struct rdma_req_block *b = calloc(1, sizeof(*b));
+
+		if (!b)
+			return NULL;
+		b->next = d->blocks;
+		d->blocks = b;
+		for (int i = RDMA_REQ_BLOCK - 1; i >= 0; i--) {
+			b->reqs[i].drv = d;
+			b->reqs[i].next = d->free_reqs;
+			d->free_reqs = &b->reqs[i];
+		}
+	}
+	r = d->free_reqs;
+	d->free_reqs = r->next;
+	memset(r, 0, sizeof(*r));
+	r->drv = d;
+	r->state = RDMA_REQ_POSTED;
+	return r;
+}
+
+static void req_put(struct rdma_req *r)
+{
+	struct rdma_drv *d = r->drv;
+
+	r->state = RDMA_REQ_FREE;
+	r->next = d->free_reqs;
+	d->free_reqs = r;
+}
+
+static void q_push(struct rdma_queue *q, struct rdma_req *r)
+{
+	r->next = NULL;
+	if (q->tail)
+		q->tail->next = r;
+	else
+		q->head = r;
+	q->tail = r;
+	q->n++;
+}
+
+static struct rdma_req *q_pop(struct rdma_queue *q)
+{
+	struct rdma_req *r = q->head;
+
+	if (r) {
+		q->head = r->next;
+		if (!q->head)
+			q->tail = NULL;
+		q->n--;
+		r->next = NULL;
+	}
+	return r;
+}
+
+/* ---- bounce buffers ---------------------------------------------------- */
+
+static struct rdma_bounce *bounce_get(struct rdma_drv *d, size_t len)
+{
+	struct rdma_bounce **pp, *b;
+	size_t cap = RDMA_BOUNCE_MIN;
+	int rc;
+
+	while (cap < len)
+		cap <<= 1;
+	for (pp = &d->bounce_free; (b = *pp); pp = &b->next)
+		if (b->cap == cap) {
+			*pp = b->next;
+			d->bounce_cached -= cap;
+			return b;
+		}
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return NULL;
+	b->cap = cap;
+	b->buf = aligned_alloc(4096, cap);
+	if (!b->buf) {
+		free(b);
+		return NULL;
+	}
+	rc = d->po->reg(d->pv, b->buf, cap, MP_MEM_HOST, &b->mr);
+	if (rc) {
+		MP_WARN("%s: cannot register a %zu-byte bounce buffer: %s", d->tname, cap,
+			strerror(-rc));
+		free(b->buf);
+		free(b);
+		return NULL;
+	}
+	return b;
+}
+
+static void bounce_free(struct rdma_drv *d, struct rdma_bounce *b)
+{
+	d->po->dereg(d->pv, b->mr);
+	free(b->buf);
+	free(b);
+}
+
+static void bounce_put(struct rdma_drv *d, struct rdma_bounce *b)
+{
+	if (!b)
+		return;
+	if (d->bounce_cached + b->cap > RDMA_BOUNCE_CACHE) {
+		bounce_free(d, b);
+		return;
+	}
+	b->next = d->bounce_free;
+	d->bounce_free = b;
+	d->bounce_cached += b->cap;
+}
+
+static void req_complete(struct rdma_req *r, int status)
+{
+	if (r->bounce) {
+		bounce_put(r->drv, r->bounce);
+		r->bounce = NULL;
+	}
+	r->status = status;
+	r->state = RDMA_REQ_DONE;
+	r->next = NULL;
+}
+
+static void q_fail(struct rdma_queue *q, int err)
+{
+	struct rdma_req *r;
+
+	while ((r = q_pop(q)))
+		req_complete(r, err);
+}
+
+/* The registration that holds [p, p + len), if any: @hint first. */
+static struct mp_rdma_mr *mr_find(struct rdma_drv *d, struct mp_drv_mr *hint, const void *p,
+				  size_t len)
+{
+	uintptr_t a = (uintptr_t)p;
+	struct rdma_mr *w = (struct rdma_mr *)(void *)hint;
+
+#define RDMA_COVERS(m) \
+	(a >= (uintptr_t)(m)->addr && len <= (m)->len && a - (uintptr_t)(m)->addr <= (m)->len - len)
+	if (w && RDMA_COVERS(w->m))
+		return w->m;
+	for (w = d->mrs; w; w = w->next)
+		if (RDMA_COVERS(w->m))
+			return w->m;
+#undef RDMA_COVERS
+	return NULL;
+}
+
+/* ---- addresses --------------------------------------------------------- */
+
+static int addr_split(const char *text, char *host, size_t hcap, unsigned *port)
+{
+	const char *h, *hend, *p;
+	unsigned long v = 0;
+
+	if (!text)
+		return -EINVAL;
+	if (text[0] == '[') {
+		h = text + 1;
+		hend = strchr(h, ']');
+		if (!hend || hend[1] != ':')
+			return -EINVAL;
+		p = hend + 2;
+	} else {
+		hend = strrchr(text, ':');
+		if (!hend || memchr(text, ':', (size_t)(hend - text)))
+			return -EINVAL;
+		h = text;
+		p = hend + 1;
+	}
+	if ((size_t)(hend - h) >= hcap || !*p || strlen(p) > 5)
+		return -EINVAL;
+	for (const char *q = p; *q; q++) {
+		if (*q < '0' || *q > '9')
+			return -EINVAL;
+		v = v * 10 + (unsigned long)(*q - '0');
+	}
+	if (v > 65535)
+		return -EINVAL;
+	memcpy(host, h, (size_t)(hend - h));
+	host[hend - h] = '\0';
+	*port = (unsigned)v;
+	return 0;
+}
+
+static int addr_resolve(const char *text, int passive, struct sockaddr_storage *ss, socklen_t *sl)
+{
+	struct addrinfo hints, *res = NULL;
+	char host[256], serv[8];
+	unsigned port;
+	int rc;
+
+	rc = addr_split(text, host, sizeof(host), &port);
+	if (rc)
+		return rc;
+	memset(ss, 0, sizeof(*ss));
+	if (!host[0] || !strcmp(host, "*")) {
+		struct sockaddr_in *sin = (struct sockaddr_in *)ss;
+
+		if (!passive)
+			return -EINVAL;
+		sin->sin_family = AF_INET;
+		sin->sin_port = htons((uint16_t)port);
+		sin->sin_addr.s_addr = htonl(INADDR_ANY);
+		*sl = sizeof(*sin);
+		return 0;
+	}
+	snprintf(serv, sizeof(serv), "%u", port);
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_NUMERICSERV;
+	rc = getaddrinfo(host, serv, &hints, &res);
+	if (rc) {
+		MP_INFO("rdma: cannot resolve '%s': %s", host, gai_strerror(rc));
+		return rc == EAI_AGAIN ? -EAGAIN : rc == EAI_MEMORY ? -ENOMEM : -EINVAL;
+	}
+	rc = -EINVAL;
+	for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
+		if ((ai->ai_family == AF_INET || ai->ai_family == AF_INET6) &&
+		    ai->ai_addrlen <= sizeof(*ss)) {
+			memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+			*sl = ai->ai_addrlen;
+			rc = 0;
+			break;
+		}
+	freeaddrinfo(res);
+	return rc;
+}
+
+static int sa_to_blob(const struct sockaddr *sa, struct rdma_addr *a, size_t *len)
+{
+	memset(a, 0, sizeof(*a));
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
+
+		a->family = 4;
+		memcpy(a->port, &sin->sin_port, 2);
+		memcpy(a->ip, &sin->sin_addr, 4);
+		*len = RDMA_ADDR_LEN4;
+		return 0;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)sa;
+
+		if (sin6->sin6_scope_id)
+			return -EINVAL; /* a link-local scope means nothing on another host */
+		a->family = 6;
+		memcpy(a->port, &sin6->sin6_port, 2);
+		memcpy(a->ip, &sin6->sin6_addr, 16);
+		*len = RDMA_ADDR_LEN6;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static int blob_to_sa(const void *blob, size_t len, struct sockaddr_storage *ss, socklen_t *sl)
+{
+	struct rdma_addr a;
+
+	if (!blob || len < RDMA_ADDR_LEN4 || len > sizeof(a))
+		return -EINVAL;
+	memset(&a, 0, sizeof(a));
+	memcpy(&a, blob, len);
+	memset(ss, 0, sizeof(*ss));
+	if (a.reserved)
+		return -EINVAL;
+	if (a.family == 4 && len == RDMA_ADDR_LEN4) {
+		struct sockaddr_in *sin = (struct sockaddr_in *)ss;
+
+		sin->sin_family = AF_INET;
+		memcpy(&sin->sin_port, a.port, 2);
+		memcpy(&sin->sin_addr, a.ip, 4);
+		*sl = sizeof(*sin);
+		return 0;
+	}
+	if (a.family == 6 && len == RDMA_ADDR_LEN6) {
+		struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
+
+		sin6->sin6_family = AF_INET6;
+		memcpy(&sin6->sin6_port, a.port, 2);
+		memcpy(&sin6->sin6_addr, a.ip, 16);
+		*sl = sizeof(*sin6);
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static int sa_format(const struct sockaddr *sa, char *text, size_t cap)
+{
+	char ip[INET6_ADDRSTRLEN];
+	int n;
+
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
+
+		inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip));
+		n = snprintf(text, cap, "%s:%u", ip, (unsigned)ntohs(sin->sin_port));
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)sa;
+
+		inet_ntop(AF_INET6, &sin6->sin6_addr, ip, sizeof(ip));
+		n = snprintf(text, cap, "[%s]:%u", ip, (unsigned)ntohs(sin6->sin6_port));
+	} else {
+		return -EINVAL;
+	}
+	return n < 0 || (size_t)n >= cap ? -ENOSPC : 0;
+}
+
+static int rdma_addr_parse(struct mp_drv *d, const char *text, void *blob, size_t *len)
+{
+	struct sockaddr_storage ss;
+	struct rdma_addr a;
+	socklen_t sl;
+	size_t n;
+	int rc;
+
+	(void)d;
+	if (!blob || !len)
+		return -EINVAL;
+	rc = addr_resolve(text, 0, &ss, &sl);
+	if (!rc)
+		rc = sa_to_blob((struct sockaddr *)&ss, &a, &n);
+	if (rc)
+		return rc;
+	memcpy(blob, &a, n);
+	*len = n;
+	return 0;
+}
+
+static int rdma_addr_format(struct mp_drv *d, const void *blob, size_t len, char *text, size_t cap)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	int rc;
+
+	(void)d;
+	if (!text)
+		return -EINVAL;
+	rc = blob_to_sa(blob, len, &ss, &sl);
+	return rc ? rc : sa_format((struct sockaddr *)&ss, text, cap);
+}
+
+/* ---- writes ------------------------------------------------------------ */
+
+static int conn_room(const struct rdma_conn *c)
+{
+	return c->wr_posted - c->wr_done < RDMA_MAX_OUT;
+}
+
+/*
+ * Post one write on @c. Writes are signalled when asked, and otherwise at
+ * least every RDMA_SIGNAL_EVERY so that completions retire the unsignalled
+ * ones before them (a connection's writes complete in order).
+ */
+static int conn_write(struct rdma_conn *c, const void *src, size_t len, struct mp_rdma_mr *mr,
+		      uint64_t raddr, uint64_t rkey, uint32_t imm, unsigned flags)
+{
+	struct rdma_drv *d = c->drv;
+	uint32_t seq = c->wr_posted + 1;
+	int rc;
+
+	if (!(flags & MP_RDMA_WR_SIGNAL) && c->unsignalled + 1 >= RDMA_SIGNAL_EVERY)
+		flags |= MP_RDMA_WR_SIGNAL;
+	rc = d->po->write(c->ep, src, len, mr, raddr, rkey, imm, flags,
+			  (uint64_t)c->id << 32 | seq);
+	if (rc == -EAGAIN)
+		c->stalled = 1;
+	if (rc)
+		return rc;
+	c->wr_posted = seq;
+	c->unsignalled = flags & MP_RDMA_WR_SIGNAL ? 0 : c->unsignalled + 1;
+	return 0;
+}
+
+/* Put clear-to-send records out for the receives waiting for one. */
+static int conn_pump_recv(struct rdma_conn *c)
+{
+	struct rdma_drv *d = c->drv;
+	struct rdma_req *r;
+
+	while (c->state == RDMA_OPEN && (r = c->rq.head) && conn_room(c)) {
+		uint32_t slot = c->cts_sent % RDMA_QDEPTH;
+		unsigned char *rec = c->ring + (RDMA_QDEPTH + slot) * RDMA_CTS_SIZE;
+		unsigned flags = MP_RDMA_WR_IMM;
+		int rc;
+
+		put_le64(rec, (uint64_t)(uintptr_t)r->r.target);
+		put_le64(rec + 8, r->r.mr->rkey);
+		put_le64(rec + 16, r->r.cap);
+		put_le32(rec + 24, c->cts_sent);
+		put_le32(rec + 28, 0);
+		if (d->max_inline >= RDMA_CTS_SIZE)
+			flags |= MP_RDMA_WR_INLINE;
+		rc = conn_write(c, rec, RDMA_CTS_SIZE, c->ring_mr, c->peer_ring + slot * RDMA_CTS_SIZE,
+				c->peer_ring_key, RDMA_IMM_CTS | (c->cts_sent & RDMA_IMM_SEQ), flags);
+		if (rc == -EAGAIN)
+			return 0;
+		if (rc) {
+			MP_INFO("%s: %s: cannot post a clear-to-send record: %s", d->tname, c->name,
+				strerror(-rc));
+			return rc;
+		}
+		q_pop(&c->rq);
+		q_push(&c->rcts, r);
+		c->cts_sent++;
+	}
+	return 0;
+}
+
+/* Match sends to clear-to-send records and write them out, in order. */
+static int conn_pump_send(struct rdma_conn *c)
+{
+	struct rdma_drv *d = c->drv;
+	struct rdma_req *r;
+	int rc;
+
+	while (c->state == RDMA_OPEN && (r = c->sq.head)) {
+		if (!r->s.matched) {
+			const unsigned char *rec;
+
+			if (c->cts_used == c->cts_seen)
+				return 0;
+			rec = c->ring + (c->cts_used % RDMA_QDEPTH) * RDMA_CTS_SIZE;
+			if (get_le32(rec + 24) != c->cts_used) {
+				MP_WARN("%s: %s: clear-to-send record %u carries sequence %u; "
+					"peer out of step, closing", d->tname, c->name, c->cts_used,
+					get_le32(rec + 24));
+				return -EPROTO;
+			}
+			r->s.raddr = get_le64(rec);
+			r->s.rkey = get_le64(rec + 8);
+			r->s.toobig = r->nbytes > get_le64(rec + 16);
+			if (r->s.toobig)
+				MP_INFO("%s: %s: message of %zu bytes exceeds the posted receive of "
+					"%llu bytes", d->tname, c->name, r->nbytes,
+					(unsigned long long)get_le64(rec + 16));
+			r->s.matched = 1;
+			c->cts_used++;
+		}
+		/* The pieces, then (with the last one, or alone) the immediate. */
+		for (;;) {
+			const struct rdma_piece *p =
+				r->s.toobig || !r->s.npieces ? NULL : &r->s.piece[r->s.cur];
+			size_t len = p ? p->len - r->s.off : 0;
+			unsigned flags = 0;
+			uint32_t imm = 0;
+			int last;
+
+			if (p && len > RDMA_SEG)
+				len = RDMA_SEG;
+			last = !p || (r->s.cur == r->s.npieces - 1 && r->s.off + len == p->len);
+			if (!conn_room(c))
+				return 0;
+			if (last) {
+				flags = MP_RDMA_WR_IMM | MP_RDMA_WR_SIGNAL;
+				imm = r->s.toobig ? RDMA_IMM_TOOBIG | (uint32_t)(r->nbytes & RDMA_IMM_LEN)
+						  : (uint32_t)r->nbytes;
+			}
+			if (p && !p->mr)
+				flags |= MP_RDMA_WR_INLINE;
+			rc = conn_write(c, p ? p->src + r->s.off : NULL, len, p ? p->mr : NULL,
+					r->s.raddr + r->s.moff, r->s.rkey, imm, flags);
+			if (rc == -EAGAIN)
+				return 0;
+			if (rc) {
+				MP_INFO("%s: %s: cannot post a write: %s", d->tname, c->name,
+					strerror(-rc));
+				return rc;
+			}
+			r->s.off += len;
+			r->s.moff += len;
+			if (last)
+				break;
+			if (r->s.off == p->len) {
+				r->s.cur++;
+				r->s.off = 0;
+			}
+		}
+		r->s.last_wr = c->wr_posted;
+		q_pop(&c->sq);
+		q_push(&c->sfly, r);
+	}
+	return 0;
+}
+
+static void conn_pump(struct rdma_conn *c)
+{
+	int rc;
+
+	if (c->state != RDMA_OPEN)
+		return;
+	c->stalled = 0;
+	rc = conn_pump_recv(c);
+	if (!rc)
+		rc = conn_pump_send(c);
+	if (rc)
+		conn_fail(c, rc);
+}
+
+/* ---- connections ------------------------------------------------------- */
+
+static void conn_close_fd(struct rdma_conn *c)
+{
+	if (c->fd < 0)
+		return;
+	epoll_ctl(c->drv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+	close(c->fd);
+	c->fd = -1;
+	c->events = 0;
+}
+
+/* Fail @c: nothing more lands in its buffers, every posted request gets @err. */
+static void conn_fail(struct rdma_conn *c, int err)
+{
+	struct rdma_drv *d = c->drv;
+
+	if (c->state == RDMA_FAILED)
+		return;
+	c->state = RDMA_FAILED;
+	c->err = err;
+	c->deadline = 0;
+	if (c->ep) {
+		d->po->ep_destroy(c->ep);
+		c->ep = NULL;
+	}
+	if (d->hit == c)
+		d->hit = NULL;
+	conn_close_fd(c);
+	q_fail(&c->sq, err);
+	q_fail(&c->sfly, err);
+	q_fail(&c->rq, err);
+	q_fail(&c->rcts, err);
+}
+
+static void conn_arm(struct rdma_conn *c)
+{
+	struct epoll_event ev;
+	uint32_t want;
+
+	if (c->fd < 0)
+		return;
+	if (c->hs == RDMA_HS_TCP)
+		want = EPOLLOUT;
+	else
+		want = EPOLLIN | EPOLLRDHUP | (c->out_off < c->out_len ? EPOLLOUT : 0);
+	if (want == c->events)
+		return;
+	memset(&ev, 0, sizeof(ev));
+	ev.events = want;
+	ev.data.ptr = &c->ev;
+	if (epoll_ctl(c->drv->epfd, EPOLL_CTL_MOD, c->fd, &ev) < 0) {
+		int err = -errno;
+
+		MP_WARN("%s: %s: epoll_ctl: %s", c->drv->tname, c->name, strerror(-err));
+		conn_fail(c, err);
+		return;
+	}
+	c->events = want;
+}
+
+/* Allocate and register the ring, create the endpoint. */
+static int conn_fabric(struct rdma_conn *c, void *blob, size_t *blen)
+{
+	struct rdma_drv *d = c->drv;
+	size_t bytes = 2 * RDMA_QDEPTH * RDMA_CTS_SIZE;
+	int rc;
+
+	c->ring = aligned_alloc(4096, 4096 > bytes ? 4096 : bytes);
+	if (!c->ring)
+		return -ENOMEM;
+	memset(c->ring, 0, bytes);
+	rc = d->po->reg(d->pv, c->ring, bytes, MP_MEM_HOST, &c->ring_mr);
+	if (rc) {
+		MP_WARN("%s: cannot register a clear-to-send ring: %s", d->tname, strerror(-rc));
+		return rc;
+	}
+	rc = d->po->ep_create(d->pv, blob, blen, &c->ep);
+	if (rc)
+		MP_WARN("%s: cannot create an endpoint: %s", d->tname, strerror(-rc));
+	return rc;
+}
+
+static void hello_build(struct rdma_conn *c, const void *blob, size_t blen)
+{
+	unsigned char *p = c->out;
+
+	memset(p, 0, RDMA_HELLO_LEN);
+	put_le32(p, RDMA_HELLO_MAGIC);
+	put_le16(p + 4, RDMA_VERSION);
+	put_le16(p + 6, (uint16_t)blen);
+	strncpy((char *)p + 8, c->drv->po->name, RDMA_PROV_NAME - 1);
+	put_le64(p + 8 + RDMA_PROV_NAME, (uint64_t)(uintptr_t)c->ring);
+	put_le64(p + 16 + RDMA_PROV_NAME, c->ring_mr->rkey);
+	memcpy(p + 24 + RDMA_PROV_NAME, blob, blen);
+	c->out_len = RDMA_HELLO_LEN;
+	c->out_off = 0;
+}
+
+/* Check the peer's hello and connect our endpoint to it. */
+static int hello_take(struct rdma_conn *c)
+{
+	struct rdma_drv *d = c->drv;
+	const unsigned char *p = c->in;
+	char prov[RDMA_PROV_NAME];
+	uint16_t blen;
+	int rc;
+
+	if (get_le32(p) != RDMA_HELLO_MAGIC) {
+		MP_WARN("%s: %s: not a moshpit RDMA handshake (magic 0x%08x); refusing", d->tname,
+			c->name, get_le32(p));
+		return -EPROTO;
+	}
+	if (get_le16(p + 4) != RDMA_VERSION) {
+		MP_WARN("%s: %s: handshake version %u, we speak %u; refusing", d->tname, c->name,
+			get_le16(p + 4), RDMA_VERSION);
+		return -EPROTO;
+	}
+	memcpy(prov, p + 8, RDMA_PROV_NAME);
+	prov[RDMA_PROV_NAME - 1] = '\0';
+	if (strncmp(prov, d->po->name, RDMA_PROV_NAME - 1)) {
+		MP_WARN("%s: %s: peer speaks provider '%s', we '%s'; refusing", d->tname, c->name,
+			prov, d->po->name);
+		return -EPROTO;
+	}
+	blen = get_le16(p + 6);
+	if (!blen || blen > MP_RDMA_EP_BLOB_MAX) {
+		MP_WARN("%s: %s: endpoint description of %u bytes; refusing", d->tname, c->name, blen);
+		return -EPROTO;
+	}
+	c->peer_ring = get_le64(p + 8 + RDMA_PROV_NAME);
+	c->peer_ring_key = get_le64(p + 16 + RDMA_PROV_NAME);
+	rc = d->po->ep_connect(c->ep, p + 24 + RDMA_PROV_NAME, blen);
+	if (rc)
+		MP_WARN("%s: %s: cannot connect the endpoint: %s", d->tname, c->name, strerror(-rc));
+	else
+		c->ep_ready = 1;
+	return rc;
+}
+
+static void conn_opened(struct rdma_conn *c)
+{
+	c->hs = RDMA_HS_DONE;
+	c->state = RDMA_OPEN;
+	c->deadline = 0;
+	MP_INFO("%s: %s connection with %s", c->drv->tname, c->lis ? "accepted" : "established",
+		c->name);
+	if (c->lis) {
+		struct rdma_listener *l = c->lis;
+
+		c->lnext = NULL;
+		if (l->ready_tail)
+			l->ready_tail->lnext = c;
+		else
+			l->ready_head = c;
+		l->ready_tail = c;
+	}
+	conn_pump(c);
+}
+
+/* Move the handshake on after @c's buffers filled or drained. */
+static int hs_step(struct rdma_conn *c)
+{
+	int rc;
+
+	switch (c->hs) {
+	case RDMA_HS_C_HELLO:
+		if (c->in_got < c->in_len)
+			return 0;
+		rc = hello_take(c);
+		if (rc)
+			return rc;
+		put_le32(c->out, RDMA_ACK_MAGIC);
+		c->out_len = RDMA_ACK_LEN;
+		c->out_off = 0;
+		c->in_len = c->in_got = 0;
+		c->hs = RDMA_HS_C_ACK;
+		return 1;
+	case RDMA_HS_C_ACK:
+		if (c->out_off < c->out_len)
+			return 0;
+		conn_opened(c);
+		return 0;
+	case RDMA_HS_A_HELLO:
+		if (c->in_got < c->in_len)
+			return 0;
+		/* The endpoint exists (accept made it); connect before we answer. */
+		rc = hello_take(c);
+		if (rc)
+			return rc;
+		c->in_len = RDMA_ACK_LEN;
+		c->in_got = 0;
+		c->hs = RDMA_HS_A_ACK; /* now our hello (built at accept time) goes out */
+		return 1;
+	case RDMA_HS_A_ACK:
+		if (c->in_got < c->in_len)
+			return 0;
+		if (get_le32(c->in) != RDMA_ACK_MAGIC) {
+			MP_WARN("%s: %s: bad handshake ack; refusing", c->drv->tname, c->name);
+			return -EPROTO;
+		}
+		conn_opened(c);
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+/* Socket I/O of a connection: handshake bytes, then only watching for the end. */
+static void conn_io(struct rdma_conn *c)
+{
+	for (;;) {
+		ssize_t n;
+		int rc;
+
+		if (c->state == RDMA_FAILED)
+			return;
+		if (c->out_off < c->out_len && c->hs != RDMA_HS_A_HELLO) {
+			n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+				 MSG_NOSIGNAL | MSG_DONTWAIT);
+			if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+				MP_INFO("%s: %s: side channel: %s", c->drv->tname, c->name,
+					strerror(errno));
+				conn_fail(c, errno == EPIPE ? -ECONNRESET : -errno);
+				return;
+			}
+			if (n > 0)
+				c->out_off += (size_t)n;
+		}
+		if (c->hs == RDMA_HS_DONE) {
+			unsigned char junk[64];
+
+			n = recv(c->fd, junk, sizeof(junk), MSG_DONTWAIT);
+			if (n > 0) {
+				MP_WARN("%s: %s: unexpected bytes on the side channel; closing",
+					c->drv->tname, c->name);
+				conn_fail(c, -EPROTO);
+				return;
+			}
+			if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+				/*
+				 * The peer closed or died. Its last writes may still
+				 * be on their way (another path than this socket): a
+				 * connection with receives out gets a short grace.
+				 */
+				MP_INFO("%s: %s: peer closed the connection", c->drv->tname, c->name);
+				conn_close_fd(c);
+				if (c->state == RDMA_OPEN &&
+				    (c->rcts.n || c->rq.n || c->sq.n || c->sfly.n))
+					c->deadline = now_ms() + RDMA_EOF_GRACE_MS;
+				else
+					conn_fail(c, -ECONNRESET);
+			}
+			return;
+		}
+		if (c->in_got < c->in_len) {
+			n = recv(c->fd, c->in + c->in_got, c->in_len - c->in_got, MSG_DONTWAIT);
+			if (n == 0) {
+				MP_INFO("%s: %s: peer closed the side channel during the handshake",
+					c->drv->tname, c->name);
+				conn_fail(c, -ECONNRESET);
+				return;
+			}
+			if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+				MP_INFO("%s: %s: side channel: %s", c->drv->tname, c->name,
+					strerror(errno));
+				conn_fail(c, -errno);
+				return;
+			}
+			if (n > 0)
+				c->in_got += (size_t)n;
+		}
+		rc = hs_step(c);
+		if (rc < 0) {
+			conn_fail(c, rc);
+			return;
+		}
+		if (rc == 0)
+			break;
+	}
+	conn_arm(c);
+}
+
+static void conn_event(struct rdma_conn *c, uint32_t ev)
+{
+	if (c->state == RDMA_FAILED)
+		return;
+	if (c->hs == RDMA_HS_TCP) {
+		int e = 0;
+		socklen_t sl = sizeof(e);
+
+		if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+			return;
+		if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &e, &sl) < 0)
+			e = errno;
+		if (e || (ev & (EPOLLERR | EPOLLHUP))) {
+			MP_INFO("%s: connect to %s: %s", c->drv->tname, c->name,
+				strerror(e ? e : ECONNREFUSED));
+			conn_fail(c, e ? -e : -ECONNREFUSED);
+			return;
+		}
+		c->hs = RDMA_HS_C_HELLO;
+	}
+	conn_io(c);
+}
+
+static struct rdma_conn *conn_new(struct rdma_drv *d, int fd, const struct sockaddr *peer)
+{
+	struct rdma_conn *c = calloc(1, sizeof(*c));
+	struct epoll_event ev;
+
+	if (!c)
+		return NULL;
+	c->ev.kind = RDMA_EV_CONN;
+	c->drv = d;
+	c->fd = fd;
+	c->state = RDMA_CONNECTING;
+	c->id = ++d->next_id ? d->next_id : ++d->next_id; /* 0 names nothing */
+	c->deadline = now_ms() + d->timeout_ms;
+	if (sa_format(peer, c->name, sizeof(c->name)))
+		snprintf(c->name, sizeof(c->name), "?");
+	memset(&ev, 0, sizeof(ev));
+	ev.events = EPOLLOUT; /* registered from the start so errors are seen */
+	ev.data.ptr = &c->ev;
+	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		MP_WARN("%s: epoll_ctl: %s", d->tname, strerror(errno));
+		free(c);
+		return NULL;
+	}
+	c->events = ev.events;
+	c->next = d->conns;
+	if (d->conns)
+		d->conns->prev = c;
+	d->conns = c;
+	return c;
+}
+
+static void conn_free(struct rdma_conn *c)
+{
+	struct rdma_drv *d = c->drv;
+
+	conn_fail(c, -ECANCELED);
+	if (c->ring_mr)
+		d->po->dereg(d->pv, c->ring_mr);
+	free(c->ring);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		d->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	free(c);
+}
+
+static int rdma_connect(struct mp_drv *dp, const void *blob, size_t len, struct mp_drv_conn **out)
+{
+	struct rdma_drv *d = rdma_drv_of(dp);
+	unsigned char eblob[MP_RDMA_EP_BLOB_MAX];
+	size_t elen = sizeof(eblob);
+	struct sockaddr_storage ss;
+	struct rdma_conn *c;
+	socklen_t sl;
+	int fd, rc, one = 1;
+
+	if (!out)
+		return -EINVAL;
+	rc = blob_to_sa(blob, len, &ss, &sl);
+	if (rc)
+		return rc;
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		rc = -errno;
+		MP_WARN("%s: socket: %s", d->tname, strerror(-rc));
+		return rc;
+	}
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	c = conn_new(d, fd, (struct sockaddr *)&ss);
+	if (!c) {
+		close(fd);
+		return -ENOMEM;
+	}
+	c->hs = RDMA_HS_TCP;
+	*out = (struct mp_drv_conn *)(void *)c;
+	/* Set-up failures still hand the connection over: its posts carry the reason. */
+	rc = conn_fabric(c, eblob, &elen);
+	if (rc) {
+		conn_fail(c, rc);
+		return 0;
+	}
+	hello_build(c, eblob, elen);
+	c->in_len = RDMA_HELLO_LEN;
+	if (connect(fd, (struct sockaddr *)&ss, sl) == 0) {
+		c->hs = RDMA_HS_C_HELLO;
+		conn_io(c);
+	} else if (errno != EINPROGRESS && errno != EINTR) {
+		rc = errno == EAGAIN ? -EADDRNOTAVAIL : -errno;
+		MP_INFO("%s: connect to %s: %s", d->tname, c->name, strerror(-rc));
+		conn_fail(c, rc);
+	}
+	return 0;
+}
+
+static void rdma_close(struct mp_drv_conn *cp)
+{
+	struct rdma_conn *c = rdma_conn_of(cp);
+
+	if (!c)
+		return;
+	MP_TRACE("%s: closing connection with %s", c->drv->tname, c->name);
+	conn_free(c);
+}
+
+/* ---- listeners --------------------------------------------------------- */
+
+static int rdma_listen(struct mp_drv *dp, const char *bind_text, void *blob, size_t *len,
+		       struct mp_drv_listener **out)
+{
+	struct rdma_drv *d = rdma_drv_of(dp);
+	struct sockaddr_storage ss;
+	struct rdma_listener *l;
+	struct epoll_event ev;
+	struct rdma_addr a;
+	socklen_t sl;
+	size_t alen;
+	int one = 1, rc;
+
+	if (!out)
+		return -EINVAL;
+	rc = addr_resolve(bind_text, 1, &ss, &sl);
+	if (rc)
+		return rc;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	l->ev.kind = RDMA_EV_LISTENER;
+	l->drv = d;
+	l->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (l->fd < 0) {
+		rc = -errno;
+		free(l);
+		MP_WARN("%s: socket: %s", d->tname, strerror(-rc));
+		return rc;
+	}
+	setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	sl = bind(l->fd, (struct sockaddr *)&ss, sl) < 0 || listen(l->fd, RDMA_BACKLOG) < 0 ? 0 : sl;
+	if (!sl) {
+		rc = -errno;
+		goto err;
+	}
+	sl = sizeof(ss);
+	if (getsockname(l->fd, (struct sockaddr *)&ss, &sl) < 0) {
+		rc = -errno;
+		goto err;
+	}
+	rc = sa_to_blob((struct sockaddr *)&ss, &a, &alen);
+	if (rc)
+		goto err;
+	sa_format((struct sockaddr *)&ss, l->name, sizeof(l->name));
+	memset(&ev, 0, sizeof(ev));
+	ev.events = EPOLLIN | EPOLLET; /* a backlog the core does not take yet must not spin */
+	ev.data.ptr = &l->ev;
+	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, l->fd, &ev) < 0) {
+		rc = -errno;
+		goto err;
+	}
+	if (blob)
+		memcpy(blob, &a, alen);
+	if (len)
+		*len = alen;
+	l->next = d->listeners;
+	if (d->listeners)
+		d->listeners->prev = l;
+	d->listeners = l;
+	MP_INFO("%s: listening on %s (side channel; provider %s)", d->tname, l->name, d->po->name);
+	*out = (struct mp_drv_listener *)(void *)l;
+	return 0;
+err:
+	MP_WARN("%s: cannot listen on %s: %s", d->tname, bind_text, strerror(-rc));
+	close(l->fd);
+	free(l);
+	return rc;
+}
+
+/* Take arrived sockets and start their handshakes. */
+static void listener_drain(struct rdma_listener *l)
+{
+	struct rdma_drv *d = l->drv;
+
+	for (;;) {
+		unsigned char eblob[MP_RDMA_EP_BLOB_MAX];
+		size_t elen = sizeof(eblob);
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		struct rdma_conn *c;
+		int fd, one = 1, rc;
+
+		fd = accept4(l->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				MP_WARN("%s: accept on %s: %s", d->tname, l->name, strerror(errno));
+			return;
+		}
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		c = conn_new(d, fd, (struct sockaddr *)&ss);
+		if (!c) {
+			close(fd);
+			continue;
+		}
+		c->lis = l;
+		c->hs = RDMA_HS_A_HELLO;
+		c->in_len = RDMA_HELLO_LEN;
+		rc = conn_fabric(c, eblob, &elen);
+		if (rc) {
+			conn_free(c);
+			continue;
+		}
+		hello_build(c, eblob, elen);
+		conn_io(c);
+	}
+}
+
+static int rdma_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
+{
+	struct rdma_listener *l = (struct rdma_listener *)(void *)lp;
+	struct rdma_conn *c;
+
+	if (!l || !out)
+		return -EINVAL;
+	listener_drain(l);
+	c = l->ready_head;
+	if (!c)
+		return -EAGAIN;
+	l->ready_head = c->lnext;
+	if (!l->ready_head)
+		l->ready_tail = NULL;
+	c->lis = NULL;
+	c->lnext = NULL;
+	*out = (struct mp_drv_conn *)(void *)c;
+	return 0;
+}
+
+static void rdma_close_listener(struct mp_drv_listener *lp)
+{
+	struct rdma_listener *l = (struct rdma_listener *)(void *)lp;
+	struct rdma_drv *d;
+	struct rdma_conn *c, *next;
+
+	if (!l)
+		return;
+	d = l->drv;
+	/* Connections it has not handed over die with it. */
+	for (c = d->conns; c; c = next) {
+		next = c->next;
+		if (c->lis == l)
+			conn_free(c);
+	}
+	epoll_ctl(d->epfd, EPOLL_CTL_DEL, l->fd, NULL);
+	close(l->fd);
+	if (l->prev)
+		l->prev->next = l->next;
+	else
+		d->listeners = l->next;
+	if (l->next)
+		l->next->prev = l->prev;
+	free(l);
+}
+
+/* ---- posting ----------------------------------------------------------- */
+
+static int rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovcnt,
+		      struct mp_drv_mr *mr, struct mp_drv_req **out)
+{
+	struct rdma_conn *c = rdma_conn_of(cp);
+	struct rdma_drv *d;
+	struct rdma_req *r;
+	size_t total = 0;
+	int copy = 0;
+
+	if (!c || !out || iovcnt < 0 || iovcnt > MP_DRV_IOV_MAX || (iovcnt && !iov))
+		return -EINVAL;
+	d = c->drv;
+	for (int i = 0; i < iovcnt; i++) {
+		if (iov[i].len && !iov[i].base)
+			return -EINVAL;
+		if (iov[i].len > RDMA_MAX_MSG - total)
+			return -EMSGSIZE;
+		total += iov[i].len;
+	}
+	if (c->state == RDMA_FAILED)
+		return c->err;
+	if (c->sq.n + c->sfly.n >= RDMA_QDEPTH)
+		return -EAGAIN;
+	r = req_get(d);
+	if (!r)
+		return -ENOMEM;
+	r->nbytes = total;
+	for (int i = 0; i < iovcnt; i++) {
+		struct rdma_piece *p = &r->s.piece[r->s.npieces];
+
+		if (!iov[i].len)
+			continue;
+		p->src = iov[i].base;
+		p->len = iov[i].len;
+		p->mr = mr_find(d, mr, iov[i].base, iov[i].len);
+		if (!p->mr && p->len > d->max_inline)
+			copy = 1;
+		r->s.npieces++;
+	}
+	if (copy) {
+		/* Memory nobody registered: one registered copy of the whole message. */
+		unsigned char *dst;
+
+		r->bounce = bounce_get(d, total);
+		if (!r->bounce) {
+			req_put(r);
+			return -ENOMEM;
+		}
+		dst = r->bounce->buf;
+		for (int i = 0; i < r->s.npieces; i++) {
+			memcpy(dst, r->s.piece[i].src, r->s.piece[i].len);
+			dst += r->s.piece[i].len;
+		}
+		r->s.piece[0].src = r->bounce->buf;
+		r->s.piece[0].len = total;
+		r->s.piece[0].mr = r->bounce->mr;
+		r->s.npieces = 1;
+		MP_TRACE("%s: %s: send of %zu bytes from unregistered memory goes through a "
+			 "bounce buffer", d->tname, c->name, total);
+	}
+	q_push(&c->sq, r);
+	*out = (struct mp_drv_req *)(void *)r;
+	conn_pump(c);
+	return 0;
+}
+
+static int rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_drv_mr *mr,
+		      struct mp_drv_req **out)
+{
+	struct rdma_conn *c = rdma_conn_of(cp);
+	struct rdma_drv *d;
+	struct rdma_req *r;
+
+	if (!c || !out || (cap && !buf))
+		return -EINVAL;
+	d = c->drv;
+	if (c->state == RDMA_FAILED)
+		return c->err;
+	if (c->rq.n + c->rcts.n >= RDMA_QDEPTH)
+		return -EAGAIN;
+	if (cap > RDMA_MAX_MSG)
+		cap = RDMA_MAX_MSG; /* nothing longer can come */
+	r = req_get(d);
+	if (!r)
+		return -ENOMEM;
+	r->r.buf = buf;
+	r->r.cap = cap;
+	r->r.target = buf;
+	r->r.mr = mr_find(d, mr, buf, cap);
+	if (!r->r.mr) {
+		r->bounce = bounce_get(d, cap);
+		if (!r->bounce) {
+			req_put(r);
+			return -ENOMEM;
+		}
+		r->r.mr = r->bounce->mr;
+		r->r.target = r->bounce->buf;
+		MP_TRACE("%s: %s: receive of %zu bytes into unregistered memory goes through a "
+			 "bounce buffer", d->tname, c->name, cap);
+	}
+	q_push(&c->rq, r);
+	*out = (struct mp_drv_req *)(void *)r;
+	conn_pump(c);
+	return 0;
+}
+
+static int rdma_test(struct mp_drv_req *rp, int *done, size_t *nbytes)
+{
+	struct rdma_req *r = (struct rdma_req *)(void *)rp;
+	int status;
+
+	if (!done)
+		return -EINVAL;
+	if (!r || r->state == RDMA_REQ_FREE) {
+		*done = 0;
+		return -EINVAL;
+	}
+	if (r->state == RDMA_REQ_POSTED) {
+		*done = 0;
+		return 0;
+	}
+	*done = 1;
+	if (nbytes)
+		*nbytes = r->nbytes;
+	status = r->status;
+	req_put(r);
+	return status;
+}
+
+/* ---- completions ------------------------------------------------------- */
+
+static struct rdma_conn *conn_by_ep(struct rdma_drv *d, const struct mp_rdma_ep *ep)
+{
+	if (!ep)
+		return NULL;
+	if (d->hit && d->hit->ep == ep)
+		return d->hit;
+	for (struct rdma_conn *c = d->conns; c; c = c->next)
+		if (c->ep == ep)
+			return d->hit = c;
+	return NULL;
+}
+
+static struct rdma_conn *conn_by_id(struct rdma_drv *d, uint32_t id)
+{
+	if (d->hit && d->hit->id == id)
+		return d->hit;
+	for (struct rdma_conn *c = d->conns; c; c = c->next)
+		if (c->id == id)
+			return d->hit = c;
+	return NULL;
+}
+
+/* A peer's write with immediate landed. */
+static int on_imm(struct rdma_conn *c, uint32_t imm)
+{
+	struct rdma_drv *d = c->drv;
+	struct rdma_req *r;
+	size_t len;
+
+	if (imm & RDMA_IMM_CTS) {
+		if ((imm & RDMA_IMM_SEQ) != (c->cts_seen & RDMA_IMM_SEQ) ||
+		    c->cts_seen - c->cts_used >= RDMA_QDEPTH) {
+			MP_WARN("%s: %s: clear-to-send %u out of step (expected %u); closing",
+				d->tname, c->name, imm & RDMA_IMM_SEQ, c->cts_seen & RDMA_IMM_SEQ);
+			return -EPROTO;
+		}
+		c->cts_seen++;
+		return 0;
+	}
+	r = q_pop(&c->rcts);
+	if (!r) {
+		MP_WARN("%s: %s: data arrived for no clear-to-send record; closing", d->tname,
+			c->name);
+		return -EPROTO;
+	}
+	len = imm & RDMA_IMM_LEN;
+	r->nbytes = len;
+	if (imm & RDMA_IMM_TOOBIG) {
+		MP_INFO("%s: %s: message of %zu bytes exceeds the posted receive of %zu bytes",
+			d->tname, c->name, len, r->r.cap);
+		req_complete(r, -EMSGSIZE);
+		return 0;
+	}
+	if (len > r->r.cap) {
+		MP_WARN("%s: %s: peer wrote %zu bytes into a receive of %zu; closing", d->tname,
+			c->name, len, r->r.cap);
+		req_complete(r, -EPROTO);
+		return -EPROTO;
+	}
+	if (r->r.target != r->r.buf && len)
+		memcpy(r->r.buf, r->r.target, len);
+	req_complete(r, 0);
+	return 0;
+}
+
+/* Our signalled write number @seq finished: so did every earlier one. */
+static void on_write_done(struct rdma_conn *c, uint32_t seq)
+{
+	struct rdma_req *r;
+
+	if (seq_before(c->wr_done, seq))
+		c->wr_done = seq;
+	while ((r = c->sfly.head) && !seq_before(c->wr_done, r->s.last_wr)) {
+		q_pop(&c->sfly);
+		req_complete(r, r->s.toobig ? -EMSGSIZE : 0);
+	}
+}
+
+static int cqe_errno_reason(int st, const char **why)
+{
+	switch (st) {
+	case -ETIMEDOUT:
+		*why = "retries exceeded: peer unreachable or gone";
+		break;
+	case -EACCES:
+		*why = "remote access error";
+		break;
+	case -ECANCELED:
+		*why = "flushed";
+		break;
+	default:
+		*why = "completion error";
+		break;
+	}
+	return st;
+}
+
+static void on_cqe(struct rdma_drv *d, const struct mp_rdma_cqe *e)
+{
+	struct rdma_conn *c;
+	int rc = 0;
+
+	if (e->op == MP_RDMA_CQE_WRITE && (e->wr_id >> 32))
+		c = conn_by_id(d, (uint32_t)(e->wr_id >> 32));
+	else
+		c = conn_by_ep(d, e->ep);
+	if (!c || c->state == RDMA_FAILED)
+		return; /* of a connection that has already ended */
+	if (e->status < 0) {
+		const char *why;
+
+		rc = cqe_errno_reason(e->status, &why);
+		MP_INFO("%s: %s: %s (%s); failing the connection", d->tname, c->name, why,
+			strerror(-rc));
+	} else if (!c->ep_ready) {
+		MP_WARN("%s: %s: completion before the handshake finished; closing", d->tname,
+			c->name);
+		rc = -EPROTO;
+	} else if (e->op == MP_RDMA_CQE_IMM) {
+		rc = on_imm(c, e->imm);
+	} else if (e->op == MP_RDMA_CQE_WRITE) {
+		on_write_done(c, (uint32_t)e->wr_id);
+	}
+	if (rc)
+		conn_fail(c, rc);
+	else
+		conn_pump(c);
+}
+
+/* Reap completions; returns how many, or a negative errno from the provider. */
+static int drain_cq(struct rdma_drv *d)
+{
+	struct mp_rdma_cqe cqe[RDMA_CQ_BATCH];
+	int total = 0;
+
+	/* Bounded, so that socket events and deadlines get their turn. */
+	for (int round = 0; round < 16; round++) {
+		int n = d->po->poll(d->pv, cqe, RDMA_CQ_BATCH);
+
+		if (n < 0) {
+			MP_WARN("%s: polling the completion queue: %s", d->tname, strerror(-n));
+			return n;
+		}
+		for (int i = 0; i < n; i++)
+			on_cqe(d, &cqe[i]);
+		total += n;
+		if (n < RDMA_CQ_BATCH)
+			break;
+	}
+	return total;
+}
+
+/* Socket events, without waiting; returns how many. */
+static int drain_events(struct rdma_drv *d)
+{
+	struct epoll_event evs[RDMA_EVENTS];
+	int n = epoll_wait(d->epfd, evs, RDMA_EVENTS, 0);
+
+	for (int i = 0; i < n; i++) {
+		struct rdma_ev *ev = evs[i].data.ptr;
+
+		switch (ev->kind) {
+		case RDMA_EV_WAKE: {
+			uint64_t v;
+			ssize_t rc = read(d->wakefd, &v, sizeof(v));
+
+			(void)rc; /* EAGAIN: another reader drained it */
+			break;
+		}
+		case RDMA_EV_LISTENER:
+			listener_drain(rdma_container_of(ev, struct rdma_listener, ev));
+			break;
+		case RDMA_EV_CONN:
+			conn_event(rdma_container_of(ev, struct rdma_conn, ev), evs[i].events);
+			break;
+		}
+	}
+	return n > 0 ? n : 0;
+}
+
+static void check_deadlines(struct rdma_drv *d)
+{
+	int64_t now = now_ms();
+	struct rdma_conn *c, *next;
+
+	for (c = d->conns; c; c = next) {
+		next = c->next;
+		if (c->lis && c->state == RDMA_FAILED && c->hs != RDMA_HS_DONE) {
+			conn_free(c); /* a handshake that failed: nobody will accept it */
+			continue;
+		}
+		if (!c->deadline || now < c->deadline || c->state == RDMA_FAILED)
+			continue;
+		if (c->state == RDMA_OPEN) {
+			conn_fail(c, -ECONNRESET); /* the EOF grace ran out */
+		} else if (c->lis) {
+			MP_INFO("%s: handshake with %s timed out after %d ms; dropping it", d->tname,
+				c->name, d->timeout_ms);
+			conn_free(c);
+		} else {
+			MP_INFO("%s: connect to %s timed out after %d ms", d->tname, c->name,
+				d->timeout_ms);
+			conn_fail(c, -ETIMEDOUT);
+		}
+	}
+}
+
+/*
+ * Completions have no file descriptor here (prov.h), so progress polls the
+ * CQ, spinning RDMA_SPIN_NS and then sleeping in growing steps of at most
+ * RDMA_SLEEP_MAX_NS on the epoll set; a wake or socket event ends a sleep.
+ */
+static int rdma_progress(struct mp_drv *dp, int timeout_ms)
+{
+	struct rdma_drv *d = rdma_drv_of(dp);
+	int64_t start = now_ns();
+	int64_t end = timeout_ms < 0 ? INT64_MAX : start + (int64_t)timeout_ms * 1000000;
+	int64_t step = 20000;
+
+	for (;;) {
+		int n = drain_cq(d);
+		int64_t now;
+
+		if (n < 0)
+			return n;
+		for (struct rdma_conn *c = d->conns; c; c = c->next)
+			if (c->stalled)
+				conn_pump(c);
+		n += drain_events(d);
+		check_deadlines(d);
+		now = now_ns();
+		if (n || now >= end)
+			return 0;
+		if (now - start >= RDMA_SPIN_NS) {
+			struct pollfd pfd = {.fd = d->epfd, .events = POLLIN};
+			int64_t left = end - now;
+			struct timespec ts;
+
+			if (step > left)
+				step = left;
+			ts.tv_sec = step / 1000000000;
+			ts.tv_nsec = step % 1000000000;
+			if (ppoll(&pfd, 1, &ts, NULL) > 0)
+				continue; /* a socket or a wake: handle it at once */
+			step = step * 2 > RDMA_SLEEP_MAX_NS ? RDMA_SLEEP_MAX_NS : step * 2;
+		}
+	}
+}
+
+static void rdma_wake(struct mp_drv *dp)
+{
+	struct rdma_drv *d = rdma_drv_of(dp);
+	uint64_t one = 1;
+	ssize_t rc = write(d->wakefd, &one, sizeof(one));
+
+	(void)rc; /* EAGAIN: a wake is pending anyway */
+}
+
+/* ---- memory ------------------------------------------------------------ */
+
+static int rdma_reg_mr(struct mp_drv *dp, void *buf, size_t len, enum mp_mem_kind kind,
+		       struct mp_drv_mr **out)
+{
+	struct rdma_drv *d = rdma_drv_of(dp);
+	struct rdma_mr *w;
+	int rc;
+
+	if (!out || !buf || !len)
+		return -EINVAL;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	rc = d->po->reg(d->pv, buf, len, kind, &w->m);
+	if (rc) {
+		MP_INFO("%s: cannot register %zu bytes: %s", d->tname, len, strerror(-rc));
+		free(w);
+		return rc;
+	}
+	w->next = d->mrs;
+	if (d->mrs)
+		d->mrs->prev = w;
+	d->mrs = w;
+	*out = (struct mp_drv_mr *)(void *)w;
+	return 0;
+}
+
+static void rdma_dereg_mr(struct mp_drv *dp, struct mp_drv_mr *mr)
+{
+	struct rdma_drv *d = rdma_drv_of(dp);
+	struct rdma_mr *w = (struct rdma_mr *)(void *)mr;
+
+	if (!w)
+		return;
+	if (w->prev)
+		w->prev->next = w->next;
+	else
+		d->mrs = w->next;
+	if (w->next)
+		w->next->prev = w->prev;
+	d->po->dereg(d->pv, w->m);
+	free(w);
+}
+
+/* ---- instance ---------------------------------------------------------- */
+
+static int rdma_query(struct mp_drv *dp, struct mp_drv_caps *caps)
+{
+	struct rdma_drv *d = rdma_drv_of(dp);
+
+	if (!caps)
+		return -EINVAL;
+	caps->flags = MP_DRV_CAP_ORDERED | MP_DRV_CAP_RDMA_WRITE | MP_DRV_CAP_ZERO_COPY |
+		      d->caps_extra;
+	caps->max_msg = RDMA_MAX_MSG;
+	caps->default_streams = 1;
+	return 0;
+}
+
+int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops *prov,
+		 uint32_t caps_extra, const struct mp_drv_params *p, struct mp_drv **out)
+{
+	struct mp_rdma_params pp = {.rank = -1, .max_eps = 1024, .max_outstanding = RDMA_MAX_OUT};
+	struct epoll_event ev;
+	struct rdma_drv *d;
+	int rc;
+
+	if (!out || !self || !prov)
+		return -EINVAL;
+	mp_log_init();
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->base.ops = self;
+	d->po = prov;
+	d->tname = self->name;
+	d->caps_extra = caps_extra;
+	d->wake_ev.kind = RDMA_EV_WAKE;
+	d->rank = -1;
+	d->epfd = d->wakefd = -1;
+	if (p && p->size >= offsetof(struct mp_drv_params, rank) + sizeof(p->rank))
+		d->rank = p->rank;
+	if (p && p->size >= offsetof(struct mp_drv_params, connect_timeout_ms) +
+				    sizeof(p->connect_timeout_ms))
+		d->timeout_ms = p->connect_timeout_ms;
+	if (d->timeout_ms <= 0)
+		d->timeout_ms = RDMA_DEFAULT_TIMEOUT_MS;
+	pp.rank = d->rank;
+	pp.timeout_ms = d->timeout_ms;
+	d->epfd = epoll_create1(EPOLL_CLOEXEC);
+	d->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (d->epfd < 0 || d->wakefd < 0) {
+		rc = -errno;
+		goto err;
+	}
+	memset(&ev, 0, sizeof(ev));
+	ev.events = EPOLLIN;
+	ev.data.ptr = &d->wake_ev;
+	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->wakefd, &ev) < 0) {
+		rc = -errno;
+		goto err;
+	}
+	rc = prov->open(&pp, &d->pv);
+	if (rc) {
+		/* The provider logged what it looked for. */
+		MP_INFO("%s: provider %s unavailable: %s", d->tname, prov->name, strerror(-rc));
+		goto err;
+	}
+	d->max_inline = prov->max_inline(d->pv);
+	MP_TRACE("%s: instance for rank %d on provider %s (inline %zu, timeout %d ms)", d->tname,
+		 d->rank, prov->name, d->max_inline, d->timeout_ms);
+	*out = &d->base;
+	return 0;
+err:
+	if (d->wakefd >= 0)
+		close(d->wakefd);
+	if (d->epfd >= 0)
+		close(d->epfd);
+	free(d);
+	return rc;
+}
+
+static void rdma_fini(struct mp_drv *dp)
+{
+	struct rdma_drv *d;
+
+	if (!dp)
+		return;
+	d = rdma_drv_of(dp);
+	while (d->conns)
+		conn_free(d->conns);
+	while (d->listeners)
+		rdma_close_listener((struct mp_drv_listener *)(void *)d->listeners);
+	while (d->mrs)
+		rdma_dereg_mr(dp, (struct mp_drv_mr *)(void *)d->mrs);
+	while (d->bounce_free) {
+		struct rdma_bounce *b = d->bounce_free;
+
+		d->bounce_free = b->next;
+		bounce_free(d, b);
+	}
+	d->po->close(d->pv);
+	while (d->blocks) {
+		struct rdma_req_block *b = d->blocks;
+
+		d->blocks = b->next;
+		free(b);
+	}
+	close(d->wakefd);
+	close(d->epfd);
+	free(d);
+}
+
+#define RDMA_OPS_COMMON                          \
+	.size = sizeof(struct mp_driver_ops),    \
+	.abi = MP_DRIVER_ABI,                    \
+	.fini = rdma_fini,                       \
+	.query = rdma_query,                     \
+	.addr_parse = rdma_addr_parse,           \
+	.addr_format = rdma_addr_format,         \
+	.listen = rdma_listen,                   \
+	.accept = rdma_accept,                   \
+	.close_listener = rdma_close_listener,   \
+	.connect = rdma_connect,                 \
+	.close = rdma_close,                     \
+	.reg_mr = rdma_reg_mr,                   \
+	.dereg_mr = rdma_dereg_mr,               \
+	.isend = rdma_isend,                     \
+	.irecv = rdma_irecv,                     \
+	.test = rdma_test,                       \
+	.progress = rdma_progress,               \
+	.wake = rdma_wake
+
+const struct mp_driver_ops mp_rdma_base_ops = {
+	RDMA_OPS_COMMON,
+};
+
+#ifdef MP_HAVE_VERBS
+extern const struct mp_driver_ops mp_verbs_driver_ops;
+
+static int verbs_init(const struct mp_drv_params *p, struct mp_drv **out)
+{
+	/* GPUDirect: the verbs provider registers CUDA memory when built with CUDA. */
+#ifdef MP_HAVE_CUDA
+	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, MP_DRV_CAP_DEVICE_MEM, p, out);
+#else
+	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, 0, p, out);
+#endif
+}
+
+const struct mp_driver_ops mp_verbs_driver_ops = {
+	RDMA_OPS_COMMON,
+	.name = "verbs",
+	.init = verbs_init,
+};
+#endif
+
+#ifdef MP_HAVE_OFI
+extern const struct mp_driver_ops mp_ofi_driver_ops;
+
+static int ofi_init(const struct mp_drv_params *p, struct mp_drv **out)
+{
+	return mp_rdma_init(&mp_ofi_driver_ops, &mp_rdma_ofi_prov, 0, p, out);
+}
+
+const struct mp_driver_ops mp_ofi_driver_ops = {
+	RDMA_OPS_COMMON,
+	.name = "ofi",
+	.init = ofi_init,
+};
+#endif

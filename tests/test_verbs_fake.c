@@ -1,0 +1,1470 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The verbs provider (drivers/verbs/) through the RDMA-provider table
+ * (drivers/rdma/prov.h), against an in-process FAKE of libibverbs swapped in
+ * through drivers/verbs/ibv.h. Nothing here touches an RDMA device.
+ *
+ * The fake keeps a little world of devices, queue pairs, memory regions and
+ * completion queues. A queue pair must go RESET -> INIT -> RTR -> RTS with
+ * the attributes RC needs; RDMA WRITE (with immediate) is carried out when
+ * any completion queue is polled: it needs a connected peer whose receive
+ * PSN, QP number and address vector match, and it is copied into the
+ * peer's memory region only if the rkey and bounds allow, else the writer
+ * gets IBV_WC_REM_ACCESS_ERR. Errors move the queue pair to the error
+ * state, which flushes everything behind them, as hardware does. Tests can
+ * hold execution (to keep writes outstanding) and inject a completion error.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mp_build_config.h"
+#include "drivers/rdma/prov.h"
+#include "drivers/verbs/ibv.h"
+
+static const struct mp_rdma_prov_ops *P = &mp_rdma_verbs_prov;
+
+/* ---- the fake ---------------------------------------------------------- */
+
+#define FK_NGID 8
+#define FK_MAX_WR 1024
+#define FK_MAX_INLINE 256
+
+struct fk_port {
+	enum ibv_port_state state;
+	uint8_t link;
+	enum ibv_mtu mtu;
+	uint16_t lid;
+	int ngid;
+	struct ibv_gid_entry gid[FK_NGID];
+	bool gid_ok[FK_NGID];
+};
+
+struct fk_dev {
+	struct ibv_device dev;
+	char name[32];
+	int nports;
+	struct fk_port port[2];
+};
+
+struct fk_ctx {
+	struct ibv_context ctx;
+	struct fk_dev *dev;
+};
+
+struct fk_pd {
+	struct ibv_pd pd;
+	struct fk_ctx *ctx;
+};
+
+struct fk_cq {
+	struct ibv_cq cq;
+	struct ibv_wc *wc;
+	int cap, head, count;
+};
+
+struct fk_swr {
+	uint64_t wr_id;
+	enum ibv_wr_opcode op;
+	unsigned flags;
+	uint32_t imm; /* as posted: big-endian */
+	uint64_t raddr;
+	uint32_t rkey;
+	const void *src;
+	uint32_t len;
+	uint32_t lkey;
+	uint8_t inl[FK_MAX_INLINE];
+};
+
+struct fk_qp {
+	struct ibv_qp qp;
+	struct fk_pd *pd;
+	struct fk_cq *cq;
+	enum ibv_qp_state st;
+	struct ibv_qp_cap cap;
+	uint8_t port;
+	int access;
+	uint32_t dest_qpn, rq_psn, sq_psn;
+	struct ibv_ah_attr ah;
+	enum ibv_mtu mtu;
+	uint8_t timeout, retry, rnr;
+	struct fk_swr *sq;
+	int sq_head, sq_count;
+	uint64_t *rq;
+	int rq_head, rq_count;
+	struct fk_qp *next;
+};
+
+struct fk_mr {
+	struct ibv_mr mr;
+	struct fk_pd *pd;
+	char *addr;
+	size_t len;
+	int access;
+	struct fk_mr *next;
+};
+
+static struct {
+	int ndev;
+	struct fk_dev dev[2];
+	struct ibv_device *list[3];
+	int list_errno; /* get_device_list fails with it */
+	int lists_out, ctxs, pds, cqs, qps, mrs;
+	struct fk_qp *qp_list;
+	struct fk_mr *mr_list;
+	uint32_t next_qpn, next_key;
+	bool hold;                  /* posted sends wait */
+	enum ibv_wc_status inject;  /* the next send executed completes with this */
+	int reg_mr_calls, dereg_mr_calls, dmabuf_calls, cq_overflow;
+	/* CUDA: [devmem, devmem + devmem_len) plays device memory. */
+	char *devmem;
+	size_t devmem_len;
+	bool dmabuf_ok, peermem_ok;
+	int cuda_fd_rc, last_fd;
+	size_t last_fd_len;
+	uint64_t last_off, last_iova;
+} fk;
+
+static struct fk_qp *fk_qp_by_num(uint32_t n)
+{
+	for (struct fk_qp *q = fk.qp_list; q; q = q->next)
+		if (q->qp.qp_num == n)
+			return q;
+	return NULL;
+}
+
+static struct fk_mr *fk_mr_by_key(uint32_t key)
+{
+	for (struct fk_mr *m = fk.mr_list; m; m = m->next)
+		if (m->mr.rkey == key)
+			return m;
+	return NULL;
+}
+
+static void fk_push(struct fk_cq *cq, const struct ibv_wc *wc)
+{
+	if (cq->count == cq->cap) {
+		fk.cq_overflow++;
+		return;
+	}
+	cq->wc[(cq->head + cq->count) % cq->cap] = *wc;
+	cq->count++;
+}
+
+static void fk_complete(struct fk_qp *q, uint64_t wr_id, enum ibv_wc_status st,
+			enum ibv_wc_opcode op)
+{
+	struct ibv_wc wc;
+	memset(&wc, 0, sizeof(wc));
+	wc.wr_id = wr_id;
+	wc.status = st;
+	wc.opcode = op;
+	wc.qp_num = q->qp.qp_num;
+	fk_push(q->cq, &wc);
+}
+
+/* The error state: everything outstanding completes with a flush error. */
+static void fk_qp_error(struct fk_qp *q)
+{
+	q->st = IBV_QPS_ERR;
+	while (q->sq_count) {
+		fk_complete(q, q->sq[q->sq_head].wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RDMA_WRITE);
+		q->sq_head = (q->sq_head + 1) % (int)q->cap.max_send_wr;
+		q->sq_count--;
+	}
+	while (q->rq_count) {
+		fk_complete(q, q->rq[q->rq_head], IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+		q->rq_head = (q->rq_head + 1) % (int)q->cap.max_recv_wr;
+		q->rq_count--;
+	}
+}
+
+static struct fk_port *fk_port_of(struct fk_qp *q)
+{
+	return &q->pd->ctx->dev->port[q->port - 1];
+}
+
+/* Would the requester's packets reach the responder, as its address vector says? */
+static bool fk_route_ok(struct fk_qp *q, struct fk_qp *r)
+{
+	struct fk_port *qp = fk_port_of(q), *rp = fk_port_of(r);
+	if (q->ah.port_num != q->port || q->mtu > qp->mtu || q->mtu > rp->mtu)
+		return false;
+	if (qp->link == IBV_LINK_LAYER_ETHERNET) {
+		if (!q->ah.is_global)
+			return false;
+		for (int i = 0; i < rp->ngid; i++)
+			if (rp->gid_ok[i] && !memcmp(rp->gid[i].gid.raw, q->ah.grh.dgid.raw, 16))
+				return qp->gid_ok[q->ah.grh.sgid_index];
+		return false;
+	}
+	return q->ah.dlid == rp->lid;
+}
+
+/* Carries out the oldest send of @p q; false when it must wait (receiver not ready). */
+static bool fk_exec(struct fk_qp *q)
+{
+	struct fk_swr *w = &q->sq[q->sq_head];
+	struct fk_qp *r = fk_qp_by_num(q->dest_qpn);
+	enum ibv_wc_status st = IBV_WC_SUCCESS;
+
+	if (fk.inject) {
+		st = fk.inject;
+		fk.inject = 0;
+	} else if (!r || (r->st != IBV_QPS_RTR && r->st != IBV_QPS_RTS) ||
+		   r->dest_qpn != q->qp.qp_num || r->rq_psn != q->sq_psn || !fk_route_ok(q, r)) {
+		st = IBV_WC_RETRY_EXC_ERR;
+	} else {
+		struct fk_mr *m = fk_mr_by_key(w->rkey);
+		struct fk_mr *l = fk_mr_by_key(w->lkey);
+		if (w->len && (!m || m->pd != r->pd || !(m->access & IBV_ACCESS_REMOTE_WRITE) ||
+			       w->raddr < (uintptr_t)m->addr ||
+			       w->raddr + w->len > (uintptr_t)m->addr + m->len)) {
+			st = IBV_WC_REM_ACCESS_ERR;
+		} else if (w->len && !(w->flags & IBV_SEND_INLINE) &&
+			   (!l || l->pd != q->pd || (const char *)w->src < l->addr ||
+			    (const char *)w->src + w->len > l->addr + l->len)) {
+			st = IBV_WC_LOC_PROT_ERR;
+		} else if (w->op == IBV_WR_RDMA_WRITE_WITH_IMM && r->rq_count == 0) {
+			return false;
+		} else {
+			if (w->len)
+				memcpy((void *)(uintptr_t)w->raddr,
+				       (w->flags & IBV_SEND_INLINE) ? w->inl : w->src, w->len);
+			if (w->op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+				struct ibv_wc wc;
+				memset(&wc, 0, sizeof(wc));
+				wc.wr_id = r->rq[r->rq_head];
+				r->rq_head = (r->rq_head + 1) % (int)r->cap.max_recv_wr;
+				r->rq_count--;
+				wc.status = IBV_WC_SUCCESS;
+				wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+				wc.wc_flags = IBV_WC_WITH_IMM;
+				wc.imm_data = w->imm;
+				wc.byte_len = w->len;
+				wc.qp_num = r->qp.qp_num;
+				fk_push(r->cq, &wc);
+			}
+			r->rq_psn = (r->rq_psn + 1) & 0xffffff;
+		}
+	}
+	uint64_t wr_id = w->wr_id;
+	unsigned flags = w->flags;
+	q->sq_head = (q->sq_head + 1) % (int)q->cap.max_send_wr;
+	q->sq_count--;
+	if (st != IBV_WC_SUCCESS) {
+		fk_complete(q, wr_id, st, IBV_WC_RDMA_WRITE);
+		fk_qp_error(q);
+		return true;
+	}
+	q->sq_psn = (q->sq_psn + 1) & 0xffffff;
+	if (flags & IBV_SEND_SIGNALED)
+		fk_complete(q, wr_id, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE);
+	return true;
+}
+
+static void fk_run(void)
+{
+	if (fk.hold)
+		return;
+	for (struct fk_qp *q = fk.qp_list; q; q = q->next)
+		while (q->st == IBV_QPS_RTS && q->sq_count && fk_exec(q))
+			;
+}
+
+static struct ibv_device **fk_get_device_list(int *num)
+{
+	if (fk.list_errno) {
+		errno = fk.list_errno;
+		return NULL;
+	}
+	for (int i = 0; i < fk.ndev; i++)
+		fk.list[i] = &fk.dev[i].dev;
+	fk.list[fk.ndev] = NULL;
+	*num = fk.ndev;
+	fk.lists_out++;
+	return fk.list;
+}
+
+static void fk_free_device_list(struct ibv_device **list)
+{
+	assert_ptr_equal(list, fk.list);
+	fk.lists_out--;
+}
+
+static const char *fk_get_device_name(struct ibv_device *dev)
+{
+	return ((struct fk_dev *)(void *)dev)->name;
+}
+
+static struct ibv_context *fk_open_device(struct ibv_device *dev)
+{
+	struct fk_ctx *c = calloc(1, sizeof(*c));
+	assert_non_null(c);
+	c->dev = (struct fk_dev *)(void *)dev;
+	c->ctx.device = dev;
+	fk.ctxs++;
+	return &c->ctx;
+}
+
+static int fk_close_device(struct ibv_context *ctx)
+{
+	free(ctx);
+	fk.ctxs--;
+	return 0;
+}
+
+static struct fk_dev *fk_dev_of(struct ibv_context *ctx)
+{
+	return ((struct fk_ctx *)(void *)ctx)->dev;
+}
+
+static int fk_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->phys_port_cnt = (uint8_t)fk_dev_of(ctx)->nports;
+	a->max_qp_wr = FK_MAX_WR;
+	a->max_cqe = 1 << 16;
+	return 0;
+}
+
+static int fk_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a)
+{
+	struct fk_dev *d = fk_dev_of(ctx);
+	if (port < 1 || port > d->nports)
+		return EINVAL;
+	struct fk_port *p = &d->port[port - 1];
+	memset(a, 0, sizeof(*a));
+	a->state = p->state;
+	a->max_mtu = IBV_MTU_4096;
+	a->active_mtu = p->mtu;
+	a->gid_tbl_len = p->ngid;
+	a->lid = p->lid;
+	a->link_layer = p->link;
+	a->max_msg_sz = 1u << 30;
+	return 0;
+}
+
+static int fk_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
+			   struct ibv_gid_entry *e)
+{
+	struct fk_dev *d = fk_dev_of(ctx);
+	if (port < 1 || port > (uint32_t)d->nports)
+		return EINVAL;
+	struct fk_port *p = &d->port[port - 1];
+	if (index >= (uint32_t)p->ngid || !p->gid_ok[index])
+		return ENODATA;
+	*e = p->gid[index];
+	return 0;
+}
+
+static struct ibv_pd *fk_alloc_pd(struct ibv_context *ctx)
+{
+	struct fk_pd *pd = calloc(1, sizeof(*pd));
+	assert_non_null(pd);
+	pd->ctx = (struct fk_ctx *)(void *)ctx;
+	pd->pd.context = ctx;
+	fk.pds++;
+	return &pd->pd;
+}
+
+static int fk_dealloc_pd(struct ibv_pd *pd)
+{
+	free(pd);
+	fk.pds--;
+	return 0;
+}
+
+static struct ibv_cq *fk_create_cq(struct ibv_context *ctx, int cqe)
+{
+	struct fk_cq *cq = calloc(1, sizeof(*cq));
+	assert_non_null(cq);
+	cq->cap = cqe;
+	cq->wc = calloc((size_t)cqe, sizeof(*cq->wc));
+	assert_non_null(cq->wc);
+	cq->cq.context = ctx;
+	cq->cq.cqe = cqe;
+	fk.cqs++;
+	return &cq->cq;
+}
+
+static int fk_destroy_cq(struct ibv_cq *c)
+{
+	struct fk_cq *cq = (struct fk_cq *)(void *)c;
+	free(cq->wc);
+	free(cq);
+	fk.cqs--;
+	return 0;
+}
+
+static struct ibv_qp *fk_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
+{
+	if (a->qp_type != IBV_QPT_RC || a->cap.max_send_wr > FK_MAX_WR ||
+	    a->cap.max_recv_wr > FK_MAX_WR || a->cap.max_send_sge > 1 || a->cap.max_recv_sge > 1 ||
+	    a->cap.max_inline_data > FK_MAX_INLINE || a->send_cq != a->recv_cq) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct fk_qp *q = calloc(1, sizeof(*q));
+	assert_non_null(q);
+	q->pd = (struct fk_pd *)(void *)pd;
+	q->cq = (struct fk_cq *)(void *)a->send_cq;
+	q->cap = a->cap;
+	q->sq = calloc(a->cap.max_send_wr, sizeof(*q->sq));
+	q->rq = calloc(a->cap.max_recv_wr, sizeof(*q->rq));
+	assert_true(q->sq && q->rq);
+	q->qp.qp_num = fk.next_qpn++;
+	q->qp.context = pd->context;
+	q->st = IBV_QPS_RESET;
+	q->next = fk.qp_list;
+	fk.qp_list = q;
+	fk.qps++;
+	return &q->qp;
+}
+
+static int fk_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
+{
+	struct fk_qp *q = (struct fk_qp *)(void *)qp;
+	if (!(mask & IBV_QP_STATE))
+		return EINVAL;
+	int need;
+	switch (a->qp_state) {
+	case IBV_QPS_ERR:
+		fk_qp_error(q);
+		return 0;
+	case IBV_QPS_INIT:
+		need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+		if (q->st != IBV_QPS_RESET || (mask & need) != need || a->port_num < 1 ||
+		    a->port_num > fk_dev_of(qp->context)->nports)
+			return EINVAL;
+		q->port = a->port_num;
+		q->access = (int)a->qp_access_flags;
+		break;
+	case IBV_QPS_RTR:
+		need = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+		       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+		if (q->st != IBV_QPS_INIT || (mask & need) != need)
+			return EINVAL;
+		q->ah = a->ah_attr;
+		q->mtu = a->path_mtu;
+		q->dest_qpn = a->dest_qp_num;
+		q->rq_psn = a->rq_psn;
+		break;
+	case IBV_QPS_RTS:
+		need = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+		       IBV_QP_MAX_QP_RD_ATOMIC;
+		if (q->st != IBV_QPS_RTR || (mask & need) != need)
+			return EINVAL;
+		q->timeout = a->timeout;
+		q->retry = a->retry_cnt;
+		q->rnr = a->rnr_retry;
+		q->sq_psn = a->sq_psn;
+		break;
+	default:
+		return EINVAL;
+	}
+	q->st = a->qp_state;
+	return 0;
+}
+
+static int fk_destroy_qp(struct ibv_qp *qp)
+{
+	struct fk_qp *q = (struct fk_qp *)(void *)qp;
+	struct fk_qp **pp = &fk.qp_list;
+	while (*pp != q)
+		pp = &(*pp)->next;
+	*pp = q->next;
+	free(q->sq);
+	free(q->rq);
+	free(q);
+	fk.qps--;
+	return 0;
+}
+
+static struct fk_mr *fk_new_mr(struct ibv_pd *pd, char *addr, size_t len, int access)
+{
+	struct fk_mr *m = calloc(1, sizeof(*m));
+	assert_non_null(m);
+	m->pd = (struct fk_pd *)(void *)pd;
+	m->addr = addr;
+	m->len = len;
+	m->access = access;
+	m->mr.lkey = m->mr.rkey = fk.next_key;
+	fk.next_key += 0x100;
+	m->mr.addr = addr;
+	m->mr.length = len;
+	m->next = fk.mr_list;
+	fk.mr_list = m;
+	fk.mrs++;
+	return m;
+}
+
+static struct ibv_mr *fk_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+	fk.reg_mr_calls++;
+	char *a = addr;
+	if (fk.devmem && a >= fk.devmem && a < fk.devmem + fk.devmem_len && !fk.peermem_ok) {
+		errno = EFAULT; /* what the kernel says of device memory without a peer-memory client */
+		return NULL;
+	}
+	return &fk_new_mr(pd, a, len, access)->mr;
+}
+
+static struct ibv_mr *fk_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
+				       uint64_t iova, int fd, int access)
+{
+	fk.dmabuf_calls++;
+	fk.last_off = offset;
+	fk.last_iova = iova;
+	assert_int_equal(fd, fk.last_fd);
+	assert_int_not_equal(fcntl(fd, F_GETFD), -1);
+	if (!fk.dmabuf_ok) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	return &fk_new_mr(pd, (char *)(uintptr_t)iova, len, access)->mr;
+}
+
+static int fk_dereg_mr(struct ibv_mr *mr)
+{
+	struct fk_mr *m = (struct fk_mr *)(void *)mr;
+	struct fk_mr **pp = &fk.mr_list;
+	while (*pp != m)
+		pp = &(*pp)->next;
+	*pp = m->next;
+	free(m);
+	fk.mrs--;
+	fk.dereg_mr_calls++;
+	return 0;
+}
+
+static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	struct fk_qp *q = (struct fk_qp *)(void *)qp;
+	for (; wr; wr = wr->next) {
+		if (q->st == IBV_QPS_ERR) {
+			fk_complete(q, wr->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RDMA_WRITE);
+			continue;
+		}
+		uint32_t len = wr->num_sge ? wr->sg_list[0].length : 0;
+		int rc = 0;
+		if (q->st != IBV_QPS_RTS || wr->num_sge > 1 ||
+		    (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) ||
+		    ((wr->send_flags & IBV_SEND_INLINE) && len > q->cap.max_inline_data))
+			rc = EINVAL;
+		else if (q->sq_count == (int)q->cap.max_send_wr)
+			rc = ENOMEM;
+		if (rc) {
+			*bad = wr;
+			return rc;
+		}
+		struct fk_swr *w = &q->sq[(q->sq_head + q->sq_count) % (int)q->cap.max_send_wr];
+		memset(w, 0, offsetof(struct fk_swr, inl));
+		w->wr_id = wr->wr_id;
+		w->op = wr->opcode;
+		w->flags = wr->send_flags;
+		w->imm = wr->imm_data;
+		w->raddr = wr->wr.rdma.remote_addr;
+		w->rkey = wr->wr.rdma.rkey;
+		w->len = len;
+		if (len) {
+			w->src = (const void *)(uintptr_t)wr->sg_list[0].addr;
+			w->lkey = wr->sg_list[0].lkey;
+			if (wr->send_flags & IBV_SEND_INLINE)
+				memcpy(w->inl, w->src, len);
+		}
+		q->sq_count++;
+	}
+	return 0;
+}
+
+static int fk_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	struct fk_qp *q = (struct fk_qp *)(void *)qp;
+	for (; wr; wr = wr->next) {
+		if (q->st == IBV_QPS_ERR) {
+			fk_complete(q, wr->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+			continue;
+		}
+		if (q->st == IBV_QPS_RESET || q->rq_count == (int)q->cap.max_recv_wr) {
+			*bad = wr;
+			return q->st == IBV_QPS_RESET ? EINVAL : ENOMEM;
+		}
+		q->rq[(q->rq_head + q->rq_count) % (int)q->cap.max_recv_wr] = wr->wr_id;
+		q->rq_count++;
+	}
+	return 0;
+}
+
+static int fk_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc)
+{
+	struct fk_cq *cq = (struct fk_cq *)(void *)c;
+	fk_run();
+	int got = 0;
+	while (got < n && cq->count) {
+		wc[got++] = cq->wc[cq->head];
+		cq->head = (cq->head + 1) % cq->cap;
+		cq->count--;
+	}
+	return got;
+}
+
+#ifdef MP_HAVE_CUDA
+static int fk_cuda_dmabuf_fd(void *base, size_t len, int *fd)
+{
+	assert_int_equal((uintptr_t)base % 4096, 0);
+	assert_int_equal(len % 4096, 0);
+	if (fk.cuda_fd_rc)
+		return fk.cuda_fd_rc;
+	fk.last_fd_len = len;
+	*fd = fk.last_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	return *fd < 0 ? -errno : 0;
+}
+#endif
+
+static const struct mp_verbs_ibv fk_ibv = {
+	.get_device_list = fk_get_device_list,
+	.free_device_list = fk_free_device_list,
+	.get_device_name = fk_get_device_name,
+	.open_device = fk_open_device,
+	.close_device = fk_close_device,
+	.query_device = fk_query_device,
+	.query_port = fk_query_port,
+	.query_gid_ex = fk_query_gid_ex,
+	.alloc_pd = fk_alloc_pd,
+	.dealloc_pd = fk_dealloc_pd,
+	.create_cq = fk_create_cq,
+	.destroy_cq = fk_destroy_cq,
+	.create_qp = fk_create_qp,
+	.modify_qp = fk_modify_qp,
+	.destroy_qp = fk_destroy_qp,
+	.reg_mr = fk_reg_mr,
+	.reg_dmabuf_mr = fk_reg_dmabuf_mr,
+	.dereg_mr = fk_dereg_mr,
+	.post_send = fk_post_send,
+	.post_recv = fk_post_recv,
+	.poll_cq = fk_poll_cq,
+#ifdef MP_HAVE_CUDA
+	.cuda_dmabuf_fd = fk_cuda_dmabuf_fd,
+#endif
+};
+
+static void fk_gid(struct fk_port *p, int i, const char *text, uint32_t type)
+{
+	assert_int_equal(inet_pton(AF_INET6, text, p->gid[i].gid.raw), 1);
+	p->gid[i].gid_index = (uint32_t)i;
+	p->gid[i].gid_type = type;
+	p->gid_ok[i] = true;
+}
+
+/* One InfiniBand HCA with an active port. */
+static void fk_world_ib(void)
+{
+	struct fk_dev *d = &fk.dev[0];
+	snprintf(d->name, sizeof(d->name), "fake_ib0");
+	d->nports = 1;
+	d->port[0] = (struct fk_port){.state = IBV_PORT_ACTIVE, .link = IBV_LINK_LAYER_INFINIBAND,
+				      .mtu = IBV_MTU_4096, .lid = 7, .ngid = 4};
+	fk_gid(&d->port[0], 0, "fe80::2:c903:1:7", IBV_GID_TYPE_IB);
+	fk.ndev = 1;
+}
+
+/*
+ * A RoCE NIC whose GID table holds, as mlx5 lists them, link-local v1 and
+ * v2 entries and then v1 and v2 entries for an IPv4 address; two entries
+ * of the table of 6 are empty. Then a second, two-port device whose port 1
+ * is down.
+ */
+static void fk_world_roce(void)
+{
+	struct fk_dev *d = &fk.dev[0];
+	snprintf(d->name, sizeof(d->name), "fake_roce0");
+	d->nports = 1;
+	d->port[0] = (struct fk_port){.state = IBV_PORT_ACTIVE, .link = IBV_LINK_LAYER_ETHERNET,
+				      .mtu = IBV_MTU_1024, .ngid = 6};
+	fk_gid(&d->port[0], 0, "fe80::a00:27ff:fe00:1", IBV_GID_TYPE_ROCE_V1);
+	fk_gid(&d->port[0], 1, "fe80::a00:27ff:fe00:1", IBV_GID_TYPE_ROCE_V2);
+	fk_gid(&d->port[0], 2, "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V1);
+	fk_gid(&d->port[0], 3, "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V2);
+	d = &fk.dev[1];
+	snprintf(d->name, sizeof(d->name), "fake_ib1");
+	d->nports = 2;
+	d->port[0] = (struct fk_port){.state = IBV_PORT_DOWN, .link = IBV_LINK_LAYER_INFINIBAND,
+				      .mtu = IBV_MTU_4096, .lid = 0, .ngid = 1};
+	d->port[1] = (struct fk_port){.state = IBV_PORT_ACTIVE, .link = IBV_LINK_LAYER_INFINIBAND,
+				      .mtu = IBV_MTU_2048, .lid = 9, .ngid = 1};
+	fk_gid(&d->port[1], 0, "fe80::2:c903:1:9", IBV_GID_TYPE_IB);
+	fk.ndev = 2;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	memset(&fk, 0, sizeof(fk));
+	fk.next_qpn = 0x120;
+	fk.next_key = 0x1000;
+	fk.last_fd = -1;
+	fk_world_ib();
+	unsetenv("MP_IB_HCA");
+	unsetenv("MP_IB_GID_INDEX");
+	unsetenv("MP_IB_TIMEOUT");
+	unsetenv("MP_IB_RETRY_CNT");
+	mp_verbs_ibv = &fk_ibv;
+	return 0;
+}
+
+/* Everything the provider took from the fake was given back. */
+static int teardown(void **state)
+{
+	(void)state;
+	mp_verbs_ibv = &mp_verbs_ibv_real;
+	assert_int_equal(fk.lists_out, 0);
+	assert_int_equal(fk.ctxs, 0);
+	assert_int_equal(fk.pds, 0);
+	assert_int_equal(fk.cqs, 0);
+	assert_int_equal(fk.qps, 0);
+	assert_int_equal(fk.mrs, 0);
+	assert_int_equal(fk.cq_overflow, 0);
+	return 0;
+}
+
+/* ---- helpers ----------------------------------------------------------- */
+
+static int open_prov(int max_outstanding, int timeout_ms, struct mp_rdma_prov **pv)
+{
+	struct mp_rdma_params p = {.rank = 0, .max_eps = 4, .max_outstanding = max_outstanding,
+				   .timeout_ms = timeout_ms};
+	return P->open(&p, pv);
+}
+
+struct pair {
+	struct mp_rdma_prov *a, *b;
+	struct mp_rdma_ep *ea, *eb;
+	uint8_t blob_a[MP_RDMA_EP_BLOB_MAX], blob_b[MP_RDMA_EP_BLOB_MAX];
+	size_t la, lb;
+};
+
+static void pair_open(struct pair *p, int max_outstanding)
+{
+	memset(p, 0, sizeof(*p));
+	assert_int_equal(open_prov(max_outstanding, 0, &p->a), 0);
+	assert_int_equal(open_prov(max_outstanding, 0, &p->b), 0);
+	p->la = sizeof(p->blob_a);
+	p->lb = sizeof(p->blob_b);
+	assert_int_equal(P->ep_create(p->a, p->blob_a, &p->la, &p->ea), 0);
+	assert_int_equal(P->ep_create(p->b, p->blob_b, &p->lb, &p->eb), 0);
+	assert_int_equal(P->ep_connect(p->ea, p->blob_b, p->lb), 0);
+	assert_int_equal(P->ep_connect(p->eb, p->blob_a, p->la), 0);
+}
+
+static void pair_close(struct pair *p)
+{
+	P->close(p->a);
+	P->close(p->b);
+}
+
+static struct fk_qp *fk_qp_of_blob(const uint8_t *blob)
+{
+	uint32_t qpn = (uint32_t)blob[4] | (uint32_t)blob[5] << 8 | (uint32_t)blob[6] << 16;
+	return fk_qp_by_num(qpn);
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+static void test_fake_open_no_device(void **state)
+{
+	(void)state;
+	struct mp_rdma_prov *pv = NULL;
+	/* As on this machine: the library finds no RDMA subsystem at all. */
+	fk.list_errno = ENOSYS;
+	assert_int_equal(open_prov(0, 0, &pv), -ENODEV);
+	assert_null(pv);
+	/* A list without devices. */
+	fk.list_errno = 0;
+	fk.ndev = 0;
+	assert_int_equal(open_prov(0, 0, &pv), -ENODEV);
+	/* Devices, but none has an active port. */
+	fk_world_ib();
+	fk.dev[0].port[0].state = IBV_PORT_DOWN;
+	assert_int_equal(open_prov(0, 0, &pv), -ENODEV);
+	assert_int_equal(fk.ctxs, 0);
+}
+
+/* The port and GID index an endpoint's blob reports (bytes 14 and 15). */
+static void open_blob(struct mp_rdma_prov **pv, uint8_t *blob)
+{
+	struct mp_rdma_ep *ep;
+	size_t len = MP_RDMA_EP_BLOB_MAX;
+	assert_int_equal(open_prov(0, 0, pv), 0);
+	assert_int_equal(P->ep_create(*pv, blob, &len, &ep), 0);
+	assert_int_equal(len, 32);
+	P->ep_destroy(ep);
+}
+
+static void test_fake_hca_selection(void **state)
+{
+	(void)state;
+	struct mp_rdma_prov *pv = NULL;
+	uint8_t b[MP_RDMA_EP_BLOB_MAX];
+	fk_world_roce();
+
+	/* Unset: the first device with an active port. */
+	open_blob(&pv, b);
+	assert_int_equal(b[2], IBV_LINK_LAYER_ETHERNET);
+	assert_int_equal(b[14], 1);
+	P->close(pv);
+
+	/* A device by name: its first active port, 2; LID and MTU from that port. */
+	setenv("MP_IB_HCA", "fake_ib1", 1);
+	open_blob(&pv, b);
+	assert_int_equal(b[2], IBV_LINK_LAYER_INFINIBAND);
+	assert_int_equal(b[14], 2);
+	assert_int_equal(b[12] | b[13] << 8, 9);
+	assert_int_equal(b[3], IBV_MTU_2048);
+	P->close(pv);
+	setenv("MP_IB_HCA", "fake_ib1:2", 1);
+	open_blob(&pv, b);
+	assert_int_equal(b[14], 2);
+	P->close(pv);
+
+	/* Refused, each with its own code: a down port, a port that does not exist, no such device, syntax. */
+	setenv("MP_IB_HCA", "fake_ib1:1", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -ENODEV);
+	setenv("MP_IB_HCA", "fake_ib1:3", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	setenv("MP_IB_HCA", "mlx5_9", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -ENODEV);
+	setenv("MP_IB_HCA", "fake_ib1:x", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	setenv("MP_IB_HCA", ":1", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	setenv("MP_IB_HCA", "fake_ib1:0", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	assert_int_equal(fk.ctxs, 0);
+}
+
+static void test_fake_gid_selection(void **state)
+{
+	(void)state;
+	struct mp_rdma_prov *pv = NULL;
+	uint8_t b[MP_RDMA_EP_BLOB_MAX];
+	uint8_t v4[16];
+	assert_int_equal(inet_pton(AF_INET6, "::ffff:10.0.0.1", v4), 1);
+	fk_world_roce();
+
+	/* Default on RoCE: the RoCE v2 GID of the IPv4 address, index 3 (not the v1 at 2). */
+	open_blob(&pv, b);
+	assert_int_equal(b[15], 3);
+	assert_memory_equal(b + 16, v4, 16);
+	P->close(pv);
+
+	setenv("MP_IB_GID_INDEX", "1", 1);
+	open_blob(&pv, b);
+	assert_int_equal(b[15], 1);
+	assert_memory_equal(b + 16, fk.dev[0].port[0].gid[1].gid.raw, 16);
+	P->close(pv);
+
+	/* Out of the table (6 entries), an empty entry, not a number. */
+	setenv("MP_IB_GID_INDEX", "6", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	setenv("MP_IB_GID_INDEX", "5", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	setenv("MP_IB_GID_INDEX", "3x", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	setenv("MP_IB_GID_INDEX", "-1", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+
+	/* No RoCE v2 IPv4 GID: index 0. */
+	unsetenv("MP_IB_GID_INDEX");
+	fk.dev[0].port[0].gid[3].gid_type = IBV_GID_TYPE_ROCE_V1;
+	open_blob(&pv, b);
+	assert_int_equal(b[15], 0);
+	P->close(pv);
+
+	/* InfiniBand: index 0 and the port's GID. */
+	fk_world_ib();
+	open_blob(&pv, b);
+	assert_int_equal(b[15], 0);
+	assert_memory_equal(b + 16, fk.dev[0].port[0].gid[0].gid.raw, 16);
+	P->close(pv);
+	assert_int_equal(fk.ctxs, 0);
+}
+
+/* The RC attributes that reach the queue pair: env, derived from timeout_ms, defaults. */
+static void test_fake_qp_attributes(void **state)
+{
+	(void)state;
+	struct pair p;
+	pair_open(&p, 0);
+	struct fk_qp *qa = fk_qp_of_blob(p.blob_a), *qb = fk_qp_of_blob(p.blob_b);
+	assert_non_null(qa);
+	assert_non_null(qb);
+	assert_int_equal(qa->st, IBV_QPS_RTS);
+	assert_int_equal(qa->timeout, 18);
+	assert_int_equal(qa->retry, 7);
+	assert_int_equal(qa->rnr, 7);
+	/* Each side's receive PSN is the other's send PSN, taken from the blobs. */
+	assert_int_equal(qa->rq_psn, qb->sq_psn);
+	assert_int_equal(qb->rq_psn, qa->sq_psn);
+	assert_int_equal(qa->dest_qpn, qb->qp.qp_num);
+	assert_int_equal(qa->ah.dlid, 7);
+	assert_int_equal(qa->ah.is_global, 0);
+	assert_int_equal(qa->mtu, IBV_MTU_4096);
+	/* Default depth 64: 2 x 64 receives kept posted. */
+	assert_int_equal(qa->rq_count, 128);
+	pair_close(&p);
+
+	/* A 1 s protocol timeout: 8 attempts of 4.096 us x 2^14 = 537 ms fit, 2^15 would not. */
+	struct mp_rdma_prov *pv;
+	uint8_t b[MP_RDMA_EP_BLOB_MAX];
+	size_t len = sizeof(b);
+	struct mp_rdma_ep *ep;
+	assert_int_equal(open_prov(0, 1000, &pv), 0);
+	assert_int_equal(P->ep_create(pv, b, &len, &ep), 0);
+	assert_int_equal(P->ep_connect(ep, b, len), 0); /* loopback onto itself */
+	assert_int_equal(fk_qp_of_blob(b)->timeout, 14);
+	P->close(pv);
+
+	setenv("MP_IB_TIMEOUT", "20", 1);
+	setenv("MP_IB_RETRY_CNT", "3", 1);
+	len = sizeof(b);
+	assert_int_equal(open_prov(0, 1000, &pv), 0);
+	assert_int_equal(P->ep_create(pv, b, &len, &ep), 0);
+	assert_int_equal(P->ep_connect(ep, b, len), 0);
+	assert_int_equal(fk_qp_of_blob(b)->timeout, 20);
+	assert_int_equal(fk_qp_of_blob(b)->retry, 3);
+	P->close(pv);
+	setenv("MP_IB_TIMEOUT", "0", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	setenv("MP_IB_TIMEOUT", "32", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	unsetenv("MP_IB_TIMEOUT");
+	setenv("MP_IB_RETRY_CNT", "8", 1);
+	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+}
+
+/* A RoCE pair routes by GID: a global route to the peer's RoCE v2 GID. */
+static void test_fake_roce_route(void **state)
+{
+	(void)state;
+	fk_world_roce();
+	fk.ndev = 1;
+	struct pair p;
+	pair_open(&p, 8);
+	struct fk_qp *qa = fk_qp_of_blob(p.blob_a);
+	assert_int_equal(qa->ah.is_global, 1);
+	assert_int_equal(qa->ah.grh.sgid_index, 3);
+	assert_memory_equal(qa->ah.grh.dgid.raw, fk.dev[0].port[0].gid[3].gid.raw, 16);
+	assert_int_equal(qa->mtu, IBV_MTU_1024);
+
+	char src[256], dst[256];
+	memset(src, 0x5a, sizeof(src));
+	memset(dst, 0, sizeof(dst));
+	struct mp_rdma_mr *ms, *md;
+	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
+	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	assert_int_equal(P->write(p.ea, src, sizeof(src), ms, (uintptr_t)dst, md->rkey, 0,
+				  MP_RDMA_WR_SIGNAL, 1), 0);
+	struct mp_rdma_cqe c[4];
+	assert_int_equal(P->poll(p.a, c, 4), 1);
+	assert_int_equal(c[0].status, 0);
+	assert_memory_equal(dst, src, sizeof(dst));
+	pair_close(&p);
+}
+
+static void test_fake_write_lands(void **state)
+{
+	(void)state;
+	struct pair p;
+	pair_open(&p, 16);
+	enum { N = 4096, OFF = 100 };
+	uint8_t *src = malloc(N), *dst = malloc(N + 2 * OFF);
+	assert_true(src && dst);
+	for (int i = 0; i < N; i++)
+		src[i] = (uint8_t)(i * 7 + 3);
+	memset(dst, 0xee, N + 2 * OFF);
+	struct mp_rdma_mr *ms, *md;
+	assert_int_equal(P->reg(p.a, src, N, MP_MEM_HOST, &ms), 0);
+	assert_int_equal(P->reg(p.b, dst, N + 2 * OFF, MP_MEM_HOST, &md), 0);
+	assert_ptr_equal(ms->addr, src);
+	assert_int_equal(ms->len, N);
+	assert_int_equal(ms->kind, MP_MEM_HOST);
+
+	assert_int_equal(P->write(p.ea, src, N, ms, (uintptr_t)dst + OFF, md->rkey, 0,
+				  MP_RDMA_WR_SIGNAL, 0xabc), 0);
+	struct mp_rdma_cqe c[4];
+	assert_int_equal(P->poll(p.a, c, 4), 1);
+	assert_int_equal(c[0].op, MP_RDMA_CQE_WRITE);
+	assert_int_equal(c[0].status, 0);
+	assert_int_equal(c[0].wr_id, 0xabc);
+	assert_ptr_equal(c[0].ep, p.ea);
+	assert_memory_equal(dst + OFF, src, N);
+	for (int i = 0; i < OFF; i++) {
+		assert_int_equal(dst[i], 0xee);
+		assert_int_equal(dst[OFF + N + i], 0xee);
+	}
+	/* A plain write gives the target nothing to poll. */
+	assert_int_equal(P->poll(p.b, c, 4), 0);
+
+	/* Unsignalled: no completion at all, but the data lands. */
+	memset(dst, 0, N + 2 * OFF);
+	assert_int_equal(P->write(p.ea, src + 10, 20, ms, (uintptr_t)dst, md->rkey, 0, 0, 1), 0);
+	assert_int_equal(P->poll(p.a, c, 4), 0);
+	assert_memory_equal(dst, src + 10, 20);
+	assert_int_equal(dst[20], 0);
+
+	/* The source must lie in the registration it names. */
+	assert_int_equal(P->write(p.ea, src + N - 4, 8, ms, (uintptr_t)dst, md->rkey, 0, 0, 1),
+			 -EINVAL);
+	assert_int_equal(P->write(p.ea, src, 8, NULL, (uintptr_t)dst, md->rkey, 0, 0, 1), -EINVAL);
+	P->dereg(p.a, ms);
+	P->dereg(p.b, md);
+	pair_close(&p);
+	free(src);
+	free(dst);
+}
+
+static void test_fake_write_imm(void **state)
+{
+	(void)state;
+	struct pair p;
+	pair_open(&p, 16);
+	static uint32_t src[1000], dst[1000];
+	for (int i = 0; i < 1000; i++)
+		src[i] = (uint32_t)i * 2654435761u;
+	struct mp_rdma_mr *ms, *md;
+	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
+	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+
+	assert_int_equal(P->write(p.ea, src, 1000, ms, (uintptr_t)dst, md->rkey, 0xdeadbeef,
+				  MP_RDMA_WR_IMM, 7), 0);
+	struct mp_rdma_cqe c[64];
+	assert_int_equal(P->poll(p.a, c, 64), 0);
+	assert_int_equal(P->poll(p.b, c, 64), 1);
+	assert_int_equal(c[0].op, MP_RDMA_CQE_IMM);
+	assert_int_equal(c[0].status, 0);
+	assert_int_equal(c[0].imm, 0xdeadbeef);
+	assert_int_equal(c[0].len, 1000);
+	assert_ptr_equal(c[0].ep, p.eb);
+	assert_memory_equal(dst, src, 1000);
+
+	/*
+	 * 300 writes with immediate through 32 posted receives and a send queue
+	 * of 16: the receives are replaced as they are polled, and every
+	 * immediate arrives once, in order, with its length.
+	 */
+	int posted = 0, got = 0;
+	for (int round = 0; round < 10000 && got < 300; round++) {
+		while (posted < 300) {
+			size_t off = (size_t)(posted % 250) * 16;
+			int rc = P->write(p.ea, (char *)src + off, 16, ms, (uintptr_t)dst + off,
+					  md->rkey, (uint32_t)posted, MP_RDMA_WR_IMM, (uint64_t)posted);
+			if (rc == -EAGAIN)
+				break;
+			assert_int_equal(rc, 0);
+			posted++;
+		}
+		assert_int_equal(P->poll(p.a, c, 64), 0);
+		int n = P->poll(p.b, c, 64);
+		assert_true(n >= 0);
+		for (int i = 0; i < n; i++) {
+			assert_int_equal(c[i].op, MP_RDMA_CQE_IMM);
+			assert_int_equal(c[i].status, 0);
+			assert_int_equal(c[i].imm, (uint32_t)got);
+			assert_int_equal(c[i].len, 16);
+			got++;
+		}
+	}
+	assert_int_equal(got, 300);
+	assert_int_equal(fk_qp_of_blob(p.blob_b)->rq_count, 32);
+
+	/* Zero bytes with an immediate: a bare notification. */
+	assert_int_equal(P->write(p.ea, NULL, 0, NULL, 0, 0, 42, MP_RDMA_WR_IMM, 9), 0);
+	assert_int_equal(P->poll(p.b, c, 64), 1);
+	assert_int_equal(c[0].imm, 42);
+	assert_int_equal(c[0].len, 0);
+	P->dereg(p.a, ms);
+	P->dereg(p.b, md);
+	pair_close(&p);
+}
+
+static void test_fake_inline(void **state)
+{
+	(void)state;
+	struct pair p;
+	pair_open(&p, 16);
+	static char dst[128];
+	struct mp_rdma_mr *md;
+	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	assert_int_equal(P->max_inline(p.a), 64);
+
+	/* Copied when posted: the (unregistered) source is reused before the write is carried out. */
+	char rec[64];
+	memset(rec, 'A', sizeof(rec));
+	fk.hold = true;
+	assert_int_equal(P->write(p.ea, rec, sizeof(rec), NULL, (uintptr_t)dst, md->rkey, 5,
+				  MP_RDMA_WR_INLINE | MP_RDMA_WR_IMM | MP_RDMA_WR_SIGNAL, 3), 0);
+	memset(rec, 'B', sizeof(rec));
+	fk.hold = false;
+	struct mp_rdma_cqe c[4];
+	assert_int_equal(P->poll(p.a, c, 4), 1);
+	assert_int_equal(c[0].wr_id, 3);
+	assert_int_equal(c[0].status, 0);
+	assert_int_equal(P->poll(p.b, c, 4), 1);
+	assert_int_equal(c[0].len, 64);
+	for (int i = 0; i < 64; i++)
+		assert_int_equal(dst[i], 'A');
+	char big[65] = {0};
+	assert_int_equal(P->write(p.ea, big, sizeof(big), NULL, (uintptr_t)dst, md->rkey, 0,
+				  MP_RDMA_WR_INLINE, 4), -EMSGSIZE);
+	P->dereg(p.b, md);
+	pair_close(&p);
+}
+
+static void test_fake_remote_access_error(void **state)
+{
+	(void)state;
+	struct pair p;
+	pair_open(&p, 16);
+	static char src[512], dst[512];
+	struct mp_rdma_mr *ms, *md;
+	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
+	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+
+	/* A wrong rkey, on an unsignalled write: errors always complete, with the caller's wr_id. */
+	assert_int_equal(P->write(p.ea, src, 64, ms, (uintptr_t)dst, md->rkey + 1, 0, 0, 77), 0);
+	struct mp_rdma_cqe c[8];
+	assert_int_equal(P->poll(p.a, c, 8), 1);
+	assert_int_equal(c[0].op, MP_RDMA_CQE_WRITE);
+	assert_int_equal(c[0].status, -EACCES);
+	assert_int_equal(c[0].wr_id, 77);
+	assert_ptr_equal(c[0].ep, p.ea);
+	/* The endpoint is broken now: refused at post time. */
+	assert_int_equal(P->write(p.ea, src, 64, ms, (uintptr_t)dst, md->rkey, 0, 0, 78),
+			 -ECONNRESET);
+	P->ep_destroy(p.ea);
+	P->ep_destroy(p.eb);
+
+	/* Out of bounds: the last 10 bytes of dst plus 90 beyond it. */
+	p.la = sizeof(p.blob_a);
+	p.lb = sizeof(p.blob_b);
+	assert_int_equal(P->ep_create(p.a, p.blob_a, &p.la, &p.ea), 0);
+	assert_int_equal(P->ep_create(p.b, p.blob_b, &p.lb, &p.eb), 0);
+	assert_int_equal(P->ep_connect(p.ea, p.blob_b, p.lb), 0);
+	assert_int_equal(P->ep_connect(p.eb, p.blob_a, p.la), 0);
+	assert_int_equal(P->write(p.ea, src, 100, ms, (uintptr_t)dst + sizeof(dst) - 10, md->rkey,
+				  1, MP_RDMA_WR_IMM | MP_RDMA_WR_SIGNAL, 79), 0);
+	assert_int_equal(P->poll(p.a, c, 8), 1);
+	assert_int_equal(c[0].status, -EACCES);
+	assert_int_equal(c[0].wr_id, 79);
+	assert_int_equal(P->poll(p.b, c, 8), 0);
+	P->dereg(p.a, ms);
+	P->dereg(p.b, md);
+	pair_close(&p);
+}
+
+static void test_fake_retry_exceeded(void **state)
+{
+	(void)state;
+	struct pair p;
+	pair_open(&p, 16);
+	static char src[256], dst[256];
+	struct mp_rdma_mr *ms, *md;
+	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
+	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+
+	/* Three outstanding writes; the first one's retries run out, the rest are flushed. */
+	fk.hold = true;
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 0,
+					  i == 1 ? MP_RDMA_WR_SIGNAL : 0, 100 + (uint64_t)i), 0);
+	fk.inject = IBV_WC_RETRY_EXC_ERR;
+	fk.hold = false;
+	struct mp_rdma_cqe c[8];
+	assert_int_equal(P->poll(p.a, c, 8), 3);
+	assert_int_equal(c[0].status, -ETIMEDOUT);
+	assert_int_equal(c[0].wr_id, 100);
+	assert_int_equal(c[1].status, -ECANCELED);
+	assert_int_equal(c[1].wr_id, 101);
+	assert_int_equal(c[2].status, -ECANCELED);
+	assert_int_equal(c[2].wr_id, 102);
+	assert_int_equal(P->poll(p.a, c, 8), 0);
+
+	/* The same without injection: the peer's QP is gone, so nobody answers. */
+	P->ep_destroy(p.eb);
+	p.eb = NULL;
+	P->ep_destroy(p.ea);
+	p.la = sizeof(p.blob_a);
+	p.lb = sizeof(p.blob_b);
+	assert_int_equal(P->ep_create(p.a, p.blob_a, &p.la, &p.ea), 0);
+	assert_int_equal(P->ep_create(p.b, p.blob_b, &p.lb, &p.eb), 0);
+	assert_int_equal(P->ep_connect(p.ea, p.blob_b, p.lb), 0);
+	P->ep_destroy(p.eb);
+	assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 0, 0, 200), 0);
+	assert_int_equal(P->poll(p.a, c, 8), 1);
+	assert_int_equal(c[0].status, -ETIMEDOUT);
+	assert_int_equal(c[0].wr_id, 200);
+	P->dereg(p.a, ms);
+	P->dereg(p.b, md);
+	pair_close(&p);
+}
+
+static void test_fake_destroy_flushes(void **state)
+{
+	(void)state;
+	struct pair p;
+	pair_open(&p, 16);
+	static char src[256], dst[256];
+	struct mp_rdma_mr *ms, *md;
+	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
+	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	/* A second endpoint pair on the same providers, with a completion pending. */
+	struct mp_rdma_ep *ea2, *eb2;
+	uint8_t b1[MP_RDMA_EP_BLOB_MAX], b2[MP_RDMA_EP_BLOB_MAX];
+	size_t l1 = sizeof(b1), l2 = sizeof(b2);
+	assert_int_equal(P->ep_create(p.a, b1, &l1, &ea2), 0);
+	assert_int_equal(P->ep_create(p.b, b2, &l2, &eb2), 0);
+	assert_int_equal(P->ep_connect(ea2, b2, l2), 0);
+	assert_int_equal(P->ep_connect(eb2, b1, l1), 0);
+	assert_int_equal(P->write(ea2, src, 8, ms, (uintptr_t)dst, md->rkey, 0, MP_RDMA_WR_SIGNAL,
+				  900), 0);
+	/* B receives an immediate on eb that it has not polled yet. */
+	assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 1, MP_RDMA_WR_IMM, 999), 0);
+	struct mp_rdma_cqe c[16];
+
+	/* Carry both out without polling: A's CQ holds 900's completion, B's the immediate. */
+	fk_run();
+
+	/* Five writes held outstanding, two of them signalled. */
+	fk.hold = true;
+	for (int i = 0; i < 5; i++)
+		assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 0,
+					  i % 2 ? MP_RDMA_WR_SIGNAL : 0, 500 + (uint64_t)i), 0);
+	P->ep_destroy(p.ea);
+	fk.hold = false;
+	/* All five come back cancelled, in posting order, beside the other pair's completion. */
+	int n = P->poll(p.a, c, 16);
+	assert_int_equal(n, 6);
+	int w = 0;
+	for (int i = 0; i < n; i++) {
+		if (c[i].wr_id == 900) {
+			assert_int_equal(c[i].status, 0);
+			assert_ptr_equal(c[i].ep, ea2);
+			continue;
+		}
+		assert_int_equal(c[i].op, MP_RDMA_CQE_WRITE);
+		assert_int_equal(c[i].status, -ECANCELED);
+		assert_int_equal(c[i].wr_id, 500 + (uint64_t)w);
+		w++;
+	}
+	assert_int_equal(w, 5);
+	assert_int_equal(P->poll(p.a, c, 16), 0);
+
+	/* The immediate for eb sits in B's CQ; eb destroyed first: it is dropped, not read through freed memory. */
+	P->ep_destroy(p.eb);
+	assert_int_equal(P->poll(p.b, c, 16), 0);
+	P->dereg(p.a, ms);
+	P->dereg(p.b, md);
+	pair_close(&p);
+}
+
+static void test_fake_send_queue_full(void **state)
+{
+	(void)state;
+	struct pair p;
+	pair_open(&p, 4);
+	static char src[64], dst[64];
+	struct mp_rdma_mr *ms, *md;
+	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
+	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	struct mp_rdma_cqe c[8];
+	/* Unsignalled writes only: the provider's own periodic signals must free the ring. */
+	for (int round = 0; round < 50; round++) {
+		fk.hold = true;
+		for (int i = 0; i < 4; i++)
+			assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 0, 0, 1), 0);
+		assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 0, 0, 1), -EAGAIN);
+		fk.hold = false;
+		assert_int_equal(P->poll(p.a, c, 8), 0);
+	}
+	P->dereg(p.a, ms);
+	P->dereg(p.b, md);
+	pair_close(&p);
+}
+
+static void test_fake_mr_cache(void **state)
+{
+	(void)state;
+	struct mp_rdma_prov *pv;
+	assert_int_equal(open_prov(0, 0, &pv), 0);
+	static char buf[16384], other[100];
+	struct mp_rdma_mr *m1, *m2, *m3, *m4;
+	assert_int_equal(P->reg(pv, buf, 8192, MP_MEM_HOST, &m1), 0);
+	assert_int_equal(P->reg(pv, buf, 8192, MP_MEM_HOST, &m2), 0);
+	assert_int_equal(P->reg(pv, buf + 100, 200, MP_MEM_HOST, &m3), 0);
+	assert_int_equal(fk.reg_mr_calls, 1);
+	assert_int_equal(m1->rkey, m2->rkey);
+	assert_int_equal(m1->rkey, m3->rkey);
+	assert_ptr_equal(m1->desc, m3->desc);
+	assert_ptr_equal(m3->addr, buf + 100);
+	assert_int_equal(m3->len, 200);
+	/* A range reaching beyond the cached one is registered on its own. */
+	assert_int_equal(P->reg(pv, buf + 8000, 300, MP_MEM_HOST, &m4), 0);
+	assert_int_equal(fk.reg_mr_calls, 2);
+	assert_int_not_equal(m4->rkey, m1->rkey);
+	struct mp_rdma_mr *m5;
+	assert_int_equal(P->reg(pv, other, sizeof(other), MP_MEM_HOST, &m5), 0);
+	assert_int_equal(fk.reg_mr_calls, 3);
+
+	P->dereg(pv, m1);
+	P->dereg(pv, m3);
+	assert_int_equal(fk.dereg_mr_calls, 0);
+	P->dereg(pv, m2);
+	assert_int_equal(fk.dereg_mr_calls, 1);
+	/* Released: the same range is registered afresh. */
+	assert_int_equal(P->reg(pv, buf, 16, MP_MEM_HOST, &m1), 0);
+	assert_int_equal(fk.reg_mr_calls, 4);
+	assert_int_equal(P->reg(pv, buf, 0, MP_MEM_HOST, &m2), -EINVAL);
+	/* A dma-buf cannot be named by an address alone: the protocol stages it. */
+	assert_int_equal(P->reg(pv, buf, 16, MP_MEM_DMABUF, &m2), -EOPNOTSUPP);
+	/* close releases what is still registered (m1, m4, m5). */
+	P->close(pv);
+	assert_int_equal(fk.dereg_mr_calls, 4);
+}
+
+static void test_fake_gpudirect(void **state)
+{
+	(void)state;
+	struct mp_rdma_prov *pv;
+	assert_int_equal(open_prov(0, 0, &pv), 0);
+	fk.devmem_len = 4 * 4096;
+	fk.devmem = aligned_alloc(4096, fk.devmem_len);
+	assert_non_null(fk.devmem);
+	struct mp_rdma_mr *m;
+#ifdef MP_HAVE_CUDA
+	/* dma-buf: the fd covers the pages around [100, 5100), the MR exactly that range. */
+	fk.dmabuf_ok = true;
+	assert_int_equal(P->reg(pv, fk.devmem + 100, 5000, MP_MEM_CUDA, &m), 0);
+	assert_int_equal(fk.dmabuf_calls, 1);
+	assert_int_equal(fk.reg_mr_calls, 0);
+	assert_int_equal(fk.last_fd_len, 8192);
+	assert_int_equal(fk.last_off, 100);
+	assert_int_equal(fk.last_iova, (uintptr_t)fk.devmem + 100);
+	assert_int_equal(fcntl(fk.last_fd, F_GETFD), -1); /* closed after registering */
+	assert_int_equal(m->kind, MP_MEM_CUDA);
+	P->dereg(pv, m);
+
+	/* No dma-buf registration, nvidia-peermem loaded: ibv_reg_mr on the device pointer. */
+	fk.dmabuf_ok = false;
+	fk.peermem_ok = true;
+	assert_int_equal(P->reg(pv, fk.devmem, 4096, MP_MEM_CUDA, &m), 0);
+	assert_int_equal(fk.dmabuf_calls, 2);
+	assert_int_equal(fk.reg_mr_calls, 1);
+	P->dereg(pv, m);
+	/* No CUDA driver at all: straight to ibv_reg_mr. */
+	fk.cuda_fd_rc = -ENOSYS;
+	assert_int_equal(P->reg(pv, fk.devmem, 4096, MP_MEM_CUDA, &m), 0);
+	assert_int_equal(fk.dmabuf_calls, 2);
+	assert_int_equal(fk.reg_mr_calls, 2);
+	P->dereg(pv, m);
+	fk.cuda_fd_rc = 0;
+#endif
+	/* Neither: -EOPNOTSUPP, the protocol stages through host memory. */
+	fk.peermem_ok = false;
+	assert_int_equal(P->reg(pv, fk.devmem, 4096, MP_MEM_CUDA, &m), -EOPNOTSUPP);
+	assert_int_equal(fk.mrs, 0);
+	P->close(pv);
+	free(fk.devmem);
+	fk.devmem = NULL;
+}
+
+static void test_fake_endpoint_checks(void **state)
+{
+	(void)state;
+	struct mp_rdma_prov *pv;
+	struct mp_rdma_params prm = {.max_eps = 2, .max_outstanding = 4};
+	assert_int_equal(P->open(&prm, &pv), 0);
+	uint8_t b1[MP_RDMA_EP_BLOB_MAX], b2[MP_RDMA_EP_BLOB_MAX], junk[32];
+	size_t l1 = 16, l2 = sizeof(b2);
+	struct mp_rdma_ep *e1, *e2, *e3;
+	assert_int_equal(P->ep_create(pv, b1, &l1, &e1), -ENOSPC);
+	l1 = sizeof(b1);
+	assert_int_equal(P->ep_create(pv, b1, &l1, &e1), 0);
+	assert_int_equal(P->ep_create(pv, b2, &l2, &e2), 0);
+	size_t l3 = sizeof(junk);
+	assert_int_equal(P->ep_create(pv, junk, &l3, &e3), -ENOSPC); /* max_eps = 2 */
+
+	char x[8];
+	assert_int_equal(P->write(e1, x, sizeof(x), NULL, 0, 0, 0, MP_RDMA_WR_INLINE, 0), -ENOTCONN);
+	memset(junk, 0x11, sizeof(junk));
+	assert_int_equal(P->ep_connect(e1, junk, sizeof(junk)), -EINVAL);
+	assert_int_equal(P->ep_connect(e1, b2, l2 - 1), -EINVAL);
+	/* A RoCE peer for an InfiniBand port. */
+	memcpy(junk, b2, sizeof(junk));
+	junk[2] = IBV_LINK_LAYER_ETHERNET;
+	assert_int_equal(P->ep_connect(e1, junk, sizeof(junk)), -EINVAL);
+	assert_int_equal(P->ep_connect(e1, b2, l2), 0);
+	assert_int_equal(P->ep_connect(e1, b2, l2), -EISCONN);
+	/* A freed slot is reused. */
+	P->ep_destroy(e2);
+	l3 = sizeof(junk);
+	assert_int_equal(P->ep_create(pv, junk, &l3, &e3), 0);
+	P->close(pv);
+}
+
+/* The real libibverbs: on a machine without RDMA, open fails at once with -ENODEV. */
+static void test_real_open_fails_fast(void **state)
+{
+	(void)state;
+	mp_verbs_ibv = &mp_verbs_ibv_real;
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	struct mp_rdma_prov *pv = NULL;
+	int rc = open_prov(0, 0, &pv);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	if (rc == 0) {
+		P->close(pv);
+		skip(); /* this machine has an RDMA device */
+	}
+	assert_int_equal(rc, -ENODEV);
+	double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	assert_true(s < 5.0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_fake_open_no_device, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_hca_selection, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_gid_selection, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_qp_attributes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_roce_route, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_write_lands, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_write_imm, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_inline, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_remote_access_error, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_retry_exceeded, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_destroy_flushes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_send_queue_full, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_mr_cache, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_gpudirect, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_endpoint_checks, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_real_open_fails_fast, setup, teardown),
+	};
+	return cmocka_run_group_tests_name("verbs_prov_fake", tests, NULL, NULL);
+}
