@@ -40,7 +40,7 @@
 #include <time.h>
 
 #include "codec.h"
-#include "size_arg.h"
+#include "cli.h"
 #include "kernels.h"
 
 #define PROG "codecbench"
@@ -48,7 +48,7 @@
 /* Exit statuses. */
 #define EXIT_OK 0
 #define EXIT_FAIL 1
-#define EXIT_USAGE 2
+#define EXIT_USAGE CLI_EXIT_USAGE
 
 #define MAX_CODECS 64
 /*
@@ -613,75 +613,14 @@ static void usage(FILE *f)
 		"Exit status: 0 ok, 1 a failure (or --check failed), 2 bad usage.\n");
 }
 
-__attribute__((format(printf, 1, 2), noreturn))
-static void usage_error(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, PROG ": ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "\n\n");
-	usage(stderr);
-	exit(EXIT_USAGE);
-}
-
-static long long parse_int(const char *opt, const char *s, long long lo, long long hi)
-{
-	char *end;
-	long long v;
-
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		usage_error("bad value '%s' for %s (an integer from %lld to %lld)", s, opt, lo, hi);
-	return v;
-}
-
-static double parse_real(const char *opt, const char *s)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || *end || !isfinite(v))
-		usage_error("bad value '%s' for %s (a number)", s, opt);
-	return v;
-}
-
-/* A non-negative integer, decimal or 0x hex. */
-static uint64_t parse_u64(const char *opt, const char *s)
-{
-	char *end;
-	unsigned long long v;
-
-	if (*s < '0' || *s > '9')
-		usage_error("bad value '%s' for %s (a non-negative integer)", s, opt);
-	errno = 0;
-	/* Base 10 or 16 only: a leading zero does not silently mean octal. */
-	if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
-		if (!isxdigit((unsigned char)s[2]))
-			usage_error("bad value '%s' for %s (a non-negative integer)", s, opt);
-		v = strtoull(s + 2, &end, 16);
-	} else {
-		v = strtoull(s, &end, 10);
-	}
-	if (errno || *end)
-		usage_error("bad value '%s' for %s (a non-negative integer)", s, opt);
-	return v;
-}
-
 /* "256K", "64M", "1G", "4096" -> bytes (powers of 1024); a multiple of 4 in [lo, hi]. */
-static uint64_t parse_size(const char *opt, const char *s, uint64_t lo, uint64_t hi)
+/* A byte count of whole floats. */
+static uint64_t parse_floats(const char *opt, const char *s, uint64_t lo, uint64_t hi)
 {
-	uint64_t v;
+	uint64_t v = parse_size(opt, s, lo, hi);
 
-	if (mp_size_arg(s, &v))
-		usage_error("bad size '%s' for %s (a number with K, M or G)", s, opt);
-	if (v < lo || v > hi || v % 4)
-		usage_error("bad size '%s' for %s", s, opt);
+	if (v % 4)
+		usage_error("bad size '%s' for %s (a multiple of 4 bytes)", s, opt);
 	return v;
 }
 
@@ -805,6 +744,7 @@ static void parse_args(struct opts *o, int argc, char **argv)
 {
 	int ch;
 
+	cli_init(PROG, usage);
 	memset(o, 0, sizeof(*o));
 	o->size = 64ULL << 20;
 	o->chunk = 256ULL << 10;
@@ -823,10 +763,10 @@ static void parse_args(struct opts *o, int argc, char **argv)
 			parse_list(o, "--data", optarg, 0);
 			break;
 		case OPT_SIZE:
-			o->size = parse_size("--size", optarg, 4, SIZE_MAX_BYTES);
+			o->size = parse_floats("--size", optarg, 4, SIZE_MAX_BYTES);
 			break;
 		case OPT_CHUNK:
-			o->chunk = parse_size("--chunk", optarg, CHUNK_MIN, CHUNK_MAX);
+			o->chunk = parse_floats("--chunk", optarg, CHUNK_MIN, CHUNK_MAX);
 			break;
 		case OPT_ITERS:
 			o->iters = (int)parse_int("--iters", optarg, 1, 1000000);
@@ -841,12 +781,12 @@ static void parse_args(struct opts *o, int argc, char **argv)
 			o->params.block = (uint32_t)parse_int("--block", optarg, 1, 1 << 24);
 			break;
 		case OPT_SIGMAS:
-			o->params.sigmas = (float)parse_real("--sigmas", optarg);
+			o->params.sigmas = (float)parse_real("--sigmas", optarg, -HUGE_VAL, HUGE_VAL);
 			if (!(o->params.sigmas > 0.0f && o->params.sigmas <= 64.0f))
 				usage_error("--sigmas=%s must be above 0 and at most 64", optarg);
 			break;
 		case OPT_TOPK:
-			o->params.topk_ratio = (float)parse_real("--topk", optarg);
+			o->params.topk_ratio = (float)parse_real("--topk", optarg, -HUGE_VAL, HUGE_VAL);
 			if (!(o->params.topk_ratio > 0.0f && o->params.topk_ratio <= 1.0f))
 				usage_error("--topk=%s must be above 0 and at most 1", optarg);
 			break;

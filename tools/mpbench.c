@@ -59,14 +59,14 @@
 #include <moshpit/moshpit.h>
 #include "dpdk_seg.h"
 #include "replay.h"
-#include "size_arg.h"
+#include "cli.h"
 
 #define PROG "mpbench"
 
 /* Exit statuses. */
 #define EXIT_OK 0
 #define EXIT_FAIL 1
-#define EXIT_USAGE 2
+#define EXIT_USAGE CLI_EXIT_USAGE
 
 /* Messages between a peer and the coordinator (parent process or main thread). */
 enum {
@@ -608,8 +608,6 @@ static void grid_format(const struct gridinfo *g, char *buf, size_t len)
 	for (int i = 0; i < g->ndims && off < len; i++)
 		off += (size_t)snprintf(buf + off, len - off, "%s%d", i ? "x" : "", g->dims[i]);
 }
-
-static void usage_error(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
 /*
  * Everything that depends on the peer count: the grid, whether the result
@@ -3067,69 +3065,6 @@ static void usage(FILE *f)
 }
 
 __attribute__((format(printf, 1, 2), noreturn))
-static void usage_error(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, PROG ": ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "\n\n");
-	usage(stderr);
-	exit(EXIT_USAGE);
-}
-
-static int64_t parse_int(const char *opt, const char *s, int64_t lo, int64_t hi)
-{
-	char *end;
-	long long v;
-
-	errno = 0;
-	v = strtoll(s, &end, 0);
-	if (errno || end == s || *end || v < lo || v > hi)
-		usage_error("bad value '%s' for %s (an integer from %lld to %lld)", s, opt,
-			    (long long)lo, (long long)hi);
-	return v;
-}
-
-/* "64K", "16M", "1G", "4096" -> bytes; powers of 1024. */
-static uint64_t parse_size(const char *opt, const char *s)
-{
-	uint64_t v;
-
-	if (mp_size_arg(s, &v))
-		usage_error("bad size '%s' for %s (a number with K, M or G)", s, opt);
-	return v;
-}
-
-/* A finite number in [@lo, @hi]. */
-static double parse_real(const char *opt, const char *s, double lo, double hi)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || *end || !isfinite(v) || !(v >= lo && v <= hi))
-		usage_error("bad value '%s' for %s (a number from %g to %g)", s, opt, lo, hi);
-	return v;
-}
-
-static uint64_t parse_u64(const char *opt, const char *s)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	if (*s == '-')
-		usage_error("bad value '%s' for %s", s, opt);
-	v = strtoull(s, &end, 0);
-	if (errno || end == s || *end)
-		usage_error("bad value '%s' for %s", s, opt);
-	return v;
-}
-
 enum {
 	OPT_TRANSPORT = 256,
 	OPT_PEERS,
@@ -3238,6 +3173,7 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 	struct mp_config *c = &b->cfg;
 	int o;
 
+	cli_init(PROG, usage);
 	*rank_opt = -1;
 	*peers_opt = 0;
 	opterr = 0;
@@ -3246,11 +3182,11 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 
 		switch (o) {
 		case 'b':
-			b->minbytes = parse_size("--minbytes", optarg);
+			b->minbytes = parse_size("--minbytes", optarg, 0, UINT64_MAX);
 			b->size_given |= 1;
 			break;
 		case 'e':
-			b->maxbytes = parse_size("--maxbytes", optarg);
+			b->maxbytes = parse_size("--maxbytes", optarg, 0, UINT64_MAX);
 			b->size_given |= 2;
 			break;
 		case 'f':
@@ -3328,7 +3264,7 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			b->run = optarg;
 			break;
 		case OPT_CHUNK: {
-			uint64_t v = parse_size("--chunk", optarg);
+			uint64_t v = parse_size("--chunk", optarg, 0, UINT64_MAX);
 
 			if (v == 0 || v % 4 || v > SIZE_MAX / 2)
 				usage_error("bad --chunk '%s' (a positive multiple of 4 bytes)",

@@ -30,10 +30,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "mpsim_core.h"
 
 #define PROG "mpsim"
-#define EXIT_USAGE 2
 #define MAX_LIST 64
 /* Values held at once (peers × length), 4 bytes each: 4 GiB. */
 #define MAX_VALUES (1ULL << 30)
@@ -106,45 +106,6 @@ static void usage(FILE *f)
 		"Exit status: 0 ok, 1 a failure (memory, files), 2 bad usage.\n");
 }
 
-__attribute__((format(printf, 1, 2), noreturn))
-static void usage_error(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, PROG ": ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "\n\n");
-	usage(stderr);
-	exit(EXIT_USAGE);
-}
-
-static int64_t parse_int(const char *opt, const char *s, int64_t lo, int64_t hi)
-{
-	char *end;
-	long long v;
-
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		usage_error("bad value '%s' for %s (an integer from %lld to %lld)", s, opt,
-			    (long long)lo, (long long)hi);
-	return v;
-}
-
-static double parse_real(const char *opt, const char *s, double lo, double hi)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
-		usage_error("bad value '%s' for %s (a number from %g to %g)", s, opt, lo, hi);
-	return v;
-}
-
 /* Split a comma-separated list in place into @items: at most MAX_LIST, none empty. */
 static int split_list(const char *opt, char *s, char **items)
 {
@@ -207,6 +168,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
 	char *items[MAX_LIST];
 	int c, n;
 
+	cli_init(PROG, usage);
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		switch (c) {
 		case OPT_ALGO:

@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Option parsing shared by mpbench, mpsim and codecbench: one way to refuse
+ * a bad value, so that every tool says the same thing and exits 2.
+ */
+#ifndef MP_TOOLS_CLI_H
+#define MP_TOOLS_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit status of a bad command line, in every tool. */
+#define CLI_EXIT_USAGE 2
+
+/* Name the tool and its usage text; before any other call. */
+void cli_init(const char *prog, void (*usage)(FILE *f));
+
+/* "PROG: <message>", a blank line and the usage on stderr; exit 2. */
+void usage_error(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+/* A decimal integer in [@lo, @hi] (a leading 0 is not octal). */
+int64_t parse_int(const char *opt, const char *s, int64_t lo, int64_t hi);
+
+/* A finite number in [@lo, @hi]; infinite bounds mean none. */
+double parse_real(const char *opt, const char *s, double lo, double hi);
+
+/* A non-negative integer, decimal or 0x hexadecimal (seeds, ids). */
+uint64_t parse_u64(const char *opt, const char *s);
+
+/* A byte count ("4096", "64K", "16M", "1G": powers of 1024) in [@lo, @hi]. */
+uint64_t parse_size(const char *opt, const char *s, uint64_t lo, uint64_t hi);
+
+#endif
