@@ -68,7 +68,7 @@ enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT 
  * node learns the network (and so finds the nodes that hold the run's
  * keys) over a few hundred milliseconds, and a count that held for a few
  * reads only may be that of a node that knows few others yet. */
-#define PLACE_STEADY_NS (500ull * 1000 * 1000)
+#define PLACE_STEADY_NS (250ull * 1000 * 1000)
 
 /* ---- little-endian payload helpers -------------------------------------- */
 
@@ -198,11 +198,8 @@ static struct entry self_entry(const struct mp_ctx *ctx, int dim)
 
 static int publish_self(struct mp_ctx *ctx)
 {
-	/* A joiner's record names no round until it first declares for one:
-	 * until then no leader waits for it. A joiner's DHT node may take
-	 * seconds to read the round's keys, and a record naming the round
-	 * would hold every group of the run up meanwhile. */
-	uint32_t round = ctx->cfg.npeers || ctx->declared ? ctx->round : ROUND_JOINING;
+	/* A joiner names its first round once catch_up found it. */
+	uint32_t round = ctx->cfg.npeers || ctx->synced ? ctx->round : ROUND_JOINING;
 	struct mp_record r = {.id = ctx->self_id, .round = round, .mode = (uint8_t)ctx->mode,
 			      .ndims = (uint8_t)ctx->grid.ndims,
 			      .bandwidth = ctx->mode == MP_MODE_CLIENT ? 0.0 : ctx->cfg.bandwidth};
@@ -1273,6 +1270,8 @@ static void catch_up(struct mp_ctx *ctx)
 	}
 	ctx->need_probe = 0;
 	ctx->synced = 1;
+	ctx->published_ns = mp_now_ns();
+	publish_self(ctx);
 }
 
 /*
@@ -1421,12 +1420,6 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		if (ctx->round_hint > ctx->round)
 			ctx->round = ctx->round_hint;
 		uint32_t round = ctx->round;
-		if (!ctx->declared) {
-			/* About to declare: leaders count on us from now on (see
-			 * publish_self), at once rather than at the next refresh. */
-			ctx->declared = 1;
-			ctx->published_ns = 0;
-		}
 		publish_round(ctx);
 		ctx->round++;
 		mp_fault_match(ctx, round);
