@@ -14,10 +14,27 @@
  * Closing: libfabric 1.17's tcp provider (alone or under ofi_rxm) crashes
  * in fi_cq_read or fi_close, handling a connection event of an RDM
  * endpoint closed earlier while peers died (reproduced here under fault
- * injection, most often under ASan). So ep_destroy only parks an endpoint:
- * it is no longer polled or written through, and is closed with the
- * instance. The cost: a parked endpoint keeps its sockets until then, and a
- * peer that still holds a clear-to-send record for it could still write.
+ * injection, most often under ASan). So there ep_destroy only parks an
+ * endpoint: it is no longer polled or written through, and is closed with
+ * the instance; it keeps its sockets until then.
+ *
+ * Parking must not let a late write through: a peer that still holds a
+ * clear-to-send record for a failed connection may write into a receive
+ * buffer the protocol has handed back (rdma.c relies on ep_destroy to stop
+ * that). A registration key cannot guard it: the key is checked when a
+ * write's header arrives, and the rest of the write still lands after the
+ * key is revoked. What guards it is progress. In 1.17, tcp places incoming
+ * data only while the completion queue its endpoint is bound to is read
+ * (tcpx_cq_progress walks that queue's endpoints only), ofi_rxm reads an
+ * endpoint's queue only from that endpoint's own progress, and with
+ * FI_PROGRESS_MANUAL (requested below) and no FI_ATOMIC it starts no thread
+ * of its own. Every endpoint here has its own queue and a parked one is
+ * never read again, so its late writes stay in the kernel's socket buffer
+ * and are never placed. That holds for 1.17 only: from 1.18 tcp progresses
+ * every endpoint of a domain whenever any of its queues is read, and
+ * hardware providers place data with no progress at all. So anywhere else
+ * (another version or provider, or FI_OFI_RXM_DATA_AUTO_PROGRESS set),
+ * ep_destroy closes the endpoint at once (ofi_can_park).
  *
  * Memory keys: with FI_MR_PROV_KEY the provider picks them; otherwise we
  * request unique ones. Without FI_MR_VIRT_ADDR a target address is an
@@ -62,6 +79,7 @@ struct ofi_prov {
 	struct fid_domain *domain;
 	int virt_addr;    /* remote addresses are virtual, not offsets */
 	int prov_key;     /* the provider picks keys */
+	int park;         /* ep_destroy parks rather than closes: see the file comment */
 	uint64_t next_key;
 	int rank;
 	struct ofi_ep *eps;
@@ -116,6 +134,23 @@ static int ofi_errno(int fi_err)
 
 static void ofi_close(struct mp_rdma_prov *p);
 
+/*
+ * Whether destroyed endpoints may be parked: only where closing them
+ * crashes (1.17, tcp under ofi_rxm) and where a parked endpoint provably
+ * places nothing (see the file comment). The version is the library's at
+ * run time, not the header's.
+ */
+static int ofi_can_park(const struct fi_info *fi)
+{
+	const char *force = getenv("FI_OFI_RXM_DATA_AUTO_PROGRESS");
+	uint32_t v = fi_version();
+
+	return FI_MAJOR(v) == 1 && FI_MINOR(v) == 17 && fi->fabric_attr->prov_name &&
+	       !strcmp(fi->fabric_attr->prov_name, "tcp;ofi_rxm") &&
+	       fi->domain_attr->data_progress == FI_PROGRESS_MANUAL && !(fi->caps & FI_ATOMIC) &&
+	       (!force || !*force || !strcmp(force, "0"));
+}
+
 static int ofi_open(const struct mp_rdma_params *params, struct mp_rdma_prov **out)
 {
 	const char *want = getenv("MP_OFI_PROVIDER");
@@ -135,6 +170,8 @@ static int ofi_open(const struct mp_rdma_params *params, struct mp_rdma_prov **o
 	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
 				      FI_MR_PROV_KEY;
 	hints->domain_attr->cq_data_size = 4;
+	/* We progress every live endpoint ourselves; no provider thread may (ofi_can_park). */
+	hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
 	/* The immediate completes a message: earlier writes must have landed. */
 	hints->tx_attr->msg_order = FI_ORDER_WAW;
 	hints->rx_attr->msg_order = FI_ORDER_WAW;
@@ -166,6 +203,7 @@ static int ofi_open(const struct mp_rdma_params *params, struct mp_rdma_prov **o
 	}
 	pv->virt_addr = !!(pv->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR);
 	pv->prov_key = !!(pv->info->domain_attr->mr_mode & FI_MR_PROV_KEY);
+	pv->park = ofi_can_park(pv->info);
 	if (!pv->virt_addr && (pv->prov_key || pv->info->domain_attr->mr_key_size < 8)) {
 		MP_WARN("ofi: provider %s uses offset addressing with keys we cannot choose; "
 			"not supported", pv->info->fabric_attr->prov_name);
@@ -182,10 +220,12 @@ static int ofi_open(const struct mp_rdma_params *params, struct mp_rdma_prov **o
 		return -ENODEV;
 	}
 	MP_INFO("ofi: provider %s, domain %s, fabric %s, mr_mode 0x%x (%s addresses, %s keys), "
-		"inject %zu", pv->info->fabric_attr->prov_name, pv->info->domain_attr->name,
-		pv->info->fabric_attr->name, (unsigned)pv->info->domain_attr->mr_mode,
-		pv->virt_addr ? "virtual" : "offset", pv->prov_key ? "provider" : "our",
-		pv->info->tx_attr->inject_size);
+		"inject %zu, libfabric %u.%u; failed endpoints are %s", pv->info->fabric_attr->prov_name,
+		pv->info->domain_attr->name, pv->info->fabric_attr->name,
+		(unsigned)pv->info->domain_attr->mr_mode, pv->virt_addr ? "virtual" : "offset",
+		pv->prov_key ? "provider" : "our", pv->info->tx_attr->inject_size,
+		FI_MAJOR(fi_version()), FI_MINOR(fi_version()),
+		pv->park ? "parked until the instance closes" : "closed at once");
 	*out = (struct mp_rdma_prov *)(void *)pv;
 	return 0;
 }
@@ -325,7 +365,11 @@ static void ofi_ep_destroy(struct mp_rdma_ep *ep)
 		pv->eps = e->next;
 	if (e->next)
 		e->next->prev = e->prev;
-	/* Parked, not closed: see the file comment. */
+	if (!pv->park) {
+		ep_teardown(e);
+		return;
+	}
+	/* Parked, not closed, and never read again: see the file comment. */
 	e->prev = NULL;
 	e->next = pv->parked;
 	pv->parked = e;

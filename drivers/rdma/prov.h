@@ -97,7 +97,12 @@ struct mp_rdma_prov_ops {
 	int (*ep_create)(struct mp_rdma_prov *pv, void *blob, size_t *len, struct mp_rdma_ep **out);
 	/** Connect it to the remote endpoint that @p blob describes; usable for writes after. */
 	int (*ep_connect)(struct mp_rdma_ep *ep, const void *blob, size_t len);
-	/** Destroy; its outstanding writes complete with -ECANCELED or are dropped. */
+	/**
+	 * Destroy; its outstanding writes complete with -ECANCELED or are dropped.
+	 * From its return nothing more is placed in local memory through it,
+	 * whatever the peer still writes: the protocol hands the connection's
+	 * receive buffers back right after.
+	 */
 	void (*ep_destroy)(struct mp_rdma_ep *ep);
 
 	/** Register memory for local and remote access. */
