@@ -163,6 +163,7 @@ struct mp_ctx {
 	int placed;                        /* dht: has a grid cell (after the starting set) */
 	int need_probe;                    /* dht: ask peers for the run's round */
 	int synced;                        /* dht: a joiner asked before its first round */
+	int displaced;                     /* dht: shares its cell; looks for a hole next round */
 	uint32_t round_hint;               /* dht: the largest round a peer said it is at */
 	int nrecs;                         /* dht: records in recs (the last sync) */
 	int clog_fd;                       /* contribution log, or -1 */

@@ -674,6 +674,40 @@ static int cmp_entry(const void *a, const void *b)
 }
 
 /*
+ * Member @me's coordinate after the round: that of member (me + gid mod k)
+ * mod k, as take_roster says. Two peers can come to hold one cell, when a
+ * joiner reads the round's declarations before the last of them arrives;
+ * trading keeps that cell doubly held, and another line one short, for ever
+ * (a group only permutes the coordinates it holds). So the later of two
+ * members that come out with one coordinate is displaced: before its next
+ * round it looks for the hole (take_hole). It does not simply take a value
+ * the group does not hold: that may be the cell of a line member that is
+ * only missing from this round. Every member computes the same from the
+ * roster.
+ */
+static int next_coord(struct mp_ctx *ctx, uint32_t round, const struct entry *ro, int k,
+		      uint32_t gid, int me)
+{
+	uint8_t taken[MP_MAX_GROUP] = {0};
+	int mine = -1;
+
+	for (int i = 0; i < k; i++) {
+		int c = ro[(uint32_t)(i + (int)(gid % (uint32_t)k)) % (uint32_t)k].coord;
+		if (i == me) {
+			mine = c;
+			if (c < MP_MAX_GROUP && taken[c]) {
+				MP_INFO("round %u: our next cell is another member's too; looking for "
+					"a hole before the next round", round);
+				ctx->displaced = 1;
+			}
+		}
+		if (c < MP_MAX_GROUP)
+			taken[c] = 1;
+	}
+	return mine;
+}
+
+/*
  * Fill @g from a roster; 0, or -EBADMSG if it does not describe a group with
  * us. It also sets our next coordinate: the members trade the coordinates
  * they hold in the varied dimension, member i (roster order, which is also
@@ -713,12 +747,12 @@ static int take_roster(struct mm *m, struct entry *ro, int k, uint32_t gid, stru
 	}
 	if (me < 0)
 		return -EBADMSG;
-	/* Members of the group trade cells (see next_cell). */
+	/* Members of the group trade cells (see above). */
 	int dims = ctx->grid.dims[m->dim];
 	for (int i = 0; i < k; i++)
 		if (ro[i].coord < 0 || ro[i].coord >= dims)
 			return -EBADMSG;
-	m->next = ro[(uint32_t)(me + (int)(gid % (uint32_t)k)) % (uint32_t)k].coord;
+	m->next = next_coord(ctx, m->round, ro, k, gid, me);
 	g->id = gid;
 	g->size = k;
 	g->my_index = me;
@@ -1420,6 +1454,10 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		if (ctx->round_hint > ctx->round)
 			ctx->round = ctx->round_hint;
 		uint32_t round = ctx->round;
+		if (ctx->displaced) {
+			ctx->displaced = 0;
+			take_hole(ctx);
+		}
 		publish_round(ctx);
 		ctx->round++;
 		mp_fault_match(ctx, round);
