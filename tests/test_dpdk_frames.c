@@ -15,6 +15,11 @@
  * payloads); the ARP request gets a correct reply.
  *
  * Skips (77) without root, network namespaces or an EAL that starts.
+ *
+ * `test_dpdk_frames --stream [SIZE_KiB [COUNT]]` is a benchmark instead: the
+ * driver's one-way throughput between two processes on a memif pair
+ * (tools/bench_dpdk.sh puts it beside dpdk-testpmd's raw rate);
+ * `--pingpong [SIZE_KiB [COUNT]]` the time of a message and its answer.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -374,12 +379,240 @@ static long long counter(int rank, const char *key)
 	return v;
 }
 
-int main(void)
+/* ---- --stream: the driver's own one-way throughput on a memif pair ---- */
+
+#define STREAM_WIN 8 /* messages in flight each way */
+
+static double mono_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int pingpong; /* --pingpong: message and answer, one at a time */
+
+/* Wait (at most 20 s) for request @r; 0 if it completed with @size bytes. */
+static int pp_wait(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_drv_req *r,
+		   size_t size)
+{
+	double deadline = mono_s() + 20;
+	size_t n = 0;
+	int fin = 0, rc = 0;
+
+	for (unsigned spin = 0; !fin && (++spin % 4096 || mono_s() < deadline);) {
+		o->progress(d, 0);
+		rc = o->test(r, &fin, &n);
+	}
+	return fin && !rc && n == size ? 0 : 1;
+}
+
+/*
+ * Ping-pong: rank 1 sends @size bytes, rank 0 sends them back, @count times;
+ * rank 1 reports the time per round trip. Each side posts its next receive
+ * before it sends, as an application exchanging would.
+ */
+static int pingpong_run(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_drv_conn *c,
+			struct mp_drv_listener *l, struct mp_drv_mr *mr, uint8_t *buf, size_t size,
+			int count, int rank, int report)
+{
+	struct mp_drv_req *rr, *sr;
+	struct mp_iov v = {buf, size};
+	double t0 = 0;
+
+	for (int k = 0; k < count; k++) {
+		if (k == 1)
+			t0 = mono_s(); /* the first exchange pays for the connection */
+		if (o->irecv(c, buf + size, size, mr, &rr))
+			return 1;
+		if (rank) {
+			if (o->isend(c, &v, 1, mr, &sr) || pp_wait(o, d, sr, size) ||
+			    pp_wait(o, d, rr, size))
+				return 1;
+		} else {
+			if (pp_wait(o, d, rr, size) || o->isend(c, &v, 1, mr, &sr) ||
+			    pp_wait(o, d, sr, size))
+				return 1;
+		}
+	}
+	if (report && rank) {
+		printf("pingpong: %zu-byte messages x %d: %.1f us per round trip\n", size, count - 1,
+		       (mono_s() - t0) / (count - 1) * 1e6);
+		fflush(stdout); /* the peer leaves with _exit */
+	}
+	/* The answering side closes last: the last acknowledgements are out. */
+	if (rank == 0)
+		for (double e = mono_s() + 0.2; mono_s() < e;)
+			o->progress(d, 1);
+	o->close(c);
+	o->close_listener(l);
+	o->dereg_mr(d, mr);
+	o->fini(d);
+	free(buf);
+	return 0;
+}
+
+/*
+ * One side of the stream: rank 1 sends @count messages of @size bytes from a
+ * registered buffer (attached, not copied, on send), rank 0 receives them
+ * into STREAM_WIN posted buffers and reports the rate from the first byte
+ * to the last message. Returns 0, 1 on failure, SKIP without EAL.
+ */
+static int stream_peer(int rank, size_t size, int count, const char *sock, int report)
+{
+	const struct mp_driver_ops *o = &mp_dpdk_driver_ops;
+	struct mp_drv_params p = {.size = sizeof(p), .run_name = "s", .rank = rank,
+				  .connect_timeout_ms = 10000};
+	struct mp_drv *d;
+	struct mp_drv_listener *l;
+	struct mp_drv_conn *c = NULL;
+	struct mp_drv_mr *mr;
+	struct mp_drv_req *r[STREAM_WIN] = {0};
+	uint8_t blob[MP_DRV_ADDR_MAX];
+	size_t blen = sizeof(blob), bufsz = pingpong ? 2 * size : rank ? size : size * STREAM_WIN;
+	char vdev[256], ip[32], bind[64], ready[96];
+	long mtu = getenv("MP_DPDK_MTU") ? strtol(getenv("MP_DPDK_MTU"), NULL, 10) : 9000;
+	uint8_t *buf = aligned_alloc(4096, (bufsz + 4095) / 4096 * 4096);
+	int posted = 0, done = 0, rc;
+	double t0 = 0, deadline = mono_s() + 120;
+
+	if (!buf)
+		return 1;
+	memset(buf, rank ? 0x5a : 0, bufsz);
+	snprintf(ready, sizeof(ready), "%s/ready", stats); /* removed with the directory */
+	snprintf(vdev, sizeof(vdev), "net_memif0,role=%s,id=0,socket=%s,mac=02:00:00:00:79:0%d,"
+		 "bsize=%ld", rank ? "client" : "server", sock, rank + 1, (mtu + 14 + 127) / 128 * 128);
+	snprintf(ip, sizeof(ip), "10.79.1.%d", rank + 1);
+	snprintf(bind, sizeof(bind), "%s:7000", ip);
+	setenv("MP_DPDK_VDEV", vdev, 1);
+	setenv("MP_DPDK_IP", ip, 1);
+	if (!getenv("MP_DPDK_MTU")) {
+		snprintf(ip, sizeof(ip), "%ld", mtu);
+		setenv("MP_DPDK_MTU", ip, 1);
+	}
+	if (rank == 0)
+		setenv("MP_DPDK_READY_FILE", ready, 1);
+	else
+		for (int i = 0; i < 2000 && access(ready, F_OK); i++)
+			usleep(10000);
+	rc = o->init(&p, &d);
+	if (rc) {
+		fprintf(stderr, "stream peer %d: dpdk init: %s\n", rank, strerror(-rc));
+		return SKIP;
+	}
+	blen = sizeof(blob);
+	if (o->listen(d, bind, blob, &blen, &l) || o->reg_mr(d, buf, bufsz, MP_MEM_HOST, &mr))
+		return 1;
+	if (rank == 1) {
+		blen = sizeof(blob);
+		if (o->addr_parse(d, "02-00-00-00-79-01/10.79.1.1:7000", blob, &blen) ||
+		    o->connect(d, blob, blen, &c))
+			return 1;
+	} else {
+		while (o->accept(l, &c) == -EAGAIN && mono_s() < deadline)
+			o->progress(d, 1);
+		if (!c)
+			return 1;
+	}
+	if (pingpong)
+		return pingpong_run(o, d, c, l, mr, buf, size, count, rank, report);
+	for (unsigned spin = 0; done < count && (++spin % 4096 || mono_s() < deadline);) {
+		while (posted < count && posted - done < STREAM_WIN) {
+			struct mp_drv_req **q = &r[posted % STREAM_WIN];
+
+			if (rank) {
+				struct mp_iov v = {buf, size};
+
+				rc = o->isend(c, &v, 1, mr, q);
+			} else {
+				rc = o->irecv(c, buf + (size_t)(posted % STREAM_WIN) * size, size, mr, q);
+			}
+			if (rc == -EAGAIN)
+				break;
+			if (rc)
+				return 1;
+			posted++;
+		}
+		o->progress(d, 0);
+		for (int fin = 1; fin && done < posted;) {
+			size_t n = 0;
+
+			fin = 0;
+			rc = o->test(r[done % STREAM_WIN], &fin, &n);
+			if (!fin)
+				break;
+			if (rc || n != size) {
+				fprintf(stderr, "stream peer %d: message %d: %s, %zu bytes\n", rank, done,
+					strerror(-rc), n);
+				return 1;
+			}
+			if (!done++)
+				t0 = mono_s(); /* from the first message on: no connection set-up */
+		}
+	}
+	double t = mono_s() - t0;
+
+	if (done < count)
+		return 1;
+	if (!rank && buf[size - 1] != 0x5a)
+		return 1;
+	if (report && !rank)
+		printf("stream: %zu-byte messages x %d, MTU %ld: %.0f MB/s\n", size, count - 1, mtu,
+		       (double)size * (count - 1) / t / 1e6);
+	fflush(stdout); /* the peer leaves with _exit */
+	/* The receiver closes last: the sender's final acknowledgements are out. */
+	if (rank == 0)
+		for (double e = mono_s() + 0.2; mono_s() < e;)
+			o->progress(d, 1);
+	o->close(c);
+	o->close_listener(l);
+	o->dereg_mr(d, mr);
+	o->fini(d);
+	free(buf);
+	return 0;
+}
+
+/* test_dpdk_frames --stream|--pingpong [SIZE_KiB [COUNT]]: see stream_peer (a benchmark). */
+static int stream_main(int argc, char **argv)
+{
+	size_t size = (argc > 2 ? strtoul(argv[2], NULL, 10) : 1024) * 1024;
+	int count = argc > 3 ? atoi(argv[3]) : 200, st, fails = 0;
+	char sock[64], tmpl[] = "/tmp/mpt-stream-XXXXXX";
+	pid_t pid[2];
+
+	if (!size || count < 2 || !mkdtemp(tmpl))
+		return 1;
+	owner = getpid();
+	snprintf(stats, sizeof(stats), "%s", tmpl);
+	atexit(cleanup);
+	snprintf(sock, sizeof(sock), "/mpt-stream-%ld.sock", (long)owner);
+	fflush(NULL);
+	for (int i = 0; i < 2; i++) {
+		pid[i] = fork();
+		if (pid[i] == 0)
+			_exit(stream_peer(i, size, count, sock, 1));
+	}
+	for (int i = 0; i < 2; i++) {
+		waitpid(pid[i], &st, 0);
+		if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+			fprintf(stderr, "stream peer %d failed (status %d)\n", i, st);
+			fails++;
+		}
+	}
+	return fails ? 1 : 0;
+}
+
+int main(int argc, char **argv)
 {
 	int up[2][2], down[2][2], fails = 0, skipped = 0;
 	pid_t pid[2];
 	char tmpl[] = "/tmp/mpt-dpdk-XXXXXX";
 
+	if (argc > 1 && (!strcmp(argv[1], "--stream") || !strcmp(argv[1], "--pingpong"))) {
+		pingpong = !strcmp(argv[1], "--pingpong");
+		return stream_main(argc, argv);
+	}
 	if (geteuid() != 0) {
 		printf("SKIP: needs root for network namespaces and raw sockets\n");
 		return SKIP;

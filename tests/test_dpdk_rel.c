@@ -808,6 +808,348 @@ static void test_close_cancels(void **state)
 	sim_fini();
 }
 
+/* Deliver every frame due by now, without polling anyone (so no reply leaves). */
+static void deliver_due(void)
+{
+	while (S.nheap && S.heap[0]->at <= S.now) {
+		struct frame *f = heap_pop();
+
+		if (!S.cut[f->dst])
+			mp_rel_input(S.rel[f->dst], (uint32_t)f->src, f->data, f->len);
+		frame_put(f);
+	}
+}
+
+/*
+ * A peer that takes our last data and closes at once acknowledges it only
+ * in its FIN: the send completes with 0, and only what is still open fails
+ * with -ECONNRESET. The FIN also carries SACK words for what the closing
+ * side held beyond a hole.
+ */
+static void test_fin_carries_ack(void **state)
+{
+	static uint8_t big[3 * MSS], rb[3 * MSS];
+	struct reqwait s = { 0 }, r = { 0 }, s1 = { 0 }, s2 = { 0 };
+	struct mp_rel_stats before, after;
+	struct mp_rel_req *x;
+
+	(void)state;
+	sim_init(12, NULL);
+	struct pairc pc = connect_pair(0, 1);
+
+	/* 1: b receives all of a's message and closes before it could ack it. */
+	fill(big, sizeof(big), 9);
+	assert_int_equal(mp_rel_recv(pc.b, rb, sizeof(rb), &r.r), 0);
+	run_for(1 * MS); /* b's credit reaches a */
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big, sizeof(big) }, 1, &s.r), 0);
+	mp_rel_poll(S.rel[0]);
+	S.now += S.delay;
+	deliver_due();
+	assert_int_equal(mp_rel_test(r.r, &r.done, &r.nb), 0);
+	assert_int_equal(r.done, 1);
+	assert_int_equal(r.nb, sizeof(big));
+	assert_memory_equal(rb, big, sizeof(big));
+	mp_rel_close(pc.b);
+	run(req_finished, &s, SEC);
+	assert_int_equal(s.rc, 0);
+	assert_int_equal(s.nb, sizeof(big));
+	assert_int_equal(mp_rel_conn_status(pc.a), -ECONNRESET);
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big, 1 }, 1, &x), -ECONNRESET);
+	mp_rel_close(pc.a);
+
+	/* 2: the first segment of a's first message is lost; b holds the rest
+	 * and closes: its FIN's SACK covers them, nothing is resent, and both
+	 * sends (incomplete) fail with -ECONNRESET. */
+	pc = connect_pair(0, 1);
+	assert_int_equal(mp_rel_recv(pc.b, rb, sizeof(rb), &r.r), 0);
+	assert_int_equal(mp_rel_recv(pc.b, rb, sizeof(rb), &r.r), 0);
+	run_for(1 * MS);
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big, sizeof(big) }, 1, &s1.r), 0);
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big, sizeof(big) }, 1, &s2.r), 0);
+	S.tx_budget = 1;
+	S.loss = 1;
+	memset(S.tx_used, 0, sizeof(S.tx_used));
+	mp_rel_poll(S.rel[0]);
+	S.tx_budget = 0;
+	S.loss = 0;
+	mp_rel_poll(S.rel[0]);
+	S.now += S.delay;
+	deliver_due();
+	stats(0, &before);
+	mp_rel_close(pc.b);
+	S.now += S.delay;
+	deliver_due();
+	stats(0, &after);
+	assert_int_equal(after.seg_rx, before.seg_rx + 1);
+	assert_int_equal(after.ack_rx, before.ack_rx + 1); /* only the SACK words moved */
+	assert_int_equal(after.drop[MP_REL_DROP_LENGTH], before.drop[MP_REL_DROP_LENGTH]);
+	assert_int_equal(after.data_rtx, before.data_rtx);
+	assert_int_equal(mp_rel_test(s1.r, &s1.done, NULL), -ECONNRESET);
+	assert_int_equal(mp_rel_test(s2.r, &s2.done, NULL), -ECONNRESET);
+	assert_int_equal(s1.done + s2.done, 2);
+	mp_rel_close(pc.a);
+	assert_int_equal(S.overrun, 0);
+	sim_fini();
+}
+
+/*
+ * A receiver that stops polling once its receive completed (an application
+ * done with its round) has acknowledged the whole message in the poll that
+ * completed it: the sender's send completes without it.
+ */
+static void test_complete_acks_at_once(void **state)
+{
+	static uint8_t big[3 * MSS], rb[3 * MSS];
+	struct reqwait s = { 0 }, r = { 0 };
+
+	(void)state;
+	sim_init(15, NULL);
+	S.jitter = 0;
+	struct pairc pc = connect_pair(0, 1);
+
+	fill(big, sizeof(big), 6);
+	assert_int_equal(mp_rel_recv(pc.b, rb, sizeof(rb), &r.r), 0);
+	run_for(1 * MS);
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big, sizeof(big) }, 1, &s.r), 0);
+	mp_rel_poll(S.rel[0]);
+	S.now += S.delay;
+	deliver_due();
+	assert_int_equal(mp_rel_test(r.r, &r.done, NULL), 0);
+	assert_int_equal(r.done, 1);
+	mp_rel_poll(S.rel[1]); /* b's last poll */
+	for (uint64_t end = S.now + 50 * MS; !s.done && S.now < end; S.now += 10 * US) {
+		mp_rel_poll(S.rel[0]);
+		while (S.nheap && S.heap[0]->at <= S.now) {
+			struct frame *f = heap_pop();
+
+			if (f->dst == 0)
+				mp_rel_input(S.rel[0], (uint32_t)f->src, f->data, f->len);
+			frame_put(f);
+		}
+		req_finished(&s);
+	}
+	assert_int_equal(s.done, 1);
+	assert_int_equal(s.rc, 0);
+	mp_rel_close(pc.a);
+	mp_rel_close(pc.b);
+	sim_fini();
+}
+
+/*
+ * Instances run side by side as lanes put their lane in their connection
+ * ids: mp_rel_seg_lane finds it in every segment addressed to them.
+ */
+static void test_lanes(void **state)
+{
+	static uint8_t buf[2 * MSS], rb[2 * MSS];
+	struct reqwait s = { 0 }, r = { 0 };
+	struct mp_rel_params p0 = base_params(0), p1 = base_params(1);
+	struct mp_rel *bad;
+	const uint8_t junk[40] = { 1, 2, 3 };
+
+	(void)state;
+	sim_init(16, NULL);
+	p1.lanes = 4;
+	p1.lane = 4;
+	assert_int_equal(mp_rel_create(&p1, &bad), -EINVAL);
+	p1.lanes = 17;
+	p1.lane = 0;
+	assert_int_equal(mp_rel_create(&p1, &bad), -EINVAL);
+	/* instance 0 is lane 2 of 4, instance 1 lane 3 of 4 */
+	mp_rel_destroy(S.rel[0]);
+	mp_rel_destroy(S.rel[1]);
+	p0.lanes = p1.lanes = 4;
+	p0.lane = 2;
+	p1.lane = 3;
+	assert_int_equal(mp_rel_create(&p0, &S.rel[0]), 0);
+	assert_int_equal(mp_rel_create(&p1, &S.rel[1]), 0);
+	assert_ptr_equal(mp_rel_user(S.rel[1]), p1.user);
+	struct pairc pc = connect_pair(0, 1);
+
+	assert_ptr_equal(mp_rel_conn_rel(pc.b), S.rel[1]);
+	fill(buf, sizeof(buf), 8);
+	assert_int_equal(mp_rel_recv(pc.b, rb, sizeof(rb), &r.r), 0);
+	assert_ptr_equal(mp_rel_req_rel(r.r), S.rel[1]);
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ buf, sizeof(buf) }, 1, &s.r), 0);
+	run(req_finished, &r, SEC);
+	run(req_finished, &s, SEC);
+	assert_int_equal(r.rc, 0);
+	assert_memory_equal(rb, buf, sizeof(buf));
+	/* what each sent last: a SYN is anyone's; the rest name the receiver's lane */
+	assert_int_equal(mp_rel_seg_lane(S.last[0][1], S.last_len[0][1]), -1);
+	assert_int_equal(mp_rel_seg_lane(S.last[0][3], S.last_len[0][3]), 3);
+	assert_int_equal(mp_rel_seg_lane(S.last[1][2], S.last_len[1][2]), 2);
+	assert_int_equal(mp_rel_seg_lane(S.last[1][4], S.last_len[1][4]), 2);
+	assert_int_equal(mp_rel_seg_lane(junk, sizeof(junk)), -1);
+	assert_int_equal(mp_rel_seg_lane(S.last[1][4], 31), -1);
+	mp_rel_close(pc.a);
+	mp_rel_close(pc.b);
+	sim_fini();
+}
+
+/* The RFC 6298 arithmetic, sample by sample. */
+static void test_rtt_estimator(void **state)
+{
+	struct mp_rel_rtt e = { 0 };
+
+	(void)state;
+	/* First sample: srtt = r, rttvar = r / 2, rto = r + 4 rttvar. */
+	mp_rel_rtt_sample(&e, 100 * US, 1 * US, 0, SEC);
+	assert_int_equal(e.srtt, 100 * US);
+	assert_int_equal(e.rttvar, 50 * US);
+	assert_int_equal(e.rto, 300 * US);
+	/* rttvar = 3/4 * 50 + 1/4 * |100 - 200| = 62.5; srtt = 7/8 * 100 + 1/8 * 200. */
+	mp_rel_rtt_sample(&e, 200 * US, 1 * US, 0, SEC);
+	assert_int_equal(e.rttvar, 62500);
+	assert_int_equal(e.srtt, 112500);
+	assert_int_equal(e.rto, 112500 + 4 * 62500);
+	/* A steady RTT: the deviation decays and the granularity is the margin. */
+	for (int i = 0; i < 200; i++)
+		mp_rel_rtt_sample(&e, 100 * US, 7 * US, 0, SEC);
+	assert_true(e.srtt >= 100 * US && e.srtt < 101 * US);
+	assert_true(e.rttvar < 1 * US);
+	assert_int_equal(e.rto, e.srtt + 7 * US);
+	/* Clamped to the floor and to the ceiling. */
+	mp_rel_rtt_sample(&e, 100 * US, 7 * US, 1 * MS, SEC);
+	assert_int_equal(e.rto, 1 * MS);
+	mp_rel_rtt_sample(&e, 900 * MS, 7 * US, 1 * MS, 250 * MS);
+	assert_int_equal(e.rto, 250 * MS);
+	/* A zero sample (same clock tick) still counts as a sample. */
+	e = (struct mp_rel_rtt){ 0 };
+	mp_rel_rtt_sample(&e, 0, 5 * US, 0, SEC);
+	assert_true(e.srtt > 0);
+	assert_int_equal(e.rto, e.srtt + 5 * US);
+}
+
+/*
+ * A path far slower than the floor (2 ms each way, floor 200 us): the
+ * first timeouts are spurious, but each resends one segment, Karn's rule
+ * keeps the backoff until a segment sent once is acknowledged, and from
+ * then on the timeout follows the measured RTT. (Without Karn, the ack of
+ * the original would be taken for one of the resend: a 1 ms sample.)
+ */
+static void test_rto_follows_rtt(void **state)
+{
+	static uint8_t big[MIB], rb[MIB];
+	struct reqwait s = { 0 }, r = { 0 };
+	struct mp_rel_stats st;
+	struct mp_rel_params p = base_params(0);
+
+	(void)state;
+	p.rto_max_ns = 100 * MS;
+	sim_init(13, &p);
+	S.delay = 2 * MS;
+	S.jitter = 0;
+	struct pairc pc = connect_pair(0, 1);
+
+	/* One segment: its ack answers the original, after 4 timeouts (0.2,
+	 * 0.4, 0.8, 1.6 ms) resent it: no sample (Karn), backoff kept. */
+	fill(big, sizeof(big), 3);
+	assert_int_equal(mp_rel_recv(pc.b, rb, 10, &r.r), 0);
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big, 10 }, 1, &s.r), 0);
+	run(req_finished, &s, SEC);
+	assert_int_equal(s.rc, 0);
+	stats(0, &st);
+	assert_int_equal(st.rto_fired, 4);
+	assert_int_equal(st.data_rtx, 4);
+	assert_int_equal(mp_rel_conn_rto_ns(pc.a), 200 * US << 4);
+	/* The next segment gets the backed-off 3.2 ms, still short of the RTT:
+	 * one more timeout and still no sample; the one after gets 6.4 ms. */
+	for (int k = 0; k < 2; k++) {
+		s = (struct reqwait){ 0 };
+		r = (struct reqwait){ 0 };
+		assert_int_equal(mp_rel_recv(pc.b, rb, 10, &r.r), 0);
+		run_for(5 * MS);
+		assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big, 10 }, 1, &s.r), 0);
+		run(req_finished, &s, SEC);
+		assert_int_equal(s.rc, 0);
+		stats(0, &st);
+		assert_int_equal(st.data_rtx, 5);
+		if (!k)
+			assert_int_equal(mp_rel_conn_rto_ns(pc.a), 200 * US << 5);
+	}
+	/* That segment was sent once: a valid sample of about 4 ms ends the
+	 * backoff, rto = 3 * sample. */
+	uint64_t rto = mp_rel_conn_rto_ns(pc.a);
+
+	assert_true(rto >= 12 * MS && rto <= 12500 * US);
+	/* Bulk: 1 MiB, a window of segments per round trip; nothing resent. */
+	s = (struct reqwait){ 0 };
+	r = (struct reqwait){ 0 };
+	assert_int_equal(mp_rel_recv(pc.b, rb, sizeof(rb), &r.r), 0);
+	run_for(5 * MS);
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big, sizeof(big) }, 1, &s.r), 0);
+	run(req_finished, &r, 2 * SEC);
+	run(req_finished, &s, SEC);
+	assert_int_equal(r.rc, 0);
+	assert_memory_equal(rb, big, sizeof(big));
+	stats(0, &st);
+	assert_int_equal(st.data_rtx, 5);
+	rto = mp_rel_conn_rto_ns(pc.a);
+	assert_true(rto >= 4 * MS && rto <= 30 * MS);
+	assert_int_equal(S.overrun, 0);
+	mp_rel_close(pc.a);
+	mp_rel_close(pc.b);
+	sim_fini();
+}
+
+/*
+ * The peer stops answering for 20 ms (descheduled) with a window in
+ * flight: one timeout episode resends one segment per backoff step, not
+ * the window, and nothing fails.
+ */
+static void test_peer_pause(void **state)
+{
+	static uint8_t big[MIB], rb[MIB];
+	struct reqwait s = { 0 }, r = { 0 };
+	struct mp_rel_stats st;
+
+	(void)state;
+	sim_init(14, NULL);
+	S.jitter = 0;
+	struct pairc pc = connect_pair(0, 1);
+
+	fill(big, sizeof(big), 4);
+	assert_int_equal(mp_rel_recv(pc.b, rb, sizeof(rb), &r.r), 0);
+	run_for(1 * MS);
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big, sizeof(big) }, 1, &s.r), 0);
+	run_for(200 * US);
+	/* b is frozen: frames to it wait in the heap (like a full rx ring). */
+	uint64_t thaw = S.now + 20 * MS;
+
+	while (S.now < thaw) {
+		mp_rel_poll(S.rel[0]);
+		while (S.nheap && S.heap[0]->at <= S.now && S.heap[0]->dst != 1) {
+			struct frame *f = heap_pop();
+
+			mp_rel_input(S.rel[f->dst], (uint32_t)f->src, f->data, f->len);
+			frame_put(f);
+		}
+		if (S.nheap && S.heap[0]->at <= S.now && S.heap[0]->dst == 1) {
+			/* hold b's frames: push them past the thaw */
+			struct frame *f = heap_pop();
+
+			f->at = thaw;
+			heap_push(f);
+		}
+		S.now += 10 * US;
+	}
+	run(req_finished, &r, 2 * SEC);
+	run(req_finished, &s, SEC);
+	assert_int_equal(r.rc, 0);
+	assert_int_equal(s.rc, 0);
+	assert_memory_equal(rb, big, sizeof(big));
+	stats(0, &st);
+	/* 200 us floor, doubling: 0.2 + 0.4 + ... < 20 ms is 6 timeouts, plus
+	 * the one running at the thaw. */
+	assert_true(st.rto_fired >= 5 && st.rto_fired <= 8);
+	assert_int_equal(st.data_rtx, st.rto_fired);
+	assert_int_equal(st.conns_failed, 0);
+	mp_rel_close(pc.a);
+	mp_rel_close(pc.b);
+	sim_fini();
+}
+
 /* Bounded time to failure: rto_max per try after backoff, plus slack. */
 #define FAIL_BOUND(p) ((uint64_t)((p).max_retries + 2) * (p).rto_max_ns + 100 * MS)
 
@@ -1176,6 +1518,12 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_post_limits),
 		cmocka_unit_test(test_msgsize),
 		cmocka_unit_test(test_close_cancels),
+		cmocka_unit_test(test_fin_carries_ack),
+		cmocka_unit_test(test_complete_acks_at_once),
+		cmocka_unit_test(test_lanes),
+		cmocka_unit_test(test_rtt_estimator),
+		cmocka_unit_test(test_rto_follows_rtt),
+		cmocka_unit_test(test_peer_pause),
 		cmocka_unit_test(test_peer_vanishes),
 		cmocka_unit_test(test_idle_peer_alive),
 		cmocka_unit_test(test_connect_unanswered),

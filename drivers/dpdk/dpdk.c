@@ -18,15 +18,21 @@
  *    classified; those not for our IP and UDP port, not IPv4/UDP or failing
  *    validation are dropped and counted by reason. ARP requests for our IP
  *    are answered, so ordinary hosts and switches can reach us.
- *  - Routes: rel names peers by a 32-bit route; here a route is an index
- *    into a table of peer MAC/IP/port, found by IP and port through a small
- *    open-addressing hash. Routes are made by connect (from the address
- *    blob) and by frames from new senders (a SYN from a peer that dials us).
- *  - Run to completion: progress() polls every rx queue in bursts, feeds
- *    each UDP payload to rel, runs rel's timers and flushes the tx bursts,
- *    all in the calling thread, which registers with EAL on its first call
- *    so that mempool caches work. When idle it spins MP_DPDK_SPIN_US, then
- *    naps in short sleeps until its timeout, rel's next deadline or wake().
+ *  - Lanes: queue pair q is served by lane q, with its own rel instance,
+ *    routes and tx burst. rel names peers by a 32-bit route; here a route is
+ *    an index into the lane's table of peer MAC/IP/port, found by IP and
+ *    port through a small open-addressing hash. Routes are made by connect
+ *    (from the address blob) and by frames from new senders (a SYN from a
+ *    peer that dials us). Connections go to the lanes in turn; a segment
+ *    that arrives on another lane's queue is handed to its lane (the lane
+ *    is in the destination connection id) through that lane's ring.
+ *  - Run to completion: a pass polls the lane's rx queue in a burst, feeds
+ *    each UDP payload to rel, runs rel's timers and flushes the tx burst.
+ *    With one queue pair, progress() does it in the calling thread, which
+ *    registers with EAL on its first call so that mempool caches work; with
+ *    several, each lane has a polling thread and the ops take the lane's
+ *    ticket lock. When idle a poller spins MP_DPDK_SPIN_US, then naps in
+ *    short sleeps until its timeout, rel's next deadline or wake().
  *  - Zero copy on send: when the port takes chained mbufs, payload pieces
  *    that lie in memory registered with reg_mr are attached to mbufs as
  *    external buffers behind a small header mbuf instead of being copied.
@@ -37,8 +43,9 @@
  *    MP_DPDK_INJECT_SEED), before rel sees them.
  *
  * Threading: an instance is driven by one thread at a time, like every
- * driver; wake() may come from any thread, and reg_mr/dereg_mr from the
- * application's thread (the registry has its own lock).
+ * driver (plus its own lane threads with several queues); wake() may come
+ * from any thread, and reg_mr/dereg_mr from the application's thread (the
+ * registry has its own lock).
  */
 /* rte_dev_dma_map/unmap (DMA mappings of external memory) are experimental in 22.11. */
 #define ALLOW_EXPERIMENTAL_API 1
@@ -56,6 +63,7 @@
 #include <unistd.h>
 
 #include <rte_bus.h>
+#include <rte_cycles.h>
 #include <rte_devargs.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
@@ -65,6 +73,9 @@
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
 #include <rte_memory.h>
+#include <rte_pause.h>
+#include <rte_ring.h>
+#include <rte_ticketlock.h>
 
 #include <moshpit/driver.h>
 
@@ -94,6 +105,8 @@ struct dpdk_stats {
 	uint64_t verdict[MP_FRAME_NVERDICTS]; /* [MP_FRAME_OURS] = handed to rel */
 	uint64_t rx_no_route;   /* from a new sender with the route table full */
 	uint64_t rx_multiseg;   /* chained frames copied flat before parsing */
+	uint64_t rx_steered;    /* received on one queue, handed to the lane of another */
+	uint64_t rx_steer_full; /* that lane's inbox was full: dropped, rel resends */
 	uint64_t arp_replies;
 	uint64_t inj_loss, inj_dup, inj_reorder;
 	uint64_t tx_frames;
@@ -104,7 +117,6 @@ struct dpdk_stats {
 
 struct dpdk_route {
 	struct mp_dpdk_addr a;
-	uint16_t queue; /* tx queue, fixed per route so its frames stay in order */
 };
 
 struct mp_drv_mr {
@@ -125,21 +137,25 @@ struct dpdk_listener {
 	struct dpdk_drv *d;
 };
 
-struct dpdk_drv {
-	struct mp_drv base; /* first: the core sees a struct mp_drv * */
+/*
+ * One queue pair and what serves it: lane q receives on rx queue q, sends on
+ * tx queue q, and has its own rel instance (whose connection ids carry q,
+ * see mp_rel_seg_lane), routes and fault injection. With one lane, the
+ * core's progress thread polls it; with several, each has a polling thread
+ * and the ops take the lane's lock (its thread holds it for one pass).
+ */
+struct dpdk_lane {
+	struct dpdk_drv *d;
 	struct mp_rel *rel;
-	struct mp_dpdk_addr self;
-	bool have_ip;
-	int rank;
-	bool listening;
-	bool zc;            /* port takes chained mbufs and MP_DPDK_ZC is not 0 */
-	bool udp_csum;
+	uint16_t q;
 	bool link_up;       /* as of the last poll */
 	uint16_t ip_id;
-	atomic_int woken;
-	uint64_t spin_ns;
+	uint64_t burst_ns;  /* rel's clock while a receive burst is fed to it, else 0 */
+	rte_ticketlock_t lock;
+	struct rte_ring *inbox;       /* frames other lanes received for this one */
+	pthread_t thread;
+	bool thread_up;
 	/* fault injection */
-	double loss, dup, reorder;
 	uint64_t rng;
 	struct rte_mbuf *held;        /* reordering: delivered after the next frame */
 	uint32_t held_route;
@@ -149,12 +165,32 @@ struct dpdk_drv {
 	uint32_t nroutes;
 	struct dpdk_route *routes;
 	int32_t *hash;                /* route index + 1, 0 = empty */
-	struct dpdk_txq txq[DPDK_MAX_QUEUES];
+	struct dpdk_txq txq;
+	struct dpdk_stats st;
+	uint8_t flat[RTE_ETHER_MAX_JUMBO_FRAME_LEN]; /* chained rx frames, copied flat */
+};
+
+struct dpdk_drv {
+	struct mp_drv base; /* first: the core sees a struct mp_drv * */
+	struct mp_dpdk_addr self;
+	bool have_ip;
+	int rank;
+	bool listening;
+	bool zc;            /* port takes chained mbufs and MP_DPDK_ZC is not 0 */
+	bool udp_csum;
+	atomic_int woken;
+	uint64_t spin_ns;
+	double loss, dup, reorder;
+	uint16_t nlanes;
+	bool threaded;      /* lanes have their own polling threads */
+	struct dpdk_lane *lanes[DPDK_MAX_QUEUES];
+	atomic_uint next_lane;        /* connections are spread over lanes in turn */
+	unsigned accept_next;
+	atomic_ullong events;         /* passes of lane threads that did something */
+	atomic_bool stop;
 	struct dpdk_listener listener;
 	pthread_mutex_t mr_lock;
 	struct mp_drv_mr *mrs;
-	struct dpdk_stats st;
-	uint8_t flat[RTE_ETHER_MAX_JUMBO_FRAME_LEN]; /* chained rx frames, copied flat */
 };
 
 /* Process-wide: EAL and the port outlive instances (EAL cannot restart). */
@@ -217,21 +253,49 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/*
+ * rel reads the clock for every segment it takes in and every poll: the
+ * TSC (a few cycles) instead of clock_gettime (tens of ns, 5% of a core at
+ * memif rates), anchored to CLOCK_MONOTONIC when EAL came up.
+ */
+static struct {
+	uint64_t tsc0, ns0;
+	double ns_per_tsc; /* 0: no usable TSC rate, use clock_gettime */
+} clk;
+
+static void clock_setup(void)
+{
+	uint64_t hz = rte_get_tsc_hz();
+
+	clk.tsc0 = rte_get_tsc_cycles();
+	clk.ns0 = now_ns();
+	clk.ns_per_tsc = hz ? 1e9 / (double)hz : 0;
+}
+
+static uint64_t fast_ns(void)
+{
+	if (clk.ns_per_tsc == 0)
+		return now_ns();
+	return clk.ns0 + (uint64_t)((double)(rte_get_tsc_cycles() - clk.tsc0) * clk.ns_per_tsc);
+}
+
+/* Within a receive burst every segment gets the time read once for the burst. */
 static uint64_t rel_clock(void *user)
 {
-	(void)user;
-	return now_ns();
+	const struct dpdk_lane *l = user;
+
+	return l->burst_ns ? l->burst_ns : fast_ns();
 }
 
 /* xorshift64*: the injection decisions, reproducible from the seed. */
-static double rnd(struct dpdk_drv *d)
+static double rnd(struct dpdk_lane *l)
 {
-	uint64_t x = d->rng;
+	uint64_t x = l->rng;
 
 	x ^= x >> 12;
 	x ^= x << 25;
 	x ^= x >> 27;
-	d->rng = x;
+	l->rng = x;
 	return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0;
 }
 
@@ -360,6 +424,7 @@ static int eal_up(void)
 		return g.eal;
 	}
 	g.eal = 1;
+	clock_setup();
 	/* With --no-shconf EAL leaves its runtime directory empty: do not litter /var/run. */
 	if (rmdir(rte_eal_get_runtime_dir()) == 0)
 		MP_TRACE("dpdk: removed the empty EAL runtime directory");
@@ -406,8 +471,13 @@ static int port_setup(uint16_t nq, uint16_t mtu, unsigned mbufs, uint16_t ring)
 			info.driver_name, nq, rte_strerror(-rc));
 		return rc;
 	}
-	/* A frame copied into one mbuf: headroom plus the largest frame. */
-	room = RTE_PKTMBUF_HEADROOM + mtu + RTE_ETHER_HDR_LEN;
+	/*
+	 * A frame copied into one mbuf: headroom plus the largest frame, rounded
+	 * up to 128. memif takes its fast receive path (one mbuf per ring
+	 * buffer, allocated in bulk) only if the data room holds a whole ring
+	 * buffer (bsize): for MTU 9000 its slow path cost 30 us per round trip.
+	 */
+	room = RTE_PKTMBUF_HEADROOM + RTE_ALIGN_CEIL(mtu + RTE_ETHER_HDR_LEN, 128u);
 	if (room < RTE_MBUF_DEFAULT_BUF_SIZE)
 		room = RTE_MBUF_DEFAULT_BUF_SIZE;
 	snprintf(name, sizeof(name), "mp_frames_%u", port);
@@ -517,57 +587,47 @@ static uint32_t route_hash(const uint8_t ip[4], const uint8_t port[2])
 	return (uint32_t)(k >> 40) & (DPDK_HASH_SLOTS - 1);
 }
 
-/* The route of @a (by IP and port), made if new; -ENOSPC when the table is full. */
-static int64_t route_get(struct dpdk_drv *d, const struct mp_dpdk_addr *a)
+/* The route of @a (by IP and port) in @l, made if new; -ENOSPC when the table is full. */
+static int64_t route_get(struct dpdk_lane *l, const struct mp_dpdk_addr *a)
 {
 	uint32_t h = route_hash(a->ip, a->port);
 
 	for (;; h = (h + 1) & (DPDK_HASH_SLOTS - 1)) {
-		int32_t e = d->hash[h];
+		int32_t e = l->hash[h];
 
 		if (!e)
 			break;
-		struct dpdk_route *r = &d->routes[e - 1];
+		struct dpdk_route *r = &l->routes[e - 1];
 
 		if (!memcmp(r->a.ip, a->ip, 4) && !memcmp(r->a.port, a->port, 2))
 			return e - 1;
 	}
-	if (d->nroutes == DPDK_ROUTES_MAX)
+	if (l->nroutes == DPDK_ROUTES_MAX)
 		return -ENOSPC;
-	d->routes[d->nroutes].a = *a;
-	d->routes[d->nroutes].queue = (uint16_t)(route_hash(a->ip, a->port) % g.nq);
-	d->hash[h] = (int32_t)++d->nroutes;
-	return d->nroutes - 1;
+	l->routes[l->nroutes].a = *a;
+	l->hash[h] = (int32_t)++l->nroutes;
+	return l->nroutes - 1;
 }
 
 /* ---- transmit ---- */
 
-static uint16_t txq_flush(struct dpdk_drv *d, uint16_t q)
+static uint16_t txq_flush(struct dpdk_lane *l)
 {
-	struct dpdk_txq *t = &d->txq[q];
+	struct dpdk_txq *t = &l->txq;
 	uint16_t sent;
 
 	/*
 	 * Nothing goes to a port whose link is down: memif tears its rings
 	 * down when the peer leaves, and a burst into them can crash.
 	 */
-	if (!t->n || !d->link_up)
+	if (!t->n || !l->link_up)
 		return 0;
-	sent = rte_eth_tx_burst(g.port, q, t->m, t->n);
+	sent = rte_eth_tx_burst(g.port, l->q, t->m, t->n);
 	if (sent < t->n)
 		memmove(t->m, t->m + sent, (size_t)(t->n - sent) * sizeof(t->m[0]));
 	t->n = (uint16_t)(t->n - sent);
-	d->st.tx_frames += sent;
+	l->st.tx_frames += sent;
 	return sent;
-}
-
-static bool flush_all(struct dpdk_drv *d)
-{
-	bool any = false;
-
-	for (uint16_t q = 0; q < g.nq; q++)
-		any |= txq_flush(d, q) > 0;
-	return any;
 }
 
 /* The registration holding [p, p + len), for attaching it; NULL = copy. */
@@ -616,24 +676,24 @@ static struct rte_mbuf *attach_piece(const void *p, size_t len)
 	return m;
 }
 
-/* rel's output: one segment, one frame. */
+/* rel's output: one segment, one frame, on the lane's tx queue. */
 static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_len,
 		      const struct mp_iov *payload, int n)
 {
-	struct dpdk_drv *d = user;
+	struct dpdk_lane *l = user;
+	struct dpdk_drv *d = l->d;
 	struct dpdk_route *r;
-	struct dpdk_txq *t;
+	struct dpdk_txq *t = &l->txq;
 	struct rte_mbuf *m, *last;
 	size_t plen = hdr_len, off;
 	uint8_t *p;
 	uint32_t sum = 0;
 
-	if (route >= d->nroutes)
+	if (route >= l->nroutes)
 		return -EINVAL;
-	r = &d->routes[route];
-	t = &d->txq[r->queue];
-	if (t->n == DPDK_BURST && !txq_flush(d, r->queue)) {
-		d->st.tx_again++;
+	r = &l->routes[route];
+	if (t->n == DPDK_BURST && !txq_flush(l)) {
+		l->st.tx_again++;
 		return -EAGAIN;
 	}
 	for (int i = 0; i < n; i++)
@@ -642,11 +702,11 @@ static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_le
 		return -EMSGSIZE;
 	m = rte_pktmbuf_alloc(g.pool);
 	if (!m) {
-		d->st.tx_nombuf++;
+		l->st.tx_nombuf++;
 		return -ENOBUFS;
 	}
 	p = rte_pktmbuf_mtod(m, uint8_t *);
-	mp_frame_build(p, &d->self, &r->a, d->ip_id++, plen);
+	mp_frame_build(p, &d->self, &r->a, l->ip_id++, plen);
 	memcpy(p + MP_FRAME_HDR_LEN, hdr, hdr_len);
 	m->data_len = (uint16_t)(MP_FRAME_HDR_LEN + hdr_len);
 	m->pkt_len = m->data_len;
@@ -669,7 +729,7 @@ static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_le
 			last = x;
 			m->nb_segs++;
 			m->pkt_len += (uint32_t)v->len;
-			d->st.tx_zc_pieces++;
+			l->st.tx_zc_pieces++;
 			continue;
 		}
 		/* Copy into the last mbuf when it is ours, else into a fresh one. */
@@ -677,7 +737,7 @@ static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_le
 			x = rte_pktmbuf_alloc(g.pool);
 			if (!x) {
 				rte_pktmbuf_free(m);
-				d->st.tx_nombuf++;
+				l->st.tx_nombuf++;
 				return -ENOBUFS;
 			}
 			x->data_len = 0;
@@ -695,147 +755,252 @@ static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_le
 	return 0;
 }
 
-static void send_arp_reply(struct dpdk_drv *d, const uint8_t *req)
+static void send_arp_reply(struct dpdk_lane *l, const uint8_t *req)
 {
 	struct rte_mbuf *m = rte_pktmbuf_alloc(g.pool);
-	struct dpdk_txq *t = &d->txq[0];
+	struct dpdk_txq *t = &l->txq;
 
 	if (!m) {
-		d->st.tx_nombuf++;
+		l->st.tx_nombuf++;
 		return;
 	}
-	if (t->n == DPDK_BURST && !txq_flush(d, 0)) {
+	if (t->n == DPDK_BURST && !txq_flush(l)) {
 		rte_pktmbuf_free(m);
 		return;
 	}
 	/* Padded to the 60-byte minimum frame. */
 	memset(rte_pktmbuf_mtod(m, uint8_t *), 0, 60);
-	mp_frame_arp_reply(rte_pktmbuf_mtod(m, uint8_t *), req, &d->self);
+	mp_frame_arp_reply(rte_pktmbuf_mtod(m, uint8_t *), req, &l->d->self);
 	m->data_len = 60;
 	m->pkt_len = 60;
 	t->m[t->n++] = m;
-	d->st.arp_replies++;
+	l->st.arp_replies++;
 }
 
 /* ---- receive ---- */
 
-static void deliver_held(struct dpdk_drv *d)
+static void deliver_held(struct dpdk_lane *l)
 {
-	if (!d->held)
+	if (!l->held)
 		return;
-	mp_rel_input(d->rel, d->held_route, d->held_payload, d->held_len);
-	rte_pktmbuf_free(d->held);
-	d->held = NULL;
+	mp_rel_input(l->rel, l->held_route, l->held_payload, l->held_len);
+	rte_pktmbuf_free(l->held);
+	l->held = NULL;
 }
 
-static void rx_frame(struct dpdk_drv *d, struct rte_mbuf *m)
+/* One received frame; @steered: another lane received it for this one (counted there). */
+static void rx_frame(struct dpdk_lane *l, struct rte_mbuf *m, bool steered)
 {
+	struct dpdk_drv *d = l->d;
 	const uint8_t *f = rte_pktmbuf_mtod(m, const uint8_t *), *pl;
 	size_t len = rte_pktmbuf_data_len(m), plen;
 	struct mp_dpdk_addr src;
 	int64_t route;
 	int v;
 
-	d->st.rx_frames++;
+	if (!steered)
+		l->st.rx_frames++;
 	if (m->nb_segs > 1) {
-		if (m->pkt_len > sizeof(d->flat)) {
-			d->st.verdict[MP_FRAME_BAD_IP]++;
+		if (m->pkt_len > sizeof(l->flat)) {
+			l->st.verdict[MP_FRAME_BAD_IP]++;
 			rte_pktmbuf_free(m);
 			return;
 		}
-		f = rte_pktmbuf_read(m, 0, m->pkt_len, d->flat);
+		f = rte_pktmbuf_read(m, 0, m->pkt_len, l->flat);
 		len = m->pkt_len;
-		d->st.rx_multiseg++;
+		if (!steered)
+			l->st.rx_multiseg++;
 	}
 	v = mp_frame_classify(f, len, &d->self, &pl, &plen, &src);
-	d->st.verdict[v]++;
+	if (!steered)
+		l->st.verdict[v]++;
 	if (v == MP_FRAME_ARP_REQUEST)
-		send_arp_reply(d, f);
+		send_arp_reply(l, f);
 	if (v != MP_FRAME_OURS) {
 		rte_pktmbuf_free(m);
 		return;
 	}
-	route = route_get(d, &src);
+	if (!steered && d->nlanes > 1) {
+		/* A segment for a connection of another lane goes to that lane. */
+		int ln = mp_rel_seg_lane(pl, plen);
+
+		if (ln >= 0 && ln < d->nlanes && ln != l->q) {
+			if (rte_ring_enqueue(d->lanes[ln]->inbox, m) == 0) {
+				l->st.rx_steered++;
+			} else {
+				l->st.rx_steer_full++;
+				rte_pktmbuf_free(m);
+			}
+			return;
+		}
+	}
+	route = route_get(l, &src);
 	if (route < 0) {
-		d->st.rx_no_route++;
+		l->st.rx_no_route++;
 		rte_pktmbuf_free(m);
 		return;
 	}
-	if (d->loss > 0 && rnd(d) < d->loss) {
-		d->st.inj_loss++;
+	if (d->loss > 0 && rnd(l) < d->loss) {
+		l->st.inj_loss++;
 		rte_pktmbuf_free(m);
 		return;
 	}
-	if (d->dup > 0 && rnd(d) < d->dup) {
-		d->st.inj_dup++;
-		mp_rel_input(d->rel, (uint32_t)route, pl, plen);
+	if (d->dup > 0 && rnd(l) < d->dup) {
+		l->st.inj_dup++;
+		mp_rel_input(l->rel, (uint32_t)route, pl, plen);
 	}
-	/* A held frame goes after this one; a flat copy cannot be held (d->flat is reused). */
-	if (d->reorder > 0 && !d->held && f != d->flat && rnd(d) < d->reorder) {
-		d->st.inj_reorder++;
-		d->held = m;
-		d->held_route = (uint32_t)route;
-		d->held_payload = pl;
-		d->held_len = plen;
+	/* A held frame goes after this one; a flat copy cannot be held (l->flat is reused). */
+	if (d->reorder > 0 && !l->held && f != l->flat && rnd(l) < d->reorder) {
+		l->st.inj_reorder++;
+		l->held = m;
+		l->held_route = (uint32_t)route;
+		l->held_payload = pl;
+		l->held_len = plen;
 		return;
 	}
-	mp_rel_input(d->rel, (uint32_t)route, pl, plen);
+	mp_rel_input(l->rel, (uint32_t)route, pl, plen);
 	rte_pktmbuf_free(m);
-	deliver_held(d);
+	deliver_held(l);
 }
 
-/* One pass: receive, run rel, send. Returns whether anything happened. */
-static bool poll_once(struct dpdk_drv *d)
+/* One pass over a lane: receive, run rel, send. Returns whether anything happened. */
+static bool poll_once(struct dpdk_lane *l)
 {
 	struct rte_mbuf *burst[DPDK_BURST];
 	struct rte_eth_link link;
 	bool work = false;
+	uint16_t n = 0;
 
 	memset(&link, 0, sizeof(link));
 	rte_eth_link_get_nowait(g.port, &link);
-	d->link_up = link.link_status == RTE_ETH_LINK_UP;
-	for (uint16_t q = 0; q < g.nq && d->link_up; q++) {
-		uint16_t n = rte_eth_rx_burst(g.port, q, burst, DPDK_BURST);
+	l->link_up = link.link_status == RTE_ETH_LINK_UP;
+	if (l->link_up)
+		n = rte_eth_rx_burst(g.port, l->q, burst, DPDK_BURST);
+	if (n)
+		l->burst_ns = fast_ns();
+	for (uint16_t i = 0; i < n; i++)
+		rx_frame(l, burst[i], false);
+	if (l->inbox) {
+		unsigned k = rte_ring_dequeue_burst(l->inbox, (void **)burst, DPDK_BURST, NULL);
 
-		for (uint16_t i = 0; i < n; i++)
-			rx_frame(d, burst[i]);
-		work |= n > 0;
+		if (k && !l->burst_ns)
+			l->burst_ns = fast_ns();
+		for (unsigned i = 0; i < k; i++)
+			rx_frame(l, burst[i], true);
+		n = (uint16_t)(n + k);
 	}
+	l->burst_ns = 0;
+	work = n > 0;
 	/* A frame held for reordering never waits more than one pass. */
-	if (d->held && !work) {
-		deliver_held(d);
+	if (l->held && !work) {
+		deliver_held(l);
 		work = true;
 	}
-	work |= mp_rel_poll(d->rel) != 0;
-	work |= flush_all(d);
+	work |= mp_rel_poll(l->rel) != 0;
+	work |= txq_flush(l) > 0;
 	return work;
+}
+
+/*
+ * A lane's polling thread (several lanes): run to completion, spin
+ * MP_DPDK_SPIN_US when idle, then nap until rel's next timer (at most 50 us).
+ */
+static void *lane_main(void *arg)
+{
+	struct dpdk_lane *l = arg;
+	struct dpdk_drv *d = l->d;
+	uint64_t idle_since = fast_ns();
+
+	/* Mempool caches are per lcore: this thread gets an lcore id. */
+	if (rte_thread_register())
+		MP_TRACE("dpdk: lane %u: rte_thread_register: %s", l->q, rte_strerror(rte_errno));
+	while (!atomic_load(&d->stop)) {
+		uint64_t next, t;
+		bool work;
+
+		rte_ticketlock_lock(&l->lock);
+		work = poll_once(l);
+		next = work ? 0 : mp_rel_next_deadline_ns(l->rel);
+		rte_ticketlock_unlock(&l->lock);
+		t = fast_ns();
+		if (work) {
+			atomic_fetch_add(&d->events, 1);
+			idle_since = t;
+			continue;
+		}
+		if (t - idle_since >= d->spin_ns && next > t) {
+			uint64_t nap = DPDK_NAP_US * 1000u;
+			struct timespec ts = {.tv_sec = 0};
+
+			if (next - t < nap)
+				nap = next - t;
+			ts.tv_nsec = (long)nap;
+			nanosleep(&ts, NULL);
+		}
+	}
+	rte_thread_unregister();
+	return NULL;
 }
 
 /* ---- ops ---- */
 
 static void write_stats(struct dpdk_drv *d)
 {
-	struct mp_rel_stats rs;
+	struct mp_rel_stats rs, x;
+	struct dpdk_stats st;
 	const char *dir = getenv("MP_DPDK_STATS");
 	char line[2048], path[512];
 	size_t n = 0;
 	FILE *f;
 
-	mp_rel_get_stats(d->rel, &rs);
+	memset(&rs, 0, sizeof(rs));
+	memset(&st, 0, sizeof(st));
+	for (uint16_t i = 0; i < d->nlanes; i++) {
+		if (!d->lanes[i] || !d->lanes[i]->rel)
+			continue; /* init failed half-way */
+		const struct dpdk_stats *s = &d->lanes[i]->st;
+
+		mp_rel_get_stats(d->lanes[i]->rel, &x);
+		rs.seg_tx += x.seg_tx;
+		rs.data_tx += x.data_tx;
+		rs.data_rtx += x.data_rtx;
+		rs.fast_rtx += x.fast_rtx;
+		rs.rto_fired += x.rto_fired;
+		rs.seg_rx += x.seg_rx;
+		rs.data_rx += x.data_rx;
+		rs.dup_rx += x.dup_rx;
+		rs.conns_failed += x.conns_failed;
+		for (int w = 0; w < MP_REL_DROP_MAX; w++)
+			rs.drop[w] += x.drop[w];
+		st.rx_frames += s->rx_frames;
+		for (int v = 0; v < MP_FRAME_NVERDICTS; v++)
+			st.verdict[v] += s->verdict[v];
+		st.rx_no_route += s->rx_no_route;
+		st.rx_multiseg += s->rx_multiseg;
+		st.rx_steered += s->rx_steered;
+		st.rx_steer_full += s->rx_steer_full;
+		st.arp_replies += s->arp_replies;
+		st.inj_loss += s->inj_loss;
+		st.inj_dup += s->inj_dup;
+		st.inj_reorder += s->inj_reorder;
+		st.tx_frames += s->tx_frames;
+		st.tx_zc_pieces += s->tx_zc_pieces;
+		st.tx_nombuf += s->tx_nombuf;
+		st.tx_again += s->tx_again;
+	}
 	n += (size_t)snprintf(line + n, sizeof(line) - n,
 			      "rx_frames=%llu tx_frames=%llu tx_zc_pieces=%llu tx_nombuf=%llu "
 			      "tx_again=%llu arp_replies=%llu rx_no_route=%llu rx_multiseg=%llu "
 			      "inj_loss=%llu inj_dup=%llu inj_reorder=%llu",
-			      (unsigned long long)d->st.rx_frames, (unsigned long long)d->st.tx_frames,
-			      (unsigned long long)d->st.tx_zc_pieces,
-			      (unsigned long long)d->st.tx_nombuf, (unsigned long long)d->st.tx_again,
-			      (unsigned long long)d->st.arp_replies,
-			      (unsigned long long)d->st.rx_no_route,
-			      (unsigned long long)d->st.rx_multiseg, (unsigned long long)d->st.inj_loss,
-			      (unsigned long long)d->st.inj_dup, (unsigned long long)d->st.inj_reorder);
+			      (unsigned long long)st.rx_frames, (unsigned long long)st.tx_frames,
+			      (unsigned long long)st.tx_zc_pieces, (unsigned long long)st.tx_nombuf,
+			      (unsigned long long)st.tx_again, (unsigned long long)st.arp_replies,
+			      (unsigned long long)st.rx_no_route, (unsigned long long)st.rx_multiseg,
+			      (unsigned long long)st.inj_loss, (unsigned long long)st.inj_dup,
+			      (unsigned long long)st.inj_reorder);
 	for (int v = 0; v < MP_FRAME_NVERDICTS && n < sizeof(line); v++)
 		n += (size_t)snprintf(line + n, sizeof(line) - n, " frame_%s=%llu",
-				      mp_frame_verdict_name(v), (unsigned long long)d->st.verdict[v]);
+				      mp_frame_verdict_name(v), (unsigned long long)st.verdict[v]);
 	if (n < sizeof(line))
 		n += (size_t)snprintf(line + n, sizeof(line) - n,
 				      " seg_tx=%llu data_tx=%llu data_rtx=%llu fast_rtx=%llu "
@@ -849,6 +1014,19 @@ static void write_stats(struct dpdk_drv *d)
 	for (int w = 0; w < MP_REL_DROP_MAX && n < sizeof(line); w++)
 		n += (size_t)snprintf(line + n, sizeof(line) - n, " rel_drop_%s=%llu",
 				      mp_rel_drop_name(w), (unsigned long long)rs.drop[w]);
+	if (d->nlanes > 1 && n < sizeof(line)) {
+		n += (size_t)snprintf(line + n, sizeof(line) - n, " rx_steered=%llu rx_steer_full=%llu",
+				      (unsigned long long)st.rx_steered,
+				      (unsigned long long)st.rx_steer_full);
+		/* Each lane's data segments: how the connections spread over the queues. */
+		for (uint16_t i = 0; i < d->nlanes && n < sizeof(line); i++) {
+			if (!d->lanes[i] || !d->lanes[i]->rel)
+				continue;
+			mp_rel_get_stats(d->lanes[i]->rel, &x);
+			n += (size_t)snprintf(line + n, sizeof(line) - n, " lane%u_data_rx=%llu", i,
+					      (unsigned long long)x.data_rx);
+		}
+	}
 	MP_INFO("dpdk: counters: %s", line);
 	if (!dir || !*dir)
 		return;
@@ -862,31 +1040,55 @@ static void write_stats(struct dpdk_drv *d)
 	fclose(f);
 }
 
+static void lane_free(struct dpdk_lane *l)
+{
+	void *m;
+
+	for (uint16_t i = 0; i < l->txq.n; i++)
+		rte_pktmbuf_free(l->txq.m[i]);
+	while (l->inbox && rte_ring_dequeue(l->inbox, &m) == 0)
+		rte_pktmbuf_free(m);
+	rte_ring_free(l->inbox);
+	free(l->routes);
+	free(l->hash);
+	rte_free(l);
+}
+
 static void dpdk_fini(struct mp_drv *dd)
 {
 	struct dpdk_drv *d = (struct dpdk_drv *)dd;
+	bool stats = false;
 
 	if (!d)
 		return;
-	if (d->rel) {
-		deliver_held(d);
-		write_stats(d);
-		/* FINs for what is still open, flushed while the port still runs. */
-		mp_rel_destroy(d->rel);
-		for (int i = 0; i < 100 && g.started; i++) {
-			flush_all(d);
-			bool left = false;
-
-			for (uint16_t q = 0; q < g.nq; q++)
-				left |= d->txq[q].n > 0;
-			if (!left)
-				break;
-			usleep(100);
+	atomic_store(&d->stop, true);
+	for (uint16_t i = 0; i < d->nlanes; i++)
+		if (d->lanes[i] && d->lanes[i]->thread_up)
+			pthread_join(d->lanes[i]->thread, NULL);
+	for (uint16_t i = 0; i < d->nlanes; i++)
+		if (d->lanes[i] && d->lanes[i]->rel) {
+			deliver_held(d->lanes[i]);
+			stats = true;
 		}
+	if (stats)
+		write_stats(d);
+	for (uint16_t i = 0; i < d->nlanes; i++) {
+		struct dpdk_lane *l = d->lanes[i];
+
+		if (!l)
+			continue;
+		if (l->rel) {
+			/* FINs for what is still open, flushed while the port still runs. */
+			mp_rel_destroy(l->rel);
+			for (int k = 0; k < 100 && g.started && l->txq.n; k++) {
+				txq_flush(l);
+				if (l->txq.n)
+					usleep(100);
+			}
+		}
+		lane_free(l);
+		d->lanes[i] = NULL;
 	}
-	for (uint16_t q = 0; q < DPDK_MAX_QUEUES; q++)
-		for (uint16_t i = 0; i < d->txq[q].n; i++)
-			rte_pktmbuf_free(d->txq[q].m[i]);
 	while (d->mrs) {
 		struct mp_drv_mr *m = d->mrs;
 
@@ -904,9 +1106,47 @@ static void dpdk_fini(struct mp_drv *dd)
 		g.live = NULL;
 	}
 	pthread_mutex_unlock(&g.lock);
-	free(d->routes);
-	free(d->hash);
 	free(d);
+}
+
+/* Lane @q of @d, with its rel instance; the caller has checked the parameters' ranges. */
+static int lane_new(struct dpdk_drv *d, uint16_t q, const struct mp_rel_params *base,
+		    uint64_t seed)
+{
+	struct dpdk_lane *l = rte_zmalloc("mp_dpdk_lane", sizeof(*l), RTE_CACHE_LINE_SIZE);
+	struct mp_rel_params rp = *base;
+	char name[RTE_RING_NAMESIZE];
+	int rc;
+
+	if (!l)
+		return -ENOMEM;
+	d->lanes[q] = l;
+	l->d = d;
+	l->q = q;
+	rte_ticketlock_init(&l->lock);
+	l->routes = calloc(DPDK_ROUTES_MAX, sizeof(*l->routes));
+	l->hash = calloc(DPDK_HASH_SLOTS, sizeof(*l->hash));
+	if (!l->routes || !l->hash)
+		return -ENOMEM;
+	if (d->nlanes > 1) {
+		/* Any lane may hand frames to this one; only this one takes them. */
+		snprintf(name, sizeof(name), "mp_lane_%d_%u", (int)getpid() % 100000, q);
+		l->inbox = rte_ring_create(name, 1024, (int)rte_socket_id(), RING_F_SC_DEQ);
+		if (!l->inbox)
+			return -ENOMEM;
+	}
+	l->rng = seed * 2654435761u + (uint64_t)(d->rank + 1) * 0x9E3779B97F4A7C15ULL +
+		 (uint64_t)q * 0xD1B54A32D192ED03ULL;
+	if (!l->rng)
+		l->rng = 1;
+	rp.user = l;
+	rp.lanes = d->nlanes;
+	rp.lane = q;
+	rc = mp_rel_create(&rp, &l->rel);
+	if (rc)
+		MP_WARN("dpdk: reliable delivery: %s (MP_DPDK_WINDOW must be a power of two in "
+			"64..%u)", strerror(-rc), MP_REL_WINDOW_MAX);
+	return rc;
 }
 
 static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
@@ -933,12 +1173,6 @@ static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
 	d->rank = p && p->size >= offsetof(struct mp_drv_params, rank) + sizeof(p->rank) ? p->rank
 											 : -1;
 	pthread_mutex_init(&d->mr_lock, NULL);
-	d->routes = calloc(DPDK_ROUTES_MAX, sizeof(*d->routes));
-	d->hash = calloc(DPDK_HASH_SLOTS, sizeof(*d->hash));
-	if (!d->routes || !d->hash) {
-		rc = -ENOMEM;
-		goto fail;
-	}
 
 	pthread_mutex_lock(&g.lock);
 	if (g.live) {
@@ -987,10 +1221,6 @@ static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
 	d->loss = env_prob("MP_DPDK_INJECT_LOSS");
 	d->dup = env_prob("MP_DPDK_INJECT_DUP");
 	d->reorder = env_prob("MP_DPDK_INJECT_REORDER");
-	d->rng = (uint64_t)env_long("MP_DPDK_INJECT_SEED", 1, LONG_MIN, LONG_MAX) * 2654435761u +
-		 (uint64_t)(d->rank + 1) * 0x9E3779B97F4A7C15ULL;
-	if (!d->rng)
-		d->rng = 1;
 	if (d->loss > 0 || d->dup > 0 || d->reorder > 0)
 		MP_INFO("dpdk: injecting faults into received frames: loss %g, duplication %g, "
 			"reordering %g", d->loss, d->dup, d->reorder);
@@ -1003,12 +1233,31 @@ static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
 	rp.rto_max_ns = (uint64_t)env_long("MP_DPDK_RTO_MAX_US", 0, 0, 60000000) * 1000u;
 	rp.tx = tx_segment;
 	rp.now_ns = rel_clock;
-	rp.user = d;
-	rc = mp_rel_create(&rp, &d->rel);
-	if (rc) {
-		MP_WARN("dpdk: reliable delivery: %s (MP_DPDK_WINDOW must be a power of two in "
-			"64..%u)", strerror(-rc), MP_REL_WINDOW_MAX);
-		goto fail;
+	/* One lane per queue pair the port has (a reused port keeps its count). */
+	d->nlanes = g.nq;
+	for (uint16_t q = 0; q < d->nlanes; q++) {
+		rc = lane_new(d, q, &rp,
+			      (uint64_t)env_long("MP_DPDK_INJECT_SEED", 1, LONG_MIN, LONG_MAX));
+		if (rc)
+			goto fail;
+	}
+	if (d->nlanes > 1) {
+		for (uint16_t q = 0; q < d->nlanes; q++) {
+			struct dpdk_lane *l = d->lanes[q];
+			char name[16];
+
+			rc = -pthread_create(&l->thread, NULL, lane_main, l);
+			if (rc) {
+				MP_WARN("dpdk: cannot start the polling thread of queue %u: %s", q,
+					strerror(-rc));
+				goto fail;
+			}
+			l->thread_up = true;
+			snprintf(name, sizeof(name), "mp-dpdk-q%u", q);
+			pthread_setname_np(l->thread, name);
+		}
+		d->threaded = true;
+		MP_INFO("dpdk: %u queue pairs, each polled by its own thread", d->nlanes);
 	}
 	*out = &d->base;
 	return 0;
@@ -1025,7 +1274,7 @@ static int dpdk_query(struct mp_drv *dd, struct mp_drv_caps *caps)
 		return -EINVAL;
 	caps->flags = MP_DRV_CAP_ORDERED | (d->zc ? MP_DRV_CAP_ZERO_COPY : 0);
 	caps->max_msg = DPDK_MAX_MSG;
-	caps->default_streams = 1;
+	caps->default_streams = d->nlanes; /* a connection per lane and peer */
 	return 0;
 }
 
@@ -1108,9 +1357,12 @@ static int dpdk_listen(struct mp_drv *dd, const char *bind, void *blob, size_t *
 	rc = parse_bind(d, bind);
 	if (rc)
 		return rc;
-	rc = mp_rel_listen(d->rel, DPDK_BACKLOG);
-	if (rc)
-		return rc;
+	/* A SYN creates its connection in the lane of the queue it came in on. */
+	for (uint16_t i = 0; i < d->nlanes; i++) {
+		rte_ticketlock_lock(&d->lanes[i]->lock);
+		mp_rel_listen(d->lanes[i]->rel, DPDK_BACKLOG);
+		rte_ticketlock_unlock(&d->lanes[i]->lock);
+	}
 	d->listening = true;
 	d->listener.d = d;
 	if (blob && len) {
@@ -1128,15 +1380,27 @@ static int dpdk_listen(struct mp_drv *dd, const char *bind, void *blob, size_t *
 static int dpdk_accept(struct mp_drv_listener *l, struct mp_drv_conn **out)
 {
 	struct dpdk_listener *dl = (struct dpdk_listener *)l;
+	struct dpdk_drv *d;
 	struct mp_rel_conn *c;
-	int rc;
 
 	if (!dl || !out)
 		return -EINVAL;
-	rc = mp_rel_accept(dl->d->rel, &c);
-	if (!rc)
-		*out = (struct mp_drv_conn *)c;
-	return rc;
+	d = dl->d;
+	/* The lanes in turn, starting after the one that gave the last connection. */
+	for (uint16_t k = 0; k < d->nlanes; k++) {
+		struct dpdk_lane *ln = d->lanes[(d->accept_next + k) % d->nlanes];
+		int rc;
+
+		rte_ticketlock_lock(&ln->lock);
+		rc = mp_rel_accept(ln->rel, &c);
+		rte_ticketlock_unlock(&ln->lock);
+		if (!rc) {
+			d->accept_next = (d->accept_next + k + 1) % d->nlanes;
+			*out = (struct mp_drv_conn *)c;
+			return 0;
+		}
+	}
+	return -EAGAIN;
 }
 
 static void dpdk_close_listener(struct mp_drv_listener *l)
@@ -1145,13 +1409,24 @@ static void dpdk_close_listener(struct mp_drv_listener *l)
 
 	if (!dl || !dl->d->listening)
 		return;
-	mp_rel_listen(dl->d->rel, 0);
+	for (uint16_t i = 0; i < dl->d->nlanes; i++) {
+		rte_ticketlock_lock(&dl->d->lanes[i]->lock);
+		mp_rel_listen(dl->d->lanes[i]->rel, 0);
+		rte_ticketlock_unlock(&dl->d->lanes[i]->lock);
+	}
 	dl->d->listening = false;
+}
+
+/* The lane a connection or a request lives in. */
+static struct dpdk_lane *conn_lane(struct mp_drv_conn *c)
+{
+	return mp_rel_user(mp_rel_conn_rel((struct mp_rel_conn *)c));
 }
 
 static int dpdk_connect(struct mp_drv *dd, const void *blob, size_t len, struct mp_drv_conn **out)
 {
 	struct dpdk_drv *d = (struct dpdk_drv *)dd;
+	struct dpdk_lane *l;
 	struct mp_rel_conn *c;
 	int64_t route;
 	int rc;
@@ -1162,10 +1437,13 @@ static int dpdk_connect(struct mp_drv *dd, const void *blob, size_t len, struct 
 		MP_WARN("dpdk: cannot dial without our own IPv4 address: set MP_DPDK_IP");
 		return -EADDRNOTAVAIL;
 	}
-	route = route_get(d, blob);
-	if (route < 0)
-		return (int)route;
-	rc = mp_rel_connect(d->rel, (uint32_t)route, &c);
+	/* Connections are spread over the lanes in turn, so several streams to
+	 * one peer use several queues. */
+	l = d->lanes[atomic_fetch_add(&d->next_lane, 1) % d->nlanes];
+	rte_ticketlock_lock(&l->lock);
+	route = route_get(l, blob);
+	rc = route < 0 ? (int)route : mp_rel_connect(l->rel, (uint32_t)route, &c);
+	rte_ticketlock_unlock(&l->lock);
 	if (!rc)
 		*out = (struct mp_drv_conn *)c;
 	return rc;
@@ -1173,8 +1451,14 @@ static int dpdk_connect(struct mp_drv *dd, const void *blob, size_t len, struct 
 
 static void dpdk_close(struct mp_drv_conn *c)
 {
-	if (c)
-		mp_rel_close((struct mp_rel_conn *)c);
+	struct dpdk_lane *l;
+
+	if (!c)
+		return;
+	l = conn_lane(c);
+	rte_ticketlock_lock(&l->lock);
+	mp_rel_close((struct mp_rel_conn *)c);
+	rte_ticketlock_unlock(&l->lock);
 }
 
 static int dpdk_reg_mr(struct mp_drv *dd, void *buf, size_t len, enum mp_mem_kind kind,
@@ -1252,13 +1536,17 @@ static void dpdk_dereg_mr(struct mp_drv *dd, struct mp_drv_mr *mr)
 static int dpdk_isend(struct mp_drv_conn *c, const struct mp_iov *iov, int iovcnt,
 		      struct mp_drv_mr *mr, struct mp_drv_req **out)
 {
+	struct dpdk_lane *l;
 	struct mp_rel_req *r;
 	int rc;
 
 	(void)mr; /* tx_segment finds the registration of each piece itself */
 	if (!c || !out)
 		return -EINVAL;
+	l = conn_lane(c);
+	rte_ticketlock_lock(&l->lock);
 	rc = mp_rel_send((struct mp_rel_conn *)c, iov, iovcnt, &r);
+	rte_ticketlock_unlock(&l->lock);
 	if (!rc)
 		*out = (struct mp_drv_req *)r;
 	return rc;
@@ -1267,13 +1555,17 @@ static int dpdk_isend(struct mp_drv_conn *c, const struct mp_iov *iov, int iovcn
 static int dpdk_irecv(struct mp_drv_conn *c, void *buf, size_t cap, struct mp_drv_mr *mr,
 		      struct mp_drv_req **out)
 {
+	struct dpdk_lane *l;
 	struct mp_rel_req *r;
 	int rc;
 
 	(void)mr;
 	if (!c || !out)
 		return -EINVAL;
+	l = conn_lane(c);
+	rte_ticketlock_lock(&l->lock);
 	rc = mp_rel_recv((struct mp_rel_conn *)c, buf, cap, &r);
+	rte_ticketlock_unlock(&l->lock);
 	if (!rc)
 		*out = (struct mp_drv_req *)r;
 	return rc;
@@ -1281,40 +1573,64 @@ static int dpdk_irecv(struct mp_drv_conn *c, void *buf, size_t cap, struct mp_dr
 
 static int dpdk_test(struct mp_drv_req *r, int *done, size_t *nbytes)
 {
+	struct dpdk_lane *l;
+	int rc;
+
 	if (!r || !done)
 		return -EINVAL;
-	return mp_rel_test((struct mp_rel_req *)r, done, nbytes);
+	l = mp_rel_user(mp_rel_req_rel((struct mp_rel_req *)r));
+	rte_ticketlock_lock(&l->lock);
+	rc = mp_rel_test((struct mp_rel_req *)r, done, nbytes);
+	rte_ticketlock_unlock(&l->lock);
+	return rc;
 }
 
-/* timeout_ms < 0 waits until something happens or wake(). */
+/*
+ * timeout_ms < 0 waits until something happens or wake(). With one lane the
+ * calling thread polls it; with several, the lanes' threads do, and this
+ * waits for one of them to have done something.
+ */
 static int dpdk_progress(struct mp_drv *dd, int timeout_ms)
 {
 	struct dpdk_drv *d = (struct dpdk_drv *)dd;
-	uint64_t start, until, idle_since;
+	struct dpdk_lane *l;
+	uint64_t start, until, idle_since, seen;
+	bool work;
 
 	if (!d)
 		return -EINVAL;
-	/* Mempool caches are per lcore: the polling thread gets an lcore id once. */
-	if (rte_lcore_id() == LCORE_ID_ANY && rte_thread_register())
-		MP_TRACE("dpdk: rte_thread_register: %s (mempools without per-thread cache)",
-			 rte_strerror(rte_errno));
-	if (poll_once(d) || timeout_ms == 0)
+	l = d->lanes[0];
+	seen = atomic_load(&d->events);
+	if (!d->threaded) {
+		/* Mempool caches are per lcore: the polling thread gets an lcore id once. */
+		if (rte_lcore_id() == LCORE_ID_ANY && rte_thread_register())
+			MP_TRACE("dpdk: rte_thread_register: %s (mempools without per-thread cache)",
+				 rte_strerror(rte_errno));
+		rte_ticketlock_lock(&l->lock);
+		work = poll_once(l);
+		rte_ticketlock_unlock(&l->lock);
+		if (work)
+			return 0;
+	}
+	if (timeout_ms == 0)
 		return 0;
-	start = idle_since = now_ns();
+	start = idle_since = fast_ns();
 	until = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
 	for (;;) {
 		uint64_t t, next;
 
 		if (atomic_exchange(&d->woken, 0))
 			return 0;
-		t = now_ns();
+		if (d->threaded && atomic_load(&d->events) != seen)
+			return 0;
+		t = fast_ns();
 		if (t >= until)
 			return 0;
 		if (t - idle_since >= d->spin_ns) {
 			/* Idle: nap, but not past the timeout or rel's next timer. */
 			uint64_t nap = DPDK_NAP_US * 1000u;
 
-			next = mp_rel_next_deadline_ns(d->rel);
+			next = d->threaded ? UINT64_MAX : mp_rel_next_deadline_ns(l->rel);
 			if (next > t && next - t < nap)
 				nap = next - t;
 			if (until - t < nap)
@@ -1325,7 +1641,14 @@ static int dpdk_progress(struct mp_drv *dd, int timeout_ms)
 				nanosleep(&ts, NULL);
 			}
 		}
-		if (poll_once(d))
+		if (d->threaded) {
+			rte_pause();
+			continue;
+		}
+		rte_ticketlock_lock(&l->lock);
+		work = poll_once(l);
+		rte_ticketlock_unlock(&l->lock);
+		if (work)
 			return 0;
 	}
 }

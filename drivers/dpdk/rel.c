@@ -275,7 +275,11 @@ struct mp_rel_conn {
 	struct txseg *txs;
 	uint64_t *sacked;
 	struct txseg *rq_head, *rq_tail;
-	uint64_t rack_ts, srtt, rttvar, rto;
+	uint64_t rack_ts;
+	struct mp_rel_rtt rtt;
+	uint64_t rto;        /* from rtt (rto_min before the first sample), before backoff */
+	uint32_t backoff;    /* timeouts since the last valid RTT sample */
+	uint64_t hold_until; /* other timers wait for the segment resent by a timeout */
 
 	/* receiver */
 	uint32_t rcv_nxt, rcv_high; /* rcv_high: 1 + highest seq held */
@@ -489,6 +493,12 @@ static uint64_t rto_backoff(const struct mp_rel *rel, uint64_t base, uint32_t n)
 	return v < rel->p.rto_max_ns ? v : rel->p.rto_max_ns;
 }
 
+/* The timeout of a segment sent now. */
+static inline uint64_t cur_rto(const struct mp_rel_conn *c)
+{
+	return rto_backoff(c->rel, c->rto, c->backoff);
+}
+
 static void hdr_fill(const struct mp_rel_conn *c, uint8_t *h, unsigned type, unsigned flags)
 {
 	const struct mp_rel *rel = c->rel;
@@ -533,27 +543,15 @@ static void acked_out(struct mp_rel_conn *c)
 	tw_del(&c->rel->wheel, &c->t_dack);
 }
 
-static int send_ctl(struct mp_rel_conn *c, unsigned type)
+/*
+ * SACK words after the header at @h for what we hold beyond the cumulative
+ * ack; sets nsack and returns how many were written.
+ */
+static unsigned sack_fill(const struct mp_rel_conn *c, uint8_t *h)
 {
-	uint8_t h[REL_HDR_LEN];
-
-	hdr_fill(c, h, type, 0);
-	int rc = emit(c, h, sizeof(h), NULL, 0);
-
-	if (!rc) {
-		c->rel->st.ctl_tx++;
-		acked_out(c);
-	}
-	return rc;
-}
-
-static int send_ack(struct mp_rel_conn *c, unsigned flags)
-{
-	struct mp_rel *rel = c->rel;
-	uint8_t h[MP_REL_HDR_MAX];
+	const struct mp_rel *rel = c->rel;
 	unsigned n = 0;
 
-	hdr_fill(c, h, SEG_ACK, flags);
 	if (c->rcv_high != c->rcv_nxt) {
 		uint32_t wb0 = c->rcv_nxt & ~63u, hi = c->rcv_nxt + rel->wmask + 1;
 
@@ -569,6 +567,36 @@ static int send_ack(struct mp_rel_conn *c, unsigned flags)
 		}
 		h[5] = (uint8_t)n;
 	}
+	return n;
+}
+
+static int send_ctl(struct mp_rel_conn *c, unsigned type)
+{
+	uint8_t h[MP_REL_HDR_MAX];
+	unsigned n = 0;
+
+	hdr_fill(c, h, type, 0);
+	/* FIN and RST carry our acknowledgement in full, so that a peer whose
+	 * last data we took before closing sees its sends complete. */
+	if (type == SEG_FIN || type == SEG_RST)
+		n = sack_fill(c, h);
+	int rc = emit(c, h, REL_HDR_LEN + 8 * n, NULL, 0);
+
+	if (!rc) {
+		c->rel->st.ctl_tx++;
+		acked_out(c);
+	}
+	return rc;
+}
+
+static int send_ack(struct mp_rel_conn *c, unsigned flags)
+{
+	struct mp_rel *rel = c->rel;
+	uint8_t h[MP_REL_HDR_MAX];
+	unsigned n;
+
+	hdr_fill(c, h, SEG_ACK, flags);
+	n = sack_fill(c, h);
 	int rc = emit(c, h, REL_HDR_LEN + 8 * n, NULL, 0);
 
 	if (!rc) {
@@ -702,38 +730,54 @@ static void conn_fail(struct mp_rel_conn *c, int err, bool rst)
 
 /* ---- acknowledgements in ------------------------------------------------- */
 
+void mp_rel_rtt_sample(struct mp_rel_rtt *e, uint64_t r, uint64_t g, uint64_t lo, uint64_t hi)
+{
+	if (!e->srtt) {
+		e->srtt = r ? r : 1;
+		e->rttvar = r / 2;
+	} else {
+		uint64_t d = e->srtt > r ? e->srtt - r : r - e->srtt;
+
+		e->rttvar = (3 * e->rttvar + d) / 4;
+		e->srtt = (7 * e->srtt + r) / 8;
+		if (!e->srtt)
+			e->srtt = 1; /* 0 means "no sample yet" */
+	}
+	uint64_t v = 4 * e->rttvar > g ? 4 * e->rttvar : g;
+
+	e->rto = e->srtt + v;
+	if (e->rto < lo)
+		e->rto = lo;
+	if (e->rto > hi)
+		e->rto = hi;
+}
+
+/* A valid sample (Karn: of a segment sent once) ends any timeout backoff. */
 static void rtt_sample(struct mp_rel_conn *c, uint64_t r)
 {
 	const struct mp_rel *rel = c->rel;
 
-	if (!c->srtt) {
-		c->srtt = r;
-		c->rttvar = r / 2;
-	} else {
-		uint64_t d = c->srtt > r ? c->srtt - r : r - c->srtt;
-
-		c->rttvar = (3 * c->rttvar + d) / 4;
-		c->srtt = (7 * c->srtt + r) / 8;
-	}
-	uint64_t v = 4 * c->rttvar > rel->wheel.tick ? 4 * c->rttvar : rel->wheel.tick;
-
-	c->rto = c->srtt + v;
-	if (c->rto < rel->p.rto_min_ns)
-		c->rto = rel->p.rto_min_ns;
-	if (c->rto > rel->p.rto_max_ns)
-		c->rto = rel->p.rto_max_ns;
+	mp_rel_rtt_sample(&c->rtt, r, rel->wheel.tick, rel->p.rto_min_ns, rel->p.rto_max_ns);
+	c->rto = c->rtt.rto;
+	c->backoff = 0;
+	c->hold_until = 0;
 }
 
-/* Segment @s reached the peer; @rack collects the latest send time delivered. */
-static void seg_acked(struct mp_rel_conn *c, struct txseg *s, uint64_t *rack)
+/*
+ * Segment @s reached the peer; @rack collects the latest send time
+ * delivered, @rtt_sent the latest of segments sent only once (one RTT
+ * sample per ACK: RFC 6298 expects about one per round trip, and a sample
+ * per segment would let a few segments' worth of history set the timeout).
+ */
+static void seg_acked(struct mp_rel_conn *c, struct txseg *s, uint64_t *rack, uint64_t *rtt_sent)
 {
 	struct mp_rel *rel = c->rel;
 	struct txmsg *m = &c->txm[s->msg & rel->pmask];
 
 	tw_del(&rel->wheel, &s->t);
 	rq_unlink(c, s);
-	if (!s->retx)
-		rtt_sample(c, rel->now - s->sent_ns);
+	if (!s->retx && s->sent_ns > *rtt_sent)
+		*rtt_sent = s->sent_ns;
 	if (s->sent_ns > *rack)
 		*rack = s->sent_ns;
 	if (++m->acked == m->nseg) {
@@ -748,7 +792,7 @@ static bool on_ack(struct mp_rel_conn *c, uint32_t ack, uint32_t credit, uint32_
 {
 	struct mp_rel *rel = c->rel;
 	uint32_t hmask = rel->hwords - 1;
-	uint64_t rack = 0;
+	uint64_t rack = 0, rtt_sent = 0;
 	bool moved = false;
 
 	if (seq_lt(c->peer_credit, credit)) {
@@ -765,7 +809,7 @@ static bool on_ack(struct mp_rel_conn *c, uint32_t ack, uint32_t credit, uint32_
 		struct txseg *s = &c->txs[c->snd_una & rel->wmask];
 
 		if (!(s->flags & TS_SACK))
-			seg_acked(c, s, &rack);
+			seg_acked(c, s, &rack, &rtt_sent);
 		c->sacked[(c->snd_una >> 6) & hmask] &= ~(1ull << (c->snd_una & 63));
 		s->flags = 0;
 		c->snd_una++;
@@ -785,17 +829,19 @@ static bool on_ack(struct mp_rel_conn *c, uint32_t ack, uint32_t credit, uint32_
 
 			nw &= nw - 1;
 			s->flags |= TS_SACK;
-			seg_acked(c, s, &rack);
+			seg_acked(c, s, &rack, &rtt_sent);
 			if (seq_lt(c->high_sack, wb + b + 1))
 				c->high_sack = wb + b + 1;
 			moved = true;
 		}
 	}
+	if (rtt_sent)
+		rtt_sample(c, rel->now - rtt_sent);
 	/* Fast retransmit: a hole sent before something that was delivered is
 	 * lost, give or take a quarter of the RTT of reordering. */
 	if (rack > c->rack_ts) {
 		c->rack_ts = rack;
-		uint64_t reo = c->srtt / 4;
+		uint64_t reo = c->rtt.srtt / 4;
 
 		for (uint32_t s = c->snd_una; seq_lt(s, c->high_sack);) {
 			uint32_t wb = s & ~63u;
@@ -859,7 +905,11 @@ static struct mp_rel_conn *conn_new(struct mp_rel *rel, uint32_t route)
 	c->idx = rel->free_idx[--rel->nfree];
 	if (++rel->gen[c->idx] == 0)
 		rel->gen[c->idx] = 1;
-	c->id = (uint32_t)rel->gen[c->idx] << 16 | (c->idx + 1);
+	uint32_t gen = rel->gen[c->idx];
+
+	if (rel->p.lanes > 1) /* the lane in the top 4 bits: see mp_rel_seg_lane */
+		gen = (gen & 0x0fffu) | rel->p.lane << 12;
+	c->id = gen << 16 | (c->idx + 1);
 	c->rel = rel;
 	c->route = route;
 	c->rto = rel->p.rto_min_ns;
@@ -981,13 +1031,14 @@ void mp_rel_input(struct mp_rel *rel, uint32_t route, const void *seg, size_t le
 		drop(rel, MP_REL_DROP_TYPE);
 		return;
 	}
+	bool sacks = type == SEG_ACK || type == SEG_FIN || type == SEG_RST;
 	size_t want = type == SEG_DATA ? MP_REL_DATA_HDR_LEN + (size_t)plen
-		      : type == SEG_ACK ? REL_HDR_LEN + 8 * (size_t)nsack : REL_HDR_LEN;
+		      : sacks ? REL_HDR_LEN + 8 * (size_t)nsack : REL_HDR_LEN;
 	uint32_t dst = mp_le_get32(b + 8), src = mp_le_get32(b + 12), seq = mp_le_get32(b + 16);
 	uint32_t ack = mp_le_get32(b + 20), credit = mp_le_get32(b + 24);
 	uint32_t wnd = mp_le_get16(b + 28), mss = mp_le_get16(b + 30);
 
-	if ((type != SEG_DATA && plen) || (type != SEG_ACK && nsack) || nsack > REL_SACK_MAX ||
+	if ((type != SEG_DATA && plen) || (!sacks && nsack) || nsack > REL_SACK_MAX ||
 	    len != want || !mss || !wnd || !src || (type == SEG_SYN) != (dst == 0) ||
 	    (type == SEG_DATA && plen > mss)) {
 		drop(rel, MP_REL_DROP_LENGTH);
@@ -1011,16 +1062,20 @@ void mp_rel_input(struct mp_rel *rel, uint32_t route, const void *seg, size_t le
 		drop(rel, MP_REL_DROP_STATE);
 		return;
 	}
-	if (type == SEG_RST || type == SEG_FIN) {
-		rel->st.seg_rx++;
-		conn_fail(c, c->state == C_SYN_SENT ? -ECONNREFUSED : -ECONNRESET, false);
-		return;
-	}
 	/* Everything is checked before anything changes. */
 	bool stale = seq_lt(ack, c->snd_una);
 
 	if (!stale && seq_lt(c->snd_nxt, ack)) {
 		drop(rel, MP_REL_DROP_ACK);
+		return;
+	}
+	if (type == SEG_RST || type == SEG_FIN) {
+		rel->st.seg_rx++;
+		/* A peer that closes right after taking our last data says so in
+		 * this segment's ack: those sends are complete, not reset. */
+		if (c->state == C_OPEN && !stale)
+			on_ack(c, ack, credit, wnd, b + REL_HDR_LEN, nsack);
+		conn_fail(c, c->state == C_SYN_SENT ? -ECONNREFUSED : -ECONNRESET, false);
 		return;
 	}
 	bool dup = false;
@@ -1064,7 +1119,7 @@ void mp_rel_input(struct mp_rel *rel, uint32_t route, const void *seg, size_t le
 		establish(c, src, mss);
 		conn_ready(c); /* what waited for the handshake may go */
 	}
-	if (!stale && on_ack(c, ack, credit, wnd, b + REL_HDR_LEN, type == SEG_ACK ? nsack : 0))
+	if (!stale && on_ack(c, ack, credit, wnd, b + REL_HDR_LEN, nsack))
 		conn_ready(c);
 	if (flags & REL_F_PROBE) {
 		c->ack_now = true;
@@ -1106,6 +1161,14 @@ void mp_rel_input(struct mp_rel *rel, uint32_t route, const void *seg, size_t le
 	if (++x->got == x->nseg) {
 		x->state = RX_DONE;
 		rx_complete_head(c);
+		/*
+		 * Acknowledge a whole message at once: the application may stop
+		 * polling as soon as it sees its receives complete, and a
+		 * delayed ACK would then wait for its next poll while the sender
+		 * retransmits into a ring nobody reads (doc/dpdk.md,
+		 * "Troubleshooting": the memif stall).
+		 */
+		c->ack_now = true;
 	}
 }
 
@@ -1132,11 +1195,25 @@ static void rel_fire(struct mp_rel *rel, struct tw_node *n)
 		struct txseg *s = container_of(n, struct txseg, t);
 		struct mp_rel_conn *c = s->c;
 
-		if (s->retx >= rel->p.max_retries) {
+		/*
+		 * As in TCP, one timeout resends one segment, and the other
+		 * segments' timers wait for its answer (and its backoff): a peer
+		 * that was only slow (descheduled on a shared core) then costs
+		 * one spurious retransmission, not a window of them. If it was a
+		 * loss, the ACK of the resent segment makes fast retransmit
+		 * repair the rest (they were sent before it).
+		 */
+		if (rel->now < c->hold_until) {
+			tw_add(&rel->wheel, &s->t, c->hold_until);
+			return;
+		}
+		if (s->retx >= rel->p.max_retries || c->backoff >= rel->p.max_retries) {
 			conn_fail(c, -ETIMEDOUT, true);
 			return;
 		}
 		rel->st.rto_fired++;
+		c->backoff++;
+		c->hold_until = rel->now + cur_rto(c);
 		rq_push(c, s, 0);
 		conn_ready(c);
 	} else if (n->kind == TK_DACK) {
@@ -1214,7 +1291,7 @@ static int send_new(struct mp_rel_conn *c)
 	}
 	rel->st.data_tx++;
 	s->sent_ns = rel->now;
-	tw_add(&rel->wheel, &s->t, rel->now + c->rto);
+	tw_add(&rel->wheel, &s->t, rel->now + cur_rto(c));
 	c->snd_nxt++;
 	c->tx_off += s->len;
 	if (c->tx_off >= m->len) {
@@ -1239,7 +1316,7 @@ static int send_rtx(struct mp_rel_conn *c)
 		rel->st.fast_rtx++;
 	s->retx++;
 	s->sent_ns = rel->now;
-	tw_add(&rel->wheel, &s->t, rel->now + rto_backoff(rel, c->rto, s->retx));
+	tw_add(&rel->wheel, &s->t, rel->now + cur_rto(c));
 	return 0;
 }
 
@@ -1417,6 +1494,11 @@ void mp_rel_close(struct mp_rel_conn *c)
 	conn_free(c);
 }
 
+uint64_t mp_rel_conn_rto_ns(const struct mp_rel_conn *c)
+{
+	return cur_rto(c);
+}
+
 uint32_t mp_rel_conn_route(const struct mp_rel_conn *c)
 {
 	return c->route;
@@ -1538,7 +1620,8 @@ int mp_rel_create(const struct mp_rel_params *pin, struct mp_rel **out)
 		p.now_ns = clock_now;
 	if (p.mss > MP_REL_MSS_MAX || !pow2(p.window) || p.window < 64 ||
 	    p.window > MP_REL_WINDOW_MAX || !pow2(p.max_posted) || p.max_conns > 65535 ||
-	    p.rto_max_ns < p.rto_min_ns || p.max_retries > 60)
+	    p.rto_max_ns < p.rto_min_ns || p.max_retries > 60 || p.lanes > 16 ||
+	    (p.lanes > 1 && p.lane >= p.lanes))
 		return -EINVAL;
 	rel = calloc(1, sizeof(*rel));
 	if (!rel)
@@ -1602,6 +1685,31 @@ void mp_rel_destroy(struct mp_rel *rel)
 void mp_rel_get_stats(const struct mp_rel *rel, struct mp_rel_stats *out)
 {
 	*out = rel->st;
+}
+
+int mp_rel_seg_lane(const void *seg, size_t len)
+{
+	const uint8_t *b = seg;
+
+	if (!b || len < REL_HDR_LEN || mp_le_get16(b) != REL_MAGIC || b[2] != REL_VERSION ||
+	    b[3] == SEG_SYN)
+		return -1;
+	return (int)(mp_le_get32(b + 8) >> 28);
+}
+
+struct mp_rel *mp_rel_conn_rel(const struct mp_rel_conn *c)
+{
+	return c->rel;
+}
+
+struct mp_rel *mp_rel_req_rel(const struct mp_rel_req *r)
+{
+	return r->owner;
+}
+
+void *mp_rel_user(const struct mp_rel *rel)
+{
+	return rel->p.user;
 }
 
 const char *mp_rel_drop_name(int why)

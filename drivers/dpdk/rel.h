@@ -118,6 +118,12 @@ struct mp_rel_params {
 	uint64_t connect_timeout_ns; /**< how long SYNs are repeated before a connect
 				     fails with -ETIMEDOUT (0: max_retries SYNs, with
 				     the same backoff as data) */
+	uint32_t lanes;         /**< instances the port layer runs side by side, one per
+				     queue (0 or 1: just this one), at most 16 */
+	uint32_t lane;          /**< this instance's index among them: written into
+				     the top 4 bits of every connection id it makes,
+				     so mp_rel_seg_lane finds the instance a segment
+				     is for */
 };
 
 /** Why a received segment was dropped (struct mp_rel_stats::drop). */
@@ -249,6 +255,41 @@ uint64_t mp_rel_next_deadline_ns(const struct mp_rel *rel);
 
 /** Copy the counters. */
 void mp_rel_get_stats(const struct mp_rel *rel, struct mp_rel_stats *out);
+
+/**
+ * The lane (mp_rel_params::lane) of the connection a received segment is
+ * addressed to, read from its destination id without validating the rest;
+ * -1 for a SYN (any instance may take it) or something that is not a
+ * segment (the instance that got it drops it).
+ */
+int mp_rel_seg_lane(const void *seg, size_t len);
+/** The instance a connection or a request belongs to, and its params' user. */
+struct mp_rel *mp_rel_conn_rel(const struct mp_rel_conn *c);
+struct mp_rel *mp_rel_req_rel(const struct mp_rel_req *r);
+void *mp_rel_user(const struct mp_rel *rel);
+
+/**
+ * Round-trip estimator of one connection (RFC 6298): smoothed RTT, its mean
+ * deviation and the retransmission timeout they give. All 0 before the
+ * first sample.
+ */
+struct mp_rel_rtt {
+	uint64_t srtt, rttvar, rto;
+};
+/**
+ * Fold one RTT sample @p r (ns) into @p e: the first sets srtt = r and
+ * rttvar = r / 2, later ones rttvar = 3/4 rttvar + 1/4 |srtt - r| and
+ * srtt = 7/8 srtt + 1/8 r; then rto = srtt + max(@p g, 4 rttvar), clamped to
+ * [@p lo, @p hi]. @p g is the clock granularity (rel passes its timer tick).
+ * Samples come only from segments sent once (Karn), at most one per ACK.
+ */
+void mp_rel_rtt_sample(struct mp_rel_rtt *e, uint64_t r, uint64_t g, uint64_t lo, uint64_t hi);
+/**
+ * The retransmission timeout a segment sent now on @p c would get: the
+ * estimator's (rto_min_ns before the first sample), doubled for each timeout
+ * since the last valid sample, at most rto_max_ns.
+ */
+uint64_t mp_rel_conn_rto_ns(const struct mp_rel_conn *c);
 /** Name of a drop reason ("short", "magic", ...), "?" if out of range. */
 const char *mp_rel_drop_name(int why);
 
