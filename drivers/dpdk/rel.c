@@ -405,35 +405,30 @@ int mp_rel_test(struct mp_rel_req *r, int *done, size_t *nbytes)
 
 /* ---- lists --------------------------------------------------------------- */
 
-static void conn_ready(struct mp_rel_conn *c)
+/* Put @c on the ready list: at the back, or at the front when its turn was
+ * cut short by a full tx ring. */
+static void conn_ready_at(struct mp_rel_conn *c, bool front)
 {
 	struct mp_rel *rel = c->rel;
 
 	if (c->ready || c->state == C_FAILED)
 		return;
 	c->ready = true;
-	c->rnext = NULL;
-	c->rprev = rel->rd_tail;
-	if (rel->rd_tail)
-		rel->rd_tail->rnext = c;
+	c->rprev = front ? NULL : rel->rd_tail;
+	c->rnext = front ? rel->rd_head : NULL;
+	if (c->rprev)
+		c->rprev->rnext = c;
 	else
 		rel->rd_head = c;
-	rel->rd_tail = c;
-}
-
-/* Back to the front: it was interrupted by a full tx ring. */
-static void conn_ready_front(struct mp_rel_conn *c)
-{
-	struct mp_rel *rel = c->rel;
-
-	c->ready = true;
-	c->rprev = NULL;
-	c->rnext = rel->rd_head;
-	if (rel->rd_head)
-		rel->rd_head->rprev = c;
+	if (c->rnext)
+		c->rnext->rprev = c;
 	else
 		rel->rd_tail = c;
-	rel->rd_head = c;
+}
+
+static void conn_ready(struct mp_rel_conn *c)
+{
+	conn_ready_at(c, false);
 }
 
 static void conn_unready(struct mp_rel_conn *c)
@@ -1393,7 +1388,7 @@ int mp_rel_poll(struct mp_rel *rel)
 
 		if (rc == -EAGAIN) {
 			/* tx ring full: resume with this connection next time. */
-			conn_ready_front(c);
+			conn_ready_at(c, true);
 			break;
 		}
 		if (rc > 0)
