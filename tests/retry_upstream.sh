@@ -15,8 +15,11 @@ trap 'rm -f "$out"' EXIT
 rc=$?
 cat "$out"
 [ "$rc" -eq 0 ] && exit 0
-# The line after "terminated with signal" is the crashing frame.
-if grep -A1 'terminated with signal' "$out" | grep -q "$lib"; then
+# The first frame after "terminated with signal" that is not the C
+# library's signal trampoline is where it crashed.
+frame=$(grep -A4 'terminated with signal' "$out" | grep -v 'terminated with signal' |
+	grep -v '/libc\.so' | head -n 1)
+if printf '%s\n' "$frame" | grep -q "$lib"; then
 	echo "retry_upstream: a process crashed inside $lib (upstream); running once more"
 	"$@"
 	exit $?
