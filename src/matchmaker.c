@@ -69,6 +69,10 @@ enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT 
  * keys) over a few hundred milliseconds, and a count that held for a few
  * reads only may be that of a node that knows few others yet. */
 #define PLACE_STEADY_NS (250ull * 1000 * 1000)
+/* take_hole: how many members may still be missing from a round's
+ * declarations that stopped changing this long, when it places anyway. */
+#define PLACING_MISSING 2
+#define PLACING_QUIET_NS (1000ull * 1000 * 1000)
 
 /* ---- little-endian payload helpers -------------------------------------- */
 
@@ -1323,7 +1327,8 @@ static void take_hole(struct mp_ctx *ctx)
 	int dim = (int)(round % (uint32_t)ctx->grid.ndims);
 	uint64_t cells = mp_grid_cells(&ctx->grid), start = mp_now_ns(), last = 0;
 	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) * 1000000ull;
-	int seen = -1, steady = 0, whole = 0;
+	int seen = -1, steady = 0, whole = 0, nlast = -1;
+	uint64_t nsince = start;
 	struct mp_decl *all = malloc(MAX_RECORDS * sizeof(*all));
 	uint32_t *count = calloc((size_t)cells, sizeof(*count));
 	char key[32];
@@ -1343,7 +1348,16 @@ static void take_hole(struct mp_ctx *ctx)
 			last = now;
 		}
 		n = ctx->rdv->declared(ctx->rdv_st, key, all, MAX_RECORDS);
-		if (steady >= STEADY_SYNCS && n > 0 && !missing(ctx, round, all, n)) {
+		if (n != nlast)
+			nsince = now;
+		nlast = n;
+		int miss = n > 0 ? missing(ctx, round, all, n) : -1;
+		/* Whole: everyone who takes part has declared. Or nearly, and
+		 * settled: the one or two still missing are likely placing
+		 * themselves too (two joiners, or a joiner and a displaced peer),
+		 * each waiting for the other's declaration. */
+		if (steady >= STEADY_SYNCS && n > 1 &&
+		    (!miss || (miss <= PLACING_MISSING && now - nsince >= PLACING_QUIET_NS))) {
 			whole = 1;
 			break;
 		}
