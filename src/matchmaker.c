@@ -232,10 +232,42 @@ static void publish_round(struct mp_ctx *ctx)
 	publish_self(ctx);
 }
 
+static int cmp_u32_desc(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x > y ? -1 : x < y;
+}
+
+/*
+ * The round the run is at, from @n records: the largest that a quarter of
+ * them (at least two) have reached. Not simply the largest: a joiner's
+ * record names the round it aims at, two past the front, and every peer
+ * would jump there (skipping a round the others are matching).
+ */
+static uint32_t front_round(const struct mp_record *recs, int n)
+{
+	uint32_t *r = malloc((size_t)(n > 0 ? n : 1) * sizeof(*r));
+	uint32_t front = 0;
+	int k = 0;
+
+	if (!r)
+		return 0;
+	for (int i = 0; i < n; i++)
+		if (recs[i].round != ROUND_JOINING)
+			r[k++] = recs[i].round;
+	if (k) {
+		int q = n / 4 > 2 ? n / 4 : 2;
+		qsort(r, (size_t)k, sizeof(*r), cmp_u32_desc);
+		front = r[(q < k ? q : k) - 1];
+	}
+	free(r);
+	return front;
+}
+
 /* Bring the peer table up to date with the rendezvous; returns the number of
- * live records (self included) or a negative errno. *max_round gets the
- * largest round a member is at. */
-static int sync_members(struct mp_ctx *ctx, uint32_t *max_round)
+ * live records (self included) or a negative errno. *front gets the round
+ * the run is at (front_round). */
+static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 {
 	uint64_t gone[64];
 	int n, ng;
@@ -243,12 +275,10 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *max_round)
 	n = ctx->rdv->members(ctx->rdv_st, ctx->recs, MAX_RECORDS);
 	if (n < 0)
 		return n;
-	if (max_round)
-		*max_round = 0;
+	if (front)
+		*front = front_round(ctx->recs, n);
 	for (int i = 0; i < n; i++) {
 		const struct mp_record *r = &ctx->recs[i];
-		if (max_round && r->round != ROUND_JOINING && r->round > *max_round)
-			*max_round = r->round;
 		if (r->id == ctx->self_id || strcmp(r->transport, ctx->transport))
 			continue;
 		int idx = mp_peer_find(ctx, r->id), err;
@@ -1296,15 +1326,15 @@ static void catch_up(struct mp_ctx *ctx)
 		MP_INFO("no peer said which round the run is at; the records say %u", at);
 		ctx->round_hint = at;
 	}
-	if (ctx->round_hint + 1 >= ctx->round) {
+	if (ctx->round_hint >= ctx->round) {
 		/* That round's groups are forming as we hear of it and would be
-		 * gone by the time we declare. The next one may be too close as
-		 * well: our new DHT node must first find the nodes that hold the
-		 * round's key, and that search lasts seconds while the nodes of
-		 * peers that died time out. So the one after; take_hole starts
-		 * that search now. */
-		MP_INFO("the run is at round %u; joining at %u", ctx->round_hint, ctx->round_hint + 2);
-		ctx->round = ctx->round_hint + 2;
+		 * gone by the time we declare: the next one (take_hole starts the
+		 * search for its key now). Aiming two rounds ahead, to give a new
+		 * DHT node's search more time, lost a round for every joiner: a
+		 * replacement of a death late in a run never mixed in (and it
+		 * made the others skip a round, see front_round). */
+		MP_INFO("the run is at round %u; joining at %u", ctx->round_hint, ctx->round_hint + 1);
+		ctx->round = ctx->round_hint + 1;
 	}
 	ctx->need_probe = 0;
 	ctx->synced = 1;
