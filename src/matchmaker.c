@@ -348,7 +348,8 @@ static int cmp_decl_id(const void *a, const void *b)
  * for it nor been reported absent: @d (n of them, reordered by id here) are
  * the round's declarations. -ENOMEM on failure.
  */
-static int missing(const struct mp_ctx *ctx, uint32_t round, struct mp_decl *d, int n)
+static int missing(const struct mp_ctx *ctx, uint32_t round, struct mp_decl *d, int n,
+		   uint64_t *one)
 {
 	uint64_t now = mp_now_ns();
 	int miss = 0;
@@ -358,8 +359,11 @@ static int missing(const struct mp_ctx *ctx, uint32_t round, struct mp_decl *d, 
 		const struct mp_record *r = &ctx->recs[i];
 		struct mp_decl key = {.id = r->id};
 		if (r->id != ctx->self_id && takes_part(ctx, r, round, now) &&
-		    !bsearch(&key, d, (size_t)n, sizeof(*d), cmp_decl_id))
+		    !bsearch(&key, d, (size_t)n, sizeof(*d), cmp_decl_id)) {
+			if (one)
+				*one = r->id;
 			miss++;
+		}
 	}
 	return miss;
 }
@@ -554,6 +558,7 @@ struct mm {
 	struct mp_decl *all;      /* scratch: declarations under rkey */
 	int nround;               /* live declarations under rkey, own included */
 	int nmissing;             /* members of the round not among them (missing()) */
+	uint64_t missing_id;      /* one of them, for the log */
 	uint32_t line;            /* our line (line_of) */
 	int next;                 /* once in a group: our next coordinate */
 	uint64_t round_at;        /* when rkey was last read */
@@ -924,7 +929,7 @@ static int everyone(struct mm *m, uint64_t now)
 		int n = ctx->rdv->declared(ctx->rdv_st, m->rkey, m->all, MAX_RECORDS);
 		if (n >= 0) {
 			m->nround = n;
-			m->nmissing = missing(ctx, m->round, m->all, n);
+			m->nmissing = missing(ctx, m->round, m->all, n, &m->missing_id);
 		}
 		m->round_at = now;
 	}
@@ -1231,11 +1236,17 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			int done = m->nfol + 1 >= m->ndecl && everyone(m, now);
 			if (m->nfol + 1 >= want(m) ||
 			    (m->nfol + 1 >= m->minsz && (done || now - start >= mm_ns))) {
-				if (m->nfol + 1 < m->target)
-					MP_INFO("round %u: starting %d of %d under %s (%s)", round,
-						m->nfol + 1, m->target, m->key,
-						done ? "nobody else declared for the round" :
-						"matchmaking time is up");
+				if (m->nfol + 1 < m->target && done)
+					MP_INFO("round %u: starting %d of %d under %s (nobody else "
+						"declared for the round)", round, m->nfol + 1, m->target,
+						m->key);
+				else if (m->nfol + 1 < m->target)
+					MP_INFO("round %u: starting %d of %d under %s (matchmaking time "
+						"is up; %d declared in the line, %d member(s) of the run "
+						"had not declared: %016" PRIx64 "%s)", round, m->nfol + 1,
+						m->target, m->key, m->ndecl, m->nmissing,
+						m->nmissing ? m->missing_id : 0,
+						m->nmissing > 1 ? ", ..." : "");
 				rc = begin(m, g, bw, mode);
 				break;
 			}
@@ -1338,8 +1349,6 @@ static void catch_up(struct mp_ctx *ctx)
 	}
 	ctx->need_probe = 0;
 	ctx->synced = 1;
-	ctx->published_ns = mp_now_ns();
-	publish_self(ctx);
 }
 
 /*
@@ -1381,7 +1390,7 @@ static void take_hole(struct mp_ctx *ctx)
 		if (n != nlast)
 			nsince = now;
 		nlast = n;
-		int miss = n > 0 ? missing(ctx, round, all, n) : -1;
+		int miss = n > 0 ? missing(ctx, round, all, n, NULL) : -1;
 		/* Whole: everyone who takes part has declared. Or nearly, and
 		 * settled: the one or two still missing are likely placing
 		 * themselves too (two joiners, or a joiner and a displaced peer),
@@ -1485,6 +1494,11 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	if (!ctx->cfg.npeers && !ctx->synced) {
 		catch_up(ctx);
 		take_hole(ctx);
+		/* Only now does our record name the round: leaders would wait for
+		 * us meanwhile, and take_hole can take seconds on a new DHT node.
+		 * If they start just before it reaches them, we miss one round. */
+		ctx->published_ns = mp_now_ns();
+		publish_self(ctx);
 	}
 	for (int t = 0; t < rounds; t++) {
 		struct mp_group g = {.members = members};
