@@ -44,7 +44,6 @@
 #endif
 #include <arpa/inet.h>
 #include <errno.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -58,6 +57,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "inet.h"
+#include "le.h"
 #include "log.h"
 #include "mp_build_config.h"
 #include "rdma.h"
@@ -99,15 +100,7 @@
 _Static_assert(RDMA_MAX_MSG <= RDMA_IMM_LEN, "lengths must fit the immediate");
 
 /* Side-channel address blob, as tcp's: family, zero, port (big-endian), ip. */
-struct rdma_addr {
-	uint8_t family;
-	uint8_t reserved;
-	uint8_t port[2];
-	uint8_t ip[16];
-};
-#define RDMA_ADDR_LEN4 (offsetof(struct rdma_addr, ip) + 4)
-#define RDMA_ADDR_LEN6 (offsetof(struct rdma_addr, ip) + 16)
-_Static_assert(sizeof(struct rdma_addr) <= MP_DRV_ADDR_MAX, "address too large");
+_Static_assert(sizeof(struct mp_inet_addr) <= MP_DRV_ADDR_MAX, "address blob too large");
 
 enum rdma_ev_kind {
 	RDMA_EV_WAKE,
@@ -304,39 +297,6 @@ static int64_t now_ms(void)
 	return now_ns() / 1000000;
 }
 
-static void put_le16(unsigned char *p, uint16_t v)
-{
-	p[0] = (unsigned char)v;
-	p[1] = (unsigned char)(v >> 8);
-}
-
-static void put_le32(unsigned char *p, uint32_t v)
-{
-	put_le16(p, (uint16_t)v);
-	put_le16(p + 2, (uint16_t)(v >> 16));
-}
-
-static void put_le64(unsigned char *p, uint64_t v)
-{
-	put_le32(p, (uint32_t)v);
-	put_le32(p + 4, (uint32_t)(v >> 32));
-}
-
-static uint16_t get_le16(const unsigned char *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t get_le32(const unsigned char *p)
-{
-	return (uint32_t)get_le16(p) | (uint32_t)get_le16(p + 2) << 16;
-}
-
-static uint64_t get_le64(const unsigned char *p)
-{
-	return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
-}
-
 /* a was before b, modulo 2^32 */
 static int seq_before(uint32_t a, uint32_t b)
 {
@@ -497,201 +457,6 @@ static struct mp_rdma_mr *mr_find(struct rdma_drv *d, struct mp_drv_mr *hint, co
 	return NULL;
 }
 
-/* ---- addresses --------------------------------------------------------- */
-
-static int addr_split(const char *text, char *host, size_t hcap, unsigned *port)
-{
-	const char *h, *hend, *p;
-	unsigned long v = 0;
-
-	if (!text)
-		return -EINVAL;
-	if (text[0] == '[') {
-		h = text + 1;
-		hend = strchr(h, ']');
-		if (!hend || hend[1] != ':')
-			return -EINVAL;
-		p = hend + 2;
-	} else {
-		hend = strrchr(text, ':');
-		if (!hend || memchr(text, ':', (size_t)(hend - text)))
-			return -EINVAL;
-		h = text;
-		p = hend + 1;
-	}
-	if ((size_t)(hend - h) >= hcap || !*p || strlen(p) > 5)
-		return -EINVAL;
-	for (const char *q = p; *q; q++) {
-		if (*q < '0' || *q > '9')
-			return -EINVAL;
-		v = v * 10 + (unsigned long)(*q - '0');
-	}
-	if (v > 65535)
-		return -EINVAL;
-	memcpy(host, h, (size_t)(hend - h));
-	host[hend - h] = '\0';
-	*port = (unsigned)v;
-	return 0;
-}
-
-static int addr_resolve(const char *text, int passive, struct sockaddr_storage *ss, socklen_t *sl)
-{
-	struct addrinfo hints, *res = NULL;
-	char host[256], serv[8];
-	unsigned port;
-	int rc;
-
-	rc = addr_split(text, host, sizeof(host), &port);
-	if (rc)
-		return rc;
-	memset(ss, 0, sizeof(*ss));
-	if (!host[0] || !strcmp(host, "*")) {
-		struct sockaddr_in *sin = (struct sockaddr_in *)ss;
-
-		if (!passive)
-			return -EINVAL;
-		sin->sin_family = AF_INET;
-		sin->sin_port = htons((uint16_t)port);
-		sin->sin_addr.s_addr = htonl(INADDR_ANY);
-		*sl = sizeof(*sin);
-		return 0;
-	}
-	snprintf(serv, sizeof(serv), "%u", port);
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_NUMERICSERV;
-	rc = getaddrinfo(host, serv, &hints, &res);
-	if (rc) {
-		MP_INFO("rdma: cannot resolve '%s': %s", host, gai_strerror(rc));
-		return rc == EAI_AGAIN ? -EAGAIN : rc == EAI_MEMORY ? -ENOMEM : -EINVAL;
-	}
-	rc = -EINVAL;
-	for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
-		if ((ai->ai_family == AF_INET || ai->ai_family == AF_INET6) &&
-		    ai->ai_addrlen <= sizeof(*ss)) {
-			memcpy(ss, ai->ai_addr, ai->ai_addrlen);
-			*sl = ai->ai_addrlen;
-			rc = 0;
-			break;
-		}
-	freeaddrinfo(res);
-	return rc;
-}
-
-static int sa_to_blob(const struct sockaddr *sa, struct rdma_addr *a, size_t *len)
-{
-	memset(a, 0, sizeof(*a));
-	if (sa->sa_family == AF_INET) {
-		const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
-
-		a->family = 4;
-		memcpy(a->port, &sin->sin_port, 2);
-		memcpy(a->ip, &sin->sin_addr, 4);
-		*len = RDMA_ADDR_LEN4;
-		return 0;
-	}
-	if (sa->sa_family == AF_INET6) {
-		const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)sa;
-
-		if (sin6->sin6_scope_id)
-			return -EINVAL; /* a link-local scope means nothing on another host */
-		a->family = 6;
-		memcpy(a->port, &sin6->sin6_port, 2);
-		memcpy(a->ip, &sin6->sin6_addr, 16);
-		*len = RDMA_ADDR_LEN6;
-		return 0;
-	}
-	return -EINVAL;
-}
-
-static int blob_to_sa(const void *blob, size_t len, struct sockaddr_storage *ss, socklen_t *sl)
-{
-	struct rdma_addr a;
-
-	if (!blob || len < RDMA_ADDR_LEN4 || len > sizeof(a))
-		return -EINVAL;
-	memset(&a, 0, sizeof(a));
-	memcpy(&a, blob, len);
-	memset(ss, 0, sizeof(*ss));
-	if (a.reserved)
-		return -EINVAL;
-	if (a.family == 4 && len == RDMA_ADDR_LEN4) {
-		struct sockaddr_in *sin = (struct sockaddr_in *)ss;
-
-		sin->sin_family = AF_INET;
-		memcpy(&sin->sin_port, a.port, 2);
-		memcpy(&sin->sin_addr, a.ip, 4);
-		*sl = sizeof(*sin);
-		return 0;
-	}
-	if (a.family == 6 && len == RDMA_ADDR_LEN6) {
-		struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
-
-		sin6->sin6_family = AF_INET6;
-		memcpy(&sin6->sin6_port, a.port, 2);
-		memcpy(&sin6->sin6_addr, a.ip, 16);
-		*sl = sizeof(*sin6);
-		return 0;
-	}
-	return -EINVAL;
-}
-
-static int sa_format(const struct sockaddr *sa, char *text, size_t cap)
-{
-	char ip[INET6_ADDRSTRLEN];
-	int n;
-
-	if (sa->sa_family == AF_INET) {
-		const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
-
-		inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip));
-		n = snprintf(text, cap, "%s:%u", ip, (unsigned)ntohs(sin->sin_port));
-	} else if (sa->sa_family == AF_INET6) {
-		const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)sa;
-
-		inet_ntop(AF_INET6, &sin6->sin6_addr, ip, sizeof(ip));
-		n = snprintf(text, cap, "[%s]:%u", ip, (unsigned)ntohs(sin6->sin6_port));
-	} else {
-		return -EINVAL;
-	}
-	return n < 0 || (size_t)n >= cap ? -ENOSPC : 0;
-}
-
-static int rdma_addr_parse(struct mp_drv *d, const char *text, void *blob, size_t *len)
-{
-	struct sockaddr_storage ss;
-	struct rdma_addr a;
-	socklen_t sl;
-	size_t n;
-	int rc;
-
-	(void)d;
-	if (!blob || !len)
-		return -EINVAL;
-	rc = addr_resolve(text, 0, &ss, &sl);
-	if (!rc)
-		rc = sa_to_blob((struct sockaddr *)&ss, &a, &n);
-	if (rc)
-		return rc;
-	memcpy(blob, &a, n);
-	*len = n;
-	return 0;
-}
-
-static int rdma_addr_format(struct mp_drv *d, const void *blob, size_t len, char *text, size_t cap)
-{
-	struct sockaddr_storage ss;
-	socklen_t sl;
-	int rc;
-
-	(void)d;
-	if (!text)
-		return -EINVAL;
-	rc = blob_to_sa(blob, len, &ss, &sl);
-	return rc ? rc : sa_format((struct sockaddr *)&ss, text, cap);
-}
-
 /* ---- writes ------------------------------------------------------------ */
 
 static int conn_room(const struct rdma_conn *c)
@@ -736,11 +501,11 @@ static int conn_pump_recv(struct rdma_conn *c)
 		unsigned flags = MP_RDMA_WR_IMM;
 		int rc;
 
-		put_le64(rec, (uint64_t)(uintptr_t)r->r.target);
-		put_le64(rec + 8, r->r.mr->rkey);
-		put_le64(rec + 16, r->r.cap);
-		put_le32(rec + 24, c->cts_sent);
-		put_le32(rec + 28, 0);
+		mp_le_put64(rec, (uint64_t)(uintptr_t)r->r.target);
+		mp_le_put64(rec + 8, r->r.mr->rkey);
+		mp_le_put64(rec + 16, r->r.cap);
+		mp_le_put32(rec + 24, c->cts_sent);
+		mp_le_put32(rec + 28, 0);
 		if (d->max_inline >= RDMA_CTS_SIZE)
 			flags |= MP_RDMA_WR_INLINE;
 		rc = conn_write(c, rec, RDMA_CTS_SIZE, c->ring_mr, c->peer_ring + slot * RDMA_CTS_SIZE,
@@ -773,19 +538,19 @@ static int conn_pump_send(struct rdma_conn *c)
 			if (c->cts_used == c->cts_seen)
 				return 0;
 			rec = c->ring + (c->cts_used % RDMA_QDEPTH) * RDMA_CTS_SIZE;
-			if (get_le32(rec + 24) != c->cts_used) {
+			if (mp_le_get32(rec + 24) != c->cts_used) {
 				MP_WARN("%s: %s: clear-to-send record %u carries sequence %u; "
 					"peer out of step, closing", d->tname, c->name, c->cts_used,
-					get_le32(rec + 24));
+					mp_le_get32(rec + 24));
 				return -EPROTO;
 			}
-			r->s.raddr = get_le64(rec);
-			r->s.rkey = get_le64(rec + 8);
-			r->s.toobig = r->nbytes > get_le64(rec + 16);
+			r->s.raddr = mp_le_get64(rec);
+			r->s.rkey = mp_le_get64(rec + 8);
+			r->s.toobig = r->nbytes > mp_le_get64(rec + 16);
 			if (r->s.toobig)
 				MP_INFO("%s: %s: message of %zu bytes exceeds the posted receive of "
 					"%llu bytes", d->tname, c->name, r->nbytes,
-					(unsigned long long)get_le64(rec + 16));
+					(unsigned long long)mp_le_get64(rec + 16));
 			r->s.matched = 1;
 			c->cts_used++;
 		}
@@ -937,12 +702,12 @@ static void hello_build(struct rdma_conn *c, const void *blob, size_t blen)
 	unsigned char *p = c->out;
 
 	memset(p, 0, RDMA_HELLO_LEN);
-	put_le32(p, RDMA_HELLO_MAGIC);
-	put_le16(p + 4, RDMA_VERSION);
-	put_le16(p + 6, (uint16_t)blen);
+	mp_le_put32(p, RDMA_HELLO_MAGIC);
+	mp_le_put16(p + 4, RDMA_VERSION);
+	mp_le_put16(p + 6, (uint16_t)blen);
 	strncpy((char *)p + 8, c->drv->po->name, RDMA_PROV_NAME - 1);
-	put_le64(p + 8 + RDMA_PROV_NAME, (uint64_t)(uintptr_t)c->ring);
-	put_le64(p + 16 + RDMA_PROV_NAME, c->ring_mr->rkey);
+	mp_le_put64(p + 8 + RDMA_PROV_NAME, (uint64_t)(uintptr_t)c->ring);
+	mp_le_put64(p + 16 + RDMA_PROV_NAME, c->ring_mr->rkey);
 	memcpy(p + 24 + RDMA_PROV_NAME, blob, blen);
 	c->out_len = RDMA_HELLO_LEN;
 	c->out_off = 0;
@@ -957,14 +722,14 @@ static int hello_take(struct rdma_conn *c)
 	uint16_t blen;
 	int rc;
 
-	if (get_le32(p) != RDMA_HELLO_MAGIC) {
+	if (mp_le_get32(p) != RDMA_HELLO_MAGIC) {
 		MP_WARN("%s: %s: not a moshpit RDMA handshake (magic 0x%08x); refusing", d->tname,
-			c->name, get_le32(p));
+			c->name, mp_le_get32(p));
 		return -EPROTO;
 	}
-	if (get_le16(p + 4) != RDMA_VERSION) {
+	if (mp_le_get16(p + 4) != RDMA_VERSION) {
 		MP_WARN("%s: %s: handshake version %u, we speak %u; refusing", d->tname, c->name,
-			get_le16(p + 4), RDMA_VERSION);
+			mp_le_get16(p + 4), RDMA_VERSION);
 		return -EPROTO;
 	}
 	memcpy(prov, p + 8, RDMA_PROV_NAME);
@@ -974,13 +739,13 @@ static int hello_take(struct rdma_conn *c)
 			prov, d->po->name);
 		return -EPROTO;
 	}
-	blen = get_le16(p + 6);
+	blen = mp_le_get16(p + 6);
 	if (!blen || blen > MP_RDMA_EP_BLOB_MAX) {
 		MP_WARN("%s: %s: endpoint description of %u bytes; refusing", d->tname, c->name, blen);
 		return -EPROTO;
 	}
-	c->peer_ring = get_le64(p + 8 + RDMA_PROV_NAME);
-	c->peer_ring_key = get_le64(p + 16 + RDMA_PROV_NAME);
+	c->peer_ring = mp_le_get64(p + 8 + RDMA_PROV_NAME);
+	c->peer_ring_key = mp_le_get64(p + 16 + RDMA_PROV_NAME);
 	rc = d->po->ep_connect(c->ep, p + 24 + RDMA_PROV_NAME, blen);
 	if (rc)
 		MP_WARN("%s: %s: cannot connect the endpoint: %s", d->tname, c->name, strerror(-rc));
@@ -1021,7 +786,7 @@ static int hs_step(struct rdma_conn *c)
 		rc = hello_take(c);
 		if (rc)
 			return rc;
-		put_le32(c->out, RDMA_ACK_MAGIC);
+		mp_le_put32(c->out, RDMA_ACK_MAGIC);
 		c->out_len = RDMA_ACK_LEN;
 		c->out_off = 0;
 		c->in_len = c->in_got = 0;
@@ -1046,7 +811,7 @@ static int hs_step(struct rdma_conn *c)
 	case RDMA_HS_A_ACK:
 		if (c->in_got < c->in_len)
 			return 0;
-		if (get_le32(c->in) != RDMA_ACK_MAGIC) {
+		if (mp_le_get32(c->in) != RDMA_ACK_MAGIC) {
 			MP_WARN("%s: %s: bad handshake ack; refusing", c->drv->tname, c->name);
 			return -EPROTO;
 		}
@@ -1168,8 +933,7 @@ static struct rdma_conn *conn_new(struct rdma_drv *d, int fd, const struct socka
 	c->state = RDMA_CONNECTING;
 	c->id = ++d->next_id ? d->next_id : ++d->next_id; /* 0 names nothing */
 	c->deadline = now_ms() + d->timeout_ms;
-	if (sa_format(peer, c->name, sizeof(c->name)))
-		snprintf(c->name, sizeof(c->name), "?");
+	mp_inet_name(peer, c->name, sizeof(c->name));
 	memset(&ev, 0, sizeof(ev));
 	ev.events = EPOLLOUT; /* registered from the start so errors are seen */
 	ev.data.ptr = &c->ev;
@@ -1215,7 +979,7 @@ static int rdma_connect(struct mp_drv *dp, const void *blob, size_t len, struct 
 
 	if (!out)
 		return -EINVAL;
-	rc = blob_to_sa(blob, len, &ss, &sl);
+	rc = mp_inet_from_blob(blob, len, &ss, &sl);
 	if (rc)
 		return rc;
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -1270,14 +1034,14 @@ static int rdma_listen(struct mp_drv *dp, const char *bind_text, void *blob, siz
 	struct sockaddr_storage ss;
 	struct rdma_listener *l;
 	struct epoll_event ev;
-	struct rdma_addr a;
+	struct mp_inet_addr a;
 	socklen_t sl;
 	size_t alen;
 	int one = 1, rc;
 
 	if (!out)
 		return -EINVAL;
-	rc = addr_resolve(bind_text, 1, &ss, &sl);
+	rc = mp_inet_resolve(bind_text, 1, &ss, &sl);
 	if (rc)
 		return rc;
 	l = calloc(1, sizeof(*l));
@@ -1303,10 +1067,10 @@ static int rdma_listen(struct mp_drv *dp, const char *bind_text, void *blob, siz
 		rc = -errno;
 		goto err;
 	}
-	rc = sa_to_blob((struct sockaddr *)&ss, &a, &alen);
+	rc = mp_inet_to_blob((struct sockaddr *)&ss, &a, &alen);
 	if (rc)
 		goto err;
-	sa_format((struct sockaddr *)&ss, l->name, sizeof(l->name));
+	mp_inet_name((struct sockaddr *)&ss, l->name, sizeof(l->name));
 	memset(&ev, 0, sizeof(ev));
 	ev.events = EPOLLIN | EPOLLET; /* a backlog the core does not take yet must not spin */
 	ev.data.ptr = &l->ev;
@@ -1968,8 +1732,8 @@ static void rdma_fini(struct mp_drv *dp)
 	.abi = MP_DRIVER_ABI,                    \
 	.fini = rdma_fini,                       \
 	.query = rdma_query,                     \
-	.addr_parse = rdma_addr_parse,           \
-	.addr_format = rdma_addr_format,         \
+	.addr_parse = mp_inet_addr_parse,           \
+	.addr_format = mp_inet_addr_format,         \
 	.listen = rdma_listen,                   \
 	.accept = rdma_accept,                   \
 	.close_listener = rdma_close_listener,   \

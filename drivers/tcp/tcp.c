@@ -30,7 +30,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdint.h>
@@ -46,6 +45,8 @@
 
 #include <moshpit/driver.h>
 
+#include "inet.h"
+#include "le.h"
 #include "log.h"
 
 extern const struct mp_driver_ops mp_tcp_driver_ops;
@@ -64,17 +65,8 @@ extern const struct mp_driver_ops mp_tcp_driver_ops;
 #define tcp_container_of(ptr, type, member) \
 	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
-/* Address blob: moved between hosts, so every field is a byte array. */
-struct tcp_addr {
-	uint8_t family;   /* 4 or 6 */
-	uint8_t reserved; /* zero */
-	uint8_t port[2];  /* big-endian */
-	uint8_t ip[16];   /* 4 bytes used for IPv4 */
-};
-#define TCP_ADDR_LEN4 (offsetof(struct tcp_addr, ip) + 4)
-#define TCP_ADDR_LEN6 (offsetof(struct tcp_addr, ip) + 16)
-_Static_assert(sizeof(struct tcp_addr) == 20, "tcp_addr must stay packed");
-_Static_assert(sizeof(struct tcp_addr) <= MP_DRV_ADDR_MAX, "tcp_addr too large");
+/* Address blob (inet.h): moved between hosts, so every field is a byte array. */
+_Static_assert(sizeof(struct mp_inet_addr) <= MP_DRV_ADDR_MAX, "address blob too large");
 
 /* What an epoll event's data.ptr points at. */
 enum tcp_ep_kind {
@@ -201,19 +193,6 @@ static inline struct tcp_req *tcp_req_of(struct mp_drv_req *r)
 	return (struct tcp_req *)(void *)r;
 }
 
-static void tcp_put_le32(unsigned char *p, uint32_t v)
-{
-	p[0] = (unsigned char)v;
-	p[1] = (unsigned char)(v >> 8);
-	p[2] = (unsigned char)(v >> 16);
-	p[3] = (unsigned char)(v >> 24);
-}
-
-static uint32_t tcp_get_le32(const unsigned char *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 static int64_t tcp_now_ms(void)
 {
 	struct timespec ts;
@@ -302,240 +281,6 @@ static void tcp_q_fail(struct tcp_queue *q, int err)
 }
 
 /* ---- addresses --------------------------------------------------------- */
-
-/* Split "host:port" or "[v6]:port"; an empty host comes back as "". */
-static int tcp_split(const char *text, char *host, size_t hcap, unsigned *port)
-{
-	const char *h, *hend, *p;
-	unsigned long v = 0;
-	size_t len;
-
-	if (!text)
-		return -EINVAL;
-	if (text[0] == '[') {
-		h = text + 1;
-		hend = strchr(h, ']');
-		if (!hend || hend[1] != ':')
-			return -EINVAL;
-		p = hend + 2;
-	} else {
-		hend = strrchr(text, ':');
-		/* A bare IPv6 literal is ambiguous ("::1:80"): brackets required. */
-		if (!hend || memchr(text, ':', (size_t)(hend - text)))
-			return -EINVAL;
-		h = text;
-		p = hend + 1;
-	}
-	len = (size_t)(hend - h);
-	if (len >= hcap)
-		return -EINVAL;
-	if (!*p || strlen(p) > 5)
-		return -EINVAL;
-	for (const char *q = p; *q; q++) {
-		if (*q < '0' || *q > '9')
-			return -EINVAL;
-		v = v * 10 + (unsigned long)(*q - '0');
-	}
-	if (v > 65535)
-		return -EINVAL;
-	memcpy(host, h, len);
-	host[len] = '\0';
-	*port = (unsigned)v;
-	return 0;
-}
-
-/* Resolve text to a socket address; @passive lets an empty or "*" host mean any. */
-static int tcp_resolve(const char *text, int passive, struct sockaddr_storage *ss, socklen_t *sl)
-{
-	struct addrinfo hints, *res = NULL, *ai;
-	char host[256], serv[8];
-	unsigned port;
-	int rc;
-
-	rc = tcp_split(text, host, sizeof(host), &port);
-	if (rc)
-		return rc;
-	memset(ss, 0, sizeof(*ss));
-	if (!host[0] || !strcmp(host, "*")) {
-		struct sockaddr_in *sin = (struct sockaddr_in *)ss;
-
-		if (!passive)
-			return -EINVAL;
-		sin->sin_family = AF_INET;
-		sin->sin_port = htons((uint16_t)port);
-		sin->sin_addr.s_addr = htonl(INADDR_ANY);
-		*sl = sizeof(*sin);
-		return 0;
-	}
-	snprintf(serv, sizeof(serv), "%u", port);
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_NUMERICSERV;
-	rc = getaddrinfo(host, serv, &hints, &res);
-	if (rc) {
-		MP_INFO("tcp: cannot resolve '%s': %s", host, gai_strerror(rc));
-		switch (rc) {
-		case EAI_AGAIN:
-			return -EAGAIN;
-		case EAI_MEMORY:
-			return -ENOMEM;
-		case EAI_SYSTEM:
-			return errno ? -errno : -EINVAL;
-		default:
-			return -EINVAL;
-		}
-	}
-	rc = -EINVAL;
-	for (ai = res; ai; ai = ai->ai_next) {
-		if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6)
-			continue;
-		if (ai->ai_addrlen > sizeof(*ss))
-			continue;
-		memcpy(ss, ai->ai_addr, ai->ai_addrlen);
-		*sl = ai->ai_addrlen;
-		rc = 0;
-		break;
-	}
-	freeaddrinfo(res);
-	return rc;
-}
-
-static int tcp_sa_to_blob(const struct sockaddr *sa, struct tcp_addr *a, size_t *len)
-{
-	memset(a, 0, sizeof(*a));
-	if (sa->sa_family == AF_INET) {
-		const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
-
-		a->family = 4;
-		memcpy(a->port, &sin->sin_port, 2);
-		memcpy(a->ip, &sin->sin_addr, 4);
-		*len = TCP_ADDR_LEN4;
-		return 0;
-	}
-	if (sa->sa_family == AF_INET6) {
-		const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)sa;
-
-		memcpy(a->port, &sin6->sin6_port, 2);
-		if (IN6_IS_ADDR_V4MAPPED(&sin6->sin6_addr)) {
-			a->family = 4;
-			memcpy(a->ip, &sin6->sin6_addr.s6_addr[12], 4);
-			*len = TCP_ADDR_LEN4;
-			return 0;
-		}
-		/* The scope id names a local interface: meaningless on another host. */
-		if (sin6->sin6_scope_id) {
-			MP_INFO("tcp: scoped (link-local) IPv6 addresses are not supported");
-			return -EINVAL;
-		}
-		a->family = 6;
-		memcpy(a->ip, &sin6->sin6_addr, 16);
-		*len = TCP_ADDR_LEN6;
-		return 0;
-	}
-	return -EAFNOSUPPORT;
-}
-
-static int tcp_blob_to_sa(const void *blob, size_t len, struct sockaddr_storage *ss, socklen_t *sl)
-{
-	struct tcp_addr a;
-
-	if (!blob || len < TCP_ADDR_LEN4 || len > sizeof(a))
-		return -EINVAL;
-	memset(&a, 0, sizeof(a));
-	memcpy(&a, blob, len);
-	if (a.reserved)
-		return -EINVAL;
-	memset(ss, 0, sizeof(*ss));
-	if (a.family == 4 && len == TCP_ADDR_LEN4) {
-		struct sockaddr_in *sin = (struct sockaddr_in *)ss;
-
-		sin->sin_family = AF_INET;
-		memcpy(&sin->sin_port, a.port, 2);
-		memcpy(&sin->sin_addr, a.ip, 4);
-		*sl = sizeof(*sin);
-		return 0;
-	}
-	if (a.family == 6 && len == TCP_ADDR_LEN6) {
-		struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
-
-		sin6->sin6_family = AF_INET6;
-		memcpy(&sin6->sin6_port, a.port, 2);
-		memcpy(&sin6->sin6_addr, a.ip, 16);
-		*sl = sizeof(*sin6);
-		return 0;
-	}
-	return -EINVAL;
-}
-
-static int tcp_sa_format(const struct sockaddr *sa, char *text, size_t cap)
-{
-	char ip[INET6_ADDRSTRLEN];
-	int n;
-
-	if (sa->sa_family == AF_INET) {
-		const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
-
-		if (!inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip)))
-			return -EINVAL;
-		n = snprintf(text, cap, "%s:%u", ip, (unsigned)ntohs(sin->sin_port));
-	} else if (sa->sa_family == AF_INET6) {
-		const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)sa;
-
-		if (!inet_ntop(AF_INET6, &sin6->sin6_addr, ip, sizeof(ip)))
-			return -EINVAL;
-		n = snprintf(text, cap, "[%s]:%u", ip, (unsigned)ntohs(sin6->sin6_port));
-	} else {
-		return -EAFNOSUPPORT;
-	}
-	if (n < 0 || (size_t)n >= cap)
-		return -ENOSPC;
-	return 0;
-}
-
-/* Best-effort text for logs. */
-static void tcp_sa_name(const struct sockaddr *sa, char *name, size_t cap)
-{
-	if (tcp_sa_format(sa, name, cap))
-		snprintf(name, cap, "?");
-}
-
-static int tcp_addr_parse(struct mp_drv *d, const char *text, void *blob, size_t *len)
-{
-	struct sockaddr_storage ss;
-	struct tcp_addr a;
-	socklen_t sl;
-	size_t n;
-	int rc;
-
-	(void)d;
-	if (!blob || !len)
-		return -EINVAL;
-	rc = tcp_resolve(text, 0, &ss, &sl);
-	if (rc)
-		return rc;
-	rc = tcp_sa_to_blob((struct sockaddr *)&ss, &a, &n);
-	if (rc)
-		return rc == -EAFNOSUPPORT ? -EINVAL : rc;
-	memcpy(blob, &a, n);
-	*len = n;
-	return 0;
-}
-
-static int tcp_addr_format(struct mp_drv *d, const void *blob, size_t len, char *text, size_t cap)
-{
-	struct sockaddr_storage ss;
-	socklen_t sl;
-	int rc;
-
-	(void)d;
-	if (!text)
-		return -EINVAL;
-	rc = tcp_blob_to_sa(blob, len, &ss, &sl);
-	if (rc)
-		return rc;
-	return tcp_sa_format((struct sockaddr *)&ss, text, cap);
-}
 
 /* ---- sockets ----------------------------------------------------------- */
 
@@ -820,8 +565,8 @@ static void tcp_conn_read(struct tcp_conn *c)
 			c->rhdr_got += (size_t)n;
 			if ((size_t)n < ask)
 				break; /* drained; level-triggered EPOLLIN brings us back */
-			tag = tcp_get_le32(c->rhdr);
-			len = tcp_get_le32(c->rhdr + 4);
+			tag = mp_le_get32(c->rhdr);
+			len = mp_le_get32(c->rhdr + 4);
 			if (tag != TCP_FRAME_MAGIC || len > TCP_MAX_MSG) {
 				MP_WARN("tcp: %s: bad frame header (tag 0x%08x, length %u); "
 					"not a moshpit tcp stream or out of sync, closing",
@@ -931,7 +676,7 @@ static int tcp_conn_new(struct tcp_drv *d, int fd, enum tcp_conn_state state,
 	c->drv = d;
 	c->fd = fd;
 	c->state = state;
-	tcp_sa_name(peer, c->name, sizeof(c->name));
+	mp_inet_name(peer, c->name, sizeof(c->name));
 	memset(&ev, 0, sizeof(ev));
 	/* Registered from the start so that errors and hang-ups are always seen. */
 	ev.events = state == TCP_CONNECTING ? EPOLLOUT : 0;
@@ -971,7 +716,7 @@ static int tcp_connect(struct mp_drv *dp, const void *blob, size_t len, struct m
 
 	if (!out)
 		return -EINVAL;
-	rc = tcp_blob_to_sa(blob, len, &ss, &sl);
+	rc = mp_inet_from_blob(blob, len, &ss, &sl);
 	if (rc)
 		return rc;
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -1028,7 +773,7 @@ static int tcp_listen(struct mp_drv *dp, const char *bind_text, void *blob, size
 	struct sockaddr_storage ss;
 	struct tcp_listener *l;
 	struct epoll_event ev;
-	struct tcp_addr a;
+	struct mp_inet_addr a;
 	socklen_t sl;
 	size_t alen;
 	int one = 1;
@@ -1036,7 +781,7 @@ static int tcp_listen(struct mp_drv *dp, const char *bind_text, void *blob, size
 
 	if (!out)
 		return -EINVAL;
-	rc = tcp_resolve(bind_text, 1, &ss, &sl);
+	rc = mp_inet_resolve(bind_text, 1, &ss, &sl);
 	if (rc)
 		return rc;
 	l = calloc(1, sizeof(*l));
@@ -1067,10 +812,10 @@ static int tcp_listen(struct mp_drv *dp, const char *bind_text, void *blob, size
 		rc = -errno;
 		goto err_close;
 	}
-	rc = tcp_sa_to_blob((struct sockaddr *)&ss, &a, &alen);
+	rc = mp_inet_to_blob((struct sockaddr *)&ss, &a, &alen);
 	if (rc)
 		goto err_close;
-	tcp_sa_name((struct sockaddr *)&ss, l->name, sizeof(l->name));
+	mp_inet_name((struct sockaddr *)&ss, l->name, sizeof(l->name));
 	/*
 	 * Edge-triggered: a new arrival ends a progress() wait once, but a
 	 * backlog the core does not accept yet cannot make it spin.
@@ -1200,8 +945,8 @@ static int tcp_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovcn
 	r = tcp_req_get(c->drv);
 	if (!r)
 		return -ENOMEM;
-	tcp_put_le32(r->s.hdr, TCP_FRAME_MAGIC);
-	tcp_put_le32(r->s.hdr + 4, (uint32_t)total);
+	mp_le_put32(r->s.hdr, TCP_FRAME_MAGIC);
+	mp_le_put32(r->s.hdr + 4, (uint32_t)total);
 	r->s.iov[0].iov_base = r->s.hdr;
 	r->s.iov[0].iov_len = TCP_HDR_SIZE;
 	for (int i = 0; i < iovcnt; i++) {
@@ -1482,8 +1227,8 @@ const struct mp_driver_ops mp_tcp_driver_ops = {
 	.init = tcp_init,
 	.fini = tcp_fini,
 	.query = tcp_query,
-	.addr_parse = tcp_addr_parse,
-	.addr_format = tcp_addr_format,
+	.addr_parse = mp_inet_addr_parse,
+	.addr_format = mp_inet_addr_format,
 	.listen = tcp_listen,
 	.accept = tcp_accept,
 	.close_listener = tcp_close_listener,

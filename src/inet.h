@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Internet addresses of the socket-based transports (tcp, and the side
+ * channel of verbs and ofi): "host:port" or "[v6]:port" text, and the
+ * driver address blob they share (struct mp_inet_addr).
+ */
+#ifndef MP_INET_H
+#define MP_INET_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+/* The blob: family 4 or 6, a zero byte, the port big-endian, then 4 or 16
+ * bytes of address (the blob's length says which). */
+struct mp_inet_addr {
+	uint8_t family;   /* 4 or 6 */
+	uint8_t reserved; /* zero */
+	uint8_t port[2];  /* big-endian */
+	uint8_t ip[16];   /* 4 bytes used for IPv4 */
+};
+#define MP_INET_ADDR_LEN4 (offsetof(struct mp_inet_addr, ip) + 4)
+#define MP_INET_ADDR_LEN6 (offsetof(struct mp_inet_addr, ip) + 16)
+_Static_assert(sizeof(struct mp_inet_addr) == 20, "mp_inet_addr must stay packed");
+
+/* Text to a socket address; @passive lets an empty or "*" host mean any.
+ * -EINVAL when malformed or unknown, -EAGAIN when the resolver is busy. */
+int mp_inet_resolve(const char *text, int passive, struct sockaddr_storage *ss, socklen_t *sl);
+/* Socket address to blob (a v4-mapped IPv6 address becomes IPv4);
+ * -EAFNOSUPPORT for another family, -EINVAL for a scoped IPv6 address. */
+int mp_inet_to_blob(const struct sockaddr *sa, struct mp_inet_addr *a, size_t *len);
+/* Blob to socket address; -EINVAL when malformed. */
+int mp_inet_from_blob(const void *blob, size_t len, struct sockaddr_storage *ss, socklen_t *sl);
+/* Socket address to text; -ENOSPC if @cap is too small. */
+int mp_inet_format(const struct sockaddr *sa, char *text, size_t cap);
+/* The same, for logs: "?" when it cannot be formatted. */
+void mp_inet_name(const struct sockaddr *sa, char *name, size_t cap);
+
+/* The driver ops addr_parse and addr_format of these transports (the
+ * instance is not needed: the blob is the same for all). */
+struct mp_drv;
+int mp_inet_addr_parse(struct mp_drv *d, const char *text, void *blob, size_t *len);
+int mp_inet_addr_format(struct mp_drv *d, const void *blob, size_t len, char *text, size_t cap);
+
+#endif
