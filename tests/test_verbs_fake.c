@@ -13,6 +13,9 @@
  * gets IBV_WC_REM_ACCESS_ERR. Errors move the queue pair to the error
  * state, which flushes everything behind them, as hardware does. Tests can
  * hold execution (to keep writes outstanding) and inject a completion error.
+ * A completion queue has a depth: it can be resized (or refuse to be), and
+ * the fake counts both completions that found it full and queue pairs
+ * whose work requests, with those of the others on it, exceed its depth.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -44,6 +47,7 @@ static const struct mp_rdma_prov_ops *P = &mp_rdma_verbs_prov;
 #define FK_NGID 8
 #define FK_MAX_WR 1024
 #define FK_MAX_INLINE 256
+#define FK_MAX_CQE (1 << 16)
 
 struct fk_port {
 	enum ibv_port_state state;
@@ -131,6 +135,10 @@ static struct {
 	bool hold;                  /* posted sends wait */
 	enum ibv_wc_status inject;  /* the next send executed completes with this */
 	int reg_mr_calls, dereg_mr_calls, dmabuf_calls, cq_overflow;
+	struct fk_cq *last_cq;      /* the latest created */
+	int resize_errno;           /* resize_cq fails with it */
+	int resize_calls;
+	int cq_overcommit;          /* queue pairs created beyond their CQ's depth */
 	/* CUDA: [devmem, devmem + devmem_len) plays device memory. */
 	char *devmem;
 	size_t devmem_len;
@@ -339,7 +347,7 @@ static int fk_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
 	memset(a, 0, sizeof(*a));
 	a->phys_port_cnt = (uint8_t)fk_dev_of(ctx)->nports;
 	a->max_qp_wr = FK_MAX_WR;
-	a->max_cqe = 1 << 16;
+	a->max_cqe = FK_MAX_CQE;
 	return 0;
 }
 
@@ -392,6 +400,10 @@ static int fk_dealloc_pd(struct ibv_pd *pd)
 
 static struct ibv_cq *fk_create_cq(struct ibv_context *ctx, int cqe)
 {
+	if (cqe < 1 || cqe > FK_MAX_CQE) {
+		errno = EINVAL;
+		return NULL;
+	}
 	struct fk_cq *cq = calloc(1, sizeof(*cq));
 	assert_non_null(cq);
 	cq->cap = cqe;
@@ -400,7 +412,29 @@ static struct ibv_cq *fk_create_cq(struct ibv_context *ctx, int cqe)
 	cq->cq.context = ctx;
 	cq->cq.cqe = cqe;
 	fk.cqs++;
+	fk.last_cq = cq;
 	return &cq->cq;
+}
+
+/* As the kernel: never below the completions it holds nor above the device's limit; they stay, in order. */
+static int fk_resize_cq(struct ibv_cq *c, int cqe)
+{
+	struct fk_cq *cq = (struct fk_cq *)(void *)c;
+	fk.resize_calls++;
+	if (fk.resize_errno)
+		return fk.resize_errno;
+	if (cqe < 1 || cqe < cq->count || cqe > FK_MAX_CQE)
+		return EINVAL;
+	struct ibv_wc *wc = calloc((size_t)cqe, sizeof(*wc));
+	assert_non_null(wc);
+	for (int i = 0; i < cq->count; i++)
+		wc[i] = cq->wc[(cq->head + i) % cq->cap];
+	free(cq->wc);
+	cq->wc = wc;
+	cq->head = 0;
+	cq->cap = cqe;
+	cq->cq.cqe = cqe;
+	return 0;
 }
 
 static int fk_destroy_cq(struct ibv_cq *c)
@@ -424,6 +458,13 @@ static struct ibv_qp *fk_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a
 	assert_non_null(q);
 	q->pd = (struct fk_pd *)(void *)pd;
 	q->cq = (struct fk_cq *)(void *)a->send_cq;
+	/* Every work request of every queue pair may complete before anyone polls. */
+	long wrs = (long)a->cap.max_send_wr + a->cap.max_recv_wr;
+	for (struct fk_qp *o = fk.qp_list; o; o = o->next)
+		if (o->cq == q->cq)
+			wrs += (long)o->cap.max_send_wr + o->cap.max_recv_wr;
+	if (wrs > q->cq->cap)
+		fk.cq_overcommit++;
 	q->cap = a->cap;
 	q->sq = calloc(a->cap.max_send_wr, sizeof(*q->sq));
 	q->rq = calloc(a->cap.max_recv_wr, sizeof(*q->rq));
@@ -649,6 +690,7 @@ static const struct mp_verbs_ibv fk_ibv = {
 	.alloc_pd = fk_alloc_pd,
 	.dealloc_pd = fk_dealloc_pd,
 	.create_cq = fk_create_cq,
+	.resize_cq = fk_resize_cq,
 	.destroy_cq = fk_destroy_cq,
 	.create_qp = fk_create_qp,
 	.modify_qp = fk_modify_qp,
@@ -740,6 +782,7 @@ static int teardown(void **state)
 	assert_int_equal(fk.qps, 0);
 	assert_int_equal(fk.mrs, 0);
 	assert_int_equal(fk.cq_overflow, 0);
+	assert_int_equal(fk.cq_overcommit, 0);
 	return 0;
 }
 
@@ -1427,6 +1470,93 @@ static void test_fake_endpoint_checks(void **state)
 	P->close(pv);
 }
 
+/*
+ * The completion queue starts with room for 4 endpoints and doubles as
+ * endpoints come, up to max_eps endpoints' worth. A refused resize fails
+ * the endpoint that needed it, and only that one.
+ */
+static void test_fake_cq_grows(void **state)
+{
+	(void)state;
+	struct mp_rdma_prov *pv;
+	/* The protocol's parameters (drivers/rdma): 4 x (129 sends + 256 receives), not 1024 x. */
+	struct mp_rdma_params big = {.max_eps = 1024, .max_outstanding = 128};
+	assert_int_equal(P->open(&big, &pv), 0);
+	assert_int_equal(fk.last_cq->cap, 4 * 385);
+	P->close(pv);
+
+	/* 4 writes in flight: 5 sends + 8 receives, 13 entries an endpoint; at most 20 endpoints. */
+	enum { N = 20, PER_EP = 13 };
+	struct mp_rdma_params prm = {.max_eps = N, .max_outstanding = 4};
+	assert_int_equal(P->open(&prm, &pv), 0);
+	struct fk_cq *cq = fk.last_cq;
+	assert_int_equal(cq->cap, 4 * PER_EP);
+	struct mp_rdma_ep *ep[N];
+	uint8_t blob[N][MP_RDMA_EP_BLOB_MAX];
+	size_t len[N];
+	/* Depth after endpoint i + 1: doubling from 52, the last step cut to 20 x 13. */
+	static const int depth[N] = {52, 52, 52, 52, 104, 104, 104, 104, 208, 208,
+				     208, 208, 208, 208, 208, 208, 260, 260, 260, 260};
+	for (int i = 0; i < 8; i++) {
+		len[i] = sizeof(blob[i]);
+		assert_int_equal(P->ep_create(pv, blob[i], &len[i], &ep[i]), 0);
+		assert_int_equal(cq->cap, depth[i]);
+	}
+	assert_int_equal(fk.resize_calls, 1);
+
+	/* The 9th endpoint needs 117 entries; the device refuses: no endpoint, no queue pair. */
+	fk.resize_errno = ENOMEM;
+	struct mp_rdma_ep *none = NULL;
+	len[8] = sizeof(blob[8]);
+	assert_int_equal(P->ep_create(pv, blob[8], &len[8], &none), -ENOMEM);
+	assert_null(none);
+	assert_int_equal(fk.resize_calls, 2);
+	assert_int_equal(cq->cap, 104);
+	assert_int_equal(fk.qps, 8);
+
+	/* The 8 before it still work: endpoints 0 and 1 joined, a write with immediate lands. */
+	static char src[64], dst[64];
+	memset(src, 0x3c, sizeof(src));
+	struct mp_rdma_mr *ms, *md;
+	assert_int_equal(P->reg(pv, src, sizeof(src), MP_MEM_HOST, &ms), 0);
+	assert_int_equal(P->reg(pv, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	assert_int_equal(P->ep_connect(ep[0], blob[1], len[1]), 0);
+	assert_int_equal(P->ep_connect(ep[1], blob[0], len[0]), 0);
+	assert_int_equal(P->write(ep[0], src, sizeof(src), ms, (uintptr_t)dst, md->rkey, 17,
+				  MP_RDMA_WR_IMM | MP_RDMA_WR_SIGNAL, 5), 0);
+	struct mp_rdma_cqe c[4];
+	assert_int_equal(P->poll(pv, c, 4), 2);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(c[i].status, 0);
+		if (c[i].op == MP_RDMA_CQE_IMM) {
+			assert_ptr_equal(c[i].ep, ep[1]);
+			assert_int_equal(c[i].imm, 17);
+		} else {
+			assert_ptr_equal(c[i].ep, ep[0]);
+			assert_int_equal(c[i].wr_id, 5);
+		}
+	}
+	assert_memory_equal(dst, src, sizeof(dst));
+
+	/* Once the device agrees, the rest come: two more doublings, the last one cut to the limit. */
+	fk.resize_errno = 0;
+	for (int i = 8; i < N; i++) {
+		len[i] = sizeof(blob[i]);
+		assert_int_equal(P->ep_create(pv, blob[i], &len[i], &ep[i]), 0);
+		assert_int_equal(cq->cap, depth[i]);
+	}
+	assert_int_equal(fk.resize_calls, 4);
+	len[0] = sizeof(blob[0]);
+	assert_int_equal(P->ep_create(pv, blob[0], &len[0], &none), -ENOSPC); /* max_eps */
+	/* Endpoints going away leave the depth as it is. */
+	for (int i = 2; i < N; i++)
+		P->ep_destroy(ep[i]);
+	assert_int_equal(cq->cap, 260);
+	P->dereg(pv, ms);
+	P->dereg(pv, md);
+	P->close(pv);
+}
+
 /* The real libibverbs: on a machine without RDMA, open fails at once with -ENODEV. */
 static void test_real_open_fails_fast(void **state)
 {
@@ -1464,6 +1594,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_fake_mr_cache, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fake_gpudirect, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fake_endpoint_checks, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fake_cq_grows, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_real_open_fails_fast, setup, teardown),
 	};
 	return cmocka_run_group_tests_name("verbs_prov_fake", tests, NULL, NULL);

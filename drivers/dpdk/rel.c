@@ -25,6 +25,7 @@
 
 #include "le.h"
 #include "log.h"
+#include "reqq.h"
 
 #define REL_MAGIC 0x524Du /* bytes "MR" on the wire */
 #define REL_VERSION 1
@@ -42,7 +43,7 @@ enum seg_type { SEG_SYN = 1, SEG_SYNACK, SEG_DATA, SEG_ACK, SEG_FIN, SEG_RST, SE
 /* Segments sent per connection per poll pass, so that one busy connection
  * does not starve the others of the tx ring. */
 #define REL_BURST 64
-#define REQ_CHUNK 64
+#define REQ_CHUNK 64 /* requests allocated at once */
 #define WHEEL_SLOTS 4096u
 
 /* ---- timer wheel --------------------------------------------------------
@@ -207,16 +208,11 @@ static uint64_t tw_next(const struct tw *w)
 enum req_state { REQ_FREE = 0, REQ_POSTED, REQ_DONE };
 
 struct mp_rel_req {
-	struct mp_rel_req *next; /* free list */
+	struct mp_reqq_link link; /* free list */
 	struct mp_rel *owner;
 	int state;
 	int err;
 	size_t nbytes;
-};
-
-struct req_chunk {
-	struct req_chunk *next;
-	struct mp_rel_req r[REQ_CHUNK];
 };
 
 /* A posted send. Segments of message id m are first_seq .. first_seq+nseg-1. */
@@ -294,7 +290,7 @@ struct mp_rel_conn {
 
 	struct mp_rel_conn *rnext, *rprev; /* ready list */
 	bool ready;
-	struct mp_rel_conn *anext; /* accept queue */
+	struct mp_reqq_link alink; /* accept queue */
 };
 
 struct mp_rel {
@@ -304,11 +300,10 @@ struct mp_rel {
 	struct mp_rel_conn **conns;
 	uint16_t *gen;
 	uint32_t *free_idx, nfree;
-	uint32_t backlog, nqueued;
-	struct mp_rel_conn *aq_head, *aq_tail;
+	uint32_t backlog;
+	struct mp_reqq aq; /* accept queue: connections from SYNs, oldest first */
 	struct mp_rel_conn *rd_head, *rd_tail;
-	struct mp_rel_req *free_reqs;
-	struct req_chunk *chunks;
+	struct mp_reqpool reqs;
 	uint64_t now;
 	uint64_t progress; /* bumped by every send and completion */
 	struct mp_rel_stats st;
@@ -354,24 +349,11 @@ static uint64_t range_mask(uint32_t wb, uint32_t lo, uint32_t hi)
 
 static struct mp_rel_req *req_get(struct mp_rel *rel)
 {
-	struct mp_rel_req *r;
+	struct mp_rel_req *r = mp_reqpool_get_entry(&rel->reqs, struct mp_rel_req, link);
 
-	if (!rel->free_reqs) {
-		struct req_chunk *ch = calloc(1, sizeof(*ch));
-
-		if (!ch)
-			return NULL;
-		ch->next = rel->chunks;
-		rel->chunks = ch;
-		for (int i = 0; i < REQ_CHUNK; i++) {
-			ch->r[i].owner = rel;
-			ch->r[i].next = rel->free_reqs;
-			rel->free_reqs = &ch->r[i];
-		}
-	}
-	r = rel->free_reqs;
-	rel->free_reqs = r->next;
-	r->next = NULL;
+	if (!r)
+		return NULL;
+	r->owner = rel;
 	r->state = REQ_POSTED;
 	r->err = 0;
 	r->nbytes = 0;
@@ -398,8 +380,7 @@ int mp_rel_test(struct mp_rel_req *r, int *done, size_t *nbytes)
 	if (nbytes)
 		*nbytes = r->nbytes;
 	r->state = REQ_FREE;
-	r->next = r->owner->free_reqs;
-	r->owner->free_reqs = r;
+	mp_reqpool_put(&r->owner->reqs, &r->link);
 	return r->err;
 }
 
@@ -960,7 +941,7 @@ static void on_syn(struct mp_rel *rel, uint32_t route, uint32_t src, uint32_t cr
 			c->peer_credit = credit;
 		c->synack_due = true; /* our SYN-ACK was lost */
 	} else {
-		if (rel->nqueued >= rel->backlog || !(c = conn_new(rel, route))) {
+		if ((uint32_t)rel->aq.n >= rel->backlog || !(c = conn_new(rel, route))) {
 			drop(rel, MP_REL_DROP_LISTEN);
 			return;
 		}
@@ -969,12 +950,7 @@ static void on_syn(struct mp_rel *rel, uint32_t route, uint32_t src, uint32_t cr
 		c->peer_wnd_end = wnd < rel->wmask + 1 ? wnd : rel->wmask + 1;
 		c->synack_due = true;
 		c->unaccepted = true;
-		if (rel->aq_tail)
-			rel->aq_tail->anext = c;
-		else
-			rel->aq_head = c;
-		rel->aq_tail = c;
-		rel->nqueued++;
+		mp_reqq_push(&rel->aq, &c->alink);
 	}
 	rel->st.seg_rx++;
 	conn_ready(c);
@@ -1414,29 +1390,21 @@ int mp_rel_listen(struct mp_rel *rel, uint32_t backlog)
 	if (!backlog) {
 		struct mp_rel_conn *c;
 
-		while ((c = rel->aq_head) != NULL) {
-			rel->aq_head = c->anext;
+		while ((c = mp_reqq_pop_entry(&rel->aq, struct mp_rel_conn, alink)) != NULL) {
 			c->unaccepted = false;
 			mp_rel_close(c);
 		}
-		rel->aq_tail = NULL;
-		rel->nqueued = 0;
 	}
 	return 0;
 }
 
 int mp_rel_accept(struct mp_rel *rel, struct mp_rel_conn **out)
 {
-	struct mp_rel_conn *c = rel->aq_head;
+	struct mp_rel_conn *c = mp_reqq_pop_entry(&rel->aq, struct mp_rel_conn, alink);
 
 	if (!c)
 		return -EAGAIN;
-	rel->aq_head = c->anext;
-	if (!rel->aq_head)
-		rel->aq_tail = NULL;
-	c->anext = NULL;
 	c->unaccepted = false;
-	rel->nqueued--;
 	*out = c;
 	return 0;
 }
@@ -1470,18 +1438,8 @@ void mp_rel_close(struct mp_rel_conn *c)
 		return;
 	rel = c->rel;
 	rel_clock(rel);
-	if (c->unaccepted) {
-		struct mp_rel_conn **pp = &rel->aq_head, *prev = NULL;
-
-		while (*pp != c) {
-			prev = *pp;
-			pp = &(*pp)->anext;
-		}
-		*pp = c->anext;
-		if (rel->aq_tail == c)
-			rel->aq_tail = prev;
-		rel->nqueued--;
-	}
+	if (c->unaccepted)
+		mp_reqq_remove(&rel->aq, &c->alink);
 	if (c->state == C_OPEN)
 		send_ctl(c, SEG_FIN); /* best effort; a peer that misses it times out */
 	if (c->state != C_FAILED)
@@ -1628,6 +1586,7 @@ int mp_rel_create(const struct mp_rel_params *pin, struct mp_rel **out)
 	/* Ack at least every 1/16 window: the sender's window keeps moving
 	 * while the ack traffic stays a few percent of the data. */
 	rel->ack_every = p.window / 16;
+	rel->reqs = MP_REQPOOL(struct mp_rel_req, link, REQ_CHUNK);
 	rel->conns = calloc(p.max_conns, sizeof(*rel->conns));
 	rel->gen = calloc(p.max_conns, sizeof(*rel->gen));
 	rel->free_idx = calloc(p.max_conns, sizeof(*rel->free_idx));
@@ -1664,12 +1623,7 @@ void mp_rel_destroy(struct mp_rel *rel)
 	for (uint32_t i = 0; i < rel->p.max_conns; i++)
 		if (rel->conns[i])
 			mp_rel_close(rel->conns[i]);
-	while (rel->chunks) {
-		struct req_chunk *ch = rel->chunks;
-
-		rel->chunks = ch->next;
-		free(ch);
-	}
+	mp_reqpool_fini(&rel->reqs);
 	tw_fini(&rel->wheel);
 	free(rel->conns);
 	free(rel->gen);

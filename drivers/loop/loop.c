@@ -36,6 +36,7 @@
 #include <moshpit/driver.h>
 
 #include "log.h"
+#include "reqq.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -52,6 +53,7 @@
 #define LOOP_NAME_MAX 100
 #define LOOP_MAX_MSG ((size_t)1 << 30)
 #define LOOP_DEFAULT_CONNECT_MS 10000
+#define LOOP_REQ_BLOCK 64 /* requests allocated at once */
 
 /* ---- intrusive doubly linked list ---- */
 
@@ -101,8 +103,7 @@ enum req_kind { REQ_SEND, REQ_RECV };
 struct loop_drv;
 
 struct loop_req {
-	struct loop_req *next;     /* in a conn queue or the free list */
-	struct loop_req *all_next; /* every request the instance ever made, for fini */
+	struct mp_reqq_link link;  /* in a conn queue or the free list */
 	struct loop_drv *d;        /* owner: signalled on completion */
 	atomic_int done;           /* set last, with release, when err/nbytes are final */
 	int err;
@@ -116,15 +117,11 @@ struct loop_req {
 	size_t nbytes;
 };
 
-struct rq {
-	struct loop_req *head, *tail;
-};
-
 struct loop_conn {
 	struct loop_drv *d;      /* instance whose thread posts on it */
 	struct loop_conn *peer;  /* other endpoint, NULL once it is gone */
 	int state;
-	struct rq sendq, recvq;  /* posted and not yet matched */
+	struct mp_reqq sendq, recvq; /* posted and not yet matched */
 	int copies;              /* copies in flight touching this endpoint */
 	struct dl node;          /* in d->conns, or in a listener's backlog */
 	/* CONNECTING only: */
@@ -152,8 +149,7 @@ struct loop_drv {
 	int nconnecting;    /* own conns in CONNECTING, to skip the deadline scan */
 	struct dl conns;
 	struct dl listeners;
-	struct loop_req *free;
-	struct loop_req *all;
+	struct mp_reqpool reqs;
 	char run[64];
 };
 
@@ -202,43 +198,15 @@ static int64_t now_ns(void)
 
 /* ---- requests (g_lock held) ---- */
 
-static void rq_push(struct rq *q, struct loop_req *r)
-{
-	r->next = NULL;
-	if (q->tail)
-		q->tail->next = r;
-	else
-		q->head = r;
-	q->tail = r;
-}
-
-static struct loop_req *rq_pop(struct rq *q)
-{
-	struct loop_req *r = q->head;
-
-	if (r) {
-		q->head = r->next;
-		if (!q->head)
-			q->tail = NULL;
-		r->next = NULL;
-	}
-	return r;
-}
+/* The request a queue link belongs to; NULL for NULL. */
+#define LOOP_REQ(l) mp_reqq_entry(l, struct loop_req, link)
 
 static struct loop_req *req_get(struct loop_drv *d)
 {
-	struct loop_req *r = d->free;
+	struct loop_req *r = mp_reqpool_get_entry(&d->reqs, struct loop_req, link);
 
-	if (r) {
-		d->free = r->next;
-	} else {
-		r = calloc(1, sizeof(*r));
-		if (!r)
-			return NULL;
-		r->all_next = d->all;
-		d->all = r;
-	}
-	r->next = NULL;
+	if (!r)
+		return NULL;
 	r->d = d;
 	atomic_store_explicit(&r->done, 0, memory_order_relaxed);
 	r->err = 0;
@@ -253,8 +221,7 @@ static struct loop_req *req_get(struct loop_drv *d)
 
 static void req_put(struct loop_req *r)
 {
-	r->next = r->d->free;
-	r->d->free = r;
+	mp_reqpool_put(&r->d->reqs, &r->link);
 }
 
 static void signal_drv(struct loop_drv *d)
@@ -280,12 +247,10 @@ static void complete(struct loop_req *r, int err, size_t nbytes)
 	signal_drv(d);
 }
 
-static void fail_queue(struct rq *q, int err)
+/* mp_reqq_fail's view of complete(): a failed request moved no bytes. */
+static void fail_req(struct mp_reqq_link *l, int err)
 {
-	struct loop_req *r;
-
-	while ((r = rq_pop(q)))
-		complete(r, err, 0);
+	complete(LOOP_REQ(l), err, 0);
 }
 
 /* ---- matching (g_lock held on entry and exit; dropped during copies) ---- */
@@ -317,8 +282,8 @@ static void pump(struct loop_conn *c, bool as_sender)
 
 		if (!tx || !rx || c->state != CONN_OPEN || !tx->sendq.head || !rx->recvq.head)
 			return;
-		struct loop_req *s = rq_pop(&tx->sendq);
-		struct loop_req *r = rq_pop(&rx->recvq);
+		struct loop_req *s = LOOP_REQ(mp_reqq_pop(&tx->sendq));
+		struct loop_req *r = LOOP_REQ(mp_reqq_pop(&rx->recvq));
 
 		if (s->len > r->len) {
 			/* The message is dropped: both sides learn why. */
@@ -397,8 +362,8 @@ static void refuse(struct loop_conn *c)
 {
 	stop_connecting(c);
 	c->state = CONN_REFUSED;
-	fail_queue(&c->sendq, -ECONNREFUSED);
-	fail_queue(&c->recvq, -ECONNREFUSED);
+	mp_reqq_fail(&c->sendq, fail_req, -ECONNREFUSED);
+	mp_reqq_fail(&c->recvq, fail_req, -ECONNREFUSED);
 }
 
 /* Refuse @d's connections whose listener did not appear in time. */
@@ -448,14 +413,14 @@ static void conn_destroy(struct loop_conn *c)
 	stop_connecting(c);
 	dl_del(&c->node);
 	c->state = CONN_RESET;
-	fail_queue(&c->sendq, -ECANCELED);
-	fail_queue(&c->recvq, -ECANCELED);
+	mp_reqq_fail(&c->sendq, fail_req, -ECANCELED);
+	mp_reqq_fail(&c->recvq, fail_req, -ECANCELED);
 	if (p) {
 		p->peer = NULL;
 		c->peer = NULL;
 		p->state = CONN_RESET;
-		fail_queue(&p->sendq, -ECONNRESET);
-		fail_queue(&p->recvq, -ECONNRESET);
+		mp_reqq_fail(&p->sendq, fail_req, -ECONNRESET);
+		mp_reqq_fail(&p->recvq, fail_req, -ECONNRESET);
 		signal_drv(p->d);
 	}
 	while (c->copies)
@@ -486,10 +451,10 @@ static void post(struct loop_conn *c, struct loop_req *r)
 		complete(r, -ECONNRESET, 0);
 		return;
 	case CONN_CONNECTING:
-		rq_push(r->kind == REQ_SEND ? &c->sendq : &c->recvq, r);
+		mp_reqq_push(r->kind == REQ_SEND ? &c->sendq : &c->recvq, &r->link);
 		return;
 	default:
-		rq_push(r->kind == REQ_SEND ? &c->sendq : &c->recvq, r);
+		mp_reqq_push(r->kind == REQ_SEND ? &c->sendq : &c->recvq, &r->link);
 		pump(c, r->kind == REQ_SEND);
 		return;
 	}
@@ -527,6 +492,8 @@ static int loop_init(const struct mp_drv_params *p, struct mp_drv **out)
 	snprintf(d->run, sizeof(d->run), "%s", run);
 	dl_init(&d->conns);
 	dl_init(&d->listeners);
+	/* Requests come in blocks and are recycled: none is allocated per message. */
+	d->reqs = MP_REQPOOL(struct loop_req, link, LOOP_REQ_BLOCK);
 	/* Timed waits on the monotonic clock: wall-clock steps must not stretch them. */
 	if (pthread_condattr_init(&ca)) {
 		free(d);
@@ -546,7 +513,6 @@ static int loop_init(const struct mp_drv_params *p, struct mp_drv **out)
 static void loop_fini(struct mp_drv *dd)
 {
 	struct loop_drv *d = drv_of(dd);
-	struct loop_req *r, *next;
 
 	if (!d)
 		return;
@@ -556,12 +522,13 @@ static void loop_fini(struct mp_drv *dd)
 	while (!dl_empty(&d->conns))
 		conn_destroy(dl_entry(d->conns.next, struct loop_conn, node));
 	pthread_mutex_unlock(&g_lock);
-	/* Nothing refers to d now: its endpoints and listeners are gone. */
-	for (r = d->all; r; r = next) {
-		next = r->all_next;
-		free(r->owned);
-		free(r);
-	}
+	/*
+	 * Nothing refers to d now: its endpoints and listeners are gone. Their
+	 * queues were failed on the way, which completed (and so freed the
+	 * bytes of) every injected request; what is left are requests the
+	 * caller never tested, which own nothing.
+	 */
+	mp_reqpool_fini(&d->reqs);
 	pthread_cond_destroy(&d->cv);
 	free(d);
 }

@@ -62,6 +62,7 @@
 #include "log.h"
 #include "mp_build_config.h"
 #include "rdma.h"
+#include "reqq.h"
 
 #define RDMA_QDEPTH 64                 /* posted requests per direction; CTS ring slots */
 #define RDMA_CTS_SIZE 32               /* bytes of one clear-to-send record */
@@ -69,7 +70,7 @@
 #define RDMA_SEG ((size_t)1 << 20)     /* largest single write */
 #define RDMA_MAX_OUT 128               /* writes in flight per connection */
 #define RDMA_SIGNAL_EVERY 32           /* unsignalled writes between signalled ones */
-#define RDMA_REQ_BLOCK 64
+#define RDMA_REQ_BLOCK 64              /* requests allocated at once */
 #define RDMA_EVENTS 64
 #define RDMA_CQ_BATCH 32
 #define RDMA_BACKLOG 1024
@@ -136,7 +137,7 @@ struct rdma_piece {
 };
 
 struct rdma_req {
-	struct rdma_req *next;
+	struct mp_reqq_link link;     /* queue or free list */
 	struct rdma_drv *drv;
 	enum rdma_req_state state;
 	int status;
@@ -164,17 +165,6 @@ struct rdma_req {
 	};
 };
 
-struct rdma_req_block {
-	struct rdma_req_block *next;
-	struct rdma_req reqs[RDMA_REQ_BLOCK];
-};
-
-struct rdma_queue {
-	struct rdma_req *head;
-	struct rdma_req *tail;
-	int n;
-};
-
 /* Handshake steps; see the file comment. */
 enum rdma_hs {
 	RDMA_HS_TCP,       /* connector: TCP connect in progress */
@@ -198,7 +188,7 @@ struct rdma_conn {
 	struct rdma_drv *drv;
 	struct rdma_conn *prev, *next; /* every connection of the instance */
 	struct rdma_listener *lis;     /* acceptor side, until accepted */
-	struct rdma_conn *lnext;       /* listener's ready list */
+	struct mp_reqq_link llink;     /* listener's ready list */
 	uint32_t id;                   /* names the connection in write ids */
 	enum rdma_conn_state state;
 	enum rdma_hs hs;
@@ -217,10 +207,10 @@ struct rdma_conn {
 	struct mp_rdma_mr *ring_mr;
 	uint64_t peer_ring;
 	uint64_t peer_ring_key;
-	struct rdma_queue sq;          /* sends not fully posted */
-	struct rdma_queue sfly;        /* sends posted, waiting for their last write */
-	struct rdma_queue rq;          /* receives without a clear-to-send record out */
-	struct rdma_queue rcts;        /* receives waiting for their data */
+	struct mp_reqq sq;             /* sends not fully posted */
+	struct mp_reqq sfly;           /* sends posted, waiting for their last write */
+	struct mp_reqq rq;             /* receives without a clear-to-send record out */
+	struct mp_reqq rcts;           /* receives waiting for their data */
 	uint32_t cts_sent;             /* records we wrote to the peer */
 	uint32_t cts_seen;             /* records the peer wrote to us */
 	uint32_t cts_used;             /* of those, matched to sends */
@@ -236,7 +226,7 @@ struct rdma_listener {
 	struct rdma_drv *drv;
 	struct rdma_listener *prev, *next;
 	int fd;
-	struct rdma_conn *ready_head, *ready_tail;
+	struct mp_reqq ready;          /* connections set up, waiting for accept */
 	char name[RDMA_NAME_MAX];
 };
 
@@ -265,8 +255,7 @@ struct rdma_drv {
 	struct rdma_mr *mrs;
 	struct rdma_bounce *bounce_free;
 	size_t bounce_cached;
-	struct rdma_req *free_reqs;
-	struct rdma_req_block *blocks;
+	struct mp_reqpool reqs;
 };
 
 static inline struct rdma_drv *rdma_drv_of(struct mp_drv *d)
@@ -305,25 +294,15 @@ static int seq_before(uint32_t a, uint32_t b)
 
 /* ---- requests ---------------------------------------------------------- */
 
+/* The request a queue link belongs to; NULL for NULL. */
+#define RDMA_REQ(l) mp_reqq_entry(l, struct rdma_req, link)
+
 static struct rdma_req *req_get(struct rdma_drv *d)
 {
-	struct rdma_req *r;
+	struct rdma_req *r = mp_reqpool_get_entry(&d->reqs, struct rdma_req, link);
 
-	if (!d->free_reqs) {
-		struct rdma_req_block *b = calloc(1, sizeof(*b));
-
-		if (!b)
-			return NULL;
-		b->next = d->blocks;
-		d->blocks = b;
-		for (int i = RDMA_REQ_BLOCK - 1; i >= 0; i--) {
-			b->reqs[i].drv = d;
-			b->reqs[i].next = d->free_reqs;
-			d->free_reqs = &b->reqs[i];
-		}
-	}
-	r = d->free_reqs;
-	d->free_reqs = r->next;
+	if (!r)
+		return NULL;
 	memset(r, 0, sizeof(*r));
 	r->drv = d;
 	r->state = RDMA_REQ_POSTED;
@@ -332,36 +311,8 @@ static struct rdma_req *req_get(struct rdma_drv *d)
 
 static void req_put(struct rdma_req *r)
 {
-	struct rdma_drv *d = r->drv;
-
 	r->state = RDMA_REQ_FREE;
-	r->next = d->free_reqs;
-	d->free_reqs = r;
-}
-
-static void q_push(struct rdma_queue *q, struct rdma_req *r)
-{
-	r->next = NULL;
-	if (q->tail)
-		q->tail->next = r;
-	else
-		q->head = r;
-	q->tail = r;
-	q->n++;
-}
-
-static struct rdma_req *q_pop(struct rdma_queue *q)
-{
-	struct rdma_req *r = q->head;
-
-	if (r) {
-		q->head = r->next;
-		if (!q->head)
-			q->tail = NULL;
-		q->n--;
-		r->next = NULL;
-	}
-	return r;
+	mp_reqpool_put(&r->drv->reqs, &r->link);
 }
 
 /* ---- bounce buffers ---------------------------------------------------- */
@@ -428,15 +379,12 @@ static void req_complete(struct rdma_req *r, int status)
 	}
 	r->status = status;
 	r->state = RDMA_REQ_DONE;
-	r->next = NULL;
 }
 
-static void q_fail(struct rdma_queue *q, int err)
+/* mp_reqq_fail's view of req_complete. */
+static void req_fail(struct mp_reqq_link *l, int err)
 {
-	struct rdma_req *r;
-
-	while ((r = q_pop(q)))
-		req_complete(r, err);
+	req_complete(RDMA_REQ(l), err);
 }
 
 /* The registration that holds [p, p + len), if any: @hint first. */
@@ -495,7 +443,7 @@ static int conn_pump_recv(struct rdma_conn *c)
 	struct rdma_drv *d = c->drv;
 	struct rdma_req *r;
 
-	while (c->state == RDMA_OPEN && (r = c->rq.head) && conn_room(c)) {
+	while (c->state == RDMA_OPEN && (r = RDMA_REQ(c->rq.head)) && conn_room(c)) {
 		uint32_t slot = c->cts_sent % RDMA_QDEPTH;
 		unsigned char *rec = c->ring + (RDMA_QDEPTH + slot) * RDMA_CTS_SIZE;
 		unsigned flags = MP_RDMA_WR_IMM;
@@ -517,8 +465,8 @@ static int conn_pump_recv(struct rdma_conn *c)
 				strerror(-rc));
 			return rc;
 		}
-		q_pop(&c->rq);
-		q_push(&c->rcts, r);
+		mp_reqq_pop(&c->rq);
+		mp_reqq_push(&c->rcts, &r->link);
 		c->cts_sent++;
 	}
 	return 0;
@@ -531,7 +479,7 @@ static int conn_pump_send(struct rdma_conn *c)
 	struct rdma_req *r;
 	int rc;
 
-	while (c->state == RDMA_OPEN && (r = c->sq.head)) {
+	while (c->state == RDMA_OPEN && (r = RDMA_REQ(c->sq.head))) {
 		if (!r->s.matched) {
 			const unsigned char *rec;
 
@@ -594,8 +542,8 @@ static int conn_pump_send(struct rdma_conn *c)
 			}
 		}
 		r->s.last_wr = c->wr_posted;
-		q_pop(&c->sq);
-		q_push(&c->sfly, r);
+		mp_reqq_pop(&c->sq);
+		mp_reqq_push(&c->sfly, &r->link);
 	}
 	return 0;
 }
@@ -643,10 +591,10 @@ static void conn_fail(struct rdma_conn *c, int err)
 	if (d->hit == c)
 		d->hit = NULL;
 	conn_close_fd(c);
-	q_fail(&c->sq, err);
-	q_fail(&c->sfly, err);
-	q_fail(&c->rq, err);
-	q_fail(&c->rcts, err);
+	mp_reqq_fail(&c->sq, req_fail, err);
+	mp_reqq_fail(&c->sfly, req_fail, err);
+	mp_reqq_fail(&c->rq, req_fail, err);
+	mp_reqq_fail(&c->rcts, req_fail, err);
 }
 
 static void conn_arm(struct rdma_conn *c)
@@ -761,16 +709,8 @@ static void conn_opened(struct rdma_conn *c)
 	c->deadline = 0;
 	MP_INFO("%s: %s connection with %s", c->drv->tname, c->lis ? "accepted" : "established",
 		c->name);
-	if (c->lis) {
-		struct rdma_listener *l = c->lis;
-
-		c->lnext = NULL;
-		if (l->ready_tail)
-			l->ready_tail->lnext = c;
-		else
-			l->ready_head = c;
-		l->ready_tail = c;
-	}
+	if (c->lis)
+		mp_reqq_push(&c->lis->ready, &c->llink);
 	conn_pump(c);
 }
 
@@ -1144,14 +1084,10 @@ static int rdma_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
 	if (!l || !out)
 		return -EINVAL;
 	listener_drain(l);
-	c = l->ready_head;
+	c = mp_reqq_pop_entry(&l->ready, struct rdma_conn, llink);
 	if (!c)
 		return -EAGAIN;
-	l->ready_head = c->lnext;
-	if (!l->ready_head)
-		l->ready_tail = NULL;
 	c->lis = NULL;
-	c->lnext = NULL;
 	*out = (struct mp_drv_conn *)(void *)c;
 	return 0;
 }
@@ -1244,7 +1180,7 @@ static int rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovc
 		MP_TRACE("%s: %s: send of %zu bytes from unregistered memory goes through a "
 			 "bounce buffer", d->tname, c->name, total);
 	}
-	q_push(&c->sq, r);
+	mp_reqq_push(&c->sq, &r->link);
 	*out = (struct mp_drv_req *)(void *)r;
 	conn_pump(c);
 	return 0;
@@ -1284,7 +1220,7 @@ static int rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_d
 		MP_TRACE("%s: %s: receive of %zu bytes into unregistered memory goes through a "
 			 "bounce buffer", d->tname, c->name, cap);
 	}
-	q_push(&c->rq, r);
+	mp_reqq_push(&c->rq, &r->link);
 	*out = (struct mp_drv_req *)(void *)r;
 	conn_pump(c);
 	return 0;
@@ -1354,7 +1290,7 @@ static int on_imm(struct rdma_conn *c, uint32_t imm)
 		c->cts_seen++;
 		return 0;
 	}
-	r = q_pop(&c->rcts);
+	r = RDMA_REQ(mp_reqq_pop(&c->rcts));
 	if (!r) {
 		MP_WARN("%s: %s: data arrived for no clear-to-send record; closing", d->tname,
 			c->name);
@@ -1387,8 +1323,8 @@ static void on_write_done(struct rdma_conn *c, uint32_t seq)
 
 	if (seq_before(c->wr_done, seq))
 		c->wr_done = seq;
-	while ((r = c->sfly.head) && !seq_before(c->wr_done, r->s.last_wr)) {
-		q_pop(&c->sfly);
+	while ((r = RDMA_REQ(c->sfly.head)) && !seq_before(c->wr_done, r->s.last_wr)) {
+		mp_reqq_pop(&c->sfly);
 		req_complete(r, r->s.toobig ? -EMSGSIZE : 0);
 	}
 }
@@ -1654,6 +1590,7 @@ int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops
 	d->wake_ev.kind = RDMA_EV_WAKE;
 	d->rank = -1;
 	d->epfd = d->wakefd = -1;
+	d->reqs = MP_REQPOOL(struct rdma_req, link, RDMA_REQ_BLOCK);
 	if (p && p->size >= offsetof(struct mp_drv_params, rank) + sizeof(p->rank))
 		d->rank = p->rank;
 	if (p && p->size >= offsetof(struct mp_drv_params, connect_timeout_ms) +
@@ -1716,12 +1653,8 @@ static void rdma_fini(struct mp_drv *dp)
 		bounce_free(d, b);
 	}
 	d->po->close(d->pv);
-	while (d->blocks) {
-		struct rdma_req_block *b = d->blocks;
-
-		d->blocks = b->next;
-		free(b);
-	}
+	/* Requests die with the instance, tested or not. */
+	mp_reqpool_fini(&d->reqs);
 	close(d->wakefd);
 	close(d->epfd);
 	free(d);

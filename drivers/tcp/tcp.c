@@ -48,6 +48,7 @@
 #include "inet.h"
 #include "le.h"
 #include "log.h"
+#include "reqq.h"
 
 extern const struct mp_driver_ops mp_tcp_driver_ops;
 
@@ -88,7 +89,7 @@ enum tcp_req_state {
 struct tcp_drv;
 
 struct tcp_req {
-	struct tcp_req *next; /* queue or free list */
+	struct mp_reqq_link link; /* queue or free list */
 	struct tcp_drv *drv;
 	enum tcp_req_state state;
 	int status;
@@ -108,17 +109,6 @@ struct tcp_req {
 	};
 };
 
-struct tcp_req_block {
-	struct tcp_req_block *next;
-	struct tcp_req reqs[TCP_REQ_BLOCK];
-};
-
-struct tcp_queue {
-	struct tcp_req *head;
-	struct tcp_req *tail;
-	int n;
-};
-
 enum tcp_conn_state {
 	TCP_CONNECTING,
 	TCP_OPEN,
@@ -135,8 +125,8 @@ struct tcp_conn {
 	uint32_t events;    /* epoll interest currently registered */
 	int want_out;       /* the last write would have blocked */
 	int64_t deadline;   /* connect deadline, ms on CLOCK_MONOTONIC; 0 = none */
-	struct tcp_queue sq;
-	struct tcp_queue rq;
+	struct mp_reqq sq;
+	struct mp_reqq rq;
 	unsigned char rhdr[TCP_HDR_SIZE];
 	size_t rhdr_got;    /* header bytes of the current incoming message */
 	size_t rlen;        /* its payload length, once the header is in */
@@ -169,8 +159,7 @@ struct tcp_drv {
 	int nconnecting;
 	struct tcp_conn *conns;
 	struct tcp_listener *listeners;
-	struct tcp_req *free_reqs;
-	struct tcp_req_block *blocks;
+	struct mp_reqpool reqs;
 };
 
 static inline struct tcp_drv *tcp_drv_of(struct mp_drv *d)
@@ -203,28 +192,17 @@ static int64_t tcp_now_ms(void)
 
 /* ---- requests ---------------------------------------------------------- */
 
+/* The request a queue link belongs to; NULL for NULL. */
+#define TCP_REQ(l) mp_reqq_entry(l, struct tcp_req, link)
+
 static struct tcp_req *tcp_req_get(struct tcp_drv *d)
 {
-	struct tcp_req *r;
+	/* Blocks of TCP_REQ_BLOCK, so that steady state never touches malloc. */
+	struct tcp_req *r = mp_reqpool_get_entry(&d->reqs, struct tcp_req, link);
 
-	if (!d->free_reqs) {
-		/* Grow in blocks so steady state never touches malloc. */
-		struct tcp_req_block *b = calloc(1, sizeof(*b));
-
-		if (!b)
-			return NULL;
-		b->next = d->blocks;
-		d->blocks = b;
-		for (int i = TCP_REQ_BLOCK - 1; i >= 0; i--) {
-			b->reqs[i].drv = d;
-			b->reqs[i].state = TCP_REQ_FREE;
-			b->reqs[i].next = d->free_reqs;
-			d->free_reqs = &b->reqs[i];
-		}
-	}
-	r = d->free_reqs;
-	d->free_reqs = r->next;
-	r->next = NULL;
+	if (!r)
+		return NULL;
+	r->drv = d;
 	r->state = TCP_REQ_POSTED;
 	r->status = 0;
 	r->nbytes = 0;
@@ -233,51 +211,20 @@ static struct tcp_req *tcp_req_get(struct tcp_drv *d)
 
 static void tcp_req_put(struct tcp_req *r)
 {
-	struct tcp_drv *d = r->drv;
-
 	r->state = TCP_REQ_FREE;
-	r->next = d->free_reqs;
-	d->free_reqs = r;
+	mp_reqpool_put(&r->drv->reqs, &r->link);
 }
 
 static void tcp_req_complete(struct tcp_req *r, int status)
 {
 	r->status = status;
 	r->state = TCP_REQ_DONE;
-	r->next = NULL;
 }
 
-static void tcp_q_push(struct tcp_queue *q, struct tcp_req *r)
+/* mp_reqq_fail's view of tcp_req_complete. */
+static void tcp_req_fail(struct mp_reqq_link *l, int err)
 {
-	r->next = NULL;
-	if (q->tail)
-		q->tail->next = r;
-	else
-		q->head = r;
-	q->tail = r;
-	q->n++;
-}
-
-static struct tcp_req *tcp_q_pop(struct tcp_queue *q)
-{
-	struct tcp_req *r = q->head;
-
-	if (r) {
-		q->head = r->next;
-		if (!q->head)
-			q->tail = NULL;
-		q->n--;
-		r->next = NULL;
-	}
-	return r;
-}
-
-static void tcp_q_fail(struct tcp_queue *q, int err)
-{
-	struct tcp_req *r;
-
-	while ((r = tcp_q_pop(q)))
-		tcp_req_complete(r, err);
+	tcp_req_complete(TCP_REQ(l), err);
 }
 
 /* ---- addresses --------------------------------------------------------- */
@@ -409,8 +356,8 @@ static void tcp_conn_fail(struct tcp_conn *c, int err)
 	c->state = TCP_FAILED;
 	c->err = err;
 	tcp_conn_close_fd(c);
-	tcp_q_fail(&c->sq, err);
-	tcp_q_fail(&c->rq, err);
+	mp_reqq_fail(&c->sq, tcp_req_fail, err);
+	mp_reqq_fail(&c->rq, tcp_req_fail, err);
 }
 
 /*
@@ -456,7 +403,7 @@ static void tcp_send_consume(struct tcp_conn *c, size_t n)
 {
 	struct tcp_req *r;
 
-	while (n && (r = c->sq.head)) {
+	while (n && (r = TCP_REQ(c->sq.head))) {
 		for (; r->s.cur < r->s.iovcnt; r->s.cur++) {
 			struct iovec *iv = &r->s.iov[r->s.cur];
 
@@ -468,7 +415,7 @@ static void tcp_send_consume(struct tcp_conn *c, size_t n)
 			n -= iv->iov_len;
 			iv->iov_len = 0;
 		}
-		tcp_q_pop(&c->sq);
+		mp_reqq_pop(&c->sq);
 		tcp_req_complete(r, 0);
 	}
 }
@@ -484,8 +431,8 @@ static void tcp_conn_flush(struct tcp_conn *c)
 		ssize_t w;
 		int n = 0;
 
-		for (struct tcp_req *r = c->sq.head; r && n + 1 + MP_DRV_IOV_MAX <= TCP_GATHER_MAX;
-		     r = r->next) {
+		for (struct tcp_req *r = TCP_REQ(c->sq.head);
+		     r && n + 1 + MP_DRV_IOV_MAX <= TCP_GATHER_MAX; r = TCP_REQ(r->link.next)) {
 			for (int i = r->s.cur; i < r->s.iovcnt; i++) {
 				if (!r->s.iov[i].iov_len)
 					continue;
@@ -551,7 +498,7 @@ static void tcp_conn_read(struct tcp_conn *c)
 	struct tcp_req *r;
 	ssize_t n;
 
-	while (c->state == TCP_OPEN && (r = c->rq.head)) {
+	while (c->state == TCP_OPEN && (r = TCP_REQ(c->rq.head))) {
 		if (c->rhdr_got < TCP_HDR_SIZE) {
 			size_t ask = TCP_HDR_SIZE - c->rhdr_got;
 			uint32_t tag, len;
@@ -582,7 +529,7 @@ static void tcp_conn_read(struct tcp_conn *c)
 				 */
 				MP_WARN("tcp: %s: message of %u bytes exceeds the posted receive "
 					"of %zu bytes, closing", c->name, len, r->r.cap);
-				tcp_q_pop(&c->rq);
+				mp_reqq_pop(&c->rq);
 				r->nbytes = len;
 				tcp_req_complete(r, -EMSGSIZE);
 				tcp_conn_fail(c, -ECONNRESET);
@@ -604,7 +551,7 @@ static void tcp_conn_read(struct tcp_conn *c)
 			if ((size_t)n < ask)
 				break;
 		}
-		tcp_q_pop(&c->rq);
+		mp_reqq_pop(&c->rq);
 		r->nbytes = c->rlen;
 		tcp_req_complete(r, 0);
 		c->rhdr_got = 0;
@@ -956,7 +903,7 @@ static int tcp_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovcn
 	r->s.iovcnt = 1 + iovcnt;
 	r->s.cur = 0;
 	r->nbytes = total;
-	tcp_q_push(&c->sq, r);
+	mp_reqq_push(&c->sq, &r->link);
 	*out = (struct mp_drv_req *)(void *)r;
 	/* Try the write now for latency, unless earlier sends already wait for room. */
 	if (c->state == TCP_OPEN && !c->want_out)
@@ -982,10 +929,10 @@ static int tcp_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_dr
 		return -ENOMEM;
 	r->r.buf = buf;
 	r->r.cap = cap;
-	tcp_q_push(&c->rq, r);
+	mp_reqq_push(&c->rq, &r->link);
 	*out = (struct mp_drv_req *)(void *)r;
 	/* The message may already sit in the socket buffer. */
-	if (c->state == TCP_OPEN && c->rq.head == r)
+	if (c->state == TCP_OPEN && c->rq.head == &r->link)
 		tcp_conn_read(c);
 	else
 		tcp_conn_arm(c, 0);
@@ -1152,6 +1099,7 @@ static int tcp_init(const struct mp_drv_params *p, struct mp_drv **out)
 		return -ENOMEM;
 	d->base.ops = &mp_tcp_driver_ops;
 	d->wake_ep.kind = TCP_EP_WAKE;
+	d->reqs = MP_REQPOOL(struct tcp_req, link, TCP_REQ_BLOCK);
 	d->rank = -1;
 	d->epfd = -1;
 	d->wakefd = -1;
@@ -1209,12 +1157,7 @@ static void tcp_fini(struct mp_drv *dp)
 	while (d->listeners)
 		tcp_close_listener((struct mp_drv_listener *)(void *)d->listeners);
 	/* Requests die with the instance, tested or not. */
-	while (d->blocks) {
-		struct tcp_req_block *b = d->blocks;
-
-		d->blocks = b->next;
-		free(b);
-	}
+	mp_reqpool_fini(&d->reqs);
 	close(d->wakefd);
 	close(d->epfd);
 	free(d);

@@ -75,6 +75,11 @@ static struct ibv_cq *real_create_cq(struct ibv_context *ctx, int cqe)
 	return ibv_create_cq(ctx, cqe, NULL, NULL, 0);
 }
 
+static int real_resize_cq(struct ibv_cq *cq, int cqe)
+{
+	return ibv_resize_cq(cq, cqe);
+}
+
 static int real_destroy_cq(struct ibv_cq *cq)
 {
 	return ibv_destroy_cq(cq);
@@ -200,6 +205,7 @@ const struct mp_verbs_ibv mp_verbs_ibv_real = {
 	.alloc_pd = real_alloc_pd,
 	.dealloc_pd = real_dealloc_pd,
 	.create_cq = real_create_cq,
+	.resize_cq = real_resize_cq,
 	.destroy_cq = real_destroy_cq,
 	.create_qp = real_create_qp,
 	.modify_qp = real_modify_qp,

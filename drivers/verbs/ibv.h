@@ -44,6 +44,8 @@ struct mp_verbs_ibv {
 	struct ibv_pd *(*alloc_pd)(struct ibv_context *ctx);
 	int (*dealloc_pd)(struct ibv_pd *pd);
 	struct ibv_cq *(*create_cq)(struct ibv_context *ctx, int cqe);
+	/* To at least @cqe entries, completions already in it kept; cq->cqe says the size got. */
+	int (*resize_cq)(struct ibv_cq *cq, int cqe);
 	int (*destroy_cq)(struct ibv_cq *cq);
 	struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
 	int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);

@@ -3,6 +3,8 @@
  * The ibverbs provider of the RDMA protocol (drivers/rdma/prov.h): one
  * device port, one protection domain and one polled completion queue per
  * instance, and a reliable-connected queue pair per endpoint (doc/rdma.md).
+ * The completion queue always has room for every work request of every
+ * endpoint; it starts small and grows as endpoints are created.
  *
  * Endpoint blob (32 bytes, little-endian), exchanged by the protocol over
  * its side channel:
@@ -64,6 +66,7 @@
 #define VB_BLOB_LEN 32
 #define VB_INLINE 64            /* inline bytes asked of every queue pair */
 #define VB_DEF_EPS 64           /* params->max_eps when 0 */
+#define VB_CQ_START_EPS 4       /* endpoints the first completion queue is sized for */
 #define VB_DEF_OUTSTANDING 64   /* params->max_outstanding when 0 */
 #define VB_MAX_EPS 0x7fff       /* slot field of the wr_id */
 #define VB_POLL_BATCH 32
@@ -151,6 +154,7 @@ struct vb_prov {
 	uint32_t sig_every;
 	int max_eps;
 	int neps;
+	long per_ep;            /* CQ entries one endpoint may fill: sq_depth + rq_depth */
 	struct vb_slot *slots;  /* max_eps */
 	struct vb_mrent *mrents;
 	struct vb_mr *handles;
@@ -506,6 +510,7 @@ static int vb_open(const struct mp_rdma_params *p, struct mp_rdma_prov **out)
 	/* Every work request of every endpoint may sit in the CQ at once; it must never overflow. */
 	long per_ep = (long)pv->sq_depth + pv->rq_depth;
 	long max_cqe = da.max_cqe > 0 ? da.max_cqe : INT_MAX;
+	pv->per_ep = per_ep;
 	if ((long)pv->max_eps * per_ep > max_cqe) {
 		pv->max_eps = (int)(max_cqe / per_ep);
 		MP_INFO("verbs: %s completion queues hold %d entries: room for %d endpoints",
@@ -531,12 +536,18 @@ static int vb_open(const struct mp_rdma_params *p, struct mp_rdma_prov **out)
 		MP_WARN("verbs: ibv_alloc_pd on %s: %s", pv->dev_name, strerror(-rc));
 		goto fail;
 	}
+	/*
+	 * The CQ is pinned memory (64 bytes an entry on mlx5): sized for all
+	 * of max_eps at once it would take 25 MB for the protocol's 1024
+	 * endpoints of 128 writes. It starts with room for a few endpoints
+	 * and vb_cq_reserve grows it as endpoints are created.
+	 */
+	long first = (pv->max_eps < VB_CQ_START_EPS ? pv->max_eps : VB_CQ_START_EPS) * per_ep;
 	errno = 0;
-	pv->cq = pv->ibv->create_cq(pv->ctx, (int)(pv->max_eps * per_ep));
+	pv->cq = pv->ibv->create_cq(pv->ctx, (int)first);
 	if (!pv->cq) {
 		rc = -(errno ? errno : ENOMEM);
-		MP_WARN("verbs: ibv_create_cq(%ld) on %s: %s", pv->max_eps * per_ep, pv->dev_name,
-			strerror(-rc));
+		MP_WARN("verbs: ibv_create_cq(%ld) on %s: %s", first, pv->dev_name, strerror(-rc));
 		goto fail;
 	}
 
@@ -818,6 +829,41 @@ static uint32_t vb_psn(uint32_t slot)
 	return r & 0xffffff;
 }
 
+/*
+ * Makes the CQ hold every work request of @neps endpoints, so that it can
+ * never overflow (an overrun CQ is an asynchronous error that takes every
+ * queue pair on it down). It grows by doubling, up to max_eps endpoints'
+ * worth, so that a run that opens endpoints one by one resizes only a
+ * logarithmic number of times; it does not shrink when endpoints go, as
+ * the next ones would only grow it again.
+ */
+static int vb_cq_reserve(struct vb_prov *pv, int neps)
+{
+	long need = neps * pv->per_ep;
+	if (pv->cq->cqe >= need)
+		return 0;
+	long limit = pv->max_eps * pv->per_ep;
+	long want = 2L * pv->cq->cqe;
+	if (want > limit)
+		want = limit;
+	if (want < need)
+		want = need;
+	int old = pv->cq->cqe;
+	int rc = pv->ibv->resize_cq(pv->cq, (int)want);
+	/* A provider may round the size up, never down; a smaller one is refused as well. */
+	if (rc == 0 && pv->cq->cqe < need)
+		rc = ENOSPC;
+	if (rc) {
+		MP_WARN("verbs: %s: cannot grow the completion queue from %d to %ld entries to "
+			"make room for %d endpoints (ibv_resize_cq: %s); the new endpoint is not "
+			"created", pv->dev_name, old, want, neps, strerror(rc));
+		return -rc;
+	}
+	MP_INFO("verbs: %s: completion queue grown from %d to %d entries for %d endpoints",
+		pv->dev_name, old, pv->cq->cqe, neps);
+	return 0;
+}
+
 static int vb_ep_create(struct mp_rdma_prov *p, void *blob, size_t *len, struct mp_rdma_ep **out)
 {
 	struct vb_prov *pv = to_vb(p);
@@ -830,6 +876,9 @@ static int vb_ep_create(struct mp_rdma_prov *p, void *blob, size_t *len, struct 
 			pv->max_eps);
 		return -ENOSPC;
 	}
+	int rc = vb_cq_reserve(pv, pv->neps + 1);
+	if (rc)
+		return rc;
 	int slot = 0;
 	while (pv->slots[slot].ep)
 		slot++;
@@ -859,7 +908,7 @@ static int vb_ep_create(struct mp_rdma_prov *p, void *blob, size_t *len, struct 
 	errno = 0;
 	ep->qp = pv->ibv->create_qp(pv->pd, &ia);
 	if (!ep->qp) {
-		int rc = -(errno ? errno : ENOMEM);
+		rc = -(errno ? errno : ENOMEM);
 		MP_WARN("verbs: ibv_create_qp on %s (%u sends, %u receives, %d inline bytes): %s",
 			pv->dev_name, pv->sq_depth, pv->rq_depth, VB_INLINE, strerror(-rc));
 		free(ep->swr);
@@ -875,8 +924,8 @@ static int vb_ep_create(struct mp_rdma_prov *p, void *blob, size_t *len, struct 
 	a.pkey_index = 0;
 	a.port_num = pv->port;
 	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-	int rc = pv->ibv->modify_qp(ep->qp, &a,
-				    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	rc = pv->ibv->modify_qp(ep->qp, &a,
+				IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 	if (rc) {
 		MP_WARN("verbs: QP 0x%x to INIT: %s", ep->qp->qp_num, strerror(rc));
 		vb_ep_free(ep);
