@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 int mp_log_level = MP_LOG_WARN;
@@ -15,6 +16,7 @@ static FILE *log_file;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static _Thread_local int log_rank = -1;
 static char log_host[64];
+static int log_stamp;
 
 static int parse_level(const char *s)
 {
@@ -40,6 +42,10 @@ static void log_setup(void)
 		mp_log_level = l;
 	else if (lvl && *lvl)
 		fprintf(stderr, "[moshpit] WARN MP_DEBUG=%s not understood (NONE, WARN, INFO, TRACE)\n", lvl);
+
+	/* Wall-clock stamps let lines from many processes be put in order. */
+	const char *ts = getenv("MP_DEBUG_TIMESTAMP");
+	log_stamp = ts && *ts && strcmp(ts, "0");
 
 	/* MP_DEBUG_FILE=path.%h.%p, as NCCL_DEBUG_FILE: %h host, %p pid. */
 	gethostname(log_host, sizeof(log_host) - 1);
@@ -92,8 +98,17 @@ void mp_log_emit(int level, const char *file, int line, const char *fmt, ...)
 
 	mp_log_init();
 	out = log_file ? log_file : stderr;
-	n = snprintf(msg, sizeof(msg), "%s:%d:%d [moshpit] %s ", log_host, (int)getpid(), log_rank,
-		     names[level]);
+	n = 0;
+	if (log_stamp) {
+		struct timespec t;
+		struct tm tm;
+		clock_gettime(CLOCK_REALTIME, &t);
+		localtime_r(&t.tv_sec, &tm);
+		n = snprintf(msg, sizeof(msg), "%02d:%02d:%02d.%03ld ", tm.tm_hour, tm.tm_min,
+			     tm.tm_sec, t.tv_nsec / 1000000);
+	}
+	n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s:%d:%d [moshpit] %s ", log_host,
+		      (int)getpid(), log_rank, names[level]);
 	if (level >= MP_LOG_TRACE && n > 0 && (size_t)n < sizeof(msg)) {
 		const char *base = strrchr(file, '/');
 		n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s:%d ", base ? base + 1 : file, line);

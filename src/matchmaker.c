@@ -317,6 +317,18 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 	return n;
 }
 
+/* Has an exchange dropped peer @id lately, or has it left? */
+static int dropped(const struct mp_ctx *ctx, uint64_t id, uint64_t now)
+{
+	int idx = mp_peer_find(ctx, id);
+	uint64_t ttl_ns = (uint64_t)ctx->cfg.record_ttl_ms * 1000000ull;
+
+	if (idx < 0)
+		return 0;
+	uint64_t f = ctx->peers[idx].failed_ns;
+	return ctx->peers[idx].gone || (f && now - f < ttl_ns);
+}
+
 /*
  * Does the peer of record @r take part in @round, as far as we know? Not a
  * peer that joins the run later (its record names a later round, or none
@@ -326,15 +338,9 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 static int takes_part(const struct mp_ctx *ctx, const struct mp_record *r, uint32_t round,
 		      uint64_t now)
 {
-	uint64_t ttl_ns = (uint64_t)ctx->cfg.record_ttl_ms * 1000000ull;
-
 	if (r->round > round || strcmp(r->transport, ctx->transport))
 		return 0;
-	int idx = mp_peer_find(ctx, r->id);
-	if (idx < 0 || ctx->peers[idx].gone)
-		return 0;
-	uint64_t f = ctx->peers[idx].failed_ns;
-	return !f || now - f >= ttl_ns;
+	return mp_peer_find(ctx, r->id) >= 0 && !dropped(ctx, r->id, now);
 }
 
 static int cmp_decl_id(const void *a, const void *b)
@@ -345,11 +351,16 @@ static int cmp_decl_id(const void *a, const void *b)
 
 /*
  * How many other members that take part in @round have neither declared
- * for it nor been reported absent: @d (n of them, reordered by id here) are
- * the round's declarations. -ENOMEM on failure.
+ * for it in a line nor been reported absent: @d (n of them, reordered by id
+ * here) are the round's declarations. A peer placing itself (@placer) counts
+ * those that declared they are placing themselves as declared: they do the
+ * same as it, and waiting for each other would hold both up to their
+ * timeouts. For everyone else they are missing, even while their records
+ * do not name the round yet (a joiner's does not until it has placed
+ * itself): its line is short until it comes.
  */
 static int missing(const struct mp_ctx *ctx, uint32_t round, struct mp_decl *d, int n,
-		   uint64_t *one)
+		   uint64_t *one, int placer)
 {
 	uint64_t now = mp_now_ns();
 	int miss = 0;
@@ -357,11 +368,26 @@ static int missing(const struct mp_ctx *ctx, uint32_t round, struct mp_decl *d, 
 	qsort(d, (size_t)n, sizeof(*d), cmp_decl_id);
 	for (int i = 0; i < ctx->nrecs; i++) {
 		const struct mp_record *r = &ctx->recs[i];
-		struct mp_decl key = {.id = r->id};
-		if (r->id != ctx->self_id && takes_part(ctx, r, round, now) &&
-		    !bsearch(&key, d, (size_t)n, sizeof(*d), cmp_decl_id)) {
+		struct mp_decl key = {.id = r->id}, *f;
+		if (r->id == ctx->self_id || !takes_part(ctx, r, round, now))
+			continue;
+		f = bsearch(&key, d, (size_t)n, sizeof(*d), cmp_decl_id);
+		if (!f || (f->mode == MP_DECL_PLACING && !placer)) {
 			if (one)
 				*one = r->id;
+			miss++;
+		}
+	}
+	for (int i = 0; i < n && !placer; i++) {
+		int counted = 0;
+		if (d[i].mode != MP_DECL_PLACING || d[i].id == ctx->self_id)
+			continue;
+		for (int j = 0; j < ctx->nrecs && !counted; j++)
+			counted = ctx->recs[j].id == d[i].id &&
+				  takes_part(ctx, &ctx->recs[j], round, now);
+		if (!counted && !dropped(ctx, d[i].id, now)) {
+			if (one)
+				*one = d[i].id;
 			miss++;
 		}
 	}
@@ -929,7 +955,7 @@ static int everyone(struct mm *m, uint64_t now)
 		int n = ctx->rdv->declared(ctx->rdv_st, m->rkey, m->all, MAX_RECORDS);
 		if (n >= 0) {
 			m->nround = n;
-			m->nmissing = missing(ctx, m->round, m->all, n, &m->missing_id);
+			m->nmissing = missing(ctx, m->round, m->all, n, &m->missing_id, 0);
 		}
 		m->round_at = now;
 	}
@@ -965,16 +991,16 @@ static int line_decls(struct mm *m, uint64_t now)
 
 	if (n < 0)
 		n = 0;
-	/* An absence belongs under the round's key only. */
+	/* An absence or a placing belongs under the round's key only. */
 	k = 0;
 	for (int i = 0; i < n; i++)
-		if (m->decls[i].mode != MP_DECL_ABSENT)
+		if (m->decls[i].mode < MP_DECL_ABSENT)
 			m->decls[k++] = m->decls[i];
 	n = k;
 	everyone(m, now);
 	for (int i = 0; i < m->nround && k < MAX_DECLS; i++) {
 		const struct mp_decl *d = &m->all[i];
-		int dup = d->line != m->line || d->mode == MP_DECL_ABSENT;
+		int dup = d->line != m->line || d->mode >= MP_DECL_ABSENT;
 		for (int j = 0; j < n && !dup; j++)
 			dup = m->decls[j].id == d->id;
 		if (!dup)
@@ -1351,14 +1377,72 @@ static void catch_up(struct mp_ctx *ctx)
 	ctx->synced = 1;
 }
 
+/* A free cell of a round: its line, how many members declared there, and
+ * the free coordinate in the varied dimension. */
+struct hole {
+	uint32_t line, count;
+	int coord;
+};
+
+/* Emptiest line first, then by line and coordinate: an order every placer
+ * computes alike from the same declarations. */
+static int cmp_hole(const void *a, const void *b)
+{
+	const struct hole *x = a, *y = b;
+
+	if (x->count != y->count)
+		return x->count < y->count ? -1 : 1;
+	if (x->line != y->line)
+		return x->line < y->line ? -1 : 1;
+	return (x->coord > y->coord) - (x->coord < y->coord);
+}
+
 /*
- * A peer that joins a running run moves into the line of its first round
- * that has the fewest members: where a peer died, the line is one short,
- * and filling it keeps the grid full (on a full grid, d rounds give the
- * exact mean). It waits until the others have declared for that round;
- * leaders wait for it meanwhile, since its record is live. Without
- * declarations to go by (within the matchmaking and request timeouts) it
- * keeps its cell.
+ * The holes of @round from its @n declarations @all, sorted (cmp_hole), into
+ * @h (room for every cell); returns how many.
+ */
+static int find_holes(const struct mp_ctx *ctx, uint32_t round, const struct mp_decl *all,
+		      int n, struct hole *h, uint32_t *count, uint8_t *used)
+{
+	int dim = (int)(round % (uint32_t)ctx->grid.ndims), nh = 0, c[MP_MAX_GRID_DIMS];
+	uint64_t cells = mp_grid_cells(&ctx->grid);
+
+	for (int i = 0; i < n; i++) {
+		if (all[i].line >= cells || all[i].id == ctx->self_id || all[i].mode >= MP_DECL_ABSENT)
+			continue;
+		count[all[i].line]++;
+		if (all[i].coord < 0 || all[i].coord >= ctx->grid.dims[dim])
+			continue;
+		mp_grid_coords(&ctx->grid, all[i].line, c);
+		c[dim] = all[i].coord;
+		used[mp_grid_cell(&ctx->grid, c)] = 1;
+	}
+	for (uint64_t l = 0; l < cells; l++) {
+		mp_grid_coords(&ctx->grid, l, c);
+		if (c[dim])
+			continue;
+		for (int v = 0; v < ctx->grid.dims[dim]; v++) {
+			c[dim] = v;
+			if (!used[mp_grid_cell(&ctx->grid, c)])
+				h[nh++] = (struct hole){.line = (uint32_t)l, .count = count[l], .coord = v};
+		}
+	}
+	qsort(h, (size_t)nh, sizeof(*h), cmp_hole);
+	return nh;
+}
+
+/*
+ * A peer that joins a running run, or one displaced from a cell it shared,
+ * moves into a free cell of its round: where a peer died its line is one
+ * short, and filling it keeps the grid full (on a full grid, d rounds give
+ * the exact mean). It first declares under the round's key that it is
+ * placing itself (MP_DECL_PLACING): leaders of the round wait for it, and
+ * peers placing themselves at once see each other. Once all the others have
+ * declared, the placers, in the order of their ids, take the holes in order
+ * (cmp_hole): placers that read the same declarations take different cells
+ * (by chance they would often crowd into one, and a shared cell costs both
+ * a round). Without a whole view within the matchmaking and request
+ * timeouts it keeps its cell.
  */
 static void take_hole(struct mp_ctx *ctx)
 {
@@ -1366,16 +1450,21 @@ static void take_hole(struct mp_ctx *ctx)
 	int dim = (int)(round % (uint32_t)ctx->grid.ndims);
 	uint64_t cells = mp_grid_cells(&ctx->grid), start = mp_now_ns(), last = 0;
 	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) * 1000000ull;
-	int seen = -1, steady = 0, whole = 0, nlast = -1;
+	int seen = -1, steady = 0, whole = 0, nlast = -1, n = 0, rc;
 	uint64_t nsince = start;
 	struct mp_decl *all = malloc(MAX_RECORDS * sizeof(*all));
 	uint32_t *count = calloc((size_t)cells, sizeof(*count));
+	uint8_t *used = calloc((size_t)cells, 1);
+	struct hole *holes = malloc((size_t)cells * sizeof(*holes));
+	struct mp_decl pd = {.id = ctx->self_id, .mode = MP_DECL_PLACING, .line = UINT32_MAX,
+			     .expires_ms = mp_wall_ms() + (uint64_t)ctx->cfg.matchmaking_ms};
 	char key[32];
-	int n = 0;
 
-	if (!all || !count)
-		goto out;
 	round_key(round, key, sizeof(key));
+	if (!all || !count || !used || !holes)
+		goto out;
+	if ((rc = ctx->rdv->declare(ctx->rdv_st, key, &pd)))
+		MP_WARN("round %u: cannot say we are placing ourselves: %s", round, mp_strerror(rc));
 	while (mp_now_ns() - start < limit && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t now = mp_now_ns();
 		if (now - last > SYNC_NS) {
@@ -1390,11 +1479,10 @@ static void take_hole(struct mp_ctx *ctx)
 		if (n != nlast)
 			nsince = now;
 		nlast = n;
-		int miss = n > 0 ? missing(ctx, round, all, n, NULL) : -1;
+		int miss = n > 0 ? missing(ctx, round, all, n, NULL, 1) : -1;
 		/* Whole: everyone who takes part has declared. Or nearly, and
-		 * settled: the one or two still missing are likely placing
-		 * themselves too (two joiners, or a joiner and a displaced peer),
-		 * each waiting for the other's declaration. */
+		 * settled: the one or two still missing may be placing
+		 * themselves too, with their "placing" not read yet. */
 		if (steady >= STEADY_SYNCS && n > 1 &&
 		    (!miss || (miss <= PLACING_MISSING && now - nsince >= PLACING_QUIET_NS))) {
 			whole = 1;
@@ -1408,56 +1496,34 @@ static void take_hole(struct mp_ctx *ctx)
 		MP_INFO("round %u: saw %d declaration(s), not the whole round; keeping cell", round, n);
 		goto out;
 	}
-	for (int i = 0; i < n; i++) {
-		int c[MP_MAX_GRID_DIMS];
-		if (all[i].line >= cells || all[i].id == ctx->self_id ||
-		    all[i].mode == MP_DECL_ABSENT)
-			continue;
-		mp_grid_coords(&ctx->grid, all[i].line, c);
-		if (!c[dim])
-			count[all[i].line]++;
-	}
-	if (n <= 0)
-		goto out;
-	/* The emptiest line; among equals, one picked by our id, so that
-	 * joiners arriving together spread out. */
-	uint32_t least = UINT32_MAX, ties = 0, pick, line = 0;
-	int c[MP_MAX_GRID_DIMS];
-	for (uint64_t l = 0; l < cells; l++) {
-		mp_grid_coords(&ctx->grid, l, c);
-		if (c[dim])
-			continue;
-		if (count[l] < least) {
-			least = count[l];
-			ties = 0;
-		}
-		ties += count[l] == least;
-	}
-	pick = (uint32_t)(ctx->self_id % ties);
-	for (uint64_t l = 0; l < cells; l++) {
-		mp_grid_coords(&ctx->grid, l, c);
-		if (!c[dim] && count[l] == least && !pick--) {
-			line = (uint32_t)l;
-			break;
-		}
-	}
-	/* In the line, the first coordinate nobody declared. */
-	uint8_t used[MP_MAX_GROUP] = {0};
+	int nh = find_holes(ctx, round, all, n, holes, count, used);
+	/* Our rank among the placers: those still placing, and us. */
+	int rank = 0, placers = 1;
+	uint64_t now = mp_now_ns();
 	for (int i = 0; i < n; i++)
-		if (all[i].line == line && all[i].mode != MP_DECL_ABSENT && all[i].coord >= 0 &&
-		    all[i].coord < MP_MAX_GROUP)
-			used[all[i].coord] = 1;
-	mp_grid_coords(&ctx->grid, line, c);
-	for (int v = 0; v < ctx->grid.dims[dim] && v < MP_MAX_GROUP; v++)
-		if (!used[v]) {
-			c[dim] = v;
-			break;
+		if (all[i].mode == MP_DECL_PLACING && all[i].id != ctx->self_id &&
+		    !dropped(ctx, all[i].id, now)) {
+			placers++;
+			rank += all[i].id < ctx->self_id;
 		}
-	MP_INFO("round %u: joining line %u (%u member(s) declared there, %d declaration(s) in the round)",
-		round, line, least, n);
+	if (!nh) {
+		MP_INFO("round %u: no free cell (%d declaration(s)); keeping cell", round, n);
+		goto out;
+	}
+	/* More placers than holes: crowd in; a shared cell is found out and
+	 * left in the next round (next_coord). */
+	const struct hole *h = &holes[rank % nh];
+	int c[MP_MAX_GRID_DIMS];
+	mp_grid_coords(&ctx->grid, h->line, c);
+	c[dim] = h->coord;
+	MP_INFO("round %u: taking cell %d of line %u (%u member(s) declared there, %d free cell(s), "
+		"%d placer(s), %d declaration(s) in the round)", round, h->coord, h->line, h->count,
+		nh, placers, n);
 	memcpy(ctx->coords, c, sizeof(c));
 out:
 	ctx->rdv->forget(ctx->rdv_st, key);
+	free(holes);
+	free(used);
 	free(count);
 	free(all);
 }

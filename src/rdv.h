@@ -45,12 +45,19 @@ struct mp_record {
  * round" (its groupmates saw it fail), declared under a round's key by
  * another member, so that nobody waits for a dead peer's lingering record. */
 #define MP_DECL_ABSENT 3
+/* ... and "peer id takes part in this round and is choosing its cell"
+ * (a joiner, or a peer displaced from a shared cell), declared by the peer
+ * itself under the round's key: leaders wait for it, and peers placing
+ * themselves at once share out the holes instead of waiting for each
+ * other. Its declaration in a line replaces it. */
+#define MP_DECL_PLACING 4
 
 /* A matchmaking declaration: "I am looking for a group under this key". */
 struct mp_decl {
 	uint64_t id;
 	uint64_t expires_ms;  /* the declarer's matchmaking deadline */
-	uint8_t mode;         /* enum mp_mode (client peers never lead), or MP_DECL_ABSENT */
+	uint8_t mode;         /* enum mp_mode (client peers never lead), MP_DECL_ABSENT or
+			       * MP_DECL_PLACING */
 	int16_t coord;        /* the declarer's coordinate in the varied dimension */
 	uint32_t line;        /* its line: the cell index with the varied coordinate 0 */
 };

@@ -249,12 +249,15 @@ static void members_prune(struct rdv_dht *st, uint64_t now)
 	st->nm = j;
 }
 
-/* Keep @d if it is newer (later deadline) than what @dk holds for its id. */
+/* Keep @d if it is newer (later deadline) than what @dk holds for its id. A
+ * peer's declaration in a line outranks its "placing" one whatever their
+ * deadlines and their order of arrival: it is what the placing led to. */
 static int decl_store(struct dkey *dk, const struct mp_decl *d)
 {
 	for (int i = 0; i < dk->n; i++) {
 		if (dk->d[i].id == d->id) {
-			if (d->expires_ms > dk->d[i].expires_ms)
+			int was = dk->d[i].mode == MP_DECL_PLACING, is = d->mode == MP_DECL_PLACING;
+			if (was != is ? was : d->expires_ms > dk->d[i].expires_ms)
 				dk->d[i] = *d;
 			return 0;
 		}

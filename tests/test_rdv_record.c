@@ -341,14 +341,19 @@ static void test_decl_rejects(void **state)
 	/* Signed but out of range: mode, id 0. */
 	pieces[0] = (struct mp_auth_piece){ buf, DECL_MAC };
 	pieces[1] = (struct mp_auth_piece){ GKEY, strlen(GKEY) };
-	buf[3] = MP_DECL_ABSENT + 1;
+	buf[3] = MP_DECL_PLACING + 1;
 	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
 	assert_int_equal(mp_decl_decode(&auth, GKEY, buf, len, &out), -EBADMSG);
-	/* An absence (another member's word that the peer will not come). */
+	/* An absence (another member's word that the peer will not come), and
+	 * a peer's word that it is placing itself. */
 	buf[3] = MP_DECL_ABSENT;
 	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
 	assert_int_equal(mp_decl_decode(&auth, GKEY, buf, len, &out), 0);
 	assert_int_equal(out.mode, MP_DECL_ABSENT);
+	buf[3] = MP_DECL_PLACING;
+	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
+	assert_int_equal(mp_decl_decode(&auth, GKEY, buf, len, &out), 0);
+	assert_int_equal(out.mode, MP_DECL_PLACING);
 	buf[3] = 0;
 	memset(buf + 10, 0, 8);
 	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
@@ -357,7 +362,7 @@ static void test_decl_rejects(void **state)
 	d.id = 0;
 	assert_int_equal(mp_decl_encode(&auth, GKEY, &d, buf, sizeof(buf), &len), -EINVAL);
 	d.id = 1;
-	d.mode = MP_DECL_ABSENT + 1;
+	d.mode = MP_DECL_PLACING + 1;
 	assert_int_equal(mp_decl_encode(&auth, GKEY, &d, buf, sizeof(buf), &len), -EINVAL);
 }
 
