@@ -357,12 +357,14 @@ static int cmp_decl_id(const void *a, const void *b)
  * same as it, and waiting for each other would hold both up to their
  * timeouts. For everyone else they are missing, even while their records
  * do not name the round yet (a joiner's does not until it has placed
- * itself): its line is short until it comes.
+ * itself): its line is short until it comes. @fresh, if not NULL, counts
+ * the missing members whose records were refreshed lately.
  */
 static int missing(const struct mp_ctx *ctx, uint32_t round, struct mp_decl *d, int n,
-		   uint64_t *one, int placer)
+		   uint64_t *one, int placer, int *fresh)
 {
-	uint64_t now = mp_now_ns();
+	uint64_t now = mp_now_ns(), wall = mp_wall_ms();
+	uint64_t half_ttl = (uint64_t)ctx->cfg.record_ttl_ms / 2;
 	int miss = 0;
 
 	qsort(d, (size_t)n, sizeof(*d), cmp_decl_id);
@@ -376,6 +378,10 @@ static int missing(const struct mp_ctx *ctx, uint32_t round, struct mp_decl *d, 
 			if (one)
 				*one = r->id;
 			miss++;
+			/* Refreshed within half a TTL (live peers refresh every
+			 * third): alive, only late. */
+			if (fresh && r->expires_ms > wall + half_ttl)
+				(*fresh)++;
 		}
 	}
 	for (int i = 0; i < n && !placer; i++) {
@@ -955,7 +961,7 @@ static int everyone(struct mm *m, uint64_t now)
 		int n = ctx->rdv->declared(ctx->rdv_st, m->rkey, m->all, MAX_RECORDS);
 		if (n >= 0) {
 			m->nround = n;
-			m->nmissing = missing(ctx, m->round, m->all, n, &m->missing_id, 0);
+			m->nmissing = missing(ctx, m->round, m->all, n, &m->missing_id, 0, NULL);
 		}
 		m->round_at = now;
 	}
@@ -1479,12 +1485,14 @@ static void take_hole(struct mp_ctx *ctx)
 		if (n != nlast)
 			nsince = now;
 		nlast = n;
-		int miss = n > 0 ? missing(ctx, round, all, n, NULL, 1) : -1;
+		int fresh = 0, miss = n > 0 ? missing(ctx, round, all, n, NULL, 1, &fresh) : -1;
 		/* Whole: everyone who takes part has declared. Or nearly, and
-		 * settled: the one or two still missing may be placing
-		 * themselves too, with their "placing" not read yet. */
+		 * settled: the one or two still missing are dead (their records
+		 * linger) or placing themselves too, with their "placing" not
+		 * read yet. Not a member that is only late: its cell would look
+		 * like a hole, and taking it costs both of us a round. */
 		if (steady >= STEADY_SYNCS && n > 1 &&
-		    (!miss || (miss <= PLACING_MISSING && now - nsince >= PLACING_QUIET_NS))) {
+		    (!miss || (miss <= PLACING_MISSING && !fresh && now - nsince >= PLACING_QUIET_NS))) {
 			whole = 1;
 			break;
 		}
