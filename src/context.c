@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -17,6 +18,7 @@
 #include "internal.h"
 #include "log.h"
 #include "matchmaker.h"
+#include "stage.h"
 
 static char *dup_or_null(const char *s)
 {
@@ -393,6 +395,46 @@ int mp_npeers(const mp_ctx *ctx)
 	return ctx->npeers;
 }
 
+/*
+ * CUDA memory. The reducer and the codecs read host memory, so averaging
+ * goes through a pinned host copy of the registration (stage.c) on every
+ * transport. A transport that can move device memory (verbs with GPUDirect
+ * RDMA) registers it as well, through its own ladder (dma-buf, then
+ * nvidia-peermem), and logs which path it took; when it cannot
+ * (-EOPNOTSUPP, or any other refusal), the host copy is all there is. One
+ * INFO line says that the buffer is staged, and why.
+ */
+static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
+{
+	struct mp_mr *mr = calloc(1, sizeof(*mr));
+	char why[160];
+	int rc;
+
+	if (!mr)
+		return -ENOMEM;
+	rc = mp_stage_open(ctx, buf, len, &mr->stage);
+	if (rc) {
+		free(mr);
+		return rc;
+	}
+	if (!(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
+		snprintf(why, sizeof(why), "transport %s cannot move device memory", ctx->transport);
+	} else if ((rc = ctx->ops->reg_mr(ctx->drv, buf, len, MP_MEM_CUDA, &mr->dmr))) {
+		mr->dmr = NULL;
+		snprintf(why, sizeof(why), "transport %s cannot register it (%s)", ctx->transport,
+			 mp_strerror(rc));
+	} else {
+		snprintf(why, sizeof(why), "the reducer reads host memory (transport %s registered "
+			 "the device memory too)", ctx->transport);
+	}
+	MP_INFO("CUDA memory %p (%zu bytes) is staged through host memory: %s", buf, len, why);
+	mr->buf = buf;
+	mr->len = len;
+	mr->kind = MP_MEM_CUDA;
+	*out = mr;
+	return 0;
+}
+
 int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out)
 {
 	struct mp_mr *mr;
@@ -402,12 +444,12 @@ int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, m
 		return -EINVAL;
 	if (kind != MP_MEM_HOST && kind != MP_MEM_CUDA && kind != MP_MEM_DMABUF)
 		return -EINVAL;
-	if (kind != MP_MEM_HOST && !(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
-		/* Device memory goes to transports that can move it (verbs with
-		 * GPUDirect); the others would need host staging, which comes with
-		 * the CUDA build. */
-		mp_set_error(ctx, "transport %s cannot move %s memory", ctx->transport,
-			     kind == MP_MEM_CUDA ? "CUDA device" : "dma-buf");
+	if (kind == MP_MEM_CUDA)
+		return register_cuda(ctx, buf, len, out);
+	if (kind == MP_MEM_DMABUF && !(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
+		/* Staging needs a way to copy out of the memory; a dma-buf is
+		 * only a file descriptor's worth of pages to us. */
+		mp_set_error(ctx, "transport %s cannot move dma-buf memory", ctx->transport);
 		return -ENOTSUP;
 	}
 	mr = calloc(1, sizeof(*mr));
@@ -438,7 +480,9 @@ int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr)
 	pthread_mutex_unlock(&ctx->mu);
 	if (users)
 		return -EBUSY;
-	ctx->ops->dereg_mr(ctx->drv, mr->dmr);
+	if (mr->dmr)
+		ctx->ops->dereg_mr(ctx->drv, mr->dmr);
+	mp_stage_close(ctx, mr->stage);
 	free(mr);
 	return 0;
 }
@@ -521,8 +565,9 @@ static int run_butterfly(struct mp_ctx *ctx, struct mp_avg *a)
 
 static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 {
-	struct mp_avg a = {.x = req->buf, .n = req->count, .weight = req->weight,
-			   .dmr = req->mr->dmr, .res = &req->res, .codec = req->codec,
+	struct mp_stage *s = req->mr->stage;
+	struct mp_avg a = {.x = req->x, .n = req->count, .weight = req->weight,
+			   .dmr = s ? s->dmr : req->mr->dmr, .res = &req->res, .codec = req->codec,
 			   .residue = req->fb ? req->fb->residue : NULL};
 	int rc;
 
@@ -541,6 +586,35 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 	}
 	req->res.weight = a.weight;
 	req->res.peers = (int)a.influence;
+	return rc;
+}
+
+/*
+ * Staged CUDA memory is averaged in its registration's host copy: copied in
+ * right before the operation runs, copied back once its result is final.
+ * Both copies run here, on the progress thread, with the memory's own CUDA
+ * context pushed around each (stage.c), rather than in the caller's thread:
+ * mp_average_start then costs what it costs for host memory, so the caller
+ * overlaps the copy in with its compute as it does the averaging itself; a
+ * request completes only once the result is back in device memory, so
+ * mp_test and mp_wait need no CUDA calls and may run on any thread, current
+ * context or not; and the device buffer is written once, with the final
+ * result, and not at all when the operation fails or is cancelled.
+ */
+static int run_request(struct mp_ctx *ctx, struct mp_request *req)
+{
+	struct mp_stage *s = req->mr->stage;
+	size_t off, bytes = req->count * sizeof(float);
+	int rc;
+
+	if (!s)
+		return run_average(ctx, req);
+	off = (size_t)((char *)req->buf - (char *)req->mr->buf);
+	rc = mp_stage_in(ctx, s, off, bytes);
+	if (!rc)
+		rc = run_average(ctx, req);
+	if (!rc)
+		rc = mp_stage_out(ctx, s, off, bytes);
 	return rc;
 }
 
@@ -564,7 +638,7 @@ static void *progress_main(void *arg)
 		req->state = REQ_RUNNING;
 		pthread_mutex_unlock(&ctx->mu);
 
-		int rc = run_average(ctx, req);
+		int rc = run_request(ctx, req);
 
 		pthread_mutex_lock(&ctx->mu);
 		req->status = rc;
@@ -663,10 +737,16 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 		mp_set_error(ctx, "this peer has left the run");
 		return -ESHUTDOWN;
 	}
-	if (mr && mr->kind != MP_MEM_HOST) {
-		/* The reducer runs on the CPU until the CUDA kernels arrive. */
-		mp_set_error(ctx, "averaging device memory needs the CUDA reducer (not built)");
+	if (mr && mr->kind != MP_MEM_HOST && !mr->stage) {
+		/* The reducer reads host memory, and only CUDA memory has a host copy. */
+		mp_set_error(ctx, "averaging dma-buf memory needs a device reducer (not built)");
 		return -ENOTSUP;
+	}
+	if (mr && mr->stage && ((const char *)buf - (const char *)mr->buf) % sizeof(float)) {
+		/* The host copy is page-aligned where the registration may not be:
+		 * the buffer's floats would be misaligned in it. */
+		mp_set_error(ctx, "the buffer is not float-aligned within its CUDA registration");
+		return -EINVAL;
 	}
 	req = calloc(1, sizeof(*req));
 	if (!req)
@@ -682,6 +762,7 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	}
 	req->ctx = ctx;
 	req->buf = buf;
+	req->x = mr->stage ? (float *)((char *)mr->stage->host + ((char *)buf - (char *)mr->buf)) : buf;
 	req->count = count;
 	req->weight = weight;
 	req->mr = mr;

@@ -93,11 +93,15 @@ struct mp_pending {
 	uint8_t *buf;
 };
 
+struct mp_stage;
+
 struct mp_mr {
 	void *buf;
 	size_t len;
 	enum mp_mem_kind kind;
-	struct mp_drv_mr *dmr;
+	struct mp_drv_mr *dmr;    /* the transport's registration of buf; NULL for CUDA
+	                             memory the transport cannot move */
+	struct mp_stage *stage;   /* CUDA memory: its pinned host copy (stage.h) */
 	int users;
 };
 
@@ -115,6 +119,8 @@ struct mp_request {
 	const struct mp_codec_ops *codec; /* resolved ("auto" chosen, flush forced to none) */
 	struct mp_fb *fb;                 /* sparse codecs: the buffer's residue */
 	float *buf;
+	float *x;                 /* where the operation runs: buf, or its place in
+	                             the registration's host copy (staged CUDA memory) */
 	size_t count;
 	float weight;
 	mp_mr *mr;

@@ -357,7 +357,10 @@ static void bad_arguments(void **s)
 	assert_int_equal(mp_average_start(ctx, NULL, 4, 1.0f, NULL, &req), -EINVAL);
 	assert_int_equal(mp_average_start(ctx, buf, 4, NAN, NULL, &req), -EINVAL);
 	assert_int_equal(mp_average_start(ctx, buf, 4, -1.0f, NULL, &req), -EINVAL);
-	assert_int_equal(mp_mem_register(ctx, buf, sizeof(buf), MP_MEM_CUDA, &mr), -ENOTSUP);
+	/* Host memory registered as CUDA memory: no CUDA driver here (-ENOTSUP),
+	 * or the driver says it is not device memory (-EINVAL). */
+	int crc = mp_mem_register(ctx, buf, sizeof(buf), MP_MEM_CUDA, &mr);
+	assert_true(crc == -ENOTSUP || crc == -EINVAL);
 	assert_int_equal(mp_mem_register(ctx, buf, 0, MP_MEM_HOST, &mr), -EINVAL);
 	assert_int_equal(mp_mem_register(ctx, buf, 2 * sizeof(float), MP_MEM_HOST, &mr), 0);
 	/* A registration that does not cover the buffer is refused. */

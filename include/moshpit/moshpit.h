@@ -53,7 +53,8 @@ typedef struct mp_request mp_request;
 /** Where a buffer lives. Transports advertise which kinds they can move. */
 enum mp_mem_kind {
 	MP_MEM_HOST = 0,   /**< ordinary host memory */
-	MP_MEM_CUDA = 1,   /**< CUDA device memory (not supported yet: -ENOTSUP) */
+	MP_MEM_CUDA = 1,   /**< CUDA device memory: averaged through a pinned host copy
+	                        (see ::mp_mem_register) */
 	MP_MEM_DMABUF = 2, /**< memory exported as a dma-buf (not supported yet: -ENOTSUP) */
 };
 
@@ -249,13 +250,28 @@ int mp_finalize(mp_ctx *ctx);
 /**
  * Register a buffer with the transport (pins, or creates an RDMA memory
  * region). Averaging a registered buffer avoids per-call registration.
+ *
+ * CUDA device memory (::MP_MEM_CUDA) is staged through host memory on every
+ * transport, because the reducer runs on the CPU: the registration
+ * allocates a pinned host copy of @p len bytes and registers the copy with
+ * the transport. A transport that can move device memory (verbs with
+ * GPUDirect RDMA) also registers the device memory itself. One INFO line
+ * says that the buffer is staged, and why. The CUDA driver (libcuda.so.1)
+ * is loaded at the first such registration; the library does not link it.
+ * The memory must stay allocated, in a live CUDA context, until
+ * ::mp_mem_deregister.
  * @param ctx context
  * @param buf start of the region
  * @param len length in bytes (> 0)
  * @param kind where the memory lives
  * @param[out] out handle
- * @return 0; -EINVAL; -ENOTSUP for a kind neither the library nor the
- *         transport supports (CUDA and dma-buf today); -ENOMEM
+ * @return 0; -EINVAL (also ::MP_MEM_CUDA for memory that CUDA does not know
+ *         as device memory, or a range that leaves its allocation); -ENOTSUP
+ *         for ::MP_MEM_CUDA when the CUDA driver (libcuda.so.1) cannot be
+ *         loaded or finds no GPU, or in a build configured with
+ *         -Dcuda=disabled, and for ::MP_MEM_DMABUF (taken by no transport
+ *         today); -ENOMEM (also: no pinned memory for the host copy). On
+ *         failure ::mp_last_error says why.
  */
 int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out);
 
@@ -271,14 +287,28 @@ int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
  * Start averaging @p count fp32 values in place with weight @p weight. All
  * peers must average buffers of the same count in the same order. The buffer
  * must not be touched until the request completes.
+ *
+ * CUDA memory is averaged only with its ::MP_MEM_CUDA registration in @p mr
+ * (with @p mr NULL the buffer is taken for host memory). Its values must be
+ * ready when this is called: the copy out of device memory runs on the
+ * legacy default stream, which waits for work on blocking streams but not
+ * for work on non-blocking ones. The progress thread copies the values into
+ * the registration's host copy when the operation starts and the result back
+ * when it ends, each time in the memory's own CUDA context, and the request
+ * completes after that copy: when ::mp_test or ::mp_wait reports it, the
+ * result is in device memory. The device buffer is written only then; an
+ * operation that fails leaves it as it was (host memory, in contrast, may
+ * keep the rounds completed before the failure), unless the copy back is
+ * what failed (-EIO): CUDA does not say how much of the buffer it wrote.
  * @param ctx context
  * @param buf values, replaced with the (weighted) average
  * @param count number of floats (> 0)
  * @param weight this peer's weight (>= 0, finite; 1 for a plain mean)
  * @param mr registration covering @p buf, or NULL (registered internally)
  * @param[out] req request to test or wait on
- * @return 0; -EINVAL; -ENOTCONN if peers are not set; -ENOTSUP for a
- *         device-memory registration (no CUDA reducer yet); -ENOMEM
+ * @return 0; -EINVAL (also a buffer that is not float-aligned within its CUDA
+ *         registration); -ENOTCONN if peers are not set; -ENOTSUP for a
+ *         dma-buf registration (no device reducer); -ENOMEM
  */
 int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
 		     mp_request **req);
@@ -290,7 +320,8 @@ int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr 
  * @param[out] done set to 1 when complete
  * @param[out] res counters of the operation (may be NULL); filled when done
  * @return 0 while running or on success; a negative errno if the operation
- *         failed (-ETIMEDOUT, -ECONNREFUSED, -EPROTO, -ECANCELED, ...)
+ *         failed (-ETIMEDOUT, -ECONNREFUSED, -EPROTO, -ECANCELED, -EIO when a
+ *         copy of staged CUDA memory failed, ...)
  */
 int mp_test(mp_request *req, int *done, struct mp_result *res);
 
@@ -307,7 +338,8 @@ int mp_test(mp_request *req, int *done, struct mp_result *res);
 int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
 
 /**
- * Blocking convenience: ::mp_average_start then ::mp_wait.
+ * Blocking convenience: ::mp_average_start then ::mp_wait, for host memory
+ * (CUDA memory needs its registration: ::mp_average_start).
  * @param ctx context
  * @param buf values, replaced with the average
  * @param count number of floats

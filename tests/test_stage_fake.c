@@ -1,0 +1,708 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Host staging of CUDA memory (src/stage.c) against a FAKE of the CUDA
+ * driver, swapped in through src/stage.h: no GPU is needed or touched.
+ *
+ * The fake's "device memory" is host memory that it maps with no access at
+ * all and opens only inside its own two copies, so a read or write of it
+ * by the library anywhere else (the reducer, a codec, a send) faults. It
+ * counts, per byte, the copies to the host and back, can fail either copy
+ * for chosen peers and operations, and can hold one peer's copy back until
+ * the test lets it go.
+ *
+ * Peers are threads over the loop transport (and tcp and ofi on loopback
+ * for the plain average). Checked: exact averages;
+ * every byte of the buffer copied device->host once and host->device once
+ * per average, and no byte around it; the device buffer unchanged until the
+ * copy back, and the request not complete before it; a failed copy in (on
+ * every peer) and a failed copy back (on one peer): -EIO, the buffer as it
+ * was, a message, and the next average exact again; pinned copies freed and
+ * contexts released; the INFO line that says why the buffer is staged.
+ * With the real table on a host without the CUDA driver (this one),
+ * registering CUDA memory fails with the documented -ENOTSUP and says why.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <moshpit/moshpit.h>
+
+#include "mp_build_config.h"
+#include "stage.h"
+
+#define MAXP 4
+#define MAXOPS 3
+
+/* ---- the fake ---------------------------------------------------------- */
+
+struct fk_mem {
+	char *base;       /* mapped PROT_NONE except inside the fake's copies */
+	size_t len, maplen;
+	int rank;
+	int in_calls;     /* to_host calls so far: the operation's index */
+	uint8_t *n_in;    /* per byte: copies to the host */
+	uint8_t *n_out;   /* per byte: copies back to the device */
+};
+
+static struct {
+	pthread_mutex_t mu; /* everything here, and every access to fake device memory */
+	pthread_cond_t cv;
+	struct fk_mem mem[MAXP];
+	unsigned fail_in[MAXOPS];  /* per operation: ranks whose copy in fails */
+	unsigned fail_out[MAXOPS]; /* per operation: ranks whose copy back fails */
+	int gate_rank, gate_op;    /* this copy back waits for gate_open (-1: none) */
+	int gate_entered, gate_open;
+	int queries, releases, allocs, frees;
+} fk = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .gate_rank = -1};
+
+static void fk_protect(const struct fk_mem *m, int prot)
+{
+	/* Not a cmocka assertion: this runs on the library's threads too. */
+	if (mprotect(m->base, m->maplen, prot))
+		abort();
+}
+
+static void fk_check_range(const struct fk_mem *m, const void *p, size_t len)
+{
+	if ((const char *)p < m->base || (const char *)p + len > m->base + m->len)
+		abort();
+}
+
+static void fk_mem_init(int rank, size_t len)
+{
+	struct fk_mem *m = &fk.mem[rank];
+	long pg = sysconf(_SC_PAGESIZE);
+
+	m->maplen = (len + (size_t)pg - 1) & ~((size_t)pg - 1);
+	m->base = mmap(NULL, m->maplen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(m->base != MAP_FAILED);
+	m->len = len;
+	m->rank = rank;
+	m->in_calls = 0;
+	m->n_in = calloc(len, 1);
+	m->n_out = calloc(len, 1);
+	assert_non_null(m->n_in);
+	assert_non_null(m->n_out);
+}
+
+static void fk_mem_fini(int rank)
+{
+	struct fk_mem *m = &fk.mem[rank];
+
+	munmap(m->base, m->maplen);
+	free(m->n_in);
+	free(m->n_out);
+	memset(m, 0, sizeof(*m));
+}
+
+/* The test's own look at device memory, as cudaMemcpy would give it. */
+static void fk_read(int rank, size_t off, void *dst, size_t len)
+{
+	struct fk_mem *m = &fk.mem[rank];
+
+	pthread_mutex_lock(&fk.mu);
+	fk_protect(m, PROT_READ);
+	memcpy(dst, m->base + off, len);
+	fk_protect(m, PROT_NONE);
+	pthread_mutex_unlock(&fk.mu);
+}
+
+static void fk_write(int rank, size_t off, const void *src, size_t len)
+{
+	struct fk_mem *m = &fk.mem[rank];
+
+	pthread_mutex_lock(&fk.mu);
+	fk_protect(m, PROT_READ | PROT_WRITE);
+	memcpy(m->base + off, src, len);
+	fk_protect(m, PROT_NONE);
+	pthread_mutex_unlock(&fk.mu);
+}
+
+static int fk_query(void *ptr, size_t len, struct mp_stage_dev *d, char *why, size_t n)
+{
+	struct fk_mem *found = NULL;
+
+	pthread_mutex_lock(&fk.mu);
+	for (int r = 0; r < MAXP; r++) {
+		struct fk_mem *m = &fk.mem[r];
+		if (m->base && (char *)ptr >= m->base && (char *)ptr + len <= m->base + m->len)
+			found = m;
+	}
+	if (found)
+		fk.queries++;
+	pthread_mutex_unlock(&fk.mu);
+	if (!found) {
+		snprintf(why, n, "fake: %p is not device memory", ptr);
+		return -EINVAL;
+	}
+	d->ctx = found;
+	d->device = -1;
+	return 0;
+}
+
+static void fk_release(struct mp_stage_dev *d)
+{
+	(void)d;
+	pthread_mutex_lock(&fk.mu);
+	fk.releases++;
+	pthread_mutex_unlock(&fk.mu);
+}
+
+static int fk_host_alloc(const struct mp_stage_dev *d, size_t len, void **host)
+{
+	(void)d;
+	*host = malloc(len);
+	if (!*host)
+		return -ENOMEM;
+	pthread_mutex_lock(&fk.mu);
+	fk.allocs++;
+	pthread_mutex_unlock(&fk.mu);
+	return 0;
+}
+
+static void fk_host_free(const struct mp_stage_dev *d, void *host)
+{
+	(void)d;
+	free(host);
+	pthread_mutex_lock(&fk.mu);
+	fk.frees++;
+	pthread_mutex_unlock(&fk.mu);
+}
+
+static int fk_to_host(const struct mp_stage_dev *d, void *host, const void *dev, size_t len)
+{
+	struct fk_mem *m = d->ctx;
+	int rc = 0;
+
+	pthread_mutex_lock(&fk.mu);
+	fk_check_range(m, dev, len);
+	int op = m->in_calls++;
+	if (op < MAXOPS && (fk.fail_in[op] & (1u << m->rank))) {
+		rc = -EIO;
+	} else {
+		size_t off = (size_t)((const char *)dev - m->base);
+		fk_protect(m, PROT_READ);
+		memcpy(host, dev, len);
+		fk_protect(m, PROT_NONE);
+		for (size_t i = 0; i < len; i++)
+			m->n_in[off + i]++;
+	}
+	pthread_mutex_unlock(&fk.mu);
+	return rc;
+}
+
+static int fk_to_device(const struct mp_stage_dev *d, void *dev, const void *host, size_t len)
+{
+	struct fk_mem *m = d->ctx;
+	int rc = 0;
+
+	pthread_mutex_lock(&fk.mu);
+	fk_check_range(m, dev, len);
+	/* The copy back belongs to the operation whose copy in came last. */
+	int op = m->in_calls - 1;
+	if (m->rank == fk.gate_rank && op == fk.gate_op) {
+		struct timespec dl;
+		clock_gettime(CLOCK_REALTIME, &dl);
+		dl.tv_sec += 20;
+		fk.gate_entered = 1;
+		pthread_cond_broadcast(&fk.cv);
+		while (!fk.gate_open)
+			if (pthread_cond_timedwait(&fk.cv, &fk.mu, &dl))
+				break;
+	}
+	if (op < MAXOPS && (fk.fail_out[op] & (1u << m->rank))) {
+		rc = -EIO;
+	} else {
+		size_t off = (size_t)((char *)dev - m->base);
+		fk_protect(m, PROT_READ | PROT_WRITE);
+		memcpy(dev, host, len);
+		fk_protect(m, PROT_NONE);
+		for (size_t i = 0; i < len; i++)
+			m->n_out[off + i]++;
+	}
+	pthread_mutex_unlock(&fk.mu);
+	return rc;
+}
+
+static const struct mp_stage_dev_ops fk_ops = {
+	.name = "CUDA",
+	.query = fk_query,
+	.release = fk_release,
+	.host_alloc = fk_host_alloc,
+	.host_free = fk_host_free,
+	.to_host = fk_to_host,
+	.to_device = fk_to_device,
+};
+
+static void fk_reset(void)
+{
+	pthread_mutex_lock(&fk.mu);
+	memset(fk.fail_in, 0, sizeof(fk.fail_in));
+	memset(fk.fail_out, 0, sizeof(fk.fail_out));
+	fk.gate_rank = fk.gate_op = -1;
+	fk.gate_entered = fk.gate_open = 0;
+	fk.queries = fk.releases = fk.allocs = fk.frees = 0;
+	pthread_mutex_unlock(&fk.mu);
+}
+
+/* ---- peers ------------------------------------------------------------- */
+
+static char log_path[64];
+
+struct scenario {
+	const char *name;
+	const char *transport;
+	int npeers;
+	const char *grid;
+	int nops;
+	size_t count;  /* floats averaged */
+	size_t off;    /* floats into the registration where they start */
+	size_t len;    /* registration, floats (>= off + count) */
+};
+
+struct shared {
+	const struct scenario *sc;
+	pthread_barrier_t bar;
+	char addr[MAXP][MP_ADDR_STRLEN];
+	int rc[MAXP][MAXOPS];
+	struct mp_result res[MAXP][MAXOPS];
+	char err[MAXP][MAXOPS][256];   /* mp_last_error after a failed operation */
+	float *after[MAXP][MAXOPS];    /* device values after each operation */
+	char fail[MAXP][160];          /* first thing that went wrong on a peer's thread */
+};
+
+struct arg {
+	struct shared *sh;
+	int rank;
+};
+
+/* Distinct multiples of 1/64 within ±16: sums and halvings stay exact. */
+static float input(int rank, int op, size_t i)
+{
+	return (float)((long)(((long)rank * 7919 + (long)op * 31 + (long)i * 104729) % 2001) - 1000) /
+	       64.0f;
+}
+
+/* What the registration holds around the buffer: never to be copied. */
+#define SENTINEL (-12345.0f)
+
+static void note(struct shared *sh, int rank, const char *what)
+{
+	if (!sh->fail[rank][0])
+		snprintf(sh->fail[rank], sizeof(sh->fail[rank]), "%s", what);
+}
+
+/* Peer @rank's side of the gated operation: the copy back is held, so the
+ * exchange is over; the device buffer must still hold the input, and the
+ * request must not be complete. Returns 1 if mp_test completed (and
+ * released) the request all the same, its status in *rc. */
+static int gated_wait(struct shared *sh, int rank, int op, mp_request *req, int *rc)
+{
+	const struct scenario *sc = sh->sc;
+	float *now = malloc(sc->count * sizeof(float));
+	struct timespec dl;
+	int done = -1;
+
+	pthread_mutex_lock(&fk.mu);
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += 20;
+	while (!fk.gate_entered)
+		if (pthread_cond_timedwait(&fk.cv, &fk.mu, &dl))
+			break;
+	int entered = fk.gate_entered;
+	pthread_mutex_unlock(&fk.mu);
+	if (!entered)
+		note(sh, rank, "the copy back never started");
+	fk_read(rank, sc->off * sizeof(float), now, sc->count * sizeof(float));
+	for (size_t i = 0; i < sc->count; i++)
+		if (now[i] != input(rank, op, i)) {
+			note(sh, rank, "device buffer written before the copy back");
+			break;
+		}
+	*rc = mp_test(req, &done, NULL);
+	if (*rc || done != 0)
+		note(sh, rank, "request complete before its copy back");
+	pthread_mutex_lock(&fk.mu);
+	fk.gate_open = 1;
+	pthread_cond_broadcast(&fk.cv);
+	pthread_mutex_unlock(&fk.mu);
+	free(now);
+	return done != 0;
+}
+
+static void *peer_main(void *p)
+{
+	struct arg *a = p;
+	struct shared *sh = a->sh;
+	const struct scenario *sc = sh->sc;
+	const int r = a->rank;
+	struct mp_config cfg;
+	mp_ctx *ctx = NULL;
+	mp_mr *mr = NULL;
+	char run[64];
+	int rc;
+
+	snprintf(run, sizeof(run), "stage-%s", sc->name);
+	mp_config_init(&cfg);
+	cfg.transport = sc->transport;
+	cfg.run_name = run;
+	cfg.rank = r;
+	cfg.npeers = sc->npeers;
+	cfg.grid = sc->grid;
+	cfg.chunk_bytes = 1024; /* several chunks per part */
+	cfg.connect_timeout_ms = 5000;
+	cfg.round_timeout_ms = 5000;
+	rc = mp_init(&cfg, &ctx);
+	if (!rc)
+		mp_local_address(ctx, sh->addr[r], MP_ADDR_STRLEN);
+	pthread_barrier_wait(&sh->bar);
+	if (rc) {
+		/* Keep step with the others: their waits are bounded, barriers not. */
+		note(sh, r, "mp_init failed");
+		for (int op = 0; op <= sc->nops; op++)
+			pthread_barrier_wait(&sh->bar);
+		return NULL;
+	}
+	const char *addrs[MAXP];
+	for (int i = 0; i < sc->npeers; i++)
+		addrs[i] = sh->addr[i];
+	if (mp_set_peers(ctx, addrs, sc->npeers))
+		note(sh, r, "mp_set_peers failed");
+	float *dev = (float *)fk.mem[r].base;
+	if (mp_mem_register(ctx, dev, sc->len * sizeof(float), MP_MEM_CUDA, &mr))
+		note(sh, r, "mp_mem_register failed");
+	for (int op = 0; op < sc->nops; op++) {
+		/* The application writes this operation's values into device memory. */
+		float *v = malloc(sc->count * sizeof(float));
+		for (size_t i = 0; i < sc->count; i++)
+			v[i] = input(r, op, i);
+		fk_write(r, sc->off * sizeof(float), v, sc->count * sizeof(float));
+		free(v);
+		/* Everyone's values are in place before anyone starts. */
+		pthread_barrier_wait(&sh->bar);
+		mp_request *req;
+		rc = mr ? mp_average_start(ctx, dev + sc->off, sc->count, 1.0f, mr, &req) : -ENOENT;
+		if (!rc && !(r == fk.gate_rank && op == fk.gate_op && gated_wait(sh, r, op, req, &rc)))
+			rc = mp_wait(req, 20000, &sh->res[r][op]);
+		sh->rc[r][op] = rc;
+		if (rc)
+			snprintf(sh->err[r][op], sizeof(sh->err[r][op]), "%s", mp_last_error(ctx));
+		sh->after[r][op] = malloc(sc->count * sizeof(float));
+		fk_read(r, sc->off * sizeof(float), sh->after[r][op], sc->count * sizeof(float));
+	}
+	if (mp_mem_deregister(ctx, mr))
+		note(sh, r, "mp_mem_deregister failed");
+	/* Nobody leaves before everyone is done: a departure looks like a failure. */
+	pthread_barrier_wait(&sh->bar);
+	mp_finalize(ctx);
+	return NULL;
+}
+
+static void run_peers(struct shared *sh)
+{
+	const struct scenario *sc = sh->sc;
+	pthread_t th[MAXP];
+	struct arg args[MAXP];
+
+	assert_true(sc->npeers <= MAXP && sc->nops <= MAXOPS);
+	assert_true(sc->off + sc->count <= sc->len);
+	for (int r = 0; r < sc->npeers; r++) {
+		fk_mem_init(r, sc->len * sizeof(float));
+		float *s = malloc(sc->len * sizeof(float));
+		for (size_t i = 0; i < sc->len; i++)
+			s[i] = SENTINEL;
+		fk_write(r, 0, s, sc->len * sizeof(float));
+		free(s);
+	}
+	pthread_barrier_init(&sh->bar, NULL, (unsigned)sc->npeers);
+	for (int r = 0; r < sc->npeers; r++) {
+		args[r] = (struct arg){sh, r};
+		assert_int_equal(pthread_create(&th[r], NULL, peer_main, &args[r]), 0);
+	}
+	for (int r = 0; r < sc->npeers; r++)
+		pthread_join(th[r], NULL);
+	pthread_barrier_destroy(&sh->bar);
+	for (int r = 0; r < sc->npeers; r++)
+		if (sh->fail[r][0])
+			fail_msg("%s: peer %d: %s", sc->name, r, sh->fail[r]);
+}
+
+/*
+ * Peer @r's device values after operation @op: the mean of every peer's
+ * input when it succeeded, its own input when it failed. Also the bytes
+ * around the buffer kept their sentinel, and each byte of the buffer went
+ * in once per operation whose copy in worked and came back once per
+ * operation that succeeded.
+ */
+static void check_peer(struct shared *sh, int r, const int *expect_rc)
+{
+	const struct scenario *sc = sh->sc;
+	int ins = 0, outs = 0;
+
+	for (int op = 0; op < sc->nops; op++) {
+		int rc = sh->rc[r][op];
+		if (rc != expect_rc[op])
+			fail_msg("%s: peer %d, operation %d: %s, expected %s (%s)", sc->name, r, op,
+				 mp_strerror(rc), mp_strerror(expect_rc[op]), sh->err[r][op]);
+		for (size_t i = 0; i < sc->count; i++) {
+			float want = input(r, op, i);
+			if (!rc) {
+				float sum = 0.0f;
+				for (int q = 0; q < sc->npeers; q++)
+					sum += input(q, op, i);
+				want = sum / (float)sc->npeers;
+			}
+			if (sh->after[r][op][i] != want)
+				fail_msg("%s: peer %d, operation %d, value %zu: %.9g, expected %.9g",
+					 sc->name, r, op, i, sh->after[r][op][i], want);
+		}
+		if (!rc) {
+			assert_int_equal(sh->res[r][op].failed_peers, 0);
+			assert_int_equal(sh->res[r][op].frames_rejected, 0);
+			assert_int_equal(sh->res[r][op].peers, sc->npeers);
+		}
+		ins += !(fk.fail_in[op] & (1u << r));
+		outs += !rc;
+		free(sh->after[r][op]);
+	}
+	const struct fk_mem *m = &fk.mem[r];
+	size_t lo = sc->off * sizeof(float), hi = (sc->off + sc->count) * sizeof(float);
+	for (size_t b = 0; b < m->len; b++) {
+		int in_buf = b >= lo && b < hi;
+		if (m->n_in[b] != (in_buf ? ins : 0) || m->n_out[b] != (in_buf ? outs : 0))
+			fail_msg("%s: peer %d, byte %zu: copied in %d and out %d times, expected %d and %d",
+				 sc->name, r, b, m->n_in[b], m->n_out[b], in_buf ? ins : 0,
+				 in_buf ? outs : 0);
+	}
+	float around[2] = {SENTINEL, SENTINEL};
+	if (sc->off)
+		fk_read(r, 0, &around[0], sizeof(float));
+	if (sc->off + sc->count < sc->len)
+		fk_read(r, m->len - sizeof(float), &around[1], sizeof(float));
+	assert_true(around[0] == SENTINEL && around[1] == SENTINEL);
+}
+
+/* Every pinned copy freed, every context released. */
+static void check_released(int npeers)
+{
+	assert_int_equal(fk.queries, npeers);
+	assert_int_equal(fk.releases, npeers);
+	assert_int_equal(fk.allocs, npeers);
+	assert_int_equal(fk.frees, npeers);
+}
+
+/* Lines of the log file that contain @s. */
+static int log_count(const char *s)
+{
+	char line[1200];
+	int n = 0;
+	FILE *f = fopen(log_path, "r");
+
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, s) != NULL;
+	fclose(f);
+	return n;
+}
+
+/* A context of one peer, its own list set. */
+static mp_ctx *solo(const char *run)
+{
+	struct mp_config cfg;
+	mp_ctx *ctx;
+	char addr[MP_ADDR_STRLEN];
+	const char *addrs[1] = {addr};
+
+	mp_config_init(&cfg);
+	cfg.transport = "loop";
+	cfg.run_name = run;
+	cfg.npeers = 1;
+	cfg.rank = 0;
+	assert_int_equal(mp_init(&cfg, &ctx), 0);
+	assert_int_equal(mp_local_address(ctx, addr, sizeof(addr)), 0);
+	assert_int_equal(mp_set_peers(ctx, addrs, 1), 0);
+	return ctx;
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+/*
+ * 4 peers on a 2x2 grid (two rounds: the exact mean), two averages in a
+ * row, the buffer 5 floats into its registration. Peer 0's first copy back
+ * is held until the test has looked at its buffer.
+ */
+static void exact_average(const char *transport)
+{
+	const struct scenario sc = {transport, transport, 4, "2x2", 2, 3000, 5, 3010};
+	static const int ok[MAXOPS] = {0, 0, 0};
+	struct shared *sh = calloc(1, sizeof(*sh));
+
+	if (!mp_transport_available(transport))
+		skip(); /* not built here */
+	fk_reset();
+	fk.gate_rank = 0;
+	fk.gate_op = 0;
+	sh->sc = &sc;
+	run_peers(sh);
+	for (int r = 0; r < sc.npeers; r++)
+		check_peer(sh, r, ok);
+	check_released(sc.npeers);
+	assert_int_equal(fk.gate_entered, 1);
+	/* One INFO line per registration, saying why. */
+	for (int r = 0; r < sc.npeers; r++) {
+		char want[200];
+		snprintf(want, sizeof(want), "CUDA memory %p (%zu bytes) is staged through host memory: "
+			 "transport %s cannot move device memory", (void *)fk.mem[r].base,
+			 sc.len * sizeof(float), transport);
+		assert_int_equal(log_count(want), 1);
+		fk_mem_fini(r);
+	}
+	free(sh);
+}
+
+/* Staging is the core's: every transport averages the host copy as host
+ * memory. dpdk (root, namespaces) and verbs (an RDMA NIC) are left out. */
+static void stage_exact_average_loop(void **state)
+{
+	(void)state;
+	exact_average("loop");
+}
+
+static void stage_exact_average_tcp(void **state)
+{
+	(void)state;
+	exact_average("tcp");
+}
+
+static void stage_exact_average_ofi(void **state)
+{
+	(void)state;
+	exact_average("ofi");
+}
+
+static void stage_copy_failures(void **state)
+{
+	/* Operation 0: the copy in fails on both peers, so neither starts;
+	 * operation 1: peer 1's copy back fails after a complete exchange;
+	 * operation 2: everything works again. */
+	static const struct scenario sc = {"fail", "loop", 2, NULL, 3, 1000, 3, 1010};
+	static const int rc0[MAXOPS] = {-EIO, 0, 0}, rc1[MAXOPS] = {-EIO, -EIO, 0};
+	struct shared *sh = calloc(1, sizeof(*sh));
+
+	(void)state;
+	fk_reset();
+	fk.fail_in[0] = 3;
+	fk.fail_out[1] = 2;
+	sh->sc = &sc;
+	run_peers(sh);
+	check_peer(sh, 0, rc0);
+	check_peer(sh, 1, rc1);
+	for (int r = 0; r < 2; r++)
+		if (!strstr(sh->err[r][0], "to the host failed") ||
+		    !strstr(sh->err[r][0], "the buffer is as it was"))
+			fail_msg("peer %d: copy in failed with \"%s\"", r, sh->err[r][0]);
+	if (!strstr(sh->err[1][1], "copying the 4000-byte result back to CUDA memory"))
+		fail_msg("peer 1: copy back failed with \"%s\"", sh->err[1][1]);
+	check_released(sc.npeers);
+	for (int r = 0; r < sc.npeers; r++)
+		fk_mem_fini(r);
+	free(sh);
+}
+
+static void stage_refusals(void **state)
+{
+	/* Memory the fake does not know as device memory, a buffer that is not
+	 * float-aligned within its registration, and a registration that does
+	 * not cover the buffer. */
+	mp_ctx *ctx;
+	mp_mr *mr;
+	mp_request *req;
+	float host[8] = {0};
+
+	(void)state;
+	fk_reset();
+	fk_mem_init(0, 64 * sizeof(float));
+	ctx = solo("stage-refusals");
+	assert_int_equal(mp_mem_register(ctx, host, sizeof(host), MP_MEM_CUDA, &mr), -EINVAL);
+	assert_non_null(strstr(mp_last_error(ctx), "is not device memory"));
+	/* The range must stay inside the allocation. */
+	assert_int_equal(mp_mem_register(ctx, fk.mem[0].base, 65 * sizeof(float), MP_MEM_CUDA, &mr),
+			 -EINVAL);
+	char *base = fk.mem[0].base;
+	assert_int_equal(mp_mem_register(ctx, base + 2, 32 * sizeof(float), MP_MEM_CUDA, &mr), 0);
+	assert_int_equal(mp_average_start(ctx, (float *)(base + 4), 4, 1.0f, mr, &req), -EINVAL);
+	assert_non_null(strstr(mp_last_error(ctx), "not float-aligned"));
+	assert_int_equal(mp_average_start(ctx, (float *)(base + 32 * sizeof(float)), 4, 1.0f, mr, &req),
+			 -EINVAL);
+	assert_int_equal(mp_mem_deregister(ctx, mr), 0);
+	mp_finalize(ctx);
+	check_released(1);
+	fk_mem_fini(0);
+}
+
+static void stage_without_cuda_driver(void **state)
+{
+	/* The real table on a host without libcuda.so.1: the documented error,
+	 * and a message that names what is missing. */
+	mp_ctx *ctx;
+	mp_mr *mr = NULL;
+	float host[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+
+	(void)state;
+	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (h) {
+		dlclose(h);
+		skip(); /* a CUDA driver is installed: this is not the host for the check */
+	}
+	mp_stage_dev_ops = &mp_stage_cuda_ops;
+	ctx = solo("stage-nodriver");
+	assert_int_equal(mp_mem_register(ctx, host, sizeof(host), MP_MEM_CUDA, &mr), -ENOTSUP);
+	assert_null(mr);
+	const char *e = mp_last_error(ctx);
+#ifdef MP_HAVE_CUDA_STAGE
+	if (!strstr(e, "cannot be staged through host memory: the CUDA driver cannot be loaded") ||
+	    !strstr(e, "libcuda.so.1"))
+		fail_msg("message: \"%s\"", e);
+#else
+	if (!strstr(e, "-Dcuda=disabled"))
+		fail_msg("message: \"%s\"", e);
+#endif
+	/* Host memory still averages (alone: the values stay). */
+	assert_int_equal(mp_average(ctx, host, 8, 1.0f, NULL), 0);
+	assert_true(host[0] == 1.0f && host[7] == 8.0f);
+	mp_finalize(ctx);
+	mp_stage_dev_ops = &fk_ops;
+}
+
+int main(void)
+{
+	/* Logs go to a file the tests read (INFO: the staging line). */
+	snprintf(log_path, sizeof(log_path), "/tmp/test_stage_fake.%d.log", (int)getpid());
+	setenv("MP_DEBUG", "INFO", 1);
+	setenv("MP_DEBUG_FILE", log_path, 1);
+	mp_stage_dev_ops = &fk_ops;
+
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(stage_exact_average_loop),
+		cmocka_unit_test(stage_exact_average_tcp),
+		cmocka_unit_test(stage_exact_average_ofi),
+		cmocka_unit_test(stage_copy_failures),
+		cmocka_unit_test(stage_refusals),
+		cmocka_unit_test(stage_without_cuda_driver),
+	};
+	int rc = cmocka_run_group_tests(tests, NULL, NULL);
+	unlink(log_path);
+	return rc;
+}
