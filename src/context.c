@@ -374,7 +374,7 @@ int mp_leave(mp_ctx *ctx)
 	if (!ctx)
 		return -EINVAL;
 	pthread_mutex_lock(&ctx->mu);
-	if (ctx->qhead || ctx->live) {
+	if (ctx->queue.n || ctx->live) {
 		pthread_mutex_unlock(&ctx->mu);
 		mp_set_error(ctx, "mp_leave: operations are still in flight");
 		return -EBUSY;
@@ -627,14 +627,11 @@ static void *progress_main(void *arg)
 	for (;;) {
 		struct mp_request *req;
 
-		while (!ctx->qhead && !ctx->stop)
+		while (!ctx->queue.n && !ctx->stop)
 			pthread_cond_wait(&ctx->cv, &ctx->mu);
 		if (ctx->stop)
 			break;
-		req = ctx->qhead;
-		ctx->qhead = req->next;
-		if (!ctx->qhead)
-			ctx->qtail = NULL;
+		req = mp_reqq_pop_entry(&ctx->queue, struct mp_request, qlink);
 		req->state = REQ_RUNNING;
 		pthread_mutex_unlock(&ctx->mu);
 
@@ -646,11 +643,10 @@ static void *progress_main(void *arg)
 		pthread_cond_broadcast(&ctx->cv);
 	}
 	/* Finalizing: what never started is cancelled. */
-	for (struct mp_request *r = ctx->qhead; r; r = r->next) {
+	for (struct mp_request *r; (r = mp_reqq_pop_entry(&ctx->queue, struct mp_request, qlink));) {
 		r->status = -ECANCELED;
 		r->state = REQ_DONE;
 	}
-	ctx->qhead = ctx->qtail = NULL;
 	pthread_cond_broadcast(&ctx->cv);
 	pthread_mutex_unlock(&ctx->mu);
 	return NULL;
@@ -793,11 +789,7 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	if (ctx->live)
 		ctx->live->live_prev = req;
 	ctx->live = req;
-	if (ctx->qtail)
-		ctx->qtail->next = req;
-	else
-		ctx->qhead = req;
-	ctx->qtail = req;
+	mp_reqq_push(&ctx->queue, &req->qlink);
 	pthread_cond_broadcast(&ctx->cv);
 	pthread_mutex_unlock(&ctx->mu);
 	*out = req;

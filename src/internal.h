@@ -12,6 +12,7 @@
 #include "codec.h"
 #include "grid.h"
 #include "rdv.h"
+#include "reqq.h"
 #include "wire.h"
 
 /* Built-in drivers (src/driver.c). */
@@ -128,7 +129,7 @@ struct mp_request {
 	int state;                /* REQ_QUEUED, REQ_RUNNING, REQ_DONE */
 	int status;
 	struct mp_result res;
-	struct mp_request *next;        /* queue of the progress thread */
+	struct mp_reqq_link qlink;      /* queue of the progress thread */
 	struct mp_request *live_prev, *live_next; /* every request not yet released */
 };
 
@@ -213,7 +214,7 @@ struct mp_ctx {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int stop;
-	struct mp_request *qhead, *qtail;
+	struct mp_reqq queue;
 	struct mp_request *live;  /* released by mp_finalize if the caller never waited */
 
 	char err[256];
