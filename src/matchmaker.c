@@ -518,9 +518,15 @@ static int place(struct mp_ctx *ctx)
 		if (n != seen)
 			since = now;
 		seen = n;
+		/* Others that are joining too do not count: two new nodes can
+		 * find each other's records before either finds the run's, and
+		 * would place themselves on a grid of two. */
+		int running = 0;
+		for (int i = 0; i < n; i++)
+			running += ctx->recs[i].id != ctx->self_id && ctx->recs[i].round != ROUND_JOINING;
 		int learnt = now - since >= PLACE_STEADY_NS &&
-			     (n > 1 || (!ctx->cfg.bootstrap &&
-					now - start >= (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull));
+			     (running > 0 || (!ctx->cfg.bootstrap &&
+					      now - start >= (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull));
 		if ((ctx->cfg.npeers ? n >= ctx->cfg.npeers : learnt) || mp_now_ns() >= until ||
 		    __atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE))
 			break;
