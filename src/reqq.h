@@ -29,6 +29,7 @@
 #ifndef MP_REQQ_H
 #define MP_REQQ_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>
 
@@ -199,6 +200,77 @@ static inline void mp_reqpool_fini(struct mp_reqpool *p)
 		free(b);
 	}
 	p->free = NULL;
+}
+
+/* ---- request life cycle ----------------------------------------------- */
+
+/*
+ * The part of a request that every driver with a pool keeps the same way:
+ * taken from the pool POSTED, marked DONE with a status by the driver's
+ * completion, handed back by test() once it reports done, and FREE while in
+ * the pool, so that testing a handle twice is refused rather than reading
+ * the next user's result. A driver embeds it (as `base`) and names
+ * base.link to the pool and queue macros. The loop driver keeps its own:
+ * its test() polls an atomic done flag without taking the global lock.
+ */
+enum mp_reqq_state {
+	MP_REQQ_FREE = 0,
+	MP_REQQ_POSTED,
+	MP_REQQ_DONE,
+};
+
+struct mp_reqq_req {
+	struct mp_reqq_link link; /* pool free list, or the queue it is posted on */
+	enum mp_reqq_state state;
+	int status;    /* 0 or negative errno, final once DONE */
+	size_t nbytes; /* what test() reports; the driver's to set */
+};
+
+/* A request just taken from its pool: posted, no result yet. */
+static inline void mp_reqq_req_post(struct mp_reqq_req *r)
+{
+	r->state = MP_REQQ_POSTED;
+	r->status = 0;
+	r->nbytes = 0;
+}
+
+/* Mark @r finished with @status (0 or negative errno); test() reports it. */
+static inline void mp_reqq_req_complete(struct mp_reqq_req *r, int status)
+{
+	r->status = status;
+	r->state = MP_REQQ_DONE;
+}
+
+/* Give @r back to @p, marked FREE so that a later test() of it is refused. */
+static inline void mp_reqq_req_put(struct mp_reqpool *p, struct mp_reqq_req *r)
+{
+	r->state = MP_REQQ_FREE;
+	mp_reqpool_put(p, &r->link);
+}
+
+/*
+ * The drivers' test() on a non-NULL @r and @done, with @p the pool @r came
+ * from: -EINVAL for a handle already handed back (*done untouched: some
+ * callers promise that, others clear it first); 0 with *done = 0 while
+ * posted; once done *done = 1, *@nbytes (may be NULL) = its byte count, @r
+ * goes back to @p and its status is returned.
+ */
+static inline int mp_reqq_req_test(struct mp_reqpool *p, struct mp_reqq_req *r, int *done,
+				   size_t *nbytes)
+{
+	if (r->state == MP_REQQ_FREE)
+		return -EINVAL;
+	if (r->state == MP_REQQ_POSTED) {
+		*done = 0;
+		return 0;
+	}
+	int status = r->status;
+
+	*done = 1;
+	if (nbytes)
+		*nbytes = r->nbytes;
+	mp_reqq_req_put(p, r);
+	return status;
 }
 
 #endif /* MP_REQQ_H */

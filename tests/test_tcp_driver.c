@@ -415,6 +415,13 @@ static void test_short_message(void **state)
 	assert_memory_equal(buf, msg, 10);
 	assert_int_equal(buf[10], 0);
 	assert_int_equal(wait_req(p->d, rs, NULL), 0);
+	/* A handle that reported done is back in the pool: testing it again
+	 * is refused, and reads as not done, rather than reporting anew. */
+	int done = 1;
+	nb = 77;
+	assert_int_equal(ops->test(rr, &done, &nb), -EINVAL);
+	assert_int_equal(done, 0);
+	assert_int_equal(nb, 77);
 }
 
 /* Data sent before a receive is posted waits in the kernel and is not lost. */

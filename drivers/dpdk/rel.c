@@ -205,14 +205,9 @@ static uint64_t tw_next(const struct tw *w)
 
 #define container_of(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
-enum req_state { REQ_FREE = 0, REQ_POSTED, REQ_DONE };
-
 struct mp_rel_req {
-	struct mp_reqq_link link; /* free list */
+	struct mp_reqq_req base; /* link: free list only; nbytes: message length */
 	struct mp_rel *owner;
-	int state;
-	int err;
-	size_t nbytes;
 };
 
 /* A posted send. Segments of message id m are first_seq .. first_seq+nseg-1. */
@@ -349,39 +344,27 @@ static uint64_t range_mask(uint32_t wb, uint32_t lo, uint32_t hi)
 
 static struct mp_rel_req *req_get(struct mp_rel *rel)
 {
-	struct mp_rel_req *r = mp_reqpool_get_entry(&rel->reqs, struct mp_rel_req, link);
+	struct mp_rel_req *r = mp_reqpool_get_entry(&rel->reqs, struct mp_rel_req, base.link);
 
 	if (!r)
 		return NULL;
 	r->owner = rel;
-	r->state = REQ_POSTED;
-	r->err = 0;
-	r->nbytes = 0;
+	mp_reqq_req_post(&r->base);
 	return r;
 }
 
 static void req_done(struct mp_rel *rel, struct mp_rel_req *r, int err, size_t nbytes)
 {
-	r->state = REQ_DONE;
-	r->err = err;
-	r->nbytes = nbytes;
+	r->base.nbytes = nbytes;
+	mp_reqq_req_complete(&r->base, err);
 	rel->progress++;
 }
 
 int mp_rel_test(struct mp_rel_req *r, int *done, size_t *nbytes)
 {
-	if (!r || !done || r->state == REQ_FREE)
+	if (!r || !done)
 		return -EINVAL;
-	if (r->state != REQ_DONE) {
-		*done = 0;
-		return 0;
-	}
-	*done = 1;
-	if (nbytes)
-		*nbytes = r->nbytes;
-	r->state = REQ_FREE;
-	mp_reqpool_put(&r->owner->reqs, &r->link);
-	return r->err;
+	return mp_reqq_req_test(&r->owner->reqs, &r->base, done, nbytes);
 }
 
 /* ---- lists --------------------------------------------------------------- */
@@ -1586,7 +1569,7 @@ int mp_rel_create(const struct mp_rel_params *pin, struct mp_rel **out)
 	/* Ack at least every 1/16 window: the sender's window keeps moving
 	 * while the ack traffic stays a few percent of the data. */
 	rel->ack_every = p.window / 16;
-	rel->reqs = MP_REQPOOL(struct mp_rel_req, link, REQ_CHUNK);
+	rel->reqs = MP_REQPOOL(struct mp_rel_req, base.link, REQ_CHUNK);
 	rel->conns = calloc(p.max_conns, sizeof(*rel->conns));
 	rel->gen = calloc(p.max_conns, sizeof(*rel->gen));
 	rel->free_idx = calloc(p.max_conns, sizeof(*rel->free_idx));

@@ -113,12 +113,6 @@ struct rdma_ev {
 	enum rdma_ev_kind kind;
 };
 
-enum rdma_req_state {
-	RDMA_REQ_FREE,
-	RDMA_REQ_POSTED,
-	RDMA_REQ_DONE,
-};
-
 struct rdma_drv;
 
 /* A registered buffer for memory outside the caller's registrations. */
@@ -137,11 +131,9 @@ struct rdma_piece {
 };
 
 struct rdma_req {
-	struct mp_reqq_link link;     /* queue or free list */
+	/* queue or free list; nbytes: send: message length, recv: received length */
+	struct mp_reqq_req base;
 	struct rdma_drv *drv;
-	enum rdma_req_state state;
-	int status;
-	size_t nbytes;                /* send: message length; recv: received length */
 	struct rdma_bounce *bounce;
 	union {
 		struct {
@@ -295,24 +287,23 @@ static int seq_before(uint32_t a, uint32_t b)
 /* ---- requests ---------------------------------------------------------- */
 
 /* The request a queue link belongs to; NULL for NULL. */
-#define RDMA_REQ(l) mp_reqq_entry(l, struct rdma_req, link)
+#define RDMA_REQ(l) mp_reqq_entry(l, struct rdma_req, base.link)
 
 static struct rdma_req *req_get(struct rdma_drv *d)
 {
-	struct rdma_req *r = mp_reqpool_get_entry(&d->reqs, struct rdma_req, link);
+	struct rdma_req *r = mp_reqpool_get_entry(&d->reqs, struct rdma_req, base.link);
 
 	if (!r)
 		return NULL;
 	memset(r, 0, sizeof(*r));
 	r->drv = d;
-	r->state = RDMA_REQ_POSTED;
+	mp_reqq_req_post(&r->base);
 	return r;
 }
 
 static void req_put(struct rdma_req *r)
 {
-	r->state = RDMA_REQ_FREE;
-	mp_reqpool_put(&r->drv->reqs, &r->link);
+	mp_reqq_req_put(&r->drv->reqs, &r->base);
 }
 
 /* ---- bounce buffers ---------------------------------------------------- */
@@ -377,8 +368,7 @@ static void req_complete(struct rdma_req *r, int status)
 		bounce_put(r->drv, r->bounce);
 		r->bounce = NULL;
 	}
-	r->status = status;
-	r->state = RDMA_REQ_DONE;
+	mp_reqq_req_complete(&r->base, status);
 }
 
 /* mp_reqq_fail's view of req_complete. */
@@ -466,7 +456,7 @@ static int conn_pump_recv(struct rdma_conn *c)
 			return rc;
 		}
 		mp_reqq_pop(&c->rq);
-		mp_reqq_push(&c->rcts, &r->link);
+		mp_reqq_push(&c->rcts, &r->base.link);
 		c->cts_sent++;
 	}
 	return 0;
@@ -494,10 +484,10 @@ static int conn_pump_send(struct rdma_conn *c)
 			}
 			r->s.raddr = mp_le_get64(rec);
 			r->s.rkey = mp_le_get64(rec + 8);
-			r->s.toobig = r->nbytes > mp_le_get64(rec + 16);
+			r->s.toobig = r->base.nbytes > mp_le_get64(rec + 16);
 			if (r->s.toobig)
 				MP_INFO("%s: %s: message of %zu bytes exceeds the posted receive of "
-					"%llu bytes", d->tname, c->name, r->nbytes,
+					"%llu bytes", d->tname, c->name, r->base.nbytes,
 					(unsigned long long)mp_le_get64(rec + 16));
 			r->s.matched = 1;
 			c->cts_used++;
@@ -518,8 +508,8 @@ static int conn_pump_send(struct rdma_conn *c)
 				return 0;
 			if (last) {
 				flags = MP_RDMA_WR_IMM | MP_RDMA_WR_SIGNAL;
-				imm = r->s.toobig ? RDMA_IMM_TOOBIG | (uint32_t)(r->nbytes & RDMA_IMM_LEN)
-						  : (uint32_t)r->nbytes;
+				imm = r->s.toobig ? RDMA_IMM_TOOBIG | (uint32_t)(r->base.nbytes & RDMA_IMM_LEN)
+						  : (uint32_t)r->base.nbytes;
 			}
 			if (p && !p->mr)
 				flags |= MP_RDMA_WR_INLINE;
@@ -543,7 +533,7 @@ static int conn_pump_send(struct rdma_conn *c)
 		}
 		r->s.last_wr = c->wr_posted;
 		mp_reqq_pop(&c->sq);
-		mp_reqq_push(&c->sfly, &r->link);
+		mp_reqq_push(&c->sfly, &r->base.link);
 	}
 	return 0;
 }
@@ -1146,7 +1136,7 @@ static int rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovc
 	r = req_get(d);
 	if (!r)
 		return -ENOMEM;
-	r->nbytes = total;
+	r->base.nbytes = total;
 	for (int i = 0; i < iovcnt; i++) {
 		struct rdma_piece *p = &r->s.piece[r->s.npieces];
 
@@ -1180,7 +1170,7 @@ static int rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovc
 		MP_TRACE("%s: %s: send of %zu bytes from unregistered memory goes through a "
 			 "bounce buffer", d->tname, c->name, total);
 	}
-	mp_reqq_push(&c->sq, &r->link);
+	mp_reqq_push(&c->sq, &r->base.link);
 	*out = (struct mp_drv_req *)(void *)r;
 	conn_pump(c);
 	return 0;
@@ -1220,7 +1210,7 @@ static int rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_d
 		MP_TRACE("%s: %s: receive of %zu bytes into unregistered memory goes through a "
 			 "bounce buffer", d->tname, c->name, cap);
 	}
-	mp_reqq_push(&c->rq, &r->link);
+	mp_reqq_push(&c->rq, &r->base.link);
 	*out = (struct mp_drv_req *)(void *)r;
 	conn_pump(c);
 	return 0;
@@ -1229,24 +1219,14 @@ static int rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_d
 static int rdma_test(struct mp_drv_req *rp, int *done, size_t *nbytes)
 {
 	struct rdma_req *r = (struct rdma_req *)(void *)rp;
-	int status;
 
 	if (!done)
 		return -EINVAL;
-	if (!r || r->state == RDMA_REQ_FREE) {
-		*done = 0;
+	/* A refused handle reads as not done too. */
+	*done = 0;
+	if (!r)
 		return -EINVAL;
-	}
-	if (r->state == RDMA_REQ_POSTED) {
-		*done = 0;
-		return 0;
-	}
-	*done = 1;
-	if (nbytes)
-		*nbytes = r->nbytes;
-	status = r->status;
-	req_put(r);
-	return status;
+	return mp_reqq_req_test(&r->drv->reqs, &r->base, done, nbytes);
 }
 
 /* ---- completions ------------------------------------------------------- */
@@ -1297,7 +1277,7 @@ static int on_imm(struct rdma_conn *c, uint32_t imm)
 		return -EPROTO;
 	}
 	len = imm & RDMA_IMM_LEN;
-	r->nbytes = len;
+	r->base.nbytes = len;
 	if (imm & RDMA_IMM_TOOBIG) {
 		MP_INFO("%s: %s: message of %zu bytes exceeds the posted receive of %zu bytes",
 			d->tname, c->name, len, r->r.cap);
@@ -1590,7 +1570,7 @@ int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops
 	d->wake_ev.kind = RDMA_EV_WAKE;
 	d->rank = -1;
 	d->epfd = d->wakefd = -1;
-	d->reqs = MP_REQPOOL(struct rdma_req, link, RDMA_REQ_BLOCK);
+	d->reqs = MP_REQPOOL(struct rdma_req, base.link, RDMA_REQ_BLOCK);
 	if (p && p->size >= offsetof(struct mp_drv_params, rank) + sizeof(p->rank))
 		d->rank = p->rank;
 	if (p && p->size >= offsetof(struct mp_drv_params, connect_timeout_ms) +

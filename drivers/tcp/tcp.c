@@ -80,20 +80,12 @@ struct tcp_ep {
 	enum tcp_ep_kind kind;
 };
 
-enum tcp_req_state {
-	TCP_REQ_FREE,
-	TCP_REQ_POSTED,
-	TCP_REQ_DONE,
-};
-
 struct tcp_drv;
 
 struct tcp_req {
-	struct mp_reqq_link link; /* queue or free list */
+	/* queue or free list; nbytes: send: payload bytes, recv: message length */
+	struct mp_reqq_req base;
 	struct tcp_drv *drv;
-	enum tcp_req_state state;
-	int status;
-	size_t nbytes; /* send: payload bytes; recv: message length */
 	union {
 		struct {
 			/* header + payload pieces; consumed in place as bytes go out */
@@ -193,32 +185,23 @@ static int64_t tcp_now_ms(void)
 /* ---- requests ---------------------------------------------------------- */
 
 /* The request a queue link belongs to; NULL for NULL. */
-#define TCP_REQ(l) mp_reqq_entry(l, struct tcp_req, link)
+#define TCP_REQ(l) mp_reqq_entry(l, struct tcp_req, base.link)
 
 static struct tcp_req *tcp_req_get(struct tcp_drv *d)
 {
 	/* Blocks of TCP_REQ_BLOCK, so that steady state never touches malloc. */
-	struct tcp_req *r = mp_reqpool_get_entry(&d->reqs, struct tcp_req, link);
+	struct tcp_req *r = mp_reqpool_get_entry(&d->reqs, struct tcp_req, base.link);
 
 	if (!r)
 		return NULL;
 	r->drv = d;
-	r->state = TCP_REQ_POSTED;
-	r->status = 0;
-	r->nbytes = 0;
+	mp_reqq_req_post(&r->base);
 	return r;
-}
-
-static void tcp_req_put(struct tcp_req *r)
-{
-	r->state = TCP_REQ_FREE;
-	mp_reqpool_put(&r->drv->reqs, &r->link);
 }
 
 static void tcp_req_complete(struct tcp_req *r, int status)
 {
-	r->status = status;
-	r->state = TCP_REQ_DONE;
+	mp_reqq_req_complete(&r->base, status);
 }
 
 /* mp_reqq_fail's view of tcp_req_complete. */
@@ -432,7 +415,7 @@ static void tcp_conn_flush(struct tcp_conn *c)
 		int n = 0;
 
 		for (struct tcp_req *r = TCP_REQ(c->sq.head);
-		     r && n + 1 + MP_DRV_IOV_MAX <= TCP_GATHER_MAX; r = TCP_REQ(r->link.next)) {
+		     r && n + 1 + MP_DRV_IOV_MAX <= TCP_GATHER_MAX; r = TCP_REQ(r->base.link.next)) {
 			for (int i = r->s.cur; i < r->s.iovcnt; i++) {
 				if (!r->s.iov[i].iov_len)
 					continue;
@@ -530,7 +513,7 @@ static void tcp_conn_read(struct tcp_conn *c)
 				MP_WARN("tcp: %s: message of %u bytes exceeds the posted receive "
 					"of %zu bytes, closing", c->name, len, r->r.cap);
 				mp_reqq_pop(&c->rq);
-				r->nbytes = len;
+				r->base.nbytes = len;
 				tcp_req_complete(r, -EMSGSIZE);
 				tcp_conn_fail(c, -ECONNRESET);
 				break;
@@ -552,7 +535,7 @@ static void tcp_conn_read(struct tcp_conn *c)
 				break;
 		}
 		mp_reqq_pop(&c->rq);
-		r->nbytes = c->rlen;
+		r->base.nbytes = c->rlen;
 		tcp_req_complete(r, 0);
 		c->rhdr_got = 0;
 		c->rlen = 0;
@@ -902,8 +885,8 @@ static int tcp_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovcn
 	}
 	r->s.iovcnt = 1 + iovcnt;
 	r->s.cur = 0;
-	r->nbytes = total;
-	mp_reqq_push(&c->sq, &r->link);
+	r->base.nbytes = total;
+	mp_reqq_push(&c->sq, &r->base.link);
 	*out = (struct mp_drv_req *)(void *)r;
 	/* Try the write now for latency, unless earlier sends already wait for room. */
 	if (c->state == TCP_OPEN && !c->want_out)
@@ -929,10 +912,10 @@ static int tcp_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_dr
 		return -ENOMEM;
 	r->r.buf = buf;
 	r->r.cap = cap;
-	mp_reqq_push(&c->rq, &r->link);
+	mp_reqq_push(&c->rq, &r->base.link);
 	*out = (struct mp_drv_req *)(void *)r;
 	/* The message may already sit in the socket buffer. */
-	if (c->state == TCP_OPEN && c->rq.head == &r->link)
+	if (c->state == TCP_OPEN && c->rq.head == &r->base.link)
 		tcp_conn_read(c);
 	else
 		tcp_conn_arm(c, 0);
@@ -942,24 +925,14 @@ static int tcp_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_dr
 static int tcp_test(struct mp_drv_req *rp, int *done, size_t *nbytes)
 {
 	struct tcp_req *r = tcp_req_of(rp);
-	int status;
 
 	if (!done)
 		return -EINVAL;
-	if (!r || r->state == TCP_REQ_FREE) {
-		*done = 0;
+	/* A refused handle reads as not done too. */
+	*done = 0;
+	if (!r)
 		return -EINVAL;
-	}
-	if (r->state == TCP_REQ_POSTED) {
-		*done = 0;
-		return 0;
-	}
-	*done = 1;
-	if (nbytes)
-		*nbytes = r->nbytes;
-	status = r->status;
-	tcp_req_put(r);
-	return status;
+	return mp_reqq_req_test(&r->drv->reqs, &r->base, done, nbytes);
 }
 
 static void tcp_check_deadlines(struct tcp_drv *d)
@@ -1099,7 +1072,7 @@ static int tcp_init(const struct mp_drv_params *p, struct mp_drv **out)
 		return -ENOMEM;
 	d->base.ops = &mp_tcp_driver_ops;
 	d->wake_ep.kind = TCP_EP_WAKE;
-	d->reqs = MP_REQPOOL(struct tcp_req, link, TCP_REQ_BLOCK);
+	d->reqs = MP_REQPOOL(struct tcp_req, base.link, TCP_REQ_BLOCK);
 	d->rank = -1;
 	d->epfd = -1;
 	d->wakefd = -1;
