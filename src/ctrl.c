@@ -27,7 +27,7 @@ struct mp_ctrl {
 	struct ctrl_rx *rx; /* per peer */
 	int nrx;
 	struct ctrl_tx *tx;
-	struct mp_ctrl_msg *qhead, *qtail;
+	struct mp_reqq q; /* arrivals for the matchmaker */
 };
 
 int mp_ctrl_init(struct mp_ctx *ctx)
@@ -76,11 +76,8 @@ void mp_ctrl_fini(struct mp_ctx *ctx)
 		free(t->buf);
 		free(t);
 	}
-	while (c->qhead) {
-		struct mp_ctrl_msg *m = c->qhead;
-		c->qhead = m->next;
+	for (struct mp_ctrl_msg *m; (m = mp_reqq_pop_entry(&c->q, struct mp_ctrl_msg, link));)
 		mp_ctrl_msg_free(m);
-	}
 	free(c->rx);
 	free(c);
 	ctx->ctrl = NULL;
@@ -263,28 +260,12 @@ int mp_ctrl_send(struct mp_ctx *ctx, int peer, struct mp_wire_hdr *h, const void
 
 struct mp_ctrl_msg *mp_ctrl_take(struct mp_ctx *ctx)
 {
-	struct mp_ctrl *c = ctx->ctrl;
-	struct mp_ctrl_msg *m = c->qhead;
-
-	if (m) {
-		c->qhead = m->next;
-		if (!c->qhead)
-			c->qtail = NULL;
-		m->next = NULL;
-	}
-	return m;
+	return mp_reqq_pop_entry(&ctx->ctrl->q, struct mp_ctrl_msg, link);
 }
 
 void mp_ctrl_requeue(struct mp_ctx *ctx, struct mp_ctrl_msg *m)
 {
-	struct mp_ctrl *c = ctx->ctrl;
-
-	m->next = NULL;
-	if (c->qtail)
-		c->qtail->next = m;
-	else
-		c->qhead = m;
-	c->qtail = m;
+	mp_reqq_push(&ctx->ctrl->q, &m->link);
 }
 
 void mp_ctrl_bye_all(struct mp_ctx *ctx)

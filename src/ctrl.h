@@ -11,6 +11,7 @@
 #define MP_CTRL_H
 
 #include "internal.h"
+#include "reqq.h"
 
 #define MP_CTRL_PAYLOAD_MAX 16384
 
@@ -18,7 +19,7 @@ struct mp_ctrl_msg {
 	int peer;                 /* peer-table index of the sender */
 	struct mp_wire_hdr h;
 	uint8_t *payload;         /* h.length bytes */
-	struct mp_ctrl_msg *next;
+	struct mp_reqq_link link; /* the arrival queue, or a list the matchmaker keeps */
 };
 
 int mp_ctrl_init(struct mp_ctx *ctx);

@@ -589,7 +589,7 @@ struct mm {
 	int nfol;
 	int target, minsz;
 	struct mp_decl decls[MAX_DECLS];
-	struct mp_ctrl_msg *later, *later_tail; /* messages of future rounds */
+	struct mp_reqq later;     /* messages of future rounds */
 	int company;              /* someone else declared under the key */
 	int ndecl;                /* live declarations under the key, own included */
 	char rkey[32];            /* the round's key (round_key) */
@@ -1097,11 +1097,7 @@ static void choose(struct mm *m)
 
 static void defer(struct mm *m, struct mp_ctrl_msg *msg)
 {
-	if (m->later_tail)
-		m->later_tail->next = msg;
-	else
-		m->later = msg;
-	m->later_tail = msg;
+	mp_reqq_push(&m->later, &msg->link);
 }
 
 /*
@@ -1312,12 +1308,8 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 		ctx->ops->progress(ctx->drv, POLL_MS);
 	}
 	/* Messages of later rounds wait for them, in order. */
-	while (m->later) {
-		struct mp_ctrl_msg *msg = m->later;
-		m->later = msg->next;
-		msg->next = NULL;
+	for (struct mp_ctrl_msg *msg; (msg = mp_reqq_pop_entry(&m->later, struct mp_ctrl_msg, link));)
 		mp_ctrl_requeue(ctx, msg);
-	}
 	if (!rc)
 		*next = m->next;
 	ctx->rdv->forget(ctx->rdv_st, m->key);
@@ -1340,7 +1332,8 @@ static void catch_up(struct mp_ctx *ctx)
 	/* The others must learn our record before they take our connections. */
 	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) *
 			 1000000ull;
-	struct mp_ctrl_msg *keep = NULL, **tail = &keep, *msg;
+	struct mp_reqq keep = {0};
+	struct mp_ctrl_msg *msg;
 	uint32_t at = 0;
 
 	while (!ctx->round_hint && mp_now_ns() - start < limit &&
@@ -1359,16 +1352,12 @@ static void catch_up(struct mp_ctx *ctx)
 				mp_ctrl_msg_free(msg);
 				continue;
 			}
-			*tail = msg;
-			tail = &msg->next;
+			mp_reqq_push(&keep, &msg->link);
 		}
 		ctx->ops->progress(ctx->drv, POLL_MS);
 	}
-	while (keep) {
-		msg = keep;
-		keep = msg->next;
+	while ((msg = mp_reqq_pop_entry(&keep, struct mp_ctrl_msg, link)))
 		mp_ctrl_requeue(ctx, msg);
-	}
 	if (!ctx->round_hint && at > ctx->round_hint) {
 		/* Nobody answered: the records' rounds, which lag by up to a
 		 * refresh period, are the best guess. */
