@@ -1378,18 +1378,11 @@ static void catch_up(struct mp_ctx *ctx)
 	ctx->synced = 1;
 }
 
-/* A free cell of a round: its line, how many members declared there, and
- * the free coordinate in the varied dimension. */
-struct hole {
-	uint32_t line, count;
-	int coord;
-};
-
 /* Emptiest line first, then by line and coordinate: an order every placer
  * computes alike from the same declarations. */
 static int cmp_hole(const void *a, const void *b)
 {
-	const struct hole *x = a, *y = b;
+	const struct mp_hole *x = a, *y = b;
 
 	if (x->count != y->count)
 		return x->count < y->count ? -1 : 1;
@@ -1398,34 +1391,30 @@ static int cmp_hole(const void *a, const void *b)
 	return (x->coord > y->coord) - (x->coord < y->coord);
 }
 
-/*
- * The holes of @round from its @n declarations @all, sorted (cmp_hole), into
- * @h (room for every cell); returns how many.
- */
-static int find_holes(const struct mp_ctx *ctx, uint32_t round, const struct mp_decl *all,
-		      int n, struct hole *h, uint32_t *count, uint8_t *used)
+int mp_mm_holes(const struct mp_grid *g, uint64_t self, uint32_t round, const struct mp_decl *all,
+		int n, struct mp_hole *h, uint32_t *count, uint8_t *used)
 {
-	int dim = (int)(round % (uint32_t)ctx->grid.ndims), nh = 0, c[MP_MAX_GRID_DIMS];
-	uint64_t cells = mp_grid_cells(&ctx->grid);
+	int dim = (int)(round % (uint32_t)g->ndims), nh = 0, c[MP_MAX_GRID_DIMS];
+	uint64_t cells = mp_grid_cells(g);
 
 	for (int i = 0; i < n; i++) {
-		if (all[i].line >= cells || all[i].id == ctx->self_id || all[i].mode >= MP_DECL_ABSENT)
+		if (all[i].line >= cells || all[i].id == self || all[i].mode >= MP_DECL_ABSENT)
 			continue;
 		count[all[i].line]++;
-		if (all[i].coord < 0 || all[i].coord >= ctx->grid.dims[dim])
+		if (all[i].coord < 0 || all[i].coord >= g->dims[dim])
 			continue;
-		mp_grid_coords(&ctx->grid, all[i].line, c);
+		mp_grid_coords(g, all[i].line, c);
 		c[dim] = all[i].coord;
-		used[mp_grid_cell(&ctx->grid, c)] = 1;
+		used[mp_grid_cell(g, c)] = 1;
 	}
 	for (uint64_t l = 0; l < cells; l++) {
-		mp_grid_coords(&ctx->grid, l, c);
+		mp_grid_coords(g, l, c);
 		if (c[dim])
 			continue;
-		for (int v = 0; v < ctx->grid.dims[dim]; v++) {
+		for (int v = 0; v < g->dims[dim]; v++) {
 			c[dim] = v;
-			if (!used[mp_grid_cell(&ctx->grid, c)])
-				h[nh++] = (struct hole){.line = (uint32_t)l, .count = count[l], .coord = v};
+			if (!used[mp_grid_cell(g, c)])
+				h[nh++] = (struct mp_hole){.line = (uint32_t)l, .count = count[l], .coord = v};
 		}
 	}
 	qsort(h, (size_t)nh, sizeof(*h), cmp_hole);
@@ -1456,7 +1445,7 @@ static void take_hole(struct mp_ctx *ctx)
 	struct mp_decl *all = malloc(MAX_RECORDS * sizeof(*all));
 	uint32_t *count = calloc((size_t)cells, sizeof(*count));
 	uint8_t *used = calloc((size_t)cells, 1);
-	struct hole *holes = malloc((size_t)cells * sizeof(*holes));
+	struct mp_hole *holes = malloc((size_t)cells * sizeof(*holes));
 	struct mp_decl pd = {.id = ctx->self_id, .mode = MP_DECL_PLACING, .line = UINT32_MAX,
 			     .expires_ms = mp_wall_ms() + (uint64_t)ctx->cfg.matchmaking_ms};
 	char key[32];
@@ -1499,7 +1488,7 @@ static void take_hole(struct mp_ctx *ctx)
 		MP_INFO("round %u: saw %d declaration(s), not the whole round; keeping cell", round, n);
 		goto out;
 	}
-	int nh = find_holes(ctx, round, all, n, holes, count, used);
+	int nh = mp_mm_holes(&ctx->grid, ctx->self_id, round, all, n, holes, count, used);
 	/* Our rank among the placers: those still placing, and us. */
 	int rank = 0, placers = 1;
 	uint64_t now = mp_now_ns();
@@ -1515,7 +1504,7 @@ static void take_hole(struct mp_ctx *ctx)
 	}
 	/* More placers than holes: crowd in; a shared cell is found out and
 	 * left in the next round (next_coord). */
-	const struct hole *h = &holes[rank % nh];
+	const struct mp_hole *h = &holes[rank % nh];
 	int c[MP_MAX_GRID_DIMS];
 	mp_grid_coords(&ctx->grid, h->line, c);
 	c[dim] = h->coord;

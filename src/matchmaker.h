@@ -20,4 +20,21 @@ void mp_dht_stop(struct mp_ctx *ctx);
  * the peer on the grid first). */
 int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a);
 
+/* A free cell of a round: its line (the cell with the varied coordinate 0),
+ * how many members declared in that line, and the free coordinate. */
+struct mp_hole {
+	uint32_t line, count;
+	int coord;
+};
+/*
+ * The holes of @round on grid @g from the round's @n declarations @all (those
+ * of @self, absences and placings do not hold a cell), into @h (room for
+ * every cell), emptiest line first, then by line and coordinate: every
+ * placer that reads the same declarations gets the same list, and placers
+ * take its entries in the order of their ids (take_hole). @count and @used
+ * are zeroed scratch of one entry per cell. Returns how many.
+ */
+int mp_mm_holes(const struct mp_grid *g, uint64_t self, uint32_t round, const struct mp_decl *all,
+		int n, struct mp_hole *h, uint32_t *count, uint8_t *used);
+
 #endif
