@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -243,4 +244,41 @@ int mp_inet_addr_format(struct mp_drv *d, const void *blob, size_t len, char *te
 	if (rc)
 		return rc;
 	return mp_inet_format((struct sockaddr *)&ss, text, cap);
+}
+
+int mp_inet_listen(const char *bind_text, int backlog, void (*tune)(void *arg, int fd),
+		   void *arg, int *fd, struct mp_inet_addr *a, size_t *alen, char *name,
+		   size_t cap)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	int one = 1, s, rc = mp_inet_resolve(bind_text, 1, &ss, &sl);
+
+	if (rc)
+		return rc;
+	s = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -errno;
+	/* Restarted peers must be able to rebind while old sockets sit in TIME_WAIT. */
+	if (setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0)
+		MP_TRACE("SO_REUSEADDR: %s", strerror(errno));
+	if (tune)
+		tune(arg, s);
+	if (bind(s, (struct sockaddr *)&ss, sl) < 0 || listen(s, backlog) < 0)
+		goto fail;
+	sl = sizeof(ss);
+	if (getsockname(s, (struct sockaddr *)&ss, &sl) < 0)
+		goto fail;
+	rc = mp_inet_to_blob((struct sockaddr *)&ss, a, alen);
+	if (rc) {
+		close(s);
+		return rc;
+	}
+	mp_inet_name((struct sockaddr *)&ss, name, cap);
+	*fd = s;
+	return 0;
+fail:
+	rc = -errno;
+	close(s);
+	return rc;
 }

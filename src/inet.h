@@ -36,6 +36,15 @@ int mp_inet_format(const struct sockaddr *sa, char *text, size_t cap);
 /* The same, for logs: "?" when it cannot be formatted. */
 void mp_inet_name(const struct sockaddr *sa, char *name, size_t cap);
 
+/* A non-blocking listening socket on @bind_text ("host:port", port 0 for
+ * any): SO_REUSEADDR, then @tune (may be NULL; options accepted sockets
+ * inherit), bind, listen(@backlog). *@fd gets it, @a and *@alen the bound
+ * address as a blob, @name (@cap bytes) the same as text. 0, or a negative
+ * errno with nothing left open. */
+int mp_inet_listen(const char *bind_text, int backlog, void (*tune)(void *arg, int fd),
+		   void *arg, int *fd, struct mp_inet_addr *a, size_t *alen, char *name,
+		   size_t cap);
+
 /* The driver ops addr_parse and addr_format of these transports (the
  * instance is not needed: the blob is the same for all). */
 struct mp_drv;

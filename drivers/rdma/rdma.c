@@ -961,46 +961,26 @@ static int rdma_listen(struct mp_drv *dp, const char *bind_text, void *blob, siz
 		       struct mp_drv_listener **out)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
-	struct sockaddr_storage ss;
 	struct rdma_listener *l;
 	struct epoll_event ev;
 	struct mp_inet_addr a;
-	socklen_t sl;
 	size_t alen;
-	int one = 1, rc;
+	int rc;
 
 	if (!out)
 		return -EINVAL;
-	rc = mp_inet_resolve(bind_text, 1, &ss, &sl);
-	if (rc)
-		return rc;
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
 	l->ev.kind = RDMA_EV_LISTENER;
 	l->drv = d;
-	l->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (l->fd < 0) {
-		rc = -errno;
+	rc = mp_inet_listen(bind_text, RDMA_BACKLOG, NULL, NULL, &l->fd, &a, &alen, l->name,
+			    sizeof(l->name));
+	if (rc) {
+		MP_WARN("%s: cannot listen on %s: %s", d->tname, bind_text, strerror(-rc));
 		free(l);
-		MP_WARN("%s: socket: %s", d->tname, strerror(-rc));
 		return rc;
 	}
-	setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	sl = bind(l->fd, (struct sockaddr *)&ss, sl) < 0 || listen(l->fd, RDMA_BACKLOG) < 0 ? 0 : sl;
-	if (!sl) {
-		rc = -errno;
-		goto err;
-	}
-	sl = sizeof(ss);
-	if (getsockname(l->fd, (struct sockaddr *)&ss, &sl) < 0) {
-		rc = -errno;
-		goto err;
-	}
-	rc = mp_inet_to_blob((struct sockaddr *)&ss, &a, &alen);
-	if (rc)
-		goto err;
-	mp_inet_name((struct sockaddr *)&ss, l->name, sizeof(l->name));
 	memset(&ev, 0, sizeof(ev));
 	ev.events = EPOLLIN | EPOLLET; /* a backlog the core does not take yet must not spin */
 	ev.data.ptr = &l->ev;

@@ -696,56 +696,34 @@ static void tcp_close(struct mp_drv_conn *cp)
 
 /* ---- listeners --------------------------------------------------------- */
 
+static void listen_tune(void *arg, int fd)
+{
+	tcp_sock_tune(arg, fd);
+}
+
 static int tcp_listen(struct mp_drv *dp, const char *bind_text, void *blob, size_t *len,
 		      struct mp_drv_listener **out)
 {
 	struct tcp_drv *d = tcp_drv_of(dp);
-	struct sockaddr_storage ss;
 	struct tcp_listener *l;
 	struct epoll_event ev;
 	struct mp_inet_addr a;
-	socklen_t sl;
 	size_t alen;
-	int one = 1;
 	int rc;
 
 	if (!out)
 		return -EINVAL;
-	rc = mp_inet_resolve(bind_text, 1, &ss, &sl);
-	if (rc)
-		return rc;
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
 	l->ep.kind = TCP_EP_LISTENER;
 	l->drv = d;
-	l->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (l->fd < 0) {
-		rc = -errno;
-		goto err_free;
-	}
-	/* Restarted peers must be able to rebind while old sockets sit in TIME_WAIT. */
-	if (setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0)
-		MP_TRACE("tcp: SO_REUSEADDR: %s", strerror(errno));
-	/* Accepted sockets inherit these, in time for the SYN-ACK's window scale. */
-	tcp_sock_tune(d, l->fd);
-	if (bind(l->fd, (struct sockaddr *)&ss, sl) < 0) {
-		rc = -errno;
-		goto err_close;
-	}
-	if (listen(l->fd, TCP_BACKLOG) < 0) {
-		rc = -errno;
-		goto err_close;
-	}
-	sl = sizeof(ss);
-	if (getsockname(l->fd, (struct sockaddr *)&ss, &sl) < 0) {
-		rc = -errno;
-		goto err_close;
-	}
-	rc = mp_inet_to_blob((struct sockaddr *)&ss, &a, &alen);
+	/* tcp_sock_tune: accepted sockets inherit the buffer sizes, in time for
+	 * the SYN-ACK's window scale. */
+	rc = mp_inet_listen(bind_text, TCP_BACKLOG, listen_tune, d, &l->fd, &a, &alen, l->name,
+			    sizeof(l->name));
 	if (rc)
-		goto err_close;
-	mp_inet_name((struct sockaddr *)&ss, l->name, sizeof(l->name));
+		goto err_free;
 	/*
 	 * Edge-triggered: a new arrival ends a progress() wait once, but a
 	 * backlog the core does not accept yet cannot make it spin.
@@ -770,9 +748,9 @@ static int tcp_listen(struct mp_drv *dp, const char *bind_text, void *blob, size
 	return 0;
 
 err_close:
-	MP_WARN("tcp: cannot listen on %s: %s", bind_text, strerror(-rc));
 	close(l->fd);
 err_free:
+	MP_WARN("tcp: cannot listen on %s: %s", bind_text, strerror(-rc));
 	free(l);
 	return rc;
 }
