@@ -24,6 +24,8 @@ enum mp_auth_domain {
 	MP_AUTH_RECORD = 4,    /* a membership record on the rendezvous */
 	MP_AUTH_DECL = 5,      /* a matchmaking declaration */
 	MP_AUTH_LOCATOR = 6,   /* DHT keys of the run (not secret-free: see rdv_dht.c) */
+	MP_AUTH_WELCOME_ASK = 7,  /* a new peer asking a member for the run (welcome.c) */
+	MP_AUTH_WELCOME_GIVE = 8, /* the member's answer */
 };
 
 struct mp_auth {

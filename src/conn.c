@@ -307,9 +307,15 @@ static void handshake(struct mp_ctx *ctx, int peer, int idx)
 		if (!rc)
 			return;
 	} else {
-		/* Refused or reset while connecting: the peer may not listen yet. */
+		/* Refused or reset while connecting: in a static run the peer may
+		 * not listen yet. A dht peer publishes its record only once it
+		 * listens, so there a refusal means the process is gone: a
+		 * SIGKILLed peer's record outlives it by up to its TTL, and
+		 * rounds would wait for it that long. */
 		MP_TRACE("connect to peer %s (%s) failed: %s; retrying", id_str(ctx, p->id, name),
 			 p->addr, mp_strerror(rc));
+		if (ctx->dynamic && rc == -ECONNREFUSED)
+			mp_peer_suspect(ctx, peer, "refuses connections");
 	}
 	goto failed;
 wait:

@@ -5,6 +5,7 @@
 
 #include "conn.h"
 #include "ctrl.h"
+#include "matchmaker.h"
 #include "log.h"
 
 #define FRAME_MAX (MP_WIRE_HDR_SIZE + MP_CTRL_PAYLOAD_MAX)
@@ -125,13 +126,26 @@ static void arrived(struct mp_ctx *ctx, int peer, const uint8_t *buf, size_t len
 	}
 	if (h.sender != (uint32_t)ctx->peers[peer].id ||
 	    (h.type != MP_MSG_BYE && h.type != MP_MSG_JOIN && h.type != MP_MSG_BEGIN &&
-	     h.type != MP_MSG_REJECT && h.type != MP_MSG_ACCEPT)) {
+	     h.type != MP_MSG_REJECT && h.type != MP_MSG_ACCEPT && h.type != MP_MSG_DECL &&
+	     h.type != MP_MSG_PEER)) {
 		reject(ctx, peer, MP_REJ_UNEXPECTED, "not a control message of this peer");
 		return;
 	}
 	if (h.type == MP_MSG_BYE) {
 		MP_INFO("peer %016llx said goodbye", (unsigned long long)ctx->peers[peer].id);
 		mp_peer_gone(ctx, peer);
+		return;
+	}
+	if (h.type == MP_MSG_DECL) {
+		/* Taken at once, whatever the matchmaker is doing: it is what
+		 * the DHT would have brought, only sooner. */
+		if (mp_mm_on_decl(ctx, peer, &h, buf + MP_WIRE_HDR_SIZE) == -EBADMSG)
+			reject(ctx, peer, MP_REJ_UNEXPECTED, "malformed declaration");
+		return;
+	}
+	if (h.type == MP_MSG_PEER) {
+		if (mp_mm_on_peer(ctx, &h, buf + MP_WIRE_HDR_SIZE) == -EBADMSG)
+			reject(ctx, peer, MP_REJ_UNEXPECTED, "malformed or refused record");
 		return;
 	}
 	m = calloc(1, sizeof(*m));
@@ -191,6 +205,10 @@ void mp_ctrl_poll(struct mp_ctx *ctx)
 				/* Reset or closed: the next dial or accept makes a new one. */
 				MP_TRACE("control connection to peer %016llx: %s",
 					 (unsigned long long)pe->id, mp_strerror(rc));
+				/* Closed without a BYE: a dht peer's process died
+				 * (its kernel closed the socket). */
+				if (ctx->dynamic && rc == -ECONNRESET)
+					mp_peer_suspect(ctx, p, "closed its control connection without a BYE");
 				mp_conn_drop(ctx, p, ci);
 				r->conn = NULL;
 				break;

@@ -138,8 +138,7 @@ static void fail_peer(struct mp_xfer *x, int peer, int err, const char *why)
 	if (!first) {
 		/* The matchmaker stops counting on it for a while (a SIGKILLed
 		 * peer's record outlives it by up to its TTL). */
-		ctx->peers[peer].failed_ns = mp_now_ns();
-		ctx->peers[peer].failed_wall_ms = mp_wall_ms();
+		mp_peer_suspect(ctx, peer, NULL);
 		x->res->failed_peers++;
 		x->xops->peer_failed(x->op, peer);
 	}
@@ -373,6 +372,16 @@ int mp_xfer_run(struct mp_xfer *x)
 			if (err)
 				conn_err[i] = err;
 			if (!conn) {
+				/* A dht peer listens before it publishes its record,
+				 * so a refusal, or a connection of its seen closed
+				 * since we started, means it is gone: no use waiting
+				 * out the connect timeout. */
+				if (ctx->dynamic && (err == -ECONNREFUSED ||
+						     ctx->peers[ch->peer].failed_ns > start)) {
+					fail_peer(x, ch->peer, err ? err : -ECONNRESET,
+						  "gone (refuses connections, or closed them)");
+					continue;
+				}
 				if (now - start > conn_to || (deadline && now > deadline)) {
 					char why[96];
 					snprintf(why, sizeof(why), "not connected after %d ms",

@@ -74,6 +74,10 @@ int mp_peer_find(const struct mp_ctx *ctx, uint64_t id);
 int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double bandwidth, int mode);
 /* The peer left or died: close its connections; it is never dialled again. */
 void mp_peer_gone(struct mp_ctx *ctx, int idx);
+/* Take peer @idx as dead for now: an exchange dropped it, or (@why, logged)
+ * its connection shows the process gone. The matchmaker stops counting on it
+ * until a record stamped later, or for a record TTL. */
+void mp_peer_suspect(struct mp_ctx *ctx, int idx, const char *why);
 
 /* An accepted connection in its handshake: waiting for the HELLO, then (our
  * CHALLENGE sent) for the AUTH. */
@@ -172,6 +176,14 @@ struct mp_ctx {
 	int synced;                        /* dht: a joiner asked before its first round */
 	int displaced;                     /* dht: shares its cell; looks for a hole next round */
 	uint32_t round_hint;               /* dht: the largest round a peer said it is at */
+	uint32_t mm_round;                 /* dht: the round being matched or placed in; older
+	                                      declarations over control connections are dropped */
+	struct mp_heard *heard;            /* dht: declarations of rounds not started here yet */
+	int nheard;
+	uint32_t kept_round;               /* dht: 1 + the round whose key take_hole kept, or 0 */
+	uint32_t decl_round;               /* dht: the largest round a DECL was heard for */
+	int suspects_new;                  /* dht: a connection showed a peer dead since the
+	                                      matchmaker last told the round */
 	int nrecs;                         /* dht: records in recs (the last sync) */
 	int clog_fd;                       /* contribution log, or -1 */
 	struct mp_fault *faults;           /* MP_FAULT actions (fault.c) */

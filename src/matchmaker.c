@@ -36,6 +36,7 @@
 #include "conn.h"
 #include "ctrl.h"
 #include "fault.h"
+#include "le.h"
 #include "log.h"
 #include "matchmaker.h"
 
@@ -73,6 +74,11 @@ enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT 
  * declarations that stopped changing this long, when it places anyway. */
 #define PLACING_MISSING 2
 #define PLACING_QUIET_NS (1000ull * 1000 * 1000)
+/* Runs of at most this many records also send each declaration straight to
+ * every peer (a DECL control message); larger ones rely on the DHT alone. */
+#define GOSSIP_MAX_RECORDS 64
+/* A DECL's payload: id, expires_ms, mode, coord, line. */
+#define DECL_MSG_LEN 23
 
 /* ---- little-endian payload helpers -------------------------------------- */
 
@@ -264,6 +270,39 @@ static uint32_t front_round(const struct mp_record *recs, int n)
 	return front;
 }
 
+/*
+ * A peer new to us: pass its record on to every peer we are connected to
+ * (a PEER control message), once. A joiner's record reaches the DHT's
+ * readers only after its new node's first searches, seconds after deaths;
+ * the peer that welcomed it has it at once, and through it everyone does,
+ * so that they connect to it and send it their declarations. Records carry
+ * their own MACs; larger runs rely on the DHT alone.
+ */
+static void relay(struct mp_ctx *ctx, const struct mp_record *r, int idx)
+{
+	struct mp_wire_hdr h = {.type = MP_MSG_PEER};
+	uint8_t buf[MP_RECORD_WIRE_MAX];
+	size_t len;
+
+	if (ctx->nrecs > GOSSIP_MAX_RECORDS || !ctx->rdv->learn_record ||
+	    mp_record_encode(&ctx->auth, ctx->run_name, r, buf, sizeof(buf), &len))
+		return;
+	for (int i = 0; i < ctx->npeers; i++) {
+		int err;
+		if (i == ctx->rank || i == idx || ctx->peers[i].gone ||
+		    !mp_conn_get(ctx, i, ctx->streams, &err))
+			continue;
+		mp_ctrl_send(ctx, i, &h, buf, len);
+	}
+}
+
+int mp_mm_on_peer(struct mp_ctx *ctx, const struct mp_wire_hdr *h, const uint8_t *payload)
+{
+	if (!ctx->rdv || !ctx->rdv->learn_record)
+		return -ENOTSUP;
+	return ctx->rdv->learn_record(ctx->rdv_st, payload, h->length) ? -EBADMSG : 0;
+}
+
 /* Bring the peer table up to date with the rendezvous; returns the number of
  * live records (self included) or a negative errno. *front gets the round
  * the run is at (front_round). */
@@ -290,6 +329,8 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 			MP_WARN("peer %016" PRIx64 ": unusable address \"%s\"", r->id, r->addr);
 			continue;
 		}
+		if (!known)
+			relay(ctx, r, idx);
 		/* A record stamped after an exchange dropped the peer shows it
 		 * alive (it was late, or in a roster it had left): count on it
 		 * again rather than start rounds without it for a whole TTL. */
@@ -524,7 +565,9 @@ static int place(struct mp_ctx *ctx)
 		int running = 0;
 		for (int i = 0; i < n; i++)
 			running += ctx->recs[i].id != ctx->self_id && ctx->recs[i].round != ROUND_JOINING;
-		int learnt = now - since >= PLACE_STEADY_NS &&
+		/* A welcome brought the members at once: no need to wait. */
+		int welcomed = ctx->rdv->welcomed && ctx->rdv->welcomed(ctx->rdv_st);
+		int learnt = (now - since >= PLACE_STEADY_NS || welcomed) &&
 			     (running > 0 || (!ctx->cfg.bootstrap &&
 					      now - start >= (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull));
 		if ((ctx->cfg.npeers ? n >= ctx->cfg.npeers : learnt) || mp_now_ns() >= until ||
@@ -565,6 +608,9 @@ void mp_dht_stop(struct mp_ctx *ctx)
 	}
 	free(ctx->recs);
 	ctx->recs = NULL;
+	free(ctx->heard);
+	ctx->heard = NULL;
+	ctx->nheard = 0;
 }
 
 /* ---- one round's matchmaking --------------------------------------------- */
@@ -636,7 +682,8 @@ static void probe(struct mp_ctx *ctx)
 }
 
 /* "r<round>/d<dim>/<c0>.*.<c2>": the round and every coordinate but the varied one. */
-static void group_key(const struct mp_ctx *ctx, uint32_t round, char *key, size_t cap)
+static void group_key(const struct mp_ctx *ctx, uint32_t round, const int *coords, char *key,
+		      size_t cap)
 {
 	int dim = (int)(round % (uint32_t)ctx->grid.ndims);
 	int len = snprintf(key, cap, "r%u/d%d/", round, dim);
@@ -645,7 +692,7 @@ static void group_key(const struct mp_ctx *ctx, uint32_t round, char *key, size_
 		if (i == dim)
 			len += snprintf(key + len, cap - (size_t)len, i ? ".*" : "*");
 		else
-			len += snprintf(key + len, cap - (size_t)len, i ? ".%d" : "%d", ctx->coords[i]);
+			len += snprintf(key + len, cap - (size_t)len, i ? ".%d" : "%d", coords[i]);
 	}
 }
 
@@ -666,12 +713,128 @@ static uint32_t line_of(const struct mp_ctx *ctx, const int *coords, int dim)
 	return (uint32_t)mp_grid_cell(&ctx->grid, c);
 }
 
+/* Declarations heard of rounds not started here yet (mp_mm_on_decl). */
+#define HEARD_MAX 256
+struct mp_heard {
+	uint32_t round;
+	struct mp_decl d;
+};
+
+/*
+ * Declarations over control connections. A declaration reaches the others
+ * through the DHT, where a key's values can take seconds to reach a
+ * listener: a new node's first searches, or any search through the nodes
+ * of peers that just died. A small run also sends each one over the control
+ * connections; the DHT stays the authority and this only brings it sooner.
+ * What arrives is taken under the keys it belongs to when this peer holds
+ * them (rdv learn), else kept in ctx->heard until the round starts here.
+ */
+static void gossip(struct mp_ctx *ctx, uint32_t round, const struct mp_decl *d)
+{
+	struct mp_wire_hdr h = {.type = MP_MSG_DECL, .round = round};
+	uint8_t p[DECL_MSG_LEN];
+
+	if (ctx->nrecs > GOSSIP_MAX_RECORDS || !ctx->rdv->learn)
+		return;
+	mp_le_put64(p, d->id);
+	mp_le_put64(p + 8, d->expires_ms);
+	p[16] = d->mode;
+	mp_le_put16(p + 17, (uint16_t)d->coord);
+	mp_le_put32(p + 19, d->line);
+	for (int i = 0; i < ctx->npeers; i++)
+		if (i != ctx->rank && !ctx->peers[i].gone)
+			mp_ctrl_send(ctx, i, &h, p, sizeof(p)); /* not connected: the DHT brings it */
+}
+
+/* Take @d of @round under the round's key and, a declaration in a line,
+ * under that line's group key too; those this peer does not hold are skipped.
+ * 0 when both were taken. */
+static int learn(struct mp_ctx *ctx, uint32_t round, const struct mp_decl *d)
+{
+	char key[160];
+	int c[MP_MAX_GRID_DIMS] = {0}, rc;
+
+	round_key(round, key, sizeof(key));
+	rc = ctx->rdv->learn(ctx->rdv_st, key, d);
+	if (d->mode >= MP_DECL_ABSENT) /* absent or placing: in no line */
+		return rc;
+	mp_grid_coords(&ctx->grid, d->line, c);
+	group_key(ctx, round, c, key, sizeof(key));
+	return ctx->rdv->learn(ctx->rdv_st, key, d) ? -ENOENT : rc;
+}
+
+/* A new round starts here: what was heard for it is taken now that its keys
+ * are held; what was heard for rounds before it is dropped. */
+static void heard_replay(struct mp_ctx *ctx, uint32_t round)
+{
+	int j = 0;
+
+	ctx->mm_round = round;
+	for (int i = 0; i < ctx->nheard; i++) {
+		if (ctx->heard[i].round == round)
+			learn(ctx, round, &ctx->heard[i].d);
+		if (ctx->heard[i].round > round)
+			ctx->heard[j++] = ctx->heard[i];
+	}
+	ctx->nheard = j;
+}
+
+int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
+		  const uint8_t *payload)
+{
+	struct mp_decl d;
+
+	if (h->length != DECL_MSG_LEN)
+		return -EBADMSG;
+	d.id = mp_le_get64(payload);
+	d.expires_ms = mp_le_get64(payload + 8);
+	d.mode = payload[16];
+	d.coord = (int16_t)mp_le_get16(payload + 17);
+	d.line = mp_le_get32(payload + 19);
+	/* Its own, in a line of our grid or placing itself; or another
+	 * peer's absence (a member it saw die), never ours. */
+	if (d.mode == MP_DECL_ABSENT) {
+		if (!d.id || d.line != UINT32_MAX || d.coord)
+			return -EBADMSG;
+		if (d.id == ctx->self_id)
+			return -ESTALE; /* it saw our connection close: we know better */
+	} else if (d.id != ctx->peers[peer].id || d.mode > MP_DECL_PLACING ||
+	    (d.mode == MP_DECL_PLACING ? d.line != UINT32_MAX :
+	     d.line >= mp_grid_cells(&ctx->grid) || d.coord < 0 ||
+	     d.coord >= ctx->grid.dims[h->round % (uint32_t)ctx->grid.ndims]))
+		return -EBADMSG;
+	/* Members declare in their lines as their rounds start: a joiner
+	 * learns where the run is (catch_up) from these as well as from the
+	 * answers to its probes. Not from placing peers: they aim ahead. */
+	if (d.mode < MP_DECL_ABSENT && h->round > ctx->decl_round)
+		ctx->decl_round = h->round;
+	if (!ctx->rdv || !ctx->rdv->learn || h->round < ctx->mm_round)
+		return -ESTALE; /* a round we are done with: its keys are forgotten */
+	if (h->round == ctx->mm_round && !learn(ctx, h->round, &d))
+		return 0;
+	/* Ahead of us, or a key not held yet: kept for heard_replay. The
+	 * oldest goes when full. */
+	for (int i = 0; i < ctx->nheard; i++)
+		if (ctx->heard[i].round == h->round && ctx->heard[i].d.id == d.id) {
+			ctx->heard[i].d = d;
+			return 0;
+		}
+	if (!ctx->heard && !(ctx->heard = malloc(HEARD_MAX * sizeof(*ctx->heard))))
+		return -ENOMEM;
+	if (ctx->nheard == HEARD_MAX)
+		memmove(ctx->heard, ctx->heard + 1, (HEARD_MAX - 1) * sizeof(*ctx->heard));
+	else
+		ctx->nheard++;
+	ctx->heard[ctx->nheard - 1] = (struct mp_heard){.round = h->round, .d = d};
+	return 0;
+}
+
 static void prewarm(struct mp_ctx *ctx, uint32_t round)
 {
 	char key[160];
 	struct mp_decl d;
 
-	group_key(ctx, round, key, sizeof(key));
+	group_key(ctx, round, ctx->coords, key, sizeof(key));
 	ctx->rdv->declared(ctx->rdv_st, key, &d, 1);
 	round_key(round, key, sizeof(key));
 	ctx->rdv->declared(ctx->rdv_st, key, &d, 1);
@@ -988,6 +1151,7 @@ static void declare_absent(struct mm *m, uint64_t expires_ms)
 		if (i == ctx->rank || pe->gone || !pe->failed_ns || now - pe->failed_ns >= ttl_ns)
 			continue;
 		ctx->rdv->declare(ctx->rdv_st, m->rkey, &d);
+		gossip(ctx, m->round, &d);
 	}
 }
 
@@ -1122,7 +1286,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 	if (m->target > MP_MAX_GROUP)
 		m->target = MP_MAX_GROUP;
 	m->minsz = ctx->cfg.min_group_size < m->target ? ctx->cfg.min_group_size : m->target;
-	group_key(ctx, round, m->key, sizeof(m->key));
+	group_key(ctx, round, ctx->coords, m->key, sizeof(m->key));
 	struct mp_decl self = {.id = ctx->self_id, .expires_ms = wall + (uint64_t)ctx->cfg.matchmaking_ms,
 			       .mode = (uint8_t)ctx->mode, .coord = (int16_t)ctx->coords[m->dim],
 			       .line = line_of(ctx, ctx->coords, m->dim)};
@@ -1145,6 +1309,16 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 	}
 	if (m->all)
 		declare_absent(m, self.expires_ms);
+	/* take_hole kept its round's key for us; one of a round skipped since
+	 * is of no use. */
+	if (ctx->kept_round && ctx->kept_round - 1 != round) {
+		char kept[32];
+		round_key(ctx->kept_round - 1, kept, sizeof(kept));
+		ctx->rdv->forget(ctx->rdv_st, kept);
+	}
+	ctx->kept_round = 0;
+	heard_replay(ctx, round);
+	gossip(ctx, round, &self);
 	rc = -EHOSTUNREACH;
 	MP_TRACE("round %u: looking for a group under %s (target %d, min %d)", round, m->key,
 		 m->target, m->minsz);
@@ -1159,6 +1333,12 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			break;
 		}
 		mp_ctrl_poll(ctx);
+		if (ctx->suspects_new && m->all) {
+			/* A connection showed a peer dead: tell the round now,
+			 * not at the next one. */
+			ctx->suspects_new = 0;
+			declare_absent(m, m->self.expires_ms);
+		}
 		if (now - last_sync > SYNC_NS) {
 			sync_members(ctx, NULL);
 			last_sync = now;
@@ -1339,6 +1519,12 @@ static void catch_up(struct mp_ctx *ctx)
 	while (!ctx->round_hint && mp_now_ns() - start < limit &&
 	       !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t now = mp_now_ns();
+		/* Declarations of a round say the run is at it, as an answer
+		 * would. */
+		if (ctx->decl_round) {
+			ctx->round_hint = ctx->decl_round;
+			break;
+		}
 		if (now - last > SYNC_NS) {
 			sync_members(ctx, &at);
 			probe(ctx);
@@ -1450,13 +1636,31 @@ static void take_hole(struct mp_ctx *ctx)
 			     .expires_ms = mp_wall_ms() + (uint64_t)ctx->cfg.matchmaking_ms};
 	char key[32];
 
-	round_key(round, key, sizeof(key));
 	if (!all || !count || !used || !holes)
 		goto out;
+again:
+	round_key(round, key, sizeof(key));
 	if ((rc = ctx->rdv->declare(ctx->rdv_st, key, &pd)))
 		MP_WARN("round %u: cannot say we are placing ourselves: %s", round, mp_strerror(rc));
+	heard_replay(ctx, round);
+	gossip(ctx, round, &pd);
 	while (mp_now_ns() - start < limit && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t now = mp_now_ns();
+		mp_ctrl_poll(ctx); /* declarations come over control connections too */
+		if (ctx->decl_round > round) {
+			/* Others declare for a later round: this one's groups
+			 * have formed without us, and its holes, read now, would
+			 * be no holes at all. Place in the next one. */
+			MP_INFO("round %u: the run is at round %u; placing in %u", round,
+				ctx->decl_round, ctx->decl_round + 1);
+			ctx->rdv->forget(ctx->rdv_st, key);
+			round = ctx->round = ctx->decl_round + 1;
+			dim = (int)(round % (uint32_t)ctx->grid.ndims);
+			steady = 0;
+			seen = nlast = -1;
+			nsince = now;
+			goto again;
+		}
 		if (now - last > SYNC_NS) {
 			/* A new DHT node learns the records over a while: trust
 			 * the count once it held for a few reads. */
@@ -1513,7 +1717,8 @@ static void take_hole(struct mp_ctx *ctx)
 		nh, placers, n);
 	memcpy(ctx->coords, c, sizeof(c));
 out:
-	ctx->rdv->forget(ctx->rdv_st, key);
+	/* match() reads the round's key next, with what it holds by then. */
+	ctx->kept_round = round + 1;
 	free(holes);
 	free(used);
 	free(count);

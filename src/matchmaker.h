@@ -19,6 +19,15 @@ void mp_dht_stop(struct mp_ctx *ctx);
 /* cfg.rounds Moshpit rounds of @a, each matchmade (the first call places
  * the peer on the grid first). */
 int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a);
+/* A DECL control message from @peer (ctrl.c): its own declaration for
+ * h->round, taken as if read under that round's key. Malformed ones, and
+ * those of rounds past, are dropped (-EBADMSG, -ESTALE). */
+int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
+		  const uint8_t *payload);
+/* A PEER control message (ctrl.c): a record passed on by a peer that just
+ * learnt it, taken as if read from the rendezvous (-EBADMSG when it does
+ * not verify). */
+int mp_mm_on_peer(struct mp_ctx *ctx, const struct mp_wire_hdr *h, const uint8_t *payload);
 
 /* A free cell of a round: its line (the cell with the varied coordinate 0),
  * how many members declared in that line, and the free coordinate. */

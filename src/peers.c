@@ -151,3 +151,18 @@ void mp_peer_gone(struct mp_ctx *ctx, int idx)
 		mp_conn_drop(ctx, idx, s);
 	MP_INFO("peer %016llx left", (unsigned long long)p->id);
 }
+
+void mp_peer_suspect(struct mp_ctx *ctx, int idx, const char *why)
+{
+	struct mp_peer *p = &ctx->peers[idx];
+
+	if (p->gone || idx == ctx->rank)
+		return;
+	if (why && !p->failed_ns) {
+		MP_INFO("peer %016llx (%s) %s: taken as gone until a newer record",
+			(unsigned long long)p->id, p->addr, why);
+		ctx->suspects_new = 1;
+	}
+	p->failed_ns = mp_now_ns();
+	p->failed_wall_ms = mp_wall_ms();
+}

@@ -93,12 +93,25 @@ struct mp_rdv_ops {
 	int (*declare)(void *st, const char *key, const struct mp_decl *d);
 	/* Live declarations under @key, own included, sorted by (expires_ms, id). */
 	int (*declared)(void *st, const char *key, struct mp_decl *out, int max);
+	/* Take @d as if read under @key, without putting it anywhere (it came
+	 * over a control connection): -ENOENT unless @key is held (declared
+	 * or read, not forgotten). May be NULL. */
+	int (*learn)(void *st, const char *key, const struct mp_decl *d);
+	/* Take an encoded record (@len bytes) as if read from the rendezvous:
+	 * one passed on over a control connection. 0, or the decode error
+	 * (-EACCES, -EBADMSG, -EPROTO). May be NULL. */
+	int (*learn_record)(void *st, const uint8_t *buf, size_t len);
 	/* Done with @key: stop listening, free its cache. */
 	void (*forget)(void *st, const char *key);
 	/* Publish a bye record (the peer is gone at once for every reader). */
 	int (*leave)(void *st);
-	/* Records and declarations refused (bad MAC, malformed, foreign run). */
+	/* Records, declarations and welcome askers refused (bad MAC, malformed,
+	 * foreign run). */
 	uint64_t (*refused)(void *st);
+	/* 1 when init already learnt the run's members from a peer (dht: its
+	 * bootstrap peer's welcome), so the view need not settle first. May be
+	 * NULL. */
+	int (*welcomed)(void *st);
 };
 
 extern const struct mp_rdv_ops mp_rdv_static_ops;

@@ -35,6 +35,15 @@
  * boundary for a peer whose clock lags or leads by less than that.
  * Declarations are put once under per-round keys, which stay small.
  *
+ * The welcome (welcome.c). Those searches also make a new peer slow to read
+ * the run: right after deaths its first read of the members takes 1.2 to
+ * 1.5 s on loopback, while rounds of a small run last 0.1 to 0.4 s, so a
+ * replacement got in several rounds late. Every node therefore also serves,
+ * on TCP at its UDP port number, the records it holds (each still verified
+ * by the reader, as from the DHT), and a new node asks the peers it
+ * bootstraps from before its first read. A port that is taken, or a
+ * bootstrap peer without the service, only leaves the DHT to do it.
+ *
  * Liveness comes from the records' own wall-clock expiry, not from OpenDHT's
  * expiry notices. Each listen's callback holds a struct listen; forget and
  * fini cancel it, and it is freed once OpenDHT has dropped the callback
@@ -54,8 +63,11 @@
 
 #include <opendht/opendht_c.h>
 
+#include "le.h"
 #include "log.h"
 #include "rdv.h"
+#include "welcome.h"
+#include "wire.h"
 
 /* Length of a membership epoch: part of the protocol, the same on every
  * peer of a run. A variable so that a test can shorten it before any init. */
@@ -64,6 +76,9 @@ uint64_t mp_dht_epoch_ms = 60000;
 #define SHUTDOWN_WAIT_MS 1000
 /* The refresher never sleeps longer, whatever the wall clock does. */
 #define MAX_SLEEP_MS 1000
+/* Asking one bootstrap peer for its welcome, and all of them. */
+#define WELCOME_ASK_MS 1000
+#define WELCOME_TOTAL_MS 2000
 /* At most one line a second about refused values. */
 #define WARN_EVERY_MS 1000
 /* Longest DHT key string, run name included. */
@@ -127,6 +142,11 @@ struct rdv_dht {
 	struct listen *ep[2];    /* membership listens: this epoch, the next */
 	struct dkey *keys;
 	struct listen *listens;
+
+	struct mp_welcome *welcome; /* NULL when its TCP port was taken */
+	bool welcomed;              /* init read the members from a welcome */
+	bool told;                  /* our record went to welcome_from */
+	char welcome_from[MP_ADDR_STRLEN]; /* the bootstrap peer that welcomed us */
 
 	uint64_t refused;
 	uint64_t last_warn_ms;
@@ -609,6 +629,100 @@ static int bootstrap(struct rdv_dht *st, const char *list)
 	return rc;
 }
 
+/* The welcome service: keep the asker's record if it gave one (it is
+ * joining: the others learn of it through us, see the matchmaker's relay),
+ * and answer with every live record held, this peer's own included, each
+ * as a 16-bit length and the record's encoding (its MAC in it). */
+static size_t welcome_fill(void *arg, const uint8_t *in, size_t inlen, uint8_t *buf, size_t cap)
+{
+	struct rdv_dht *st = arg;
+	uint64_t now = mp_wall_ms();
+	size_t off = 0, len;
+	struct mp_record r;
+
+	pthread_mutex_lock(&st->mu);
+	if (inlen) {
+		if (mp_record_decode(&st->auth, st->run_name, in, inlen, &r) || r.id == st->self_id)
+			st->refused++;
+		else
+			member_store(st, &r, now);
+	}
+	for (int i = 0; i < st->nm; i++) {
+		if (!rec_live(&st->m[i].r, now) || cap - off < 2 + MP_RECORD_WIRE_MAX)
+			continue;
+		if (!mp_record_encode(&st->auth, st->run_name, &st->m[i].r, buf + off + 2,
+				      MP_RECORD_WIRE_MAX, &len)) {
+			mp_le_put16(buf + off, (uint16_t)len);
+			off += 2 + len;
+		}
+	}
+	pthread_mutex_unlock(&st->mu);
+	return off;
+}
+
+/* Take the records of a welcome as if read from the DHT. The count taken, or
+ * -EBADMSG when the payload is cut (what came before it is kept). */
+static int welcome_take(struct rdv_dht *st, const uint8_t *p, size_t len)
+{
+	uint64_t now = mp_wall_ms();
+	size_t off = 0;
+	int n = 0, rc = 0;
+
+	pthread_mutex_lock(&st->mu);
+	while (off < len) {
+		struct mp_record r;
+		size_t rl;
+
+		if (len - off < 2 || (rl = mp_le_get16(p + off)) > len - off - 2) {
+			rc = -EBADMSG;
+			break;
+		}
+		if (mp_record_decode(&st->auth, st->run_name, p + off + 2, rl, &r))
+			st->refused++;
+		else if (r.id != st->self_id && !member_store(st, &r, now))
+			n++;
+		off += 2 + rl;
+	}
+	pthread_mutex_unlock(&st->mu);
+	return rc ? rc : n;
+}
+
+/* Ask the bootstrap peers of @list for their welcome, in order, until one
+ * answers, giving @give (@glen bytes, maybe none); the one that answered
+ * goes into st->welcome_from. Nothing here is needed: the DHT brings the
+ * same, only later. */
+static void welcome_ask(struct rdv_dht *st, const char *list, const uint8_t *give, size_t glen)
+{
+	uint64_t start = mono_ms();
+	char *copy = strdup(list), *save = NULL;
+
+	if (!copy)
+		return;
+	for (char *tok = strtok_r(copy, ", ", &save); tok && mono_ms() - start < WELCOME_TOTAL_MS;
+	     tok = strtok_r(NULL, ", ", &save)) {
+		uint8_t *p;
+		size_t len;
+		int rc = mp_welcome_ask(&st->auth, mp_wire_run_id(st->run_name), tok, WELCOME_ASK_MS,
+					give, glen, &p, &len);
+
+		if (!rc) {
+			rc = welcome_take(st, p, len);
+			free(p);
+		}
+		if (rc >= 0) {
+			st->welcomed = st->welcomed || rc > 0;
+			snprintf(st->welcome_from, sizeof(st->welcome_from), "%s", tok);
+			MP_INFO("dht: %d record(s) from %s's welcome%s", rc, tok,
+				glen ? ", which now holds ours" : "");
+			break;
+		}
+		MP_INFO("dht: no welcome from %s: %s; reading the run from the DHT", tok,
+			rc == -EACCES ? "refused, or its answer does not verify (another run key?)"
+				      : mp_strerror(rc));
+	}
+	free(copy);
+}
+
 static void dht_fini(void *arg)
 {
 	struct rdv_dht *st = arg;
@@ -616,6 +730,8 @@ static void dht_fini(void *arg)
 
 	if (!st)
 		return;
+	/* First: its thread reads the members. */
+	mp_welcome_stop(st->welcome);
 	if (st->refresher_started) {
 		pthread_mutex_lock(&st->mu);
 		st->stop = true;
@@ -707,7 +823,22 @@ static int dht_init(const struct mp_rdv_params *p, void **out)
 	dht_runner_config_default(&cfg);
 	cfg.threaded = true;
 	cfg.log = false;
-	if (dht_runner_run_config(st->runner, (in_port_t)p->port, &cfg)) {
+	/* The welcome first, on the port asked for or any free one, then the
+	 * DHT node on the same number: others find the service from the
+	 * node's address alone. */
+	rc = mp_welcome_start(&st->auth, mp_wire_run_id(st->run_name), (unsigned)p->port,
+			      welcome_fill, st, &st->welcome);
+	if (rc)
+		MP_INFO("dht: no welcome service on TCP port %d (%s): new peers bootstrapping "
+			"from this one read the run from the DHT alone", p->port, mp_strerror(rc));
+	if (st->welcome && dht_runner_run_config(st->runner,
+						 (in_port_t)mp_welcome_port(st->welcome), &cfg)) {
+		MP_INFO("dht: UDP port %u is taken; the welcome service stops",
+			mp_welcome_port(st->welcome));
+		mp_welcome_stop(st->welcome);
+		st->welcome = NULL;
+	}
+	if (!st->welcome && dht_runner_run_config(st->runner, (in_port_t)p->port, &cfg)) {
 		MP_WARN("dht: cannot start a DHT node on UDP port %d", p->port);
 		rc = -EADDRNOTAVAIL;
 		goto fail;
@@ -715,6 +846,8 @@ static int dht_init(const struct mp_rdv_params *p, void **out)
 	st->port = dht_runner_get_bound_port(st->runner, AF_INET);
 	if (p->bootstrap && (rc = bootstrap(st, p->bootstrap)))
 		goto fail;
+	if (p->bootstrap)
+		welcome_ask(st, p->bootstrap, NULL, 0);
 	rc = rotate(st, mp_wall_ms() / mp_dht_epoch_ms);
 	if (rc)
 		goto fail;
@@ -762,7 +895,19 @@ static int dht_publish(void *arg, const struct mp_record *self)
 	st->have_self = true;
 	st->left = false;
 	pthread_mutex_unlock(&st->mu);
-	return put_self(st, false);
+	rc = put_self(st, false);
+	/* A joiner's first record also goes to the peer that welcomed it,
+	 * which passes it on (its put takes as long to be read as its reads
+	 * took), and the answer brings the members again. */
+	if (!rc && !st->told && st->welcome_from[0]) {
+		pthread_mutex_lock(&st->mu);
+		r = st->self;
+		pthread_mutex_unlock(&st->mu);
+		st->told = true;
+		if (!mp_record_encode(&st->auth, st->run_name, &r, buf, sizeof(buf), &len))
+			welcome_ask(st, st->welcome_from, buf, len);
+	}
+	return rc;
 }
 
 static int dht_members(void *arg, struct mp_record *out, int max)
@@ -876,6 +1021,36 @@ static int dht_declare(void *arg, const char *key, const struct mp_decl *d)
 	return rc;
 }
 
+static int dht_learn(void *arg, const char *key, const struct mp_decl *d)
+{
+	struct rdv_dht *st = arg;
+	int rc = -ENOENT;
+
+	pthread_mutex_lock(&st->mu);
+	for (struct dkey *dk = st->keys; dk; dk = dk->next)
+		if (!strcmp(dk->key, key)) {
+			rc = decl_store(dk, d);
+			break;
+		}
+	pthread_mutex_unlock(&st->mu);
+	return rc;
+}
+
+static int dht_learn_record(void *arg, const uint8_t *buf, size_t len)
+{
+	struct rdv_dht *st = arg;
+	struct mp_record r;
+	int rc = mp_record_decode(&st->auth, st->run_name, buf, len, &r);
+
+	pthread_mutex_lock(&st->mu);
+	if (rc)
+		st->refused++;
+	else if (r.id != st->self_id)
+		rc = member_store(st, &r, mp_wall_ms());
+	pthread_mutex_unlock(&st->mu);
+	return rc;
+}
+
 static int dht_declared(void *arg, const char *key, struct mp_decl *out, int max)
 {
 	struct rdv_dht *st = arg;
@@ -937,7 +1112,12 @@ static uint64_t dht_refused(void *arg)
 	pthread_mutex_lock(&st->mu);
 	n = st->refused;
 	pthread_mutex_unlock(&st->mu);
-	return n;
+	return n + mp_welcome_refused(st->welcome);
+}
+
+static int dht_welcomed(void *arg)
+{
+	return ((struct rdv_dht *)arg)->welcomed;
 }
 
 static const struct mp_rdv_ops dht_ops = {
@@ -950,9 +1130,12 @@ static const struct mp_rdv_ops dht_ops = {
 	.departed = dht_departed,
 	.declare = dht_declare,
 	.declared = dht_declared,
+	.learn = dht_learn,
+	.learn_record = dht_learn_record,
 	.forget = dht_forget,
 	.leave = dht_leave,
 	.refused = dht_refused,
+	.welcomed = dht_welcomed,
 };
 
 const struct mp_rdv_ops *const mp_rdv_dht_ops = &dht_ops;

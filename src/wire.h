@@ -28,7 +28,9 @@ enum mp_msg_type {
 	MP_MSG_BEGIN = 10,  /* matchmaking: leader's confirmed roster, group id */
 	MP_MSG_REJECT = 11, /* matchmaking: leader refuses or disbands (aux: reason) */
 	MP_MSG_ACCEPT = 12, /* matchmaking: leader took the JOIN; BEGIN follows by its deadline */
-	MP_MSG_TYPE_MAX = MP_MSG_ACCEPT,
+	MP_MSG_DECL = 13,   /* matchmaking: a declaration for a round, as on the DHT */
+	MP_MSG_PEER = 14,   /* membership: a new peer's record, as on the DHT, passed on */
+	MP_MSG_TYPE_MAX = MP_MSG_PEER,
 };
 
 #define MP_WIRE_F_PAYLOAD_CRC 0x01u /* checksum covers the payload too */

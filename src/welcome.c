@@ -1,0 +1,370 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The welcome service (welcome.h). Why it exists: a new DHT node reads the
+ * run's records through searches, and right after peers die those searches
+ * wait for the dead nodes to time out, 1.2 to 1.5 s on loopback, several
+ * rounds of a small run. The node a newcomer bootstraps from already holds
+ * the records; the welcome hands them over in one round trip.
+ *
+ * The exchange, integers little-endian:
+ *
+ *   service: "MPWL", version 1, nonce_s (16 bytes)                  21 bytes
+ *   asker:   nonce_c (16), gift length (u16), MAC(WELCOME_ASK: nonce_s,
+ *            nonce_c, run id, gift length, gift), gift        50 + length
+ *   service: length (u32), MAC(WELCOME_GIVE: nonce_c, nonce_s, run id,
+ *            length, payload), payload                          36 + length
+ *
+ * A service that cannot verify the ask closes the connection and counts a
+ * refusal: a stranger learns nothing and gives nothing. An asker checks
+ * the answer's MAC, so a stranger cannot feed it either; what gift and
+ * payload hold is verified again by their readers (records carry their
+ * own MACs).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "inet.h"
+#include "le.h"
+#include "log.h"
+#include "welcome.h"
+
+#define MAGIC "MPWL"
+#define VERSION 1
+#define HELLO_LEN (4 + 1 + MP_NONCE_BYTES)
+#define ASK_LEN (MP_NONCE_BYTES + 2 + MP_MAC_BYTES)
+#define GIVE_HDR_LEN (4 + MP_MAC_BYTES)
+/* An asker gets this long from accept to the last byte of the answer. */
+#define SERVE_MS 500
+/* The service's thread looks at its stop flag this often. */
+#define STOP_POLL_MS 100
+/* At most one line a second about refused askers. */
+#define WARN_EVERY_MS 1000
+
+struct mp_welcome {
+	struct mp_auth auth;
+	uint64_t run_id;
+	mp_welcome_fill_fn fill;
+	void *arg;
+	int fd;
+	unsigned port;
+	pthread_t thread;
+	int stop;          /* atomic */
+	uint64_t refused;  /* atomic */
+	uint64_t last_warn_ms;
+	uint8_t *buf;      /* the answer: header then payload */
+};
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Move all @len bytes (send with @out, else receive) by @deadline. 0,
+ * -ETIMEDOUT, -ECONNRESET (the other side closed), or a socket error. */
+static int xfer(int fd, void *buf, size_t len, uint64_t deadline, int out)
+{
+	uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = out ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
+		uint64_t now;
+		struct pollfd pfd = {.fd = fd, .events = out ? POLLOUT : POLLIN};
+
+		if (n > 0) {
+			p += n;
+			len -= (size_t)n;
+			continue;
+		}
+		if (n == 0)
+			return -ECONNRESET;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		now = mono_ms();
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		if (poll(&pfd, 1, (int)(deadline - now)) < 0 && errno != EINTR)
+			return -errno;
+	}
+	return 0;
+}
+
+/* The ask's MAC over (nonce_s, nonce_c, run id, the gift's length field,
+ * the gift) into @mac; with @check, verify @mac instead (0 or -EACCES). */
+static int ask_mac(const struct mp_auth *a, const uint8_t *nonce_s, const uint8_t *nonce_c,
+		   uint64_t run_id, const uint8_t *lenf, const uint8_t *gift, size_t len,
+		   uint8_t mac[MP_MAC_BYTES], int check)
+{
+	uint8_t run[8];
+	struct mp_auth_piece pc[5] = {{nonce_s, MP_NONCE_BYTES}, {nonce_c, MP_NONCE_BYTES},
+				      {run, sizeof(run)}, {lenf, 2}, {gift, len}};
+
+	mp_le_put64(run, run_id);
+	if (check)
+		return mp_auth_verify(a, MP_AUTH_WELCOME_ASK, pc, 5, mac);
+	mp_auth_mac(a, MP_AUTH_WELCOME_ASK, pc, 5, mac);
+	return 0;
+}
+
+/* The answer's MAC over (nonce_c, nonce_s, run id, the length field,
+ * payload), made or checked as ask_mac. */
+static int give_mac(const struct mp_auth *a, const uint8_t *nonce_c, const uint8_t *nonce_s,
+		    uint64_t run_id, const uint8_t *lenf, const uint8_t *payload, size_t len,
+		    uint8_t mac[MP_MAC_BYTES], int check)
+{
+	uint8_t run[8];
+	struct mp_auth_piece pc[5] = {{nonce_c, MP_NONCE_BYTES}, {nonce_s, MP_NONCE_BYTES},
+				      {run, sizeof(run)}, {lenf, 4}, {payload, len}};
+
+	mp_le_put64(run, run_id);
+	if (check)
+		return mp_auth_verify(a, MP_AUTH_WELCOME_GIVE, pc, 5, mac);
+	mp_auth_mac(a, MP_AUTH_WELCOME_GIVE, pc, 5, mac);
+	return 0;
+}
+
+static void refuse(struct mp_welcome *w, const struct sockaddr_storage *ss, const char *why)
+{
+	uint64_t n = __atomic_add_fetch(&w->refused, 1, __ATOMIC_RELAXED), now = mono_ms();
+	char name[MP_ADDR_STRLEN];
+
+	if (now - w->last_warn_ms < WARN_EVERY_MS && w->last_warn_ms)
+		return;
+	w->last_warn_ms = now;
+	mp_inet_name((const struct sockaddr *)ss, name, sizeof(name));
+	MP_WARN("welcome: refused %s: %s (%llu refused so far)", name, why, (unsigned long long)n);
+}
+
+static void serve(struct mp_welcome *w, int fd, const struct sockaddr_storage *ss)
+{
+	uint64_t deadline = mono_ms() + SERVE_MS;
+	uint8_t hello[HELLO_LEN], ask[ASK_LEN], gift[MP_WELCOME_GIVE_MAX], *nonce_s = hello + 5;
+	size_t len, glen;
+	int rc;
+
+	memcpy(hello, MAGIC, 4);
+	hello[4] = VERSION;
+	mp_auth_random(nonce_s, MP_NONCE_BYTES);
+	if ((rc = xfer(fd, hello, sizeof(hello), deadline, 1)))
+		return; /* gone before it asked: nothing to refuse */
+	if ((rc = xfer(fd, ask, sizeof(ask), deadline, 0))) {
+		refuse(w, ss, rc == -ETIMEDOUT ? "no ask in time" : "closed before asking");
+		return;
+	}
+	glen = mp_le_get16(ask + MP_NONCE_BYTES);
+	if (glen > sizeof(gift)) {
+		refuse(w, ss, "its gift is too long");
+		return;
+	}
+	if ((rc = xfer(fd, gift, glen, deadline, 0))) {
+		refuse(w, ss, "closed before its gift");
+		return;
+	}
+	if (ask_mac(&w->auth, nonce_s, ask, w->run_id, ask + MP_NONCE_BYTES, gift, glen,
+		    ask + MP_NONCE_BYTES + 2, 1)) {
+		refuse(w, ss, "wrong MAC: another run key or another run");
+		return;
+	}
+	len = w->fill(w->arg, gift, glen, w->buf + GIVE_HDR_LEN, MP_WELCOME_MAX);
+	mp_le_put32(w->buf, (uint32_t)len);
+	give_mac(&w->auth, ask, nonce_s, w->run_id, w->buf, w->buf + GIVE_HDR_LEN, len, w->buf + 4,
+		 0);
+	xfer(fd, w->buf, GIVE_HDR_LEN + len, deadline, 1);
+}
+
+static void *service(void *arg)
+{
+	struct mp_welcome *w = arg;
+
+	while (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE)) {
+		struct pollfd pfd = {.fd = w->fd, .events = POLLIN};
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		int fd;
+
+		if (poll(&pfd, 1, STOP_POLL_MS) <= 0)
+			continue;
+		fd = accept4(w->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			/* Out of descriptors: the connection stays queued and
+			 * poll would return at once; wait instead of spinning. */
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+				poll(NULL, 0, STOP_POLL_MS);
+			continue;
+		}
+		serve(w, fd, &ss);
+		close(fd);
+	}
+	return NULL;
+}
+
+int mp_welcome_start(const struct mp_auth *a, uint64_t run_id, unsigned port,
+		     mp_welcome_fill_fn fill, void *arg, struct mp_welcome **out)
+{
+	struct mp_welcome *w;
+	struct mp_inet_addr blob;
+	size_t blen;
+	char bind[32], name[MP_ADDR_STRLEN];
+	int rc;
+
+	if (!a || !fill || !out || port > 65535)
+		return -EINVAL;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->buf = malloc(GIVE_HDR_LEN + MP_WELCOME_MAX);
+	if (!w->buf) {
+		free(w);
+		return -ENOMEM;
+	}
+	w->auth = *a;
+	w->run_id = run_id;
+	w->fill = fill;
+	w->arg = arg;
+	snprintf(bind, sizeof(bind), "0.0.0.0:%u", port);
+	rc = mp_inet_listen(bind, 16, NULL, NULL, &w->fd, &blob, &blen, name, sizeof(name));
+	if (!rc) {
+		w->port = (unsigned)blob.port[0] << 8 | blob.port[1];
+		rc = -pthread_create(&w->thread, NULL, service, w);
+		if (rc)
+			close(w->fd);
+	}
+	if (rc) {
+		memset(&w->auth, 0, sizeof(w->auth));
+		free(w->buf);
+		free(w);
+		return rc;
+	}
+	*out = w;
+	return 0;
+}
+
+void mp_welcome_stop(struct mp_welcome *w)
+{
+	if (!w)
+		return;
+	__atomic_store_n(&w->stop, 1, __ATOMIC_RELEASE);
+	pthread_join(w->thread, NULL);
+	close(w->fd);
+	memset(&w->auth, 0, sizeof(w->auth));
+	free(w->buf);
+	free(w);
+}
+
+unsigned mp_welcome_port(const struct mp_welcome *w)
+{
+	return w->port;
+}
+
+uint64_t mp_welcome_refused(struct mp_welcome *w)
+{
+	return w ? __atomic_load_n(&w->refused, __ATOMIC_RELAXED) : 0;
+}
+
+/* A connected non-blocking socket to @addr by @deadline, or a negative errno. */
+static int dial(const char *addr, uint64_t deadline, int *out)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	int fd, rc, one = 1;
+
+	if ((rc = mp_inet_resolve(addr, 0, &ss, &sl)))
+		return rc;
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (connect(fd, (struct sockaddr *)&ss, sl) && errno != EINPROGRESS) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	for (;;) {
+		struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+		uint64_t now = mono_ms();
+		int err = 0;
+		socklen_t el = sizeof(err);
+
+		if (now >= deadline) {
+			close(fd);
+			return -ETIMEDOUT;
+		}
+		if (poll(&pfd, 1, (int)(deadline - now)) <= 0)
+			continue;
+		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) || err) {
+			close(fd);
+			return err ? -err : -EIO;
+		}
+		*out = fd;
+		return 0;
+	}
+}
+
+int mp_welcome_ask(const struct mp_auth *a, uint64_t run_id, const char *addr, int timeout_ms,
+		   const uint8_t *give, size_t give_len, uint8_t **payload, size_t *len)
+{
+	uint64_t deadline = mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
+	uint8_t hello[HELLO_LEN], ask[ASK_LEN], hdr[GIVE_HDR_LEN], *buf = NULL;
+	size_t n;
+	int fd = -1, rc;
+
+	if (!a || !addr || !payload || !len || give_len > MP_WELCOME_GIVE_MAX ||
+	    (give_len && !give))
+		return -EINVAL;
+	if ((rc = dial(addr, deadline, &fd)))
+		return rc;
+	if ((rc = xfer(fd, hello, sizeof(hello), deadline, 0)))
+		goto out;
+	if (memcmp(hello, MAGIC, 4) || hello[4] != VERSION) {
+		rc = -EPROTO;
+		goto out;
+	}
+	mp_auth_random(ask, MP_NONCE_BYTES);
+	mp_le_put16(ask + MP_NONCE_BYTES, (uint16_t)give_len);
+	ask_mac(a, hello + 5, ask, run_id, ask + MP_NONCE_BYTES, give, give_len,
+		ask + MP_NONCE_BYTES + 2, 0);
+	if ((rc = xfer(fd, ask, sizeof(ask), deadline, 1)) ||
+	    (give_len && (rc = xfer(fd, (void *)give, give_len, deadline, 1))))
+		goto out;
+	/* Closed right after our ask: it could not verify it. */
+	if ((rc = xfer(fd, hdr, sizeof(hdr), deadline, 0))) {
+		if (rc == -ECONNRESET)
+			rc = -EACCES;
+		goto out;
+	}
+	n = mp_le_get32(hdr);
+	if (n > MP_WELCOME_MAX) {
+		rc = -EMSGSIZE;
+		goto out;
+	}
+	buf = malloc(n ? n : 1);
+	if (!buf) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if ((rc = xfer(fd, buf, n, deadline, 0)))
+		goto out;
+	if ((rc = give_mac(a, ask, hello + 5, run_id, hdr, buf, n, hdr + 4, 1)))
+		goto out;
+	*payload = buf;
+	*len = n;
+	buf = NULL;
+out:
+	free(buf);
+	close(fd);
+	return rc;
+}
