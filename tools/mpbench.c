@@ -179,6 +179,7 @@ struct bench {
 	char grid_buf[96];  /* followed runs: the grid every peer is given */
 	int total_rounds;   /* followed runs: rounds of the run, warmup included */
 	int churn_end;      /* --churn: deaths fall in rounds [0, churn_end) */
+	int compute_ms;     /* followed runs: a peer's pause between its rounds */
 	/* --transport=dpdk (dpdk_seg.c builds the local segment) */
 	const char *dpdk_args; /* --dpdk-args: EAL arguments instead of a made-up segment */
 	double inject_loss;    /* --inject-loss: fraction of received frames dropped */
@@ -758,9 +759,10 @@ static void print_header(const struct bench *b, const char *mode)
 		printf("# dpdk segment: %s  injected loss %g of received frames\n",
 		       b->multi ? "this host's (MP_DPDK_*)" : dseg_describe(), b->inject_loss);
 	if (b->follow) {
-		printf("# rendezvous %s  one round per call, %d rounds in all  late %d  "
+		printf("# rendezvous %s  one round per call, %d rounds in all, %d ms between  late %d  "
 		       "intruders %d  faults %d  clients %d  aux %d\n", b->dht ? "dht" : "static",
-		       b->total_rounds, b->late, b->intruders, b->nfaults, b->clients, b->aux);
+		       b->total_rounds, b->compute_ms, b->late, b->intruders, b->nfaults, b->clients,
+		       b->aux);
 		if (b->churn > 0)
 			printf("# churn %g per peer and round, deaths in rounds 0..%d, then %d "
 			       "rounds to converge  join %d\n", b->churn, b->churn_end - 1,
@@ -2073,6 +2075,12 @@ static int follow_rounds(struct peer *p, const struct fspec *s, struct summary *
 		last = g;
 		if (chan_send(p->up, MSG_ROUND, p->rank, &rr, sizeof(rr), b->silence_ms))
 			break;
+		if (b->compute_ms > 0 && last < T - 1) {
+			struct timespec ts = { b->compute_ms / 1000, (b->compute_ms % 1000) * 1000000L };
+
+			while (nanosleep(&ts, &ts) && errno == EINTR)
+				;
+		}
 	}
 	if (tail.fd >= 0)
 		close(tail.fd);
@@ -2795,7 +2803,7 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 	const struct bench *b = fc->b;
 	size_t count = (size_t)(b->sizes[0] / 4);
 	struct replay *rp = NULL;
-	int nsurv = 0, fails = 0, first = 1;
+	int nsurv = 0, fails = 0, first = 1, idle = 0;
 	float **vecs = xcalloc((size_t)fc->n, sizeof(*vecs));
 	int nvec = 0;
 
@@ -2831,11 +2839,21 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 		if (first || fp->res.peers < row->peers)
 			row->peers = fp->res.peers;
 		first = 0;
-		/* An aux peer keeps its own values: no consensus to hold. */
+		/* An aux peer keeps its own values: no consensus to hold. A
+		 * replacement that never got into a group started after the
+		 * run's last round (rounds can take milliseconds, a new process
+		 * a few hundred): it never became a member of the run. */
+		if (fp->s.role == ROLE_REPLACEMENT && !fp->grouped) {
+			idle++;
+			continue;
+		}
 		if (fp->vec && fp->s.mode != MP_MODE_AUX)
 			vecs[nvec++] = fp->vec;
 	}
 	a->nrep = nsurv;
+	if (idle)
+		fprintf(stderr, PROG ": %d replacement(s) took part in no round (the run ended "
+			"first): left out of rms_err\n", idle);
 
 	if (b->check && nvec > 0) {
 		/* Consensus: every survivor against the survivors' mean. */
@@ -3045,6 +3063,8 @@ static void usage(FILE *f)
 		"      --churn=P            each peer dies (SIGKILL mid-round) with probability\n"
 		"                           P in each round of the first part of the run\n"
 		"      --join=0|1           replace peers that died (default 1 with --churn)\n"
+		"      --compute-ms=MS      followed runs: each peer pauses MS between its rounds,\n"
+		"                           as a training step's compute would (default 0)\n"
 		"      --fault=I:SPEC       MP_FAULT SPEC for the peer of spawn index I\n"
 		"                           (repeatable), e.g. 3:kill:round=1:phase=gather\n"
 		"      --late=K             K more peers start once the others finished round 1\n"
@@ -3093,6 +3113,7 @@ enum {
 	OPT_CLIENTS,
 	OPT_AUX,
 	OPT_MAX_RMS,
+	OPT_COMPUTE_MS,
 	OPT_LOGS,
 	OPT_DPDK_ARGS,
 	OPT_INJECT_LOSS,
@@ -3132,6 +3153,7 @@ static const struct option long_opts[] = {
 	{ "clients", required_argument, NULL, OPT_CLIENTS },
 	{ "aux", required_argument, NULL, OPT_AUX },
 	{ "max-rms", required_argument, NULL, OPT_MAX_RMS },
+	{ "compute-ms", required_argument, NULL, OPT_COMPUTE_MS },
 	{ "logs", required_argument, NULL, OPT_LOGS },
 	{ "dpdk-args", required_argument, NULL, OPT_DPDK_ARGS },
 	{ "inject-loss", required_argument, NULL, OPT_INJECT_LOSS },
@@ -3356,6 +3378,9 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			break;
 		case OPT_MAX_RMS:
 			b->max_rms = parse_real("--max-rms", optarg, 0.0, HUGE_VAL);
+			break;
+		case OPT_COMPUTE_MS:
+			b->compute_ms = (int)parse_int("--compute-ms", optarg, 0, 60000);
 			break;
 		case OPT_LOGS:
 			if (!*optarg)
@@ -3692,6 +3717,8 @@ int main(int argc, char **argv)
 	if ((b.clients || b.aux) && (!b.dht || b.multi))
 		usage_error("--clients and --aux give local peers of a --rendezvous=dht run their "
 			    "DeDLOC modes");
+	if (b.compute_ms && !b.follow)
+		usage_error("--compute-ms paces followed runs (--rendezvous=dht, --churn, --fault)");
 	if (b.follow)
 		follow_options(&b);
 	if (strcmp(b.transport, "dpdk") == 0) {
