@@ -374,10 +374,11 @@ int mp_xfer_run(struct mp_xfer *x)
 			if (!conn) {
 				/* A dht peer listens before it publishes its record,
 				 * so a refusal, or a connection of its seen closed
-				 * since we started, means it is gone: no use waiting
-				 * out the connect timeout. */
+				 * lately (by us or by another member), means it is
+				 * gone: no use waiting out the connect timeout. */
+				uint64_t f = ctx->peers[ch->peer].failed_ns;
 				if (ctx->dynamic && (err == -ECONNREFUSED ||
-						     ctx->peers[ch->peer].failed_ns > start)) {
+						     (f && now - f < conn_to))) {
 					fail_peer(x, ch->peer, err ? err : -ECONNRESET,
 						  "gone (refuses connections, or closed them)");
 					continue;

@@ -798,6 +798,11 @@ int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
 			return -EBADMSG;
 		if (d.id == ctx->self_id)
 			return -ESTALE; /* it saw our connection close: we know better */
+		/* A member saw it die: so do we, until a newer record of it
+		 * (an exchange waiting to connect to it gives up at once). */
+		int idx = mp_peer_find(ctx, d.id);
+		if (idx >= 0)
+			mp_peer_suspect(ctx, idx, NULL);
 	} else if (d.id != ctx->peers[peer].id || d.mode > MP_DECL_PLACING ||
 	    (d.mode == MP_DECL_PLACING ? d.line != UINT32_MAX :
 	     d.line >= mp_grid_cells(&ctx->grid) || d.coord < 0 ||
@@ -1626,7 +1631,7 @@ static void take_hole(struct mp_ctx *ctx)
 	int dim = (int)(round % (uint32_t)ctx->grid.ndims);
 	uint64_t cells = mp_grid_cells(&ctx->grid), start = mp_now_ns(), last = 0;
 	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) * 1000000ull;
-	int seen = -1, steady = 0, whole = 0, nlast = -1, n = 0, rc;
+	int seen = -1, steady = 0, whole = 0, nlast = -1, n = 0, rc, mlast = -2;
 	uint64_t nsince = start;
 	struct mp_decl *all = malloc(MAX_RECORDS * sizeof(*all));
 	uint32_t *count = calloc((size_t)cells, sizeof(*count));
@@ -1673,7 +1678,12 @@ again:
 		if (n != nlast)
 			nsince = now;
 		nlast = n;
-		int fresh = 0, miss = n > 0 ? missing(ctx, round, all, n, NULL, 1, &fresh) : -1;
+		uint64_t one = 0;
+		int fresh = 0, miss = n > 0 ? missing(ctx, round, all, n, &one, 1, &fresh) : -1;
+		if (miss != mlast)
+			MP_TRACE("round %u: placing: %d declaration(s), %d member(s) missing (%016llx), "
+				 "%d fresh", round, n, miss, (unsigned long long)one, fresh);
+		mlast = miss;
 		/* Whole: everyone who takes part has declared. Or nearly, and
 		 * settled: the one or two still missing are dead (their records
 		 * linger) or placing themselves too, with their "placing" not
