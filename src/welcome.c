@@ -103,37 +103,25 @@ static int xfer(int fd, void *buf, size_t len, uint64_t deadline, int out)
 	return 0;
 }
 
-/* The ask's MAC over (nonce_s, nonce_c, run id, the gift's length field,
- * the gift) into @mac; with @check, verify @mac instead (0 or -EACCES). */
-static int ask_mac(const struct mp_auth *a, const uint8_t *nonce_s, const uint8_t *nonce_c,
-		   uint64_t run_id, const uint8_t *lenf, const uint8_t *gift, size_t len,
-		   uint8_t mac[MP_MAC_BYTES], int check)
+/*
+ * The MAC of one step over (nonce @n1, nonce @n2, run id, the length field
+ * @lenf of @lsize bytes, @body) into @mac; with @check, verify @mac instead
+ * (0 or -EACCES). The ask (WELCOME_ASK) takes nonce_s first, a 2-byte
+ * length and the gift; the answer (WELCOME_GIVE) nonce_c first, a 4-byte
+ * length and the payload.
+ */
+static int step_mac(const struct mp_auth *a, enum mp_auth_domain d, const uint8_t *n1,
+		    const uint8_t *n2, uint64_t run_id, const uint8_t *lenf, size_t lsize,
+		    const uint8_t *body, size_t len, uint8_t mac[MP_MAC_BYTES], int check)
 {
 	uint8_t run[8];
-	struct mp_auth_piece pc[5] = {{nonce_s, MP_NONCE_BYTES}, {nonce_c, MP_NONCE_BYTES},
-				      {run, sizeof(run)}, {lenf, 2}, {gift, len}};
+	struct mp_auth_piece pc[5] = {{n1, MP_NONCE_BYTES}, {n2, MP_NONCE_BYTES},
+				      {run, sizeof(run)}, {lenf, lsize}, {body, len}};
 
 	mp_le_put64(run, run_id);
 	if (check)
-		return mp_auth_verify(a, MP_AUTH_WELCOME_ASK, pc, 5, mac);
-	mp_auth_mac(a, MP_AUTH_WELCOME_ASK, pc, 5, mac);
-	return 0;
-}
-
-/* The answer's MAC over (nonce_c, nonce_s, run id, the length field,
- * payload), made or checked as ask_mac. */
-static int give_mac(const struct mp_auth *a, const uint8_t *nonce_c, const uint8_t *nonce_s,
-		    uint64_t run_id, const uint8_t *lenf, const uint8_t *payload, size_t len,
-		    uint8_t mac[MP_MAC_BYTES], int check)
-{
-	uint8_t run[8];
-	struct mp_auth_piece pc[5] = {{nonce_c, MP_NONCE_BYTES}, {nonce_s, MP_NONCE_BYTES},
-				      {run, sizeof(run)}, {lenf, 4}, {payload, len}};
-
-	mp_le_put64(run, run_id);
-	if (check)
-		return mp_auth_verify(a, MP_AUTH_WELCOME_GIVE, pc, 5, mac);
-	mp_auth_mac(a, MP_AUTH_WELCOME_GIVE, pc, 5, mac);
+		return mp_auth_verify(a, d, pc, 5, mac);
+	mp_auth_mac(a, d, pc, 5, mac);
 	return 0;
 }
 
@@ -174,15 +162,15 @@ static void serve(struct mp_welcome *w, int fd, const struct sockaddr_storage *s
 		refuse(w, ss, "closed before its gift");
 		return;
 	}
-	if (ask_mac(&w->auth, nonce_s, ask, w->run_id, ask + MP_NONCE_BYTES, gift, glen,
-		    ask + MP_NONCE_BYTES + 2, 1)) {
+	if (step_mac(&w->auth, MP_AUTH_WELCOME_ASK, nonce_s, ask, w->run_id, ask + MP_NONCE_BYTES,
+		     2, gift, glen, ask + MP_NONCE_BYTES + 2, 1)) {
 		refuse(w, ss, "wrong MAC: another run key or another run");
 		return;
 	}
 	len = w->fill(w->arg, gift, glen, w->buf + GIVE_HDR_LEN, MP_WELCOME_MAX);
 	mp_le_put32(w->buf, (uint32_t)len);
-	give_mac(&w->auth, ask, nonce_s, w->run_id, w->buf, w->buf + GIVE_HDR_LEN, len, w->buf + 4,
-		 0);
+	step_mac(&w->auth, MP_AUTH_WELCOME_GIVE, ask, nonce_s, w->run_id, w->buf, 4,
+		 w->buf + GIVE_HDR_LEN, len, w->buf + 4, 0);
 	xfer(fd, w->buf, GIVE_HDR_LEN + len, deadline, 1);
 }
 
@@ -335,8 +323,8 @@ int mp_welcome_ask(const struct mp_auth *a, uint64_t run_id, const char *addr, i
 	}
 	mp_auth_random(ask, MP_NONCE_BYTES);
 	mp_le_put16(ask + MP_NONCE_BYTES, (uint16_t)give_len);
-	ask_mac(a, hello + 5, ask, run_id, ask + MP_NONCE_BYTES, give, give_len,
-		ask + MP_NONCE_BYTES + 2, 0);
+	step_mac(a, MP_AUTH_WELCOME_ASK, hello + 5, ask, run_id, ask + MP_NONCE_BYTES, 2, give,
+		 give_len, ask + MP_NONCE_BYTES + 2, 0);
 	if ((rc = xfer(fd, ask, sizeof(ask), deadline, 1)) ||
 	    (give_len && (rc = xfer(fd, (void *)give, give_len, deadline, 1))))
 		goto out;
@@ -358,7 +346,8 @@ int mp_welcome_ask(const struct mp_auth *a, uint64_t run_id, const char *addr, i
 	}
 	if ((rc = xfer(fd, buf, n, deadline, 0)))
 		goto out;
-	if ((rc = give_mac(a, ask, hello + 5, run_id, hdr, buf, n, hdr + 4, 1)))
+	if ((rc = step_mac(a, MP_AUTH_WELCOME_GIVE, ask, hello + 5, run_id, hdr, 4, buf, n, hdr + 4,
+			   1)))
 		goto out;
 	*payload = buf;
 	*len = n;
