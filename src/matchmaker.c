@@ -74,6 +74,8 @@ enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT 
  * declarations that stopped changing this long, when it places anyway. */
 #define PLACING_MISSING 2
 #define PLACING_QUIET_NS (1000ull * 1000 * 1000)
+/* How many times a placing peer moves on to a later round the run reached. */
+#define MAX_RETARGETS 2
 /* Runs of at most this many records also send each declaration straight to
  * every peer (a DECL control message); larger ones rely on the DHT alone. */
 #define GOSSIP_MAX_RECORDS 64
@@ -1631,7 +1633,9 @@ static void take_hole(struct mp_ctx *ctx)
 	int dim = (int)(round % (uint32_t)ctx->grid.ndims);
 	uint64_t cells = mp_grid_cells(&ctx->grid), start = mp_now_ns(), last = 0;
 	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) * 1000000ull;
-	int seen = -1, steady = 0, whole = 0, nlast = -1, n = 0, rc, mlast = -2;
+	int seen = -1, steady = 0, whole = 0, nlast = -1, n = 0, rc, mlast = -2, retargets = 0;
+	/* A welcome brought the members at once: their count need not settle. */
+	int settle = ctx->rdv->welcomed && ctx->rdv->welcomed(ctx->rdv_st) ? 1 : STEADY_SYNCS;
 	uint64_t nsince = start;
 	struct mp_decl *all = malloc(MAX_RECORDS * sizeof(*all));
 	uint32_t *count = calloc((size_t)cells, sizeof(*count));
@@ -1652,10 +1656,12 @@ again:
 	while (mp_now_ns() - start < limit && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t now = mp_now_ns();
 		mp_ctrl_poll(ctx); /* declarations come over control connections too */
-		if (ctx->decl_round > round) {
+		if (ctx->decl_round > round && retargets < MAX_RETARGETS) {
 			/* Others declare for a later round: this one's groups
 			 * have formed without us, and its holes, read now, would
-			 * be no holes at all. Place in the next one. */
+			 * be no holes at all. Place in the next one; not for
+			 * ever, when rounds are shorter than our reads. */
+			retargets++;
 			MP_INFO("round %u: the run is at round %u; placing in %u", round,
 				ctx->decl_round, ctx->decl_round + 1);
 			ctx->rdv->forget(ctx->rdv_st, key);
@@ -1689,7 +1695,7 @@ again:
 		 * linger) or placing themselves too, with their "placing" not
 		 * read yet. Not a member that is only late: its cell would look
 		 * like a hole, and taking it costs both of us a round. */
-		if (steady >= STEADY_SYNCS && n > 1 &&
+		if (steady >= settle && n > 1 &&
 		    (!miss || (miss <= PLACING_MISSING && !fresh && now - nsince >= PLACING_QUIET_NS))) {
 			whole = 1;
 			break;
