@@ -133,7 +133,12 @@ static void arrived(struct mp_ctx *ctx, int peer, const uint8_t *buf, size_t len
 	}
 	if (h.type == MP_MSG_BYE) {
 		MP_INFO("peer %016llx said goodbye", (unsigned long long)ctx->peers[peer].id);
-		mp_peer_gone(ctx, peer);
+		/* Inside an exchange its data connections are the engine's to
+		 * close: gone at the next poll outside it. */
+		if (ctx->in_exchange)
+			ctx->peers[peer].bye_pending = 1;
+		else
+			mp_peer_gone(ctx, peer);
 		return;
 	}
 	if (h.type == MP_MSG_DECL) {
@@ -172,6 +177,11 @@ void mp_ctrl_poll(struct mp_ctx *ctx)
 	mp_conn_poll(ctx);
 	if (grow_rx(ctx))
 		return;
+	for (int p = 0; p < ctx->npeers && !ctx->in_exchange; p++)
+		if (ctx->peers[p].bye_pending) {
+			ctx->peers[p].bye_pending = 0;
+			mp_peer_gone(ctx, p);
+		}
 	for (struct ctrl_tx **pp = &c->tx; *pp;) {
 		struct ctrl_tx *t = *pp;
 		int done = 0;

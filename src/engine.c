@@ -17,8 +17,12 @@
 #include <time.h>
 
 #include "conn.h"
+#include "ctrl.h"
 #include "internal.h"
 #include "log.h"
+
+/* A dht run's exchange reads the control connections this often. */
+#define CTRL_POLL_NS (1000ull * 1000)
 
 struct mp_xslot {
 	uint8_t *buf; /* send: header then encoded payload; receive: whole frame */
@@ -317,7 +321,7 @@ int mp_xfer_run(struct mp_xfer *x)
 	const uint64_t conn_to = (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
 	const uint64_t round_to = (uint64_t)ctx->cfg.round_timeout_ms * 1000000ull;
 	const size_t fmax = ctx->frame_rx_max;
-	uint64_t start = mp_now_ns(), last_move = start;
+	uint64_t start = mp_now_ns(), last_move = start, ctrl_at = 0;
 	const uint64_t deadline = x->deadline_ms > 0 ? start + (uint64_t)x->deadline_ms * 1000000ull : 0;
 	const uint64_t spin_ns = (uint64_t)ctx->spin_us * 1000u;
 	uint64_t *last;
@@ -357,6 +361,15 @@ int mp_xfer_run(struct mp_xfer *x)
 			break;
 		}
 		mp_conn_poll(ctx);
+		if (ctx->dynamic && ctx->ctrl && now - ctrl_at >= CTRL_POLL_NS) {
+			/* Control connections too, in a dht run: a closed one, or
+			 * an absence another member declares, tells us that a
+			 * peer we wait for has died (see the connect wait below). */
+			ctx->in_exchange = 1;
+			mp_ctrl_poll(ctx);
+			ctx->in_exchange = 0;
+			ctrl_at = now;
+		}
 		for (int i = 0; i < x->nch; i++) {
 			struct mp_chan *ch = &x->ch[i];
 			struct mp_drv_conn *conn;

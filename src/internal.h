@@ -49,6 +49,7 @@ struct mp_peer {
 	uint64_t id;                /* static: the rank; dht: from its record or HELLO */
 	int mode;                   /* enum mp_mode */
 	int gone;                   /* said BYE or its record expired: never dialled again */
+	int bye_pending;            /* said BYE during an exchange: gone once it ends */
 	uint64_t failed_ns;         /* when an exchange last dropped it (0 never): a suspect */
 	uint64_t failed_wall_ms;    /* the same, wall clock: a record stamped later clears it */
 	char addr[MP_ADDR_STRLEN];  /* "" when unknown (client peers) */
@@ -182,6 +183,7 @@ struct mp_ctx {
 	int nheard;
 	uint32_t kept_round;               /* dht: 1 + the round whose key take_hole kept, or 0 */
 	uint32_t decl_round;               /* dht: the largest round a DECL was heard for */
+	int in_exchange;                   /* the engine polls control connections: a BYE waits */
 	int suspects_new;                  /* dht: a connection showed a peer dead since the
 	                                      matchmaker last told the round */
 	int nrecs;                         /* dht: records in recs (the last sync) */
