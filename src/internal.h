@@ -183,6 +183,7 @@ struct mp_ctx {
 	int nheard;
 	uint32_t kept_round;               /* dht: 1 + the round whose key take_hole kept, or 0 */
 	uint32_t decl_round;               /* dht: the largest round a DECL was heard for */
+	uint32_t jumped_to;                /* dht: the round a round hint last moved us to */
 	int in_exchange;                   /* the engine polls control connections: a BYE waits */
 	int suspects_new;                  /* dht: a connection showed a peer dead since the
 	                                      matchmaker last told the round */

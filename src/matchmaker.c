@@ -1572,11 +1572,15 @@ static void catch_up(struct mp_ctx *ctx)
 }
 
 /* Emptiest line first, then by line and coordinate: an order every placer
- * computes alike from the same declarations. */
+ * computes alike from the same declarations. A line where nobody declared
+ * comes last, whatever its count: a peer there would average alone that
+ * round, and lines look empty when part of the round was not read yet. */
 static int cmp_hole(const void *a, const void *b)
 {
 	const struct mp_hole *x = a, *y = b;
 
+	if (!x->count != !y->count)
+		return !x->count ? 1 : -1;
 	if (x->count != y->count)
 		return x->count < y->count ? -1 : 1;
 	if (x->line != y->line)
@@ -1788,8 +1792,21 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		 * stale) jumps, to one behind the front. */
 		if (sync_members(ctx, &at) > 0 && at > ctx->round + 1)
 			ctx->round = at - 1;
-		if (ctx->round_hint > ctx->round)
-			ctx->round = ctx->round_hint;
+		if (ctx->round_hint > ctx->round) {
+			/* The hinted round is being matched as we hear of it.
+			 * Having jumped to such a round once and found the run
+			 * gone on again, we would keep arriving late: wait at the
+			 * round after it instead. */
+			uint32_t r = ctx->round_hint;
+			if (ctx->jumped_to && ctx->jumped_to == ctx->round) {
+				MP_INFO("round %u: behind again; waiting for the run at round %u",
+					ctx->round, r + 1);
+				r++;
+			}
+			ctx->round = ctx->jumped_to = r;
+		} else {
+			ctx->jumped_to = 0;
+		}
 		uint32_t round = ctx->round;
 		if (ctx->displaced) {
 			ctx->displaced = 0;

@@ -38,7 +38,8 @@ struct mp_hole {
 /*
  * The holes of @round on grid @g from the round's @n declarations @all (those
  * of @self, absences and placings do not hold a cell), into @h (room for
- * every cell), emptiest line first, then by line and coordinate: every
+ * every cell), emptiest line first but lines nobody declared in last, then
+ * by line and coordinate: every
  * placer that reads the same declarations gets the same list, and placers
  * take its entries in the order of their ids (take_hole). @count and @used
  * are zeroed scratch of one entry per cell. Returns how many.

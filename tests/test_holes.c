@@ -97,6 +97,17 @@ static void test_order_emptiest_line_first(void **state)
 	expect(&v, 1, 4, 2, 3);
 	expect(&v, 2, 12, 3, 2);
 
+	/* Row 2 emptied as well: its four cells come after every line that
+	 * has a member, though their count (0) is the lowest. */
+	int skip2[] = {1 + 4 * 1, 3 + 4 * 1, 2 + 4 * 3, 0 + 4 * 2, 1 + 4 * 2, 2 + 4 * 2, 3 + 4 * 2};
+	n = grid_less(&g, 0, skip2, 7, d);
+	assert_int_equal(holes(&g, 1, 0, d, n, &v), 7);
+	expect(&v, 0, 4, 2, 1);
+	expect(&v, 1, 4, 2, 3);
+	expect(&v, 2, 12, 3, 2);
+	for (int i = 0; i < 4; i++)
+		expect(&v, 3 + i, 8, 0, i);
+
 	/* Round 1 varies y: lines are columns, named by their cell with y = 0. */
 	n = grid_less(&g, 1, skip, 3, d);
 	assert_int_equal(holes(&g, 1, 1, d, n, &v), 3);
