@@ -298,6 +298,25 @@ static void relay(struct mp_ctx *ctx, const struct mp_record *r, int idx)
 	}
 }
 
+/* Our own record, as just published, to every peer we are connected to: a
+ * joiner's first record names no round, and leaders count on it only once
+ * they read the one that does (the DHT takes seconds to bring it). */
+static void announce(struct mp_ctx *ctx)
+{
+	struct mp_wire_hdr h = {.type = MP_MSG_PEER};
+	uint8_t buf[MP_RECORD_WIRE_MAX];
+	size_t len;
+
+	if (ctx->nrecs > GOSSIP_MAX_RECORDS || !ctx->rdv->self_record ||
+	    ctx->rdv->self_record(ctx->rdv_st, buf, sizeof(buf), &len))
+		return;
+	for (int i = 0; i < ctx->npeers; i++) {
+		int err;
+		if (i != ctx->rank && !ctx->peers[i].gone && mp_conn_get(ctx, i, ctx->streams, &err))
+			mp_ctrl_send(ctx, i, &h, buf, len);
+	}
+}
+
 int mp_mm_on_peer(struct mp_ctx *ctx, const struct mp_wire_hdr *h, const uint8_t *payload)
 {
 	if (!ctx->rdv || !ctx->rdv->learn_record)
@@ -1781,7 +1800,8 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		 * us meanwhile, and take_hole can take seconds on a new DHT node.
 		 * If they start just before it reaches them, we miss one round. */
 		ctx->published_ns = mp_now_ns();
-		publish_self(ctx);
+		if (!publish_self(ctx))
+			announce(ctx);
 	}
 	for (int t = 0; t < rounds; t++) {
 		struct mp_group g = {.members = members};

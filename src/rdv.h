@@ -101,6 +101,9 @@ struct mp_rdv_ops {
 	 * one passed on over a control connection. 0, or the decode error
 	 * (-EACCES, -EBADMSG, -EPROTO). May be NULL. */
 	int (*learn_record)(void *st, const uint8_t *buf, size_t len);
+	/* This peer's record as last published, encoded (@cap bytes at @buf,
+	 * length in *@len), to pass on over control connections. May be NULL. */
+	int (*self_record)(void *st, uint8_t *buf, size_t cap, size_t *len);
 	/* Done with @key: stop listening, free its cache. */
 	void (*forget)(void *st, const char *key);
 	/* Publish a bye record (the peer is gone at once for every reader). */

@@ -1051,6 +1051,18 @@ static int dht_learn_record(void *arg, const uint8_t *buf, size_t len)
 	return rc;
 }
 
+static int dht_self_record(void *arg, uint8_t *buf, size_t cap, size_t *len)
+{
+	struct rdv_dht *st = arg;
+	int rc = -ENOENT;
+
+	pthread_mutex_lock(&st->mu);
+	if (st->have_self && !st->left)
+		rc = mp_record_encode(&st->auth, st->run_name, &st->self, buf, cap, len);
+	pthread_mutex_unlock(&st->mu);
+	return rc;
+}
+
 static int dht_declared(void *arg, const char *key, struct mp_decl *out, int max)
 {
 	struct rdv_dht *st = arg;
@@ -1132,6 +1144,7 @@ static const struct mp_rdv_ops dht_ops = {
 	.declared = dht_declared,
 	.learn = dht_learn,
 	.learn_record = dht_learn_record,
+	.self_record = dht_self_record,
 	.forget = dht_forget,
 	.leave = dht_leave,
 	.refused = dht_refused,
