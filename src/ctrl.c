@@ -177,11 +177,6 @@ void mp_ctrl_poll(struct mp_ctx *ctx)
 	mp_conn_poll(ctx);
 	if (grow_rx(ctx))
 		return;
-	for (int p = 0; p < ctx->npeers && !ctx->in_exchange; p++)
-		if (ctx->peers[p].bye_pending) {
-			ctx->peers[p].bye_pending = 0;
-			mp_peer_gone(ctx, p);
-		}
 	for (struct ctrl_tx **pp = &c->tx; *pp;) {
 		struct ctrl_tx *t = *pp;
 		int done = 0;
@@ -201,6 +196,10 @@ void mp_ctrl_poll(struct mp_ctx *ctx)
 
 		if (p == ctx->rank)
 			continue;
+		if (pe->bye_pending && !ctx->in_exchange) {
+			pe->bye_pending = 0;
+			mp_peer_gone(ctx, p);
+		}
 		conn = pe->conns[ci] && pe->ready[ci] ? pe->conns[ci] : NULL;
 		if (r->req && r->conn != conn)
 			rx_reset(ctx, r); /* closed or replaced since we posted */
@@ -284,6 +283,14 @@ int mp_ctrl_send(struct mp_ctx *ctx, int peer, struct mp_wire_hdr *h, const void
 	t->next = c->tx;
 	c->tx = t;
 	return 0;
+}
+
+void mp_ctrl_send_all(struct mp_ctx *ctx, struct mp_wire_hdr *h, const void *payload,
+		      size_t len, int skip)
+{
+	for (int i = 0; i < ctx->npeers; i++)
+		if (i != ctx->rank && i != skip && !ctx->peers[i].gone)
+			mp_ctrl_send(ctx, i, h, payload, len);
 }
 
 struct mp_ctrl_msg *mp_ctrl_take(struct mp_ctx *ctx)

@@ -31,6 +31,10 @@ void mp_ctrl_poll(struct mp_ctx *ctx);
  * (call again after polling), or a negative errno. */
 int mp_ctrl_send(struct mp_ctx *ctx, int peer, struct mp_wire_hdr *h, const void *payload,
 		 size_t len);
+/* The same to every other peer not gone, but @skip (-1: none). Best effort:
+ * a peer whose control connection is not ready misses it (a dial starts). */
+void mp_ctrl_send_all(struct mp_ctx *ctx, struct mp_wire_hdr *h, const void *payload,
+		      size_t len, int skip);
 /* Oldest queued message, or NULL. Free it with mp_ctrl_msg_free. */
 struct mp_ctrl_msg *mp_ctrl_take(struct mp_ctx *ctx);
 void mp_ctrl_msg_free(struct mp_ctrl_msg *m);

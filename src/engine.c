@@ -360,15 +360,17 @@ int mp_xfer_run(struct mp_xfer *x)
 			rc = -ECANCELED;
 			break;
 		}
-		mp_conn_poll(ctx);
 		if (ctx->dynamic && ctx->ctrl && now - ctrl_at >= CTRL_POLL_NS) {
-			/* Control connections too, in a dht run: a closed one, or
-			 * an absence another member declares, tells us that a
-			 * peer we wait for has died (see the connect wait below). */
+			/* Control connections too (mp_ctrl_poll polls the
+			 * others first), in a dht run: a closed one, or an
+			 * absence another member declares, tells us that a peer
+			 * we wait for has died (see the connect wait below). */
 			ctx->in_exchange = 1;
 			mp_ctrl_poll(ctx);
 			ctx->in_exchange = 0;
 			ctrl_at = now;
+		} else {
+			mp_conn_poll(ctx);
 		}
 		for (int i = 0; i < x->nch; i++) {
 			struct mp_chan *ch = &x->ch[i];

@@ -76,8 +76,8 @@ enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT 
 #define PLACING_QUIET_NS (1000ull * 1000 * 1000)
 /* How many times a placing peer moves on to a later round the run reached. */
 #define MAX_RETARGETS 2
-/* Runs of at most this many records also send each declaration straight to
- * every peer (a DECL control message); larger ones rely on the DHT alone. */
+/* Runs of at most this many records also pass declarations and new records
+ * straight to every peer (DECL, PEER); larger ones rely on the DHT alone. */
 #define GOSSIP_MAX_RECORDS 64
 /* A DECL's payload: id, expires_ms, mode, coord, line. */
 #define DECL_MSG_LEN 23
@@ -272,13 +272,19 @@ static uint32_t front_round(const struct mp_record *recs, int n)
 	return front;
 }
 
+/* Small runs also pass declarations and records over the control
+ * connections (DECL, PEER); larger ones rely on the DHT alone. */
+static int gossiping(const struct mp_ctx *ctx)
+{
+	return ctx->nrecs <= GOSSIP_MAX_RECORDS;
+}
+
 /*
- * A peer new to us: pass its record on to every peer we are connected to
- * (a PEER control message), once. A joiner's record reaches the DHT's
- * readers only after its new node's first searches, seconds after deaths;
- * the peer that welcomed it has it at once, and through it everyone does,
- * so that they connect to it and send it their declarations. Records carry
- * their own MACs; larger runs rely on the DHT alone.
+ * A peer new to us: pass its record on to every other peer (a PEER control
+ * message), once. A joiner's record reaches the DHT's readers only after its
+ * new node's first searches, seconds after deaths; the peer that welcomed it
+ * has it at once, and through it everyone does, so that they connect to it
+ * and send it their declarations. Records carry their own MACs.
  */
 static void relay(struct mp_ctx *ctx, const struct mp_record *r, int idx)
 {
@@ -286,35 +292,23 @@ static void relay(struct mp_ctx *ctx, const struct mp_record *r, int idx)
 	uint8_t buf[MP_RECORD_WIRE_MAX];
 	size_t len;
 
-	if (ctx->nrecs > GOSSIP_MAX_RECORDS || !ctx->rdv->learn_record ||
-	    mp_record_encode(&ctx->auth, ctx->run_name, r, buf, sizeof(buf), &len))
-		return;
-	for (int i = 0; i < ctx->npeers; i++) {
-		int err;
-		if (i == ctx->rank || i == idx || ctx->peers[i].gone ||
-		    !mp_conn_get(ctx, i, ctx->streams, &err))
-			continue;
-		mp_ctrl_send(ctx, i, &h, buf, len);
-	}
+	if (gossiping(ctx) && ctx->rdv->learn_record &&
+	    !mp_record_encode(&ctx->auth, ctx->run_name, r, buf, sizeof(buf), &len))
+		mp_ctrl_send_all(ctx, &h, buf, len, idx);
 }
 
-/* Our own record, as just published, to every peer we are connected to: a
- * joiner's first record names no round, and leaders count on it only once
- * they read the one that does (the DHT takes seconds to bring it). */
+/* Our own record, as just published, to every peer: a joiner's first record
+ * names no round, and leaders count on it only once they read the one that
+ * does (the DHT takes seconds to bring it). */
 static void announce(struct mp_ctx *ctx)
 {
 	struct mp_wire_hdr h = {.type = MP_MSG_PEER};
 	uint8_t buf[MP_RECORD_WIRE_MAX];
 	size_t len;
 
-	if (ctx->nrecs > GOSSIP_MAX_RECORDS || !ctx->rdv->self_record ||
-	    ctx->rdv->self_record(ctx->rdv_st, buf, sizeof(buf), &len))
-		return;
-	for (int i = 0; i < ctx->npeers; i++) {
-		int err;
-		if (i != ctx->rank && !ctx->peers[i].gone && mp_conn_get(ctx, i, ctx->streams, &err))
-			mp_ctrl_send(ctx, i, &h, buf, len);
-	}
+	if (gossiping(ctx) && ctx->rdv->self_record &&
+	    !ctx->rdv->self_record(ctx->rdv_st, buf, sizeof(buf), &len))
+		mp_ctrl_send_all(ctx, &h, buf, len, -1);
 }
 
 int mp_mm_on_peer(struct mp_ctx *ctx, const struct mp_wire_hdr *h, const uint8_t *payload)
@@ -755,16 +749,14 @@ static void gossip(struct mp_ctx *ctx, uint32_t round, const struct mp_decl *d)
 	struct mp_wire_hdr h = {.type = MP_MSG_DECL, .round = round};
 	uint8_t p[DECL_MSG_LEN];
 
-	if (ctx->nrecs > GOSSIP_MAX_RECORDS || !ctx->rdv->learn)
+	if (!gossiping(ctx) || !ctx->rdv->learn)
 		return;
 	mp_le_put64(p, d->id);
 	mp_le_put64(p + 8, d->expires_ms);
 	p[16] = d->mode;
 	mp_le_put16(p + 17, (uint16_t)d->coord);
 	mp_le_put32(p + 19, d->line);
-	for (int i = 0; i < ctx->npeers; i++)
-		if (i != ctx->rank && !ctx->peers[i].gone)
-			mp_ctrl_send(ctx, i, &h, p, sizeof(p)); /* not connected: the DHT brings it */
+	mp_ctrl_send_all(ctx, &h, p, sizeof(p), -1); /* who misses it reads the DHT */
 }
 
 /* Take @d of @round under the round's key and, a declaration in a line,

@@ -269,6 +269,19 @@ static void members_prune(struct rdv_dht *st, uint64_t now)
 	st->nm = j;
 }
 
+/* An encoded record read from the DHT, a welcome or a peer: keep it if it
+ * verifies and is newer. This peer's own record is the one it holds,
+ * whoever claims its id. Mutex held. 0, or the decode's or store's error. */
+static int take_record(struct rdv_dht *st, const uint8_t *buf, size_t len, uint64_t now)
+{
+	struct mp_record r;
+	int rc = mp_record_decode(&st->auth, st->run_name, buf, len, &r);
+
+	if (!rc && r.id != st->self_id)
+		rc = member_store(st, &r, now);
+	return rc;
+}
+
 /* Keep @d if it is newer (later deadline) than what @dk holds for its id. A
  * peer's declaration in a line outranks its "placing" one whatever their
  * deadlines and their order of arrival: it is what the placing led to. */
@@ -345,12 +358,7 @@ static bool on_value(const dht_value *v, bool expired, void *arg)
 		if (!rc)
 			rc = decl_store(l->dk, &d);
 	} else {
-		struct mp_record r;
-
-		rc = mp_record_decode(&st->auth, st->run_name, dv.data, dv.size, &r);
-		/* This peer's own record is the one it holds, whoever claims its id. */
-		if (!rc && r.id != st->self_id)
-			rc = member_store(st, &r, now);
+		rc = take_record(st, dv.data, dv.size, now);
 	}
 	if (rc && rc != -ENOMEM) {
 		st->refused++;
@@ -638,15 +646,11 @@ static size_t welcome_fill(void *arg, const uint8_t *in, size_t inlen, uint8_t *
 	struct rdv_dht *st = arg;
 	uint64_t now = mp_wall_ms();
 	size_t off = 0, len;
-	struct mp_record r;
+	int rc;
 
 	pthread_mutex_lock(&st->mu);
-	if (inlen) {
-		if (mp_record_decode(&st->auth, st->run_name, in, inlen, &r) || r.id == st->self_id)
-			st->refused++;
-		else
-			member_store(st, &r, now);
-	}
+	if (inlen && (rc = take_record(st, in, inlen, now)) && rc != -ENOMEM)
+		st->refused++;
 	for (int i = 0; i < st->nm; i++) {
 		if (!rec_live(&st->m[i].r, now) || cap - off < 2 + MP_RECORD_WIRE_MAX)
 			continue;
@@ -670,17 +674,18 @@ static int welcome_take(struct rdv_dht *st, const uint8_t *p, size_t len)
 
 	pthread_mutex_lock(&st->mu);
 	while (off < len) {
-		struct mp_record r;
 		size_t rl;
+		int trc;
 
 		if (len - off < 2 || (rl = mp_le_get16(p + off)) > len - off - 2) {
 			rc = -EBADMSG;
 			break;
 		}
-		if (mp_record_decode(&st->auth, st->run_name, p + off + 2, rl, &r))
-			st->refused++;
-		else if (r.id != st->self_id && !member_store(st, &r, now))
+		trc = take_record(st, p + off + 2, rl, now);
+		if (!trc)
 			n++;
+		else if (trc != -ENOMEM)
+			st->refused++;
 		off += 2 + rl;
 	}
 	pthread_mutex_unlock(&st->mu);
@@ -1039,14 +1044,12 @@ static int dht_learn(void *arg, const char *key, const struct mp_decl *d)
 static int dht_learn_record(void *arg, const uint8_t *buf, size_t len)
 {
 	struct rdv_dht *st = arg;
-	struct mp_record r;
-	int rc = mp_record_decode(&st->auth, st->run_name, buf, len, &r);
+	int rc;
 
 	pthread_mutex_lock(&st->mu);
-	if (rc)
+	rc = take_record(st, buf, len, mp_wall_ms());
+	if (rc && rc != -ENOMEM)
 		st->refused++;
-	else if (r.id != st->self_id)
-		rc = member_store(st, &r, mp_wall_ms());
 	pthread_mutex_unlock(&st->mu);
 	return rc;
 }
