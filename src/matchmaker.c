@@ -728,12 +728,7 @@ static uint32_t line_of(const struct mp_ctx *ctx, const int *coords, int dim)
 	return (uint32_t)mp_grid_cell(&ctx->grid, c);
 }
 
-/* Declarations heard of rounds not started here yet (mp_mm_on_decl). */
-#define HEARD_MAX 256
-struct mp_heard {
-	uint32_t round;
-	struct mp_decl d;
-};
+#define HEARD_MAX MP_HEARD_MAX
 
 /*
  * Declarations over control connections. A declaration reaches the others

@@ -24,6 +24,13 @@ int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a);
  * those of rounds past, are dropped (-EBADMSG, -ESTALE). */
 int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
 		  const uint8_t *payload);
+/* Declarations heard of rounds not started here yet (ctx->heard): at most
+ * MP_HEARD_MAX, the oldest dropped first. */
+#define MP_HEARD_MAX 256
+struct mp_heard {
+	uint32_t round;
+	struct mp_decl d;
+};
 /* A PEER control message (ctrl.c): a record passed on by a peer that just
  * learnt it, taken as if read from the rendezvous (-EBADMSG when it does
  * not verify). */
