@@ -313,9 +313,11 @@ int dseg_enter(int rank, char *listen, size_t cap)
 	}
 	case SEG_MEMIF:
 		/* One ring buffer per frame (bsize): the PMD then fills one mbuf per frame. */
+		/* MP_DPDK_MEMIF_ARGS: more devargs for the client, e.g. ",zero-copy=yes". */
 		snprintf(vdev, sizeof(vdev),
-			 "net_memif0,role=%s,id=0,socket=/mpb-%ld.sock,mac=%s,bsize=%ld",
-			 rank ? "client" : "server", (long)S.owner, mac, memif_bsize());
+			 "net_memif0,role=%s,id=0,socket=/mpb-%ld.sock,mac=%s,bsize=%ld%s",
+			 rank ? "client" : "server", (long)S.owner, mac, memif_bsize(),
+			 rank && getenv("MP_DPDK_MEMIF_ARGS") ? getenv("MP_DPDK_MEMIF_ARGS") : "");
 		pin_peer(rank);
 		/* The client dials once the server's port runs (MP_DPDK_READY_FILE). */
 		snprintf(path, sizeof(path), "%s/memif-ready", S.stats);
