@@ -404,12 +404,17 @@ static int eal_up(void)
 		const char *vdev = getenv("MP_DPDK_VDEV");
 		/* memif's zero-copy client shares its memory as one file per list. */
 		bool one_file = vdev && strstr(vdev, "zero-copy=yes");
+		/*
+		 * Hugepages on request, in memory only: no files in hugetlbfs
+		 * outlive the process (a peer killed with SIGKILL included).
+		 */
+		bool huge = env_long("MP_DPDK_HUGEPAGES", 0, 0, 1);
 
 		lcores_arg(lc, sizeof(lc));
 		snprintf(args, sizeof(args),
-			 "%s --no-huge%s -m %ld --no-pci --no-shconf --no-telemetry --file-prefix=mp%ld "
+			 "%s %s%s -m %ld --no-pci --no-shconf --no-telemetry --file-prefix=mp%ld "
 			 "--log-level=%s%s%s",
-			 lc, one_file ? " --single-file-segments" : "",
+			 lc, huge ? "--in-memory" : "--no-huge", one_file ? " --single-file-segments" : "",
 			 env_long("MP_DPDK_MEM_MB", 256, 16, 1 << 20), (long)getpid(),
 			 mp_log_level >= MP_LOG_TRACE ? "info" : "warning", vdev && *vdev ? " --vdev=" : "",
 			 vdev && *vdev ? vdev : "");
@@ -429,6 +434,8 @@ static int eal_up(void)
 	}
 	g.eal = 1;
 	clock_setup();
+	MP_INFO("dpdk: EAL up: %s, IOVA as %s", rte_eal_has_hugepages() ? "hugepages" : "no hugepages",
+		rte_eal_iova_mode() == RTE_IOVA_VA ? "VA" : "PA");
 	/* With --no-shconf EAL leaves its runtime directory empty: do not litter /var/run. */
 	if (rmdir(rte_eal_get_runtime_dir()) == 0)
 		MP_TRACE("dpdk: removed the empty EAL runtime directory");
