@@ -80,7 +80,9 @@
 #include <moshpit/driver.h>
 
 #include "frame.h"
+#include "gpu.h"
 #include "log.h"
+#include "mp_build_config.h"
 #include "rel.h"
 
 extern const struct mp_driver_ops mp_dpdk_driver_ops;
@@ -125,6 +127,8 @@ struct mp_drv_mr {
 	bool extmem;        /* rte_extmem_register succeeded: unregister at dereg */
 	uintptr_t ext_lo;   /* the page-rounded range registered with EAL */
 	size_t ext_len;
+	bool device;        /* MP_MEM_CUDA, registered through gpu.c (-Ddpdk_gpudev) */
+	struct mp_dpdk_gpu_reg gpu;
 	struct mp_drv_mr *next;
 };
 
@@ -642,20 +646,20 @@ static uint16_t txq_flush(struct dpdk_lane *l)
 	return sent;
 }
 
-/* The registration holding [p, p + len), for attaching it; NULL = copy. */
-static bool zc_ok(struct dpdk_drv *d, const void *p, size_t len)
+/* The registration holding [p, p + len) that may be attached; NULL = copy. */
+static const struct mp_drv_mr *zc_find(struct dpdk_drv *d, const void *p, size_t len)
 {
 	uintptr_t a = (uintptr_t)p;
-	bool ok = false;
+	const struct mp_drv_mr *found = NULL;
 
 	pthread_mutex_lock(&d->mr_lock);
 	for (struct mp_drv_mr *m = d->mrs; m; m = m->next)
 		if (m->zc && a >= m->lo && a + len <= m->hi) {
-			ok = true;
+			found = m;
 			break;
 		}
 	pthread_mutex_unlock(&d->mr_lock);
-	return ok;
+	return found;
 }
 
 static void ext_free_noop(void *addr, void *opaque)
@@ -733,15 +737,27 @@ static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_le
 	last = m;
 	for (int i = 0; i < n; i++) {
 		const struct mp_iov *v = &payload[i];
-		struct rte_mbuf *x;
+		const struct mp_drv_mr *z = d->zc ? zc_find(d, v->base, v->len) : NULL;
+		struct rte_mbuf *x = NULL;
 
 		if (!v->len)
 			continue;
 		if (d->udp_csum)
 			sum = mp_csum_add(sum, v->base, v->len, off);
 		off += v->len;
-		if (d->zc && v->len >= DPDK_ZC_MIN && zc_ok(d, v->base, v->len) &&
-		    (x = attach_piece(v->base, v->len))) {
+		/*
+		 * Small pieces are cheaper to copy, but device memory a NIC
+		 * reads by DMA is attached whatever its size: the CPU cannot
+		 * read it (reg_device leaves such pieces at their GPU address).
+		 */
+		if (z && (v->len >= DPDK_ZC_MIN || z->device))
+			x = attach_piece(v->base, v->len);
+		if (!x && z && z->device) {
+			rte_pktmbuf_free(m);
+			l->st.tx_nombuf++;
+			return -ENOBUFS;
+		}
+		if (x) {
 			last->next = x;
 			last = x;
 			m->nb_segs++;
@@ -1112,6 +1128,10 @@ static void dpdk_fini(struct mp_drv *dd)
 		d->mrs = m->next;
 		if (m->extmem)
 			rte_extmem_unregister((void *)m->ext_lo, m->ext_len);
+#ifdef MP_HAVE_DPDK_GPUDEV
+		if (m->device)
+			mp_dpdk_gpu_dereg(&m->gpu);
+#endif
 		free(m);
 	}
 	pthread_mutex_destroy(&d->mr_lock);
@@ -1300,6 +1320,13 @@ static int dpdk_query(struct mp_drv *dd, struct mp_drv_caps *caps)
 	if (!d || !caps)
 		return -EINVAL;
 	caps->flags = MP_DRV_CAP_ORDERED | (d->zc ? MP_DRV_CAP_ZERO_COPY : 0);
+#ifdef MP_HAVE_DPDK_GPUDEV
+	int16_t gpu;
+
+	/* With a gpudev device in EAL, reg_mr takes MP_MEM_CUDA memory. */
+	if (mp_dpdk_gpu_pick(true, &gpu) == 0)
+		caps->flags |= MP_DRV_CAP_DEVICE_MEM;
+#endif
 	caps->max_msg = DPDK_MAX_MSG;
 	caps->default_streams = d->nlanes; /* a connection per lane and peer */
 	return 0;
@@ -1488,6 +1515,44 @@ static void dpdk_close(struct mp_drv_conn *c)
 	rte_ticketlock_unlock(&l->lock);
 }
 
+#ifdef MP_HAVE_DPDK_GPUDEV
+/*
+ * MP_MEM_CUDA memory through gpudev (gpu.c). Send pieces from it are
+ * attached only where a NIC reads them by DMA (IOVA as VA: the mapping's
+ * IOVA is the address) and the CPU does not read them (no software UDP
+ * checksum); everything else the CPU does with it, copying sends for a
+ * virtual device and every receive, goes through its CPU mapping.
+ */
+static int reg_device(struct dpdk_drv *d, void *buf, size_t len, struct mp_drv_mr **out)
+{
+	struct mp_drv_mr *m = calloc(1, sizeof(*m));
+	struct rte_eth_dev_info info;
+	struct rte_device *nic = NULL;
+	int rc;
+
+	if (!m)
+		return -ENOMEM;
+	if (g.pci && d->zc && !d->udp_csum && rte_eal_iova_mode() == RTE_IOVA_VA &&
+	    rte_eth_dev_info_get(g.port, &info) == 0)
+		nic = info.device;
+	rc = mp_dpdk_gpu_reg(&m->gpu, buf, len, nic);
+	if (rc) {
+		free(m);
+		return rc;
+	}
+	m->device = true;
+	m->lo = (uintptr_t)buf;
+	m->hi = (uintptr_t)buf + len;
+	m->zc = nic != NULL;
+	pthread_mutex_lock(&d->mr_lock);
+	m->next = d->mrs;
+	d->mrs = m;
+	pthread_mutex_unlock(&d->mr_lock);
+	*out = m;
+	return 0;
+}
+#endif
+
 static int dpdk_reg_mr(struct mp_drv *dd, void *buf, size_t len, enum mp_mem_kind kind,
 		       struct mp_drv_mr **out)
 {
@@ -1496,6 +1561,10 @@ static int dpdk_reg_mr(struct mp_drv *dd, void *buf, size_t len, enum mp_mem_kin
 
 	if (!d || !out || (!buf && len))
 		return -EINVAL;
+#ifdef MP_HAVE_DPDK_GPUDEV
+	if (kind == MP_MEM_CUDA)
+		return reg_device(d, buf, len, out);
+#endif
 	if (kind != MP_MEM_HOST)
 		return -ENOTSUP; /* device memory: doc/dpdk.md, "GPU memory" */
 	m = calloc(1, sizeof(*m));
@@ -1557,22 +1626,46 @@ static void dpdk_dereg_mr(struct mp_drv *dd, struct mp_drv_mr *mr)
 			rte_dev_dma_unmap(info.device, (void *)mr->ext_lo, mr->ext_lo, mr->ext_len);
 		rte_extmem_unregister((void *)mr->ext_lo, mr->ext_len);
 	}
+#ifdef MP_HAVE_DPDK_GPUDEV
+	if (mr->device)
+		mp_dpdk_gpu_dereg(&mr->gpu);
+#endif
 	free(mr);
+}
+
+/*
+ * Where the CPU reads or writes [p, p + len) of @mr: device memory through
+ * its CPU mapping, except send pieces a NIC reads itself (reg_device); else
+ * @p. Device memory is only ever reached through the registration the op
+ * names.
+ */
+static void *cpu_addr(const struct mp_drv_mr *mr, const void *p, size_t len, bool send)
+{
+	uintptr_t a = (uintptr_t)p;
+
+	if (mr && mr->device && !(send && mr->zc) && len && a >= mr->lo && a + len <= mr->hi)
+		return mp_dpdk_gpu_cpu_addr(&mr->gpu, p);
+	return (void *)(uintptr_t)p;
 }
 
 static int dpdk_isend(struct mp_drv_conn *c, const struct mp_iov *iov, int iovcnt,
 		      struct mp_drv_mr *mr, struct mp_drv_req **out)
 {
+	struct mp_iov v[MP_DRV_IOV_MAX];
 	struct dpdk_lane *l;
 	struct mp_rel_req *r;
 	int rc;
 
-	(void)mr; /* tx_segment finds the registration of each piece itself */
-	if (!c || !out)
+	/* tx_segment finds the registration of each piece it attaches itself. */
+	if (!c || !out || !iov || iovcnt < 1 || iovcnt > MP_DRV_IOV_MAX)
 		return -EINVAL;
+	for (int i = 0; i < iovcnt; i++) {
+		v[i].base = cpu_addr(mr, iov[i].base, iov[i].len, true);
+		v[i].len = iov[i].len;
+	}
 	l = conn_lane(c);
 	rte_ticketlock_lock(&l->lock);
-	rc = mp_rel_send((struct mp_rel_conn *)c, iov, iovcnt, &r);
+	rc = mp_rel_send((struct mp_rel_conn *)c, v, iovcnt, &r);
 	rte_ticketlock_unlock(&l->lock);
 	if (!rc)
 		*out = (struct mp_drv_req *)r;
@@ -1586,9 +1679,10 @@ static int dpdk_irecv(struct mp_drv_conn *c, void *buf, size_t cap, struct mp_dr
 	struct mp_rel_req *r;
 	int rc;
 
-	(void)mr;
 	if (!c || !out)
 		return -EINVAL;
+	/* rel copies received payload with the CPU: into device memory through its mapping. */
+	buf = cpu_addr(mr, buf, cap, false);
 	l = conn_lane(c);
 	rte_ticketlock_lock(&l->lock);
 	rc = mp_rel_recv((struct mp_rel_conn *)c, buf, cap, &r);
