@@ -99,6 +99,16 @@ static void note(char c)
 		fk.seq[fk.nseq++] = c;
 }
 
+/* Step @c happens: noted, and failed (rte_errno set) when the test says so. */
+static int step(char c)
+{
+	note(c);
+	if (fk.fail != c)
+		return 0;
+	rte_errno = fk.err;
+	return -1;
+}
+
 static int16_t fake_find_next(int16_t dev_id, int16_t parent)
 {
 	(void)parent;
@@ -139,16 +149,13 @@ static int fake_cpu_unmap(int16_t dev_id, void *ptr)
 static int fake_extmem_register(void *va, size_t len, uint64_t iova[], unsigned int n,
 				size_t pg)
 {
-	note('E');
 	fk.ext_va = va;
 	fk.ext_len = len;
 	fk.ext_iova = iova;
 	fk.ext_n = n;
 	fk.ext_pg = pg;
-	if (fk.fail == 'E') {
-		rte_errno = fk.err;
+	if (step('E'))
 		return -1;
-	}
 	fk.ext_ok++;
 	return 0;
 }
@@ -164,15 +171,12 @@ static int fake_extmem_unregister(void *va, size_t len)
 
 static int fake_dma_map(struct rte_device *dev, void *addr, uint64_t iova, size_t len)
 {
-	note('D');
 	fk.dma_dev = dev;
 	fk.dma_addr = addr;
 	fk.dma_iova = iova;
 	fk.dma_len = len;
-	if (fk.fail == 'D') {
-		rte_errno = fk.err;
+	if (step('D'))
 		return -1;
-	}
 	fk.dma_ok++;
 	return 0;
 }
