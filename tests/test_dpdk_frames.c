@@ -409,6 +409,24 @@ static int pp_wait(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_dr
 }
 
 /*
+ * The end of a stream or ping-pong peer. Rank 0 (the receiving or answering
+ * side) closes last, so that the other's final acknowledgements are out.
+ */
+static int peer_end(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_drv_conn *c,
+		    struct mp_drv_listener *l, struct mp_drv_mr *mr, uint8_t *buf, int rank)
+{
+	if (rank == 0)
+		for (double e = mono_s() + 0.2; mono_s() < e;)
+			o->progress(d, 1);
+	o->close(c);
+	o->close_listener(l);
+	o->dereg_mr(d, mr);
+	o->fini(d);
+	free(buf);
+	return 0;
+}
+
+/*
  * Ping-pong: rank 1 sends @size bytes, rank 0 sends them back, @count times;
  * rank 1 reports the time per round trip. Each side posts its next receive
  * before it sends, as an application exchanging would.
@@ -441,16 +459,7 @@ static int pingpong_run(const struct mp_driver_ops *o, struct mp_drv *d, struct 
 		       (mono_s() - t0) / (count - 1) * 1e6);
 		fflush(stdout); /* the peer leaves with _exit */
 	}
-	/* The answering side closes last: the last acknowledgements are out. */
-	if (rank == 0)
-		for (double e = mono_s() + 0.2; mono_s() < e;)
-			o->progress(d, 1);
-	o->close(c);
-	o->close_listener(l);
-	o->dereg_mr(d, mr);
-	o->fini(d);
-	free(buf);
-	return 0;
+	return peer_end(o, d, c, l, mr, buf, rank);
 }
 
 /*
@@ -578,16 +587,7 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 		printf("stream: %zu-byte messages x %d, MTU %ld: %.0f MB/s\n", size, count - 1 - warm,
 		       mtu, (double)size * (count - 1 - warm) / t / 1e6);
 	fflush(stdout); /* the peer leaves with _exit */
-	/* The receiver closes last: the sender's final acknowledgements are out. */
-	if (rank == 0)
-		for (double e = mono_s() + 0.2; mono_s() < e;)
-			o->progress(d, 1);
-	o->close(c);
-	o->close_listener(l);
-	o->dereg_mr(d, mr);
-	o->fini(d);
-	free(buf);
-	return 0;
+	return peer_end(o, d, c, l, mr, buf, rank);
 }
 
 /* test_dpdk_frames --stream|--pingpong [SIZE_KiB [COUNT]]: see stream_peer (a benchmark). */

@@ -1455,9 +1455,24 @@ void *mp_rel_conn_user(const struct mp_rel_conn *c)
 	return c->user;
 }
 
+/*
+ * A request for one more post on @c, whose queue holds @queued already: the
+ * connection's error once it failed, -EAGAIN when the queue is full.
+ */
+static int post_req(struct mp_rel_conn *c, uint32_t queued, struct mp_rel_req **r)
+{
+	if (c->state == C_FAILED)
+		return c->err;
+	if (queued > c->rel->pmask)
+		return -EAGAIN;
+	*r = req_get(c->rel);
+	return *r ? 0 : -ENOMEM;
+}
+
 int mp_rel_send(struct mp_rel_conn *c, const struct mp_iov *iov, int iovcnt, struct mp_rel_req **out)
 {
-	struct mp_rel *rel;
+	struct mp_rel_req *r = NULL;
+	int rc;
 	uint64_t total = 0;
 
 	if (!c || !out || !iov || iovcnt < 1 || iovcnt > MP_DRV_IOV_MAX)
@@ -1469,16 +1484,10 @@ int mp_rel_send(struct mp_rel_conn *c, const struct mp_iov *iov, int iovcnt, str
 	}
 	if (total > UINT32_MAX)
 		return -EINVAL;
-	if (c->state == C_FAILED)
-		return c->err;
-	rel = c->rel;
-	if (c->tx_tail - c->tx_head > rel->pmask)
-		return -EAGAIN;
-	struct mp_rel_req *r = req_get(rel);
-
-	if (!r)
-		return -ENOMEM;
-	struct txmsg *m = &c->txm[c->tx_tail & rel->pmask];
+	rc = post_req(c, c->tx_tail - c->tx_head, &r);
+	if (rc)
+		return rc;
+	struct txmsg *m = &c->txm[c->tx_tail & c->rel->pmask];
 
 	memset(m, 0, sizeof(*m));
 	for (int i = 0; i < iovcnt; i++)
@@ -1493,20 +1502,15 @@ int mp_rel_send(struct mp_rel_conn *c, const struct mp_iov *iov, int iovcnt, str
 
 int mp_rel_recv(struct mp_rel_conn *c, void *buf, size_t cap, struct mp_rel_req **out)
 {
-	struct mp_rel *rel;
+	struct mp_rel_req *r = NULL;
+	int rc;
 
 	if (!c || !out || (!buf && cap))
 		return -EINVAL;
-	if (c->state == C_FAILED)
-		return c->err;
-	rel = c->rel;
-	if (c->rx_tail - c->rx_head > rel->pmask)
-		return -EAGAIN;
-	struct mp_rel_req *r = req_get(rel);
-
-	if (!r)
-		return -ENOMEM;
-	struct rxslot *x = &c->rxm[c->rx_tail & rel->pmask];
+	rc = post_req(c, c->rx_tail - c->rx_head, &r);
+	if (rc)
+		return rc;
+	struct rxslot *x = &c->rxm[c->rx_tail & c->rel->pmask];
 
 	memset(x, 0, sizeof(*x));
 	x->req = r;
