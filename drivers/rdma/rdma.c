@@ -44,15 +44,12 @@
 #endif
 #include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -63,6 +60,7 @@
 #include "mp_build_config.h"
 #include "rdma.h"
 #include "reqq.h"
+#include "sockconn.h"
 
 #define RDMA_QDEPTH 64                 /* posted requests per direction; CTS ring slots */
 #define RDMA_CTS_SIZE 32               /* bytes of one clear-to-send record */
@@ -74,7 +72,6 @@
 #define RDMA_EVENTS 64
 #define RDMA_CQ_BATCH 32
 #define RDMA_BACKLOG 1024
-#define RDMA_NAME_MAX 64
 #define RDMA_DEFAULT_TIMEOUT_MS 10000  /* when the core gives no connect timeout */
 #define RDMA_EOF_GRACE_MS 200          /* completions may trail the side channel's close */
 #define RDMA_SPIN_NS 50000             /* progress polls this long before it sleeps */
@@ -102,16 +99,6 @@ _Static_assert(RDMA_MAX_MSG <= RDMA_IMM_LEN, "lengths must fit the immediate");
 
 /* Side-channel address blob, as tcp's: family, zero, port (big-endian), ip. */
 _Static_assert(sizeof(struct mp_inet_addr) <= MP_DRV_ADDR_MAX, "address blob too large");
-
-enum rdma_ev_kind {
-	RDMA_EV_WAKE,
-	RDMA_EV_LISTENER,
-	RDMA_EV_CONN,
-};
-
-struct rdma_ev {
-	enum rdma_ev_kind kind;
-};
 
 struct rdma_drv;
 
@@ -176,17 +163,15 @@ enum rdma_conn_state {
 struct rdma_listener;
 
 struct rdma_conn {
-	struct rdma_ev ev;
+	/* side channel: socket, epoll interest, peer name; on d->sp.conns until freed */
+	struct mp_sock_conn sk;
 	struct rdma_drv *drv;
-	struct rdma_conn *prev, *next; /* every connection of the instance */
 	struct rdma_listener *lis;     /* acceptor side, until accepted */
 	struct mp_reqq_link llink;     /* listener's ready list */
 	uint32_t id;                   /* names the connection in write ids */
 	enum rdma_conn_state state;
 	enum rdma_hs hs;
 	int err;
-	int fd;
-	uint32_t events;
 	int64_t deadline;              /* handshake deadline, or end of the EOF grace; 0 = none */
 	unsigned char out[RDMA_HELLO_LEN];
 	size_t out_len, out_off;
@@ -210,16 +195,12 @@ struct rdma_conn {
 	uint32_t wr_done;              /* writes known complete */
 	uint32_t unsignalled;
 	int stalled;                   /* the provider said -EAGAIN: pump again on progress */
-	char name[RDMA_NAME_MAX];
 };
 
 struct rdma_listener {
-	struct rdma_ev ev;
+	struct mp_sock_listener sk;    /* on d->sp.listeners */
 	struct rdma_drv *drv;
-	struct rdma_listener *prev, *next;
-	int fd;
 	struct mp_reqq ready;          /* connections set up, waiting for accept */
-	char name[RDMA_NAME_MAX];
 };
 
 /* What the core sees as a registration. */
@@ -234,16 +215,12 @@ struct rdma_drv {
 	struct mp_rdma_prov *pv;
 	const char *tname;             /* transport name for logs */
 	uint32_t caps_extra;
-	struct rdma_ev wake_ev;
-	int epfd;
-	int wakefd;
+	struct mp_sock_poll sp;        /* side-channel sockets and wake() */
 	int rank;
 	int timeout_ms;
 	size_t max_inline;
 	uint32_t next_id;
-	struct rdma_conn *conns;
 	struct rdma_conn *hit;         /* last connection a completion named */
-	struct rdma_listener *listeners;
 	struct rdma_mr *mrs;
 	struct rdma_bounce *bounce_free;
 	size_t bounce_cached;
@@ -258,6 +235,12 @@ static inline struct rdma_drv *rdma_drv_of(struct mp_drv *d)
 static inline struct rdma_conn *rdma_conn_of(struct mp_drv_conn *c)
 {
 	return (struct rdma_conn *)(void *)c;
+}
+
+/* The connection at @l of d->sp.conns; NULL at the end. */
+static inline struct rdma_conn *conn_at(struct mp_sock_link *l)
+{
+	return l ? rdma_container_of(l, struct rdma_conn, sk.link) : NULL;
 }
 
 static void conn_fail(struct rdma_conn *c, int err);
@@ -451,8 +434,8 @@ static int conn_pump_recv(struct rdma_conn *c)
 		if (rc == -EAGAIN)
 			return 0;
 		if (rc) {
-			MP_INFO("%s: %s: cannot post a clear-to-send record: %s", d->tname, c->name,
-				strerror(-rc));
+			MP_INFO("%s: %s: cannot post a clear-to-send record: %s", d->tname,
+				c->sk.name, strerror(-rc));
 			return rc;
 		}
 		mp_reqq_pop(&c->rq);
@@ -478,8 +461,8 @@ static int conn_pump_send(struct rdma_conn *c)
 			rec = c->ring + (c->cts_used % RDMA_QDEPTH) * RDMA_CTS_SIZE;
 			if (mp_le_get32(rec + 24) != c->cts_used) {
 				MP_WARN("%s: %s: clear-to-send record %u carries sequence %u; "
-					"peer out of step, closing", d->tname, c->name, c->cts_used,
-					mp_le_get32(rec + 24));
+					"peer out of step, closing", d->tname, c->sk.name,
+					c->cts_used, mp_le_get32(rec + 24));
 				return -EPROTO;
 			}
 			r->s.raddr = mp_le_get64(rec);
@@ -487,7 +470,7 @@ static int conn_pump_send(struct rdma_conn *c)
 			r->s.toobig = r->base.nbytes > mp_le_get64(rec + 16);
 			if (r->s.toobig)
 				MP_INFO("%s: %s: message of %zu bytes exceeds the posted receive of "
-					"%llu bytes", d->tname, c->name, r->base.nbytes,
+					"%llu bytes", d->tname, c->sk.name, r->base.nbytes,
 					(unsigned long long)mp_le_get64(rec + 16));
 			r->s.matched = 1;
 			c->cts_used++;
@@ -518,7 +501,7 @@ static int conn_pump_send(struct rdma_conn *c)
 			if (rc == -EAGAIN)
 				return 0;
 			if (rc) {
-				MP_INFO("%s: %s: cannot post a write: %s", d->tname, c->name,
+				MP_INFO("%s: %s: cannot post a write: %s", d->tname, c->sk.name,
 					strerror(-rc));
 				return rc;
 			}
@@ -554,16 +537,6 @@ static void conn_pump(struct rdma_conn *c)
 
 /* ---- connections ------------------------------------------------------- */
 
-static void conn_close_fd(struct rdma_conn *c)
-{
-	if (c->fd < 0)
-		return;
-	epoll_ctl(c->drv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-	close(c->fd);
-	c->fd = -1;
-	c->events = 0;
-}
-
 /* Fail @c: nothing more lands in its buffers, every posted request gets @err. */
 static void conn_fail(struct rdma_conn *c, int err)
 {
@@ -580,7 +553,7 @@ static void conn_fail(struct rdma_conn *c, int err)
 	}
 	if (d->hit == c)
 		d->hit = NULL;
-	conn_close_fd(c);
+	mp_sock_close(&d->sp, &c->sk);
 	mp_reqq_fail(&c->sq, req_fail, err);
 	mp_reqq_fail(&c->sfly, req_fail, err);
 	mp_reqq_fail(&c->rq, req_fail, err);
@@ -589,28 +562,16 @@ static void conn_fail(struct rdma_conn *c, int err)
 
 static void conn_arm(struct rdma_conn *c)
 {
-	struct epoll_event ev;
 	uint32_t want;
+	int rc;
 
-	if (c->fd < 0)
-		return;
 	if (c->hs == RDMA_HS_TCP)
 		want = EPOLLOUT;
 	else
 		want = EPOLLIN | EPOLLRDHUP | (c->out_off < c->out_len ? EPOLLOUT : 0);
-	if (want == c->events)
-		return;
-	memset(&ev, 0, sizeof(ev));
-	ev.events = want;
-	ev.data.ptr = &c->ev;
-	if (epoll_ctl(c->drv->epfd, EPOLL_CTL_MOD, c->fd, &ev) < 0) {
-		int err = -errno;
-
-		MP_WARN("%s: %s: epoll_ctl: %s", c->drv->tname, c->name, strerror(-err));
-		conn_fail(c, err);
-		return;
-	}
-	c->events = want;
+	rc = mp_sock_arm(&c->drv->sp, &c->sk, want);
+	if (rc)
+		conn_fail(c, rc);
 }
 
 /* Allocate and register the ring, create the endpoint. */
@@ -662,31 +623,33 @@ static int hello_take(struct rdma_conn *c)
 
 	if (mp_le_get32(p) != RDMA_HELLO_MAGIC) {
 		MP_WARN("%s: %s: not a moshpit RDMA handshake (magic 0x%08x); refusing", d->tname,
-			c->name, mp_le_get32(p));
+			c->sk.name, mp_le_get32(p));
 		return -EPROTO;
 	}
 	if (mp_le_get16(p + 4) != RDMA_VERSION) {
-		MP_WARN("%s: %s: handshake version %u, we speak %u; refusing", d->tname, c->name,
+		MP_WARN("%s: %s: handshake version %u, we speak %u; refusing", d->tname, c->sk.name,
 			mp_le_get16(p + 4), RDMA_VERSION);
 		return -EPROTO;
 	}
 	memcpy(prov, p + 8, RDMA_PROV_NAME);
 	prov[RDMA_PROV_NAME - 1] = '\0';
 	if (strncmp(prov, d->po->name, RDMA_PROV_NAME - 1)) {
-		MP_WARN("%s: %s: peer speaks provider '%s', we '%s'; refusing", d->tname, c->name,
-			prov, d->po->name);
+		MP_WARN("%s: %s: peer speaks provider '%s', we '%s'; refusing", d->tname,
+			c->sk.name, prov, d->po->name);
 		return -EPROTO;
 	}
 	blen = mp_le_get16(p + 6);
 	if (!blen || blen > MP_RDMA_EP_BLOB_MAX) {
-		MP_WARN("%s: %s: endpoint description of %u bytes; refusing", d->tname, c->name, blen);
+		MP_WARN("%s: %s: endpoint description of %u bytes; refusing", d->tname, c->sk.name,
+			blen);
 		return -EPROTO;
 	}
 	c->peer_ring = mp_le_get64(p + 8 + RDMA_PROV_NAME);
 	c->peer_ring_key = mp_le_get64(p + 16 + RDMA_PROV_NAME);
 	rc = d->po->ep_connect(c->ep, p + 24 + RDMA_PROV_NAME, blen);
 	if (rc)
-		MP_WARN("%s: %s: cannot connect the endpoint: %s", d->tname, c->name, strerror(-rc));
+		MP_WARN("%s: %s: cannot connect the endpoint: %s", d->tname, c->sk.name,
+			strerror(-rc));
 	else
 		c->ep_ready = 1;
 	return rc;
@@ -698,7 +661,7 @@ static void conn_opened(struct rdma_conn *c)
 	c->state = RDMA_OPEN;
 	c->deadline = 0;
 	MP_INFO("%s: %s connection with %s", c->drv->tname, c->lis ? "accepted" : "established",
-		c->name);
+		c->sk.name);
 	if (c->lis)
 		mp_reqq_push(&c->lis->ready, &c->llink);
 	conn_pump(c);
@@ -742,7 +705,7 @@ static int hs_step(struct rdma_conn *c)
 		if (c->in_got < c->in_len)
 			return 0;
 		if (mp_le_get32(c->in) != RDMA_ACK_MAGIC) {
-			MP_WARN("%s: %s: bad handshake ack; refusing", c->drv->tname, c->name);
+			MP_WARN("%s: %s: bad handshake ack; refusing", c->drv->tname, c->sk.name);
 			return -EPROTO;
 		}
 		conn_opened(c);
@@ -762,10 +725,10 @@ static void conn_io(struct rdma_conn *c)
 		if (c->state == RDMA_FAILED)
 			return;
 		if (c->out_off < c->out_len && c->hs != RDMA_HS_A_HELLO) {
-			n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+			n = send(c->sk.fd, c->out + c->out_off, c->out_len - c->out_off,
 				 MSG_NOSIGNAL | MSG_DONTWAIT);
 			if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-				MP_INFO("%s: %s: side channel: %s", c->drv->tname, c->name,
+				MP_INFO("%s: %s: side channel: %s", c->drv->tname, c->sk.name,
 					strerror(errno));
 				conn_fail(c, errno == EPIPE ? -ECONNRESET : -errno);
 				return;
@@ -776,10 +739,10 @@ static void conn_io(struct rdma_conn *c)
 		if (c->hs == RDMA_HS_DONE) {
 			unsigned char junk[64];
 
-			n = recv(c->fd, junk, sizeof(junk), MSG_DONTWAIT);
+			n = recv(c->sk.fd, junk, sizeof(junk), MSG_DONTWAIT);
 			if (n > 0) {
 				MP_WARN("%s: %s: unexpected bytes on the side channel; closing",
-					c->drv->tname, c->name);
+					c->drv->tname, c->sk.name);
 				conn_fail(c, -EPROTO);
 				return;
 			}
@@ -789,8 +752,9 @@ static void conn_io(struct rdma_conn *c)
 				 * be on their way (another path than this socket): a
 				 * connection with receives out gets a short grace.
 				 */
-				MP_INFO("%s: %s: peer closed the connection", c->drv->tname, c->name);
-				conn_close_fd(c);
+				MP_INFO("%s: %s: peer closed the connection", c->drv->tname,
+					c->sk.name);
+				mp_sock_close(&c->drv->sp, &c->sk);
 				if (c->state == RDMA_OPEN &&
 				    (c->rcts.n || c->rq.n || c->sq.n || c->sfly.n))
 					c->deadline = now_ms() + RDMA_EOF_GRACE_MS;
@@ -800,15 +764,15 @@ static void conn_io(struct rdma_conn *c)
 			return;
 		}
 		if (c->in_got < c->in_len) {
-			n = recv(c->fd, c->in + c->in_got, c->in_len - c->in_got, MSG_DONTWAIT);
+			n = recv(c->sk.fd, c->in + c->in_got, c->in_len - c->in_got, MSG_DONTWAIT);
 			if (n == 0) {
 				MP_INFO("%s: %s: peer closed the side channel during the handshake",
-					c->drv->tname, c->name);
+					c->drv->tname, c->sk.name);
 				conn_fail(c, -ECONNRESET);
 				return;
 			}
 			if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-				MP_INFO("%s: %s: side channel: %s", c->drv->tname, c->name,
+				MP_INFO("%s: %s: side channel: %s", c->drv->tname, c->sk.name,
 					strerror(errno));
 				conn_fail(c, -errno);
 				return;
@@ -832,19 +796,12 @@ static void conn_event(struct rdma_conn *c, uint32_t ev)
 	if (c->state == RDMA_FAILED)
 		return;
 	if (c->hs == RDMA_HS_TCP) {
-		int e = 0;
-		socklen_t sl = sizeof(e);
+		int rc = mp_sock_connected(&c->drv->sp, &c->sk, ev);
 
-		if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+		if (rc < 0)
+			conn_fail(c, rc);
+		if (rc <= 0)
 			return;
-		if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &e, &sl) < 0)
-			e = errno;
-		if (e || (ev & (EPOLLERR | EPOLLHUP))) {
-			MP_INFO("%s: connect to %s: %s", c->drv->tname, c->name,
-				strerror(e ? e : ECONNREFUSED));
-			conn_fail(c, e ? -e : -ECONNREFUSED);
-			return;
-		}
 		c->hs = RDMA_HS_C_HELLO;
 	}
 	conn_io(c);
@@ -853,30 +810,18 @@ static void conn_event(struct rdma_conn *c, uint32_t ev)
 static struct rdma_conn *conn_new(struct rdma_drv *d, int fd, const struct sockaddr *peer)
 {
 	struct rdma_conn *c = calloc(1, sizeof(*c));
-	struct epoll_event ev;
 
 	if (!c)
 		return NULL;
-	c->ev.kind = RDMA_EV_CONN;
 	c->drv = d;
-	c->fd = fd;
 	c->state = RDMA_CONNECTING;
 	c->id = ++d->next_id ? d->next_id : ++d->next_id; /* 0 names nothing */
 	c->deadline = now_ms() + d->timeout_ms;
-	mp_inet_name(peer, c->name, sizeof(c->name));
-	memset(&ev, 0, sizeof(ev));
-	ev.events = EPOLLOUT; /* registered from the start so errors are seen */
-	ev.data.ptr = &c->ev;
-	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-		MP_WARN("%s: epoll_ctl: %s", d->tname, strerror(errno));
+	/* registered from the start so errors are seen */
+	if (mp_sock_add(&d->sp, &c->sk, fd, EPOLLOUT, peer)) {
 		free(c);
 		return NULL;
 	}
-	c->events = ev.events;
-	c->next = d->conns;
-	if (d->conns)
-		d->conns->prev = c;
-	d->conns = c;
 	return c;
 }
 
@@ -888,12 +833,7 @@ static void conn_free(struct rdma_conn *c)
 	if (c->ring_mr)
 		d->po->dereg(d->pv, c->ring_mr);
 	free(c->ring);
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		d->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	mp_sock_remove(&d->sp, &c->sk);
 	free(c);
 }
 
@@ -905,20 +845,13 @@ static int rdma_connect(struct mp_drv *dp, const void *blob, size_t len, struct 
 	struct sockaddr_storage ss;
 	struct rdma_conn *c;
 	socklen_t sl;
-	int fd, rc, one = 1;
+	int fd, rc;
 
 	if (!out)
 		return -EINVAL;
-	rc = mp_inet_from_blob(blob, len, &ss, &sl);
-	if (rc)
-		return rc;
-	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		rc = -errno;
-		MP_WARN("%s: socket: %s", d->tname, strerror(-rc));
-		return rc;
-	}
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	fd = mp_sock_open(&d->sp, blob, len, NULL, NULL, &ss, &sl);
+	if (fd < 0)
+		return fd;
 	c = conn_new(d, fd, (struct sockaddr *)&ss);
 	if (!c) {
 		close(fd);
@@ -934,12 +867,11 @@ static int rdma_connect(struct mp_drv *dp, const void *blob, size_t len, struct 
 	}
 	hello_build(c, eblob, elen);
 	c->in_len = RDMA_HELLO_LEN;
-	if (connect(fd, (struct sockaddr *)&ss, sl) == 0) {
+	rc = mp_sock_connect(&d->sp, &c->sk, (struct sockaddr *)&ss, sl);
+	if (rc > 0) {
 		c->hs = RDMA_HS_C_HELLO;
 		conn_io(c);
-	} else if (errno != EINPROGRESS && errno != EINTR) {
-		rc = errno == EAGAIN ? -EADDRNOTAVAIL : -errno;
-		MP_INFO("%s: connect to %s: %s", d->tname, c->name, strerror(-rc));
+	} else if (rc < 0) {
 		conn_fail(c, rc);
 	}
 	return 0;
@@ -951,7 +883,7 @@ static void rdma_close(struct mp_drv_conn *cp)
 
 	if (!c)
 		return;
-	MP_TRACE("%s: closing connection with %s", c->drv->tname, c->name);
+	MP_TRACE("%s: closing connection with %s", c->drv->tname, c->sk.name);
 	conn_free(c);
 }
 
@@ -962,9 +894,6 @@ static int rdma_listen(struct mp_drv *dp, const char *bind_text, void *blob, siz
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 	struct rdma_listener *l;
-	struct epoll_event ev;
-	struct mp_inet_addr a;
-	size_t alen;
 	int rc;
 
 	if (!out)
@@ -972,38 +901,16 @@ static int rdma_listen(struct mp_drv *dp, const char *bind_text, void *blob, siz
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
-	l->ev.kind = RDMA_EV_LISTENER;
 	l->drv = d;
-	rc = mp_inet_listen(bind_text, RDMA_BACKLOG, NULL, NULL, &l->fd, &a, &alen, l->name,
-			    sizeof(l->name));
+	rc = mp_sock_listen(&d->sp, bind_text, RDMA_BACKLOG, NULL, NULL, &l->sk, blob, len);
 	if (rc) {
-		MP_WARN("%s: cannot listen on %s: %s", d->tname, bind_text, strerror(-rc));
 		free(l);
 		return rc;
 	}
-	memset(&ev, 0, sizeof(ev));
-	ev.events = EPOLLIN | EPOLLET; /* a backlog the core does not take yet must not spin */
-	ev.data.ptr = &l->ev;
-	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, l->fd, &ev) < 0) {
-		rc = -errno;
-		goto err;
-	}
-	if (blob)
-		memcpy(blob, &a, alen);
-	if (len)
-		*len = alen;
-	l->next = d->listeners;
-	if (d->listeners)
-		d->listeners->prev = l;
-	d->listeners = l;
-	MP_INFO("%s: listening on %s (side channel; provider %s)", d->tname, l->name, d->po->name);
+	MP_INFO("%s: listening on %s (side channel; provider %s)", d->tname, l->sk.name,
+		d->po->name);
 	*out = (struct mp_drv_listener *)(void *)l;
 	return 0;
-err:
-	MP_WARN("%s: cannot listen on %s: %s", d->tname, bind_text, strerror(-rc));
-	close(l->fd);
-	free(l);
-	return rc;
 }
 
 /* Take arrived sockets and start their handshakes. */
@@ -1015,19 +922,11 @@ static void listener_drain(struct rdma_listener *l)
 		unsigned char eblob[MP_RDMA_EP_BLOB_MAX];
 		size_t elen = sizeof(eblob);
 		struct sockaddr_storage ss;
-		socklen_t sl = sizeof(ss);
 		struct rdma_conn *c;
-		int fd, one = 1, rc;
+		int fd, rc;
 
-		fd = accept4(l->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd < 0) {
-			if (errno == EINTR || errno == ECONNABORTED)
-				continue;
-			if (errno != EAGAIN && errno != EWOULDBLOCK)
-				MP_WARN("%s: accept on %s: %s", d->tname, l->name, strerror(errno));
-			return;
-		}
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		if (mp_sock_accept(&d->sp, &l->sk, &fd, &ss))
+			return; /* none left, or the error is logged */
 		c = conn_new(d, fd, (struct sockaddr *)&ss);
 		if (!c) {
 			close(fd);
@@ -1072,19 +971,12 @@ static void rdma_close_listener(struct mp_drv_listener *lp)
 		return;
 	d = l->drv;
 	/* Connections it has not handed over die with it. */
-	for (c = d->conns; c; c = next) {
-		next = c->next;
+	for (c = conn_at(d->sp.conns); c; c = next) {
+		next = conn_at(c->sk.link.next);
 		if (c->lis == l)
 			conn_free(c);
 	}
-	epoll_ctl(d->epfd, EPOLL_CTL_DEL, l->fd, NULL);
-	close(l->fd);
-	if (l->prev)
-		l->prev->next = l->next;
-	else
-		d->listeners = l->next;
-	if (l->next)
-		l->next->prev = l->prev;
+	mp_sock_unlisten(&d->sp, &l->sk);
 	free(l);
 }
 
@@ -1148,7 +1040,7 @@ static int rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovc
 		r->s.piece[0].mr = r->bounce->mr;
 		r->s.npieces = 1;
 		MP_TRACE("%s: %s: send of %zu bytes from unregistered memory goes through a "
-			 "bounce buffer", d->tname, c->name, total);
+			 "bounce buffer", d->tname, c->sk.name, total);
 	}
 	mp_reqq_push(&c->sq, &r->base.link);
 	*out = (struct mp_drv_req *)(void *)r;
@@ -1188,7 +1080,7 @@ static int rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_d
 		r->r.mr = r->bounce->mr;
 		r->r.target = r->bounce->buf;
 		MP_TRACE("%s: %s: receive of %zu bytes into unregistered memory goes through a "
-			 "bounce buffer", d->tname, c->name, cap);
+			 "bounce buffer", d->tname, c->sk.name, cap);
 	}
 	mp_reqq_push(&c->rq, &r->base.link);
 	*out = (struct mp_drv_req *)(void *)r;
@@ -1217,7 +1109,7 @@ static struct rdma_conn *conn_by_ep(struct rdma_drv *d, const struct mp_rdma_ep 
 		return NULL;
 	if (d->hit && d->hit->ep == ep)
 		return d->hit;
-	for (struct rdma_conn *c = d->conns; c; c = c->next)
+	for (struct rdma_conn *c = conn_at(d->sp.conns); c; c = conn_at(c->sk.link.next))
 		if (c->ep == ep)
 			return d->hit = c;
 	return NULL;
@@ -1227,7 +1119,7 @@ static struct rdma_conn *conn_by_id(struct rdma_drv *d, uint32_t id)
 {
 	if (d->hit && d->hit->id == id)
 		return d->hit;
-	for (struct rdma_conn *c = d->conns; c; c = c->next)
+	for (struct rdma_conn *c = conn_at(d->sp.conns); c; c = conn_at(c->sk.link.next))
 		if (c->id == id)
 			return d->hit = c;
 	return NULL;
@@ -1244,7 +1136,8 @@ static int on_imm(struct rdma_conn *c, uint32_t imm)
 		if ((imm & RDMA_IMM_SEQ) != (c->cts_seen & RDMA_IMM_SEQ) ||
 		    c->cts_seen - c->cts_used >= RDMA_QDEPTH) {
 			MP_WARN("%s: %s: clear-to-send %u out of step (expected %u); closing",
-				d->tname, c->name, imm & RDMA_IMM_SEQ, c->cts_seen & RDMA_IMM_SEQ);
+				d->tname, c->sk.name, imm & RDMA_IMM_SEQ,
+				c->cts_seen & RDMA_IMM_SEQ);
 			return -EPROTO;
 		}
 		c->cts_seen++;
@@ -1253,20 +1146,20 @@ static int on_imm(struct rdma_conn *c, uint32_t imm)
 	r = RDMA_REQ(mp_reqq_pop(&c->rcts));
 	if (!r) {
 		MP_WARN("%s: %s: data arrived for no clear-to-send record; closing", d->tname,
-			c->name);
+			c->sk.name);
 		return -EPROTO;
 	}
 	len = imm & RDMA_IMM_LEN;
 	r->base.nbytes = len;
 	if (imm & RDMA_IMM_TOOBIG) {
 		MP_INFO("%s: %s: message of %zu bytes exceeds the posted receive of %zu bytes",
-			d->tname, c->name, len, r->r.cap);
+			d->tname, c->sk.name, len, r->r.cap);
 		req_complete(r, -EMSGSIZE);
 		return 0;
 	}
 	if (len > r->r.cap) {
 		MP_WARN("%s: %s: peer wrote %zu bytes into a receive of %zu; closing", d->tname,
-			c->name, len, r->r.cap);
+			c->sk.name, len, r->r.cap);
 		req_complete(r, -EPROTO);
 		return -EPROTO;
 	}
@@ -1323,11 +1216,11 @@ static void on_cqe(struct rdma_drv *d, const struct mp_rdma_cqe *e)
 		const char *why;
 
 		rc = cqe_errno_reason(e->status, &why);
-		MP_INFO("%s: %s: %s (%s); failing the connection", d->tname, c->name, why,
+		MP_INFO("%s: %s: %s (%s); failing the connection", d->tname, c->sk.name, why,
 			strerror(-rc));
 	} else if (!c->ep_ready) {
 		MP_WARN("%s: %s: completion before the handshake finished; closing", d->tname,
-			c->name);
+			c->sk.name);
 		rc = -EPROTO;
 	} else if (e->op == MP_RDMA_CQE_IMM) {
 		rc = on_imm(c, e->imm);
@@ -1367,24 +1260,20 @@ static int drain_cq(struct rdma_drv *d)
 static int drain_events(struct rdma_drv *d)
 {
 	struct epoll_event evs[RDMA_EVENTS];
-	int n = epoll_wait(d->epfd, evs, RDMA_EVENTS, 0);
+	int n = epoll_wait(d->sp.epfd, evs, RDMA_EVENTS, 0);
 
 	for (int i = 0; i < n; i++) {
-		struct rdma_ev *ev = evs[i].data.ptr;
+		struct mp_sock_ep *ev = evs[i].data.ptr;
 
 		switch (ev->kind) {
-		case RDMA_EV_WAKE: {
-			uint64_t v;
-			ssize_t rc = read(d->wakefd, &v, sizeof(v));
-
-			(void)rc; /* EAGAIN: another reader drained it */
+		case MP_SOCK_WAKE:
+			mp_sock_wake_ack(&d->sp);
 			break;
-		}
-		case RDMA_EV_LISTENER:
-			listener_drain(rdma_container_of(ev, struct rdma_listener, ev));
+		case MP_SOCK_LISTENER:
+			listener_drain(rdma_container_of(ev, struct rdma_listener, sk.ep));
 			break;
-		case RDMA_EV_CONN:
-			conn_event(rdma_container_of(ev, struct rdma_conn, ev), evs[i].events);
+		case MP_SOCK_CONN:
+			conn_event(rdma_container_of(ev, struct rdma_conn, sk.ep), evs[i].events);
 			break;
 		}
 	}
@@ -1396,8 +1285,8 @@ static void check_deadlines(struct rdma_drv *d)
 	int64_t now = now_ms();
 	struct rdma_conn *c, *next;
 
-	for (c = d->conns; c; c = next) {
-		next = c->next;
+	for (c = conn_at(d->sp.conns); c; c = next) {
+		next = conn_at(c->sk.link.next);
 		if (c->lis && c->state == RDMA_FAILED && c->hs != RDMA_HS_DONE) {
 			conn_free(c); /* a handshake that failed: nobody will accept it */
 			continue;
@@ -1408,10 +1297,10 @@ static void check_deadlines(struct rdma_drv *d)
 			conn_fail(c, -ECONNRESET); /* the EOF grace ran out */
 		} else if (c->lis) {
 			MP_INFO("%s: handshake with %s timed out after %d ms; dropping it", d->tname,
-				c->name, d->timeout_ms);
+				c->sk.name, d->timeout_ms);
 			conn_free(c);
 		} else {
-			MP_INFO("%s: connect to %s timed out after %d ms", d->tname, c->name,
+			MP_INFO("%s: connect to %s timed out after %d ms", d->tname, c->sk.name,
 				d->timeout_ms);
 			conn_fail(c, -ETIMEDOUT);
 		}
@@ -1436,7 +1325,7 @@ static int rdma_progress(struct mp_drv *dp, int timeout_ms)
 
 		if (n < 0)
 			return n;
-		for (struct rdma_conn *c = d->conns; c; c = c->next)
+		for (struct rdma_conn *c = conn_at(d->sp.conns); c; c = conn_at(c->sk.link.next))
 			if (c->stalled)
 				conn_pump(c);
 		n += drain_events(d);
@@ -1445,7 +1334,7 @@ static int rdma_progress(struct mp_drv *dp, int timeout_ms)
 		if (n || now >= end)
 			return 0;
 		if (now - start >= RDMA_SPIN_NS) {
-			struct pollfd pfd = {.fd = d->epfd, .events = POLLIN};
+			struct pollfd pfd = {.fd = d->sp.epfd, .events = POLLIN};
 			int64_t left = end - now;
 			struct timespec ts;
 
@@ -1462,11 +1351,7 @@ static int rdma_progress(struct mp_drv *dp, int timeout_ms)
 
 static void rdma_wake(struct mp_drv *dp)
 {
-	struct rdma_drv *d = rdma_drv_of(dp);
-	uint64_t one = 1;
-	ssize_t rc = write(d->wakefd, &one, sizeof(one));
-
-	(void)rc; /* EAGAIN: a wake is pending anyway */
+	mp_sock_wake(&rdma_drv_of(dp)->sp);
 }
 
 /* ---- memory ------------------------------------------------------------ */
@@ -1533,7 +1418,6 @@ int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops
 		 uint32_t caps_extra, const struct mp_drv_params *p, struct mp_drv **out)
 {
 	struct mp_rdma_params pp = {.rank = -1, .max_eps = 1024, .max_outstanding = RDMA_MAX_OUT};
-	struct epoll_event ev;
 	struct rdma_drv *d;
 	int rc;
 
@@ -1547,9 +1431,7 @@ int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops
 	d->po = prov;
 	d->tname = self->name;
 	d->caps_extra = caps_extra;
-	d->wake_ev.kind = RDMA_EV_WAKE;
 	d->rank = -1;
-	d->epfd = d->wakefd = -1;
 	d->reqs = MP_REQPOOL(struct rdma_req, base.link, RDMA_REQ_BLOCK);
 	if (p && p->size >= offsetof(struct mp_drv_params, rank) + sizeof(p->rank))
 		d->rank = p->rank;
@@ -1560,19 +1442,9 @@ int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops
 		d->timeout_ms = RDMA_DEFAULT_TIMEOUT_MS;
 	pp.rank = d->rank;
 	pp.timeout_ms = d->timeout_ms;
-	d->epfd = epoll_create1(EPOLL_CLOEXEC);
-	d->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (d->epfd < 0 || d->wakefd < 0) {
-		rc = -errno;
-		goto err;
-	}
-	memset(&ev, 0, sizeof(ev));
-	ev.events = EPOLLIN;
-	ev.data.ptr = &d->wake_ev;
-	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->wakefd, &ev) < 0) {
-		rc = -errno;
-		goto err;
-	}
+	rc = mp_sock_poll_open(&d->sp, d->tname);
+	if (rc)
+		goto err_free;
 	rc = prov->open(&pp, &d->pv);
 	if (rc) {
 		/* The provider logged what it looked for. */
@@ -1585,10 +1457,8 @@ int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops
 	*out = &d->base;
 	return 0;
 err:
-	if (d->wakefd >= 0)
-		close(d->wakefd);
-	if (d->epfd >= 0)
-		close(d->epfd);
+	mp_sock_poll_close(&d->sp);
+err_free:
 	free(d);
 	return rc;
 }
@@ -1600,10 +1470,14 @@ static void rdma_fini(struct mp_drv *dp)
 	if (!dp)
 		return;
 	d = rdma_drv_of(dp);
-	while (d->conns)
-		conn_free(d->conns);
-	while (d->listeners)
-		rdma_close_listener((struct mp_drv_listener *)(void *)d->listeners);
+	while (d->sp.conns)
+		conn_free(conn_at(d->sp.conns));
+	while (d->sp.listeners) {
+		struct rdma_listener *l =
+			rdma_container_of(d->sp.listeners, struct rdma_listener, sk.link);
+
+		rdma_close_listener((struct mp_drv_listener *)(void *)l);
+	}
 	while (d->mrs)
 		rdma_dereg_mr(dp, (struct mp_drv_mr *)(void *)d->mrs);
 	while (d->bounce_free) {
@@ -1615,8 +1489,7 @@ static void rdma_fini(struct mp_drv *dp)
 	d->po->close(d->pv);
 	/* Requests die with the instance, tested or not. */
 	mp_reqpool_fini(&d->reqs);
-	close(d->wakefd);
-	close(d->epfd);
+	mp_sock_poll_close(&d->sp);
 	free(d);
 }
 

@@ -30,14 +30,11 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -49,6 +46,7 @@
 #include "le.h"
 #include "log.h"
 #include "reqq.h"
+#include "sockconn.h"
 
 extern const struct mp_driver_ops mp_tcp_driver_ops;
 
@@ -61,24 +59,12 @@ extern const struct mp_driver_ops mp_tcp_driver_ops;
 #define TCP_EVENTS 64         /* epoll events taken per wait */
 #define TCP_BACKLOG 1024
 #define TCP_SOCKBUF_DEFAULT (4 << 20)
-#define TCP_NAME_MAX 64       /* "[v6]:port" for logs */
 
 #define tcp_container_of(ptr, type, member) \
 	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 /* Address blob (inet.h): moved between hosts, so every field is a byte array. */
 _Static_assert(sizeof(struct mp_inet_addr) <= MP_DRV_ADDR_MAX, "address blob too large");
-
-/* What an epoll event's data.ptr points at. */
-enum tcp_ep_kind {
-	TCP_EP_WAKE,
-	TCP_EP_LISTENER,
-	TCP_EP_CONN,
-};
-
-struct tcp_ep {
-	enum tcp_ep_kind kind;
-};
 
 struct tcp_drv;
 
@@ -108,13 +94,10 @@ enum tcp_conn_state {
 };
 
 struct tcp_conn {
-	struct tcp_ep ep;
+	struct mp_sock_conn sk; /* socket, epoll interest, peer name; on d->sp.conns */
 	struct tcp_drv *drv;
-	struct tcp_conn *prev, *next;
-	int fd;
 	enum tcp_conn_state state;
 	int err;            /* sticky error once failed */
-	uint32_t events;    /* epoll interest currently registered */
 	int want_out;       /* the last write would have blocked */
 	int64_t deadline;   /* connect deadline, ms on CLOCK_MONOTONIC; 0 = none */
 	struct mp_reqq sq;
@@ -123,15 +106,11 @@ struct tcp_conn {
 	size_t rhdr_got;    /* header bytes of the current incoming message */
 	size_t rlen;        /* its payload length, once the header is in */
 	size_t rgot;        /* payload bytes already in the posted buffer */
-	char name[TCP_NAME_MAX];
 };
 
 struct tcp_listener {
-	struct tcp_ep ep;
+	struct mp_sock_listener sk; /* on d->sp.listeners */
 	struct tcp_drv *drv;
-	struct tcp_listener *prev, *next;
-	int fd;
-	char name[TCP_NAME_MAX];
 };
 
 struct tcp_mr {
@@ -141,16 +120,12 @@ struct tcp_mr {
 
 struct tcp_drv {
 	struct mp_drv base; /* first: the core hands us &base */
-	struct tcp_ep wake_ep;
-	int epfd;
-	int wakefd;
+	struct mp_sock_poll sp;
 	int rank;
 	int connect_timeout_ms;
 	int sndbuf;         /* 0 = leave the kernel default */
 	int rcvbuf;
 	int nconnecting;
-	struct tcp_conn *conns;
-	struct tcp_listener *listeners;
 	struct mp_reqpool reqs;
 };
 
@@ -162,6 +137,12 @@ static inline struct tcp_drv *tcp_drv_of(struct mp_drv *d)
 static inline struct tcp_conn *tcp_conn_of(struct mp_drv_conn *c)
 {
 	return (struct tcp_conn *)(void *)c;
+}
+
+/* The connection at @l of d->sp.conns; NULL at the end. */
+static inline struct tcp_conn *tcp_conn_at(struct mp_sock_link *l)
+{
+	return l ? tcp_container_of(l, struct tcp_conn, sk.link) : NULL;
 }
 
 static inline struct tcp_listener *tcp_listener_of(struct mp_drv_listener *l)
@@ -222,23 +203,11 @@ static int tcp_peer_err(int e)
 	return -e;
 }
 
-static int tcp_so_error(int fd)
+/* Buffer sizes (TCP_NODELAY comes from mp_sock_open and mp_sock_accept). */
+static void tcp_sock_tune(void *arg, int fd)
 {
-	int e = 0;
-	socklen_t sl = sizeof(e);
+	struct tcp_drv *d = arg;
 
-	if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) < 0)
-		return errno;
-	return e;
-}
-
-static void tcp_sock_tune(struct tcp_drv *d, int fd)
-{
-	int one = 1;
-
-	/* Small control messages must not wait behind Nagle. */
-	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0)
-		MP_TRACE("tcp: TCP_NODELAY: %s", strerror(errno));
 	/*
 	 * Buffers before connect()/listen(): the window scale is fixed by the
 	 * SYN, so a later increase could not be used fully.
@@ -319,16 +288,6 @@ bad:
 
 /* ---- connections ------------------------------------------------------- */
 
-static void tcp_conn_close_fd(struct tcp_conn *c)
-{
-	if (c->fd < 0)
-		return;
-	epoll_ctl(c->drv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-	close(c->fd);
-	c->fd = -1;
-	c->events = 0;
-}
-
 /* Fail the connection: every posted request completes with @err, later posts get it too. */
 static void tcp_conn_fail(struct tcp_conn *c, int err)
 {
@@ -338,7 +297,7 @@ static void tcp_conn_fail(struct tcp_conn *c, int err)
 		c->drv->nconnecting--;
 	c->state = TCP_FAILED;
 	c->err = err;
-	tcp_conn_close_fd(c);
+	mp_sock_close(&c->drv->sp, &c->sk);
 	mp_reqq_fail(&c->sq, tcp_req_fail, err);
 	mp_reqq_fail(&c->rq, tcp_req_fail, err);
 }
@@ -351,11 +310,9 @@ static void tcp_conn_fail(struct tcp_conn *c, int err)
  */
 static void tcp_conn_arm(struct tcp_conn *c, int exact)
 {
-	struct epoll_event ev;
 	uint32_t want = 0;
+	int rc;
 
-	if (c->fd < 0)
-		return;
 	if (c->state == TCP_CONNECTING) {
 		want = EPOLLOUT;
 	} else {
@@ -365,20 +322,10 @@ static void tcp_conn_arm(struct tcp_conn *c, int exact)
 			want |= EPOLLOUT;
 	}
 	if (!exact)
-		want |= c->events;
-	if (want == c->events)
-		return;
-	memset(&ev, 0, sizeof(ev));
-	ev.events = want;
-	ev.data.ptr = &c->ep;
-	if (epoll_ctl(c->drv->epfd, EPOLL_CTL_MOD, c->fd, &ev) < 0) {
-		int err = -errno;
-
-		MP_WARN("tcp: %s: epoll_ctl: %s", c->name, strerror(-err));
-		tcp_conn_fail(c, err);
-		return;
-	}
-	c->events = want;
+		want |= c->sk.events;
+	rc = mp_sock_arm(&c->drv->sp, &c->sk, want);
+	if (rc)
+		tcp_conn_fail(c, rc);
 }
 
 /* Account @n written bytes against the head of the send queue. */
@@ -427,7 +374,7 @@ static void tcp_conn_flush(struct tcp_conn *c)
 		msg.msg_iov = v;
 		msg.msg_iovlen = (size_t)n;
 		/* MSG_NOSIGNAL: a dead peer must be an error code, not SIGPIPE. */
-		w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+		w = sendmsg(c->sk.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
@@ -435,7 +382,7 @@ static void tcp_conn_flush(struct tcp_conn *c)
 				c->want_out = 1;
 				break;
 			}
-			MP_INFO("tcp: %s: send: %s", c->name, strerror(errno));
+			MP_INFO("tcp: %s: send: %s", c->sk.name, strerror(errno));
 			tcp_conn_fail(c, tcp_peer_err(errno));
 			return;
 		}
@@ -459,10 +406,10 @@ static int tcp_read_stop(struct tcp_conn *c, ssize_t n)
 {
 	if (n == 0) {
 		if (c->rhdr_got == 0)
-			MP_INFO("tcp: %s: peer closed the connection", c->name);
+			MP_INFO("tcp: %s: peer closed the connection", c->sk.name);
 		else
 			MP_INFO("tcp: %s: peer closed the connection in the middle of a message",
-				c->name);
+				c->sk.name);
 		tcp_conn_fail(c, -ECONNRESET);
 		return 1;
 	}
@@ -470,7 +417,7 @@ static int tcp_read_stop(struct tcp_conn *c, ssize_t n)
 		return 0;
 	if (errno == EAGAIN || errno == EWOULDBLOCK)
 		return 1;
-	MP_INFO("tcp: %s: recv: %s", c->name, strerror(errno));
+	MP_INFO("tcp: %s: recv: %s", c->sk.name, strerror(errno));
 	tcp_conn_fail(c, tcp_peer_err(errno));
 	return 1;
 }
@@ -486,7 +433,7 @@ static void tcp_conn_read(struct tcp_conn *c)
 			size_t ask = TCP_HDR_SIZE - c->rhdr_got;
 			uint32_t tag, len;
 
-			n = recv(c->fd, c->rhdr + c->rhdr_got, ask, 0);
+			n = recv(c->sk.fd, c->rhdr + c->rhdr_got, ask, 0);
 			if (n <= 0) {
 				if (tcp_read_stop(c, n))
 					break;
@@ -500,7 +447,7 @@ static void tcp_conn_read(struct tcp_conn *c)
 			if (tag != TCP_FRAME_MAGIC || len > TCP_MAX_MSG) {
 				MP_WARN("tcp: %s: bad frame header (tag 0x%08x, length %u); "
 					"not a moshpit tcp stream or out of sync, closing",
-					c->name, tag, len);
+					c->sk.name, tag, len);
 				tcp_conn_fail(c, -EPROTO);
 				break;
 			}
@@ -511,7 +458,7 @@ static void tcp_conn_read(struct tcp_conn *c)
 				 * the connection.
 				 */
 				MP_WARN("tcp: %s: message of %u bytes exceeds the posted receive "
-					"of %zu bytes, closing", c->name, len, r->r.cap);
+					"of %zu bytes, closing", c->sk.name, len, r->r.cap);
 				mp_reqq_pop(&c->rq);
 				r->base.nbytes = len;
 				tcp_req_complete(r, -EMSGSIZE);
@@ -524,7 +471,7 @@ static void tcp_conn_read(struct tcp_conn *c)
 		if (c->rgot < c->rlen) {
 			size_t ask = c->rlen - c->rgot;
 
-			n = recv(c->fd, r->r.buf + c->rgot, ask, 0);
+			n = recv(c->sk.fd, r->r.buf + c->rgot, ask, 0);
 			if (n <= 0) {
 				if (tcp_read_stop(c, n))
 					break;
@@ -549,7 +496,7 @@ static void tcp_conn_established(struct tcp_conn *c)
 	c->state = TCP_OPEN;
 	c->drv->nconnecting--;
 	c->deadline = 0;
-	MP_INFO("tcp: connected to %s", c->name);
+	MP_INFO("tcp: connected to %s", c->sk.name);
 	tcp_conn_flush(c);
 	tcp_conn_read(c);
 	tcp_conn_arm(c, 1);
@@ -560,17 +507,12 @@ static void tcp_conn_event(struct tcp_conn *c, uint32_t ev)
 	if (c->state == TCP_FAILED)
 		return;
 	if (c->state == TCP_CONNECTING) {
-		int e;
+		int rc = mp_sock_connected(&c->drv->sp, &c->sk, ev);
 
-		if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
-			return;
-		e = tcp_so_error(c->fd);
-		if (e || (ev & (EPOLLERR | EPOLLHUP))) {
-			MP_INFO("tcp: connect to %s: %s", c->name, strerror(e ? e : ECONNREFUSED));
-			tcp_conn_fail(c, e ? -e : -ECONNREFUSED);
-			return;
-		}
-		tcp_conn_established(c);
+		if (rc < 0)
+			tcp_conn_fail(c, rc);
+		else if (rc)
+			tcp_conn_established(c);
 		return;
 	}
 	/* Reading or writing surfaces a pending socket error with its own errno. */
@@ -580,9 +522,9 @@ static void tcp_conn_event(struct tcp_conn *c, uint32_t ev)
 		tcp_conn_flush(c);
 	if (c->state == TCP_OPEN && (ev & (EPOLLERR | EPOLLHUP))) {
 		/* Reset while idle: the error is level-triggered, so act on it now. */
-		int e = tcp_so_error(c->fd);
+		int e = mp_sock_error(c->sk.fd);
 
-		MP_INFO("tcp: %s: connection lost: %s", c->name,
+		MP_INFO("tcp: %s: connection lost: %s", c->sk.name,
 			strerror(e ? e : ECONNRESET));
 		tcp_conn_fail(c, tcp_peer_err(e));
 		return;
@@ -593,7 +535,6 @@ static void tcp_conn_event(struct tcp_conn *c, uint32_t ev)
 static int tcp_conn_new(struct tcp_drv *d, int fd, enum tcp_conn_state state,
 			const struct sockaddr *peer, struct tcp_conn **out)
 {
-	struct epoll_event ev;
 	struct tcp_conn *c;
 	int err;
 
@@ -602,30 +543,17 @@ static int tcp_conn_new(struct tcp_drv *d, int fd, enum tcp_conn_state state,
 		err = -ENOMEM;
 		goto err_close;
 	}
-	c->ep.kind = TCP_EP_CONN;
 	c->drv = d;
-	c->fd = fd;
 	c->state = state;
-	mp_inet_name(peer, c->name, sizeof(c->name));
-	memset(&ev, 0, sizeof(ev));
 	/* Registered from the start so that errors and hang-ups are always seen. */
-	ev.events = state == TCP_CONNECTING ? EPOLLOUT : 0;
-	ev.data.ptr = &c->ep;
-	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-		err = -errno;
-		MP_WARN("tcp: epoll_ctl: %s", strerror(-err));
+	err = mp_sock_add(&d->sp, &c->sk, fd, state == TCP_CONNECTING ? EPOLLOUT : 0, peer);
+	if (err)
 		goto err_free;
-	}
-	c->events = ev.events;
 	if (state == TCP_CONNECTING) {
 		d->nconnecting++;
 		if (d->connect_timeout_ms > 0)
 			c->deadline = tcp_now_ms() + d->connect_timeout_ms;
 	}
-	c->next = d->conns;
-	if (d->conns)
-		d->conns->prev = c;
-	d->conns = c;
 	*out = c;
 	return 0;
 
@@ -646,31 +574,19 @@ static int tcp_connect(struct mp_drv *dp, const void *blob, size_t len, struct m
 
 	if (!out)
 		return -EINVAL;
-	rc = mp_inet_from_blob(blob, len, &ss, &sl);
-	if (rc)
-		return rc;
-	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		rc = -errno;
-		MP_WARN("tcp: socket: %s", strerror(-rc));
-		return rc;
-	}
-	tcp_sock_tune(d, fd);
+	fd = mp_sock_open(&d->sp, blob, len, tcp_sock_tune, d, &ss, &sl);
+	if (fd < 0)
+		return fd;
 	rc = tcp_conn_new(d, fd, TCP_CONNECTING, (struct sockaddr *)&ss, &c);
 	if (rc)
 		return rc;
-	if (connect(fd, (struct sockaddr *)&ss, sl) == 0) {
+	rc = mp_sock_connect(&d->sp, &c->sk, (struct sockaddr *)&ss, sl);
+	if (rc > 0)
 		tcp_conn_established(c);
-	} else if (errno != EINPROGRESS && errno != EINTR) {
-		/* EINTR: the connection still completes asynchronously. */
-		int e = errno == EAGAIN ? EADDRNOTAVAIL : errno; /* out of local ports */
-
-		/* Still hand the connection over: its posts fail with the reason. */
-		MP_INFO("tcp: connect to %s: %s", c->name, strerror(e));
-		tcp_conn_fail(c, -e);
-	} else {
-		MP_TRACE("tcp: connecting to %s", c->name);
-	}
+	else if (rc < 0)
+		tcp_conn_fail(c, rc); /* still handed over: its posts fail with the reason */
+	else
+		MP_TRACE("tcp: connecting to %s", c->sk.name);
 	*out = (struct mp_drv_conn *)(void *)c;
 	return 0;
 }
@@ -678,37 +594,22 @@ static int tcp_connect(struct mp_drv *dp, const void *blob, size_t len, struct m
 static void tcp_close(struct mp_drv_conn *cp)
 {
 	struct tcp_conn *c = tcp_conn_of(cp);
-	struct tcp_drv *d;
 
 	if (!c)
 		return;
-	d = c->drv;
-	MP_TRACE("tcp: closing connection with %s", c->name);
+	MP_TRACE("tcp: closing connection with %s", c->sk.name);
 	tcp_conn_fail(c, -ECANCELED);
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		d->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	mp_sock_remove(&c->drv->sp, &c->sk);
 	free(c);
 }
 
 /* ---- listeners --------------------------------------------------------- */
-
-static void listen_tune(void *arg, int fd)
-{
-	tcp_sock_tune(arg, fd);
-}
 
 static int tcp_listen(struct mp_drv *dp, const char *bind_text, void *blob, size_t *len,
 		      struct mp_drv_listener **out)
 {
 	struct tcp_drv *d = tcp_drv_of(dp);
 	struct tcp_listener *l;
-	struct epoll_event ev;
-	struct mp_inet_addr a;
-	size_t alen;
 	int rc;
 
 	if (!out)
@@ -716,43 +617,17 @@ static int tcp_listen(struct mp_drv *dp, const char *bind_text, void *blob, size
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
-	l->ep.kind = TCP_EP_LISTENER;
 	l->drv = d;
 	/* tcp_sock_tune: accepted sockets inherit the buffer sizes, in time for
 	 * the SYN-ACK's window scale. */
-	rc = mp_inet_listen(bind_text, TCP_BACKLOG, listen_tune, d, &l->fd, &a, &alen, l->name,
-			    sizeof(l->name));
-	if (rc)
-		goto err_free;
-	/*
-	 * Edge-triggered: a new arrival ends a progress() wait once, but a
-	 * backlog the core does not accept yet cannot make it spin.
-	 */
-	memset(&ev, 0, sizeof(ev));
-	ev.events = EPOLLIN | EPOLLET;
-	ev.data.ptr = &l->ep;
-	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, l->fd, &ev) < 0) {
-		rc = -errno;
-		goto err_close;
+	rc = mp_sock_listen(&d->sp, bind_text, TCP_BACKLOG, tcp_sock_tune, d, &l->sk, blob, len);
+	if (rc) {
+		free(l);
+		return rc;
 	}
-	if (blob)
-		memcpy(blob, &a, alen);
-	if (len)
-		*len = alen;
-	l->next = d->listeners;
-	if (d->listeners)
-		d->listeners->prev = l;
-	d->listeners = l;
-	MP_INFO("tcp: listening on %s", l->name);
+	MP_INFO("tcp: listening on %s", l->sk.name);
 	*out = (struct mp_drv_listener *)(void *)l;
 	return 0;
-
-err_close:
-	close(l->fd);
-err_free:
-	MP_WARN("tcp: cannot listen on %s: %s", bind_text, strerror(-rc));
-	free(l);
-	return rc;
 }
 
 static int tcp_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
@@ -760,49 +635,17 @@ static int tcp_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
 	struct tcp_listener *l = tcp_listener_of(lp);
 	struct sockaddr_storage ss;
 	struct tcp_conn *c;
-	socklen_t sl;
 	int fd, rc;
 
 	if (!l || !out)
 		return -EINVAL;
-	for (;;) {
-		sl = sizeof(ss);
-		fd = accept4(l->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd >= 0)
-			break;
-		switch (errno) {
-		case EAGAIN:
-#if EWOULDBLOCK != EAGAIN
-		case EWOULDBLOCK:
-#endif
-			return -EAGAIN;
-		/* The connection died in the backlog (see accept(2)): take the next. */
-		case EINTR:
-		case ECONNABORTED:
-		case EPROTO:
-		case ENETDOWN:
-		case ENOPROTOOPT:
-		case EHOSTDOWN:
-		case ENONET:
-		case EHOSTUNREACH:
-		case ENETUNREACH:
-			continue;
-		default:
-			rc = -errno;
-			MP_WARN("tcp: accept on %s: %s", l->name, strerror(-rc));
-			return rc;
-		}
-	}
-	/* Buffers come from the listener; NODELAY is set again for kernels that do not inherit it. */
-	{
-		int one = 1;
-
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	}
+	rc = mp_sock_accept(&l->drv->sp, &l->sk, &fd, &ss);
+	if (rc)
+		return rc;
 	rc = tcp_conn_new(l->drv, fd, TCP_OPEN, (struct sockaddr *)&ss, &c);
 	if (rc)
 		return rc;
-	MP_INFO("tcp: accepted connection from %s on %s", c->name, l->name);
+	MP_INFO("tcp: accepted connection from %s on %s", c->sk.name, l->sk.name);
 	*out = (struct mp_drv_conn *)(void *)c;
 	return 0;
 }
@@ -810,20 +653,11 @@ static int tcp_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
 static void tcp_close_listener(struct mp_drv_listener *lp)
 {
 	struct tcp_listener *l = tcp_listener_of(lp);
-	struct tcp_drv *d;
 
 	if (!l)
 		return;
-	d = l->drv;
-	epoll_ctl(d->epfd, EPOLL_CTL_DEL, l->fd, NULL);
-	close(l->fd);
-	if (l->prev)
-		l->prev->next = l->next;
-	else
-		d->listeners = l->next;
-	if (l->next)
-		l->next->prev = l->prev;
-	MP_TRACE("tcp: stopped listening on %s", l->name);
+	mp_sock_unlisten(&l->drv->sp, &l->sk);
+	MP_TRACE("tcp: stopped listening on %s", l->sk.name);
 	free(l);
 }
 
@@ -917,10 +751,11 @@ static void tcp_check_deadlines(struct tcp_drv *d)
 {
 	int64_t now = tcp_now_ms();
 
-	for (struct tcp_conn *c = d->conns; c; c = c->next) {
+	for (struct tcp_conn *c = tcp_conn_at(d->sp.conns); c; c = tcp_conn_at(c->sk.link.next)) {
 		if (c->state != TCP_CONNECTING || !c->deadline || now < c->deadline)
 			continue;
-		MP_INFO("tcp: connect to %s timed out after %d ms", c->name, d->connect_timeout_ms);
+		MP_INFO("tcp: connect to %s timed out after %d ms", c->sk.name,
+			d->connect_timeout_ms);
 		tcp_conn_fail(c, -ETIMEDOUT);
 	}
 }
@@ -930,7 +765,7 @@ static int tcp_clip_timeout(struct tcp_drv *d, int timeout_ms)
 {
 	int64_t now, first = 0;
 
-	for (struct tcp_conn *c = d->conns; c; c = c->next)
+	for (struct tcp_conn *c = tcp_conn_at(d->sp.conns); c; c = tcp_conn_at(c->sk.link.next))
 		if (c->state == TCP_CONNECTING && c->deadline && (!first || c->deadline < first))
 			first = c->deadline;
 	if (!first)
@@ -951,7 +786,7 @@ static int tcp_progress(struct mp_drv *dp, int timeout_ms)
 
 	if (d->nconnecting)
 		timeout_ms = tcp_clip_timeout(d, timeout_ms);
-	n = epoll_wait(d->epfd, evs, TCP_EVENTS, timeout_ms);
+	n = epoll_wait(d->sp.epfd, evs, TCP_EVENTS, timeout_ms);
 	if (n < 0) {
 		if (errno != EINTR) {
 			int err = -errno;
@@ -962,21 +797,17 @@ static int tcp_progress(struct mp_drv *dp, int timeout_ms)
 		n = 0;
 	}
 	for (int i = 0; i < n; i++) {
-		struct tcp_ep *ep = evs[i].data.ptr;
+		struct mp_sock_ep *ep = evs[i].data.ptr;
 
 		switch (ep->kind) {
-		case TCP_EP_WAKE: {
-			uint64_t v;
-			ssize_t rc = read(d->wakefd, &v, sizeof(v));
-
-			(void)rc; /* EAGAIN: someone else drained it; fine */
+		case MP_SOCK_WAKE:
+			mp_sock_wake_ack(&d->sp);
 			break;
-		}
-		case TCP_EP_LISTENER:
+		case MP_SOCK_LISTENER:
 			/* accept() picks the connection up; the wait just ends. */
 			break;
-		case TCP_EP_CONN:
-			tcp_conn_event(tcp_container_of(ep, struct tcp_conn, ep), evs[i].events);
+		case MP_SOCK_CONN:
+			tcp_conn_event(tcp_container_of(ep, struct tcp_conn, sk.ep), evs[i].events);
 			break;
 		}
 	}
@@ -987,13 +818,7 @@ static int tcp_progress(struct mp_drv *dp, int timeout_ms)
 
 static void tcp_wake(struct mp_drv *dp)
 {
-	struct tcp_drv *d = tcp_drv_of(dp);
-	uint64_t one = 1;
-	ssize_t rc;
-
-	/* Only a counter bump: safe against a concurrent progress(). */
-	rc = write(d->wakefd, &one, sizeof(one));
-	(void)rc; /* EAGAIN: the counter is saturated, a wake is pending anyway */
+	mp_sock_wake(&tcp_drv_of(dp)->sp);
 }
 
 /* ---- memory ------------------------------------------------------------ */
@@ -1038,7 +863,6 @@ static int tcp_query(struct mp_drv *d, struct mp_drv_caps *caps)
 
 static int tcp_init(const struct mp_drv_params *p, struct mp_drv **out)
 {
-	struct epoll_event ev;
 	struct tcp_drv *d;
 	int rc;
 
@@ -1049,11 +873,8 @@ static int tcp_init(const struct mp_drv_params *p, struct mp_drv **out)
 	if (!d)
 		return -ENOMEM;
 	d->base.ops = &mp_tcp_driver_ops;
-	d->wake_ep.kind = TCP_EP_WAKE;
 	d->reqs = MP_REQPOOL(struct tcp_req, base.link, TCP_REQ_BLOCK);
 	d->rank = -1;
-	d->epfd = -1;
-	d->wakefd = -1;
 	/* Read only the fields the caller's (possibly older) struct has. */
 	if (p && p->size >= offsetof(struct mp_drv_params, rank) + sizeof(p->rank))
 		d->rank = p->rank;
@@ -1063,32 +884,14 @@ static int tcp_init(const struct mp_drv_params *p, struct mp_drv **out)
 	rc = tcp_sockbuf_config(d);
 	if (rc)
 		goto err_free;
-	d->epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (d->epfd < 0) {
-		rc = -errno;
+	rc = mp_sock_poll_open(&d->sp, "tcp");
+	if (rc)
 		goto err_free;
-	}
-	d->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (d->wakefd < 0) {
-		rc = -errno;
-		goto err_epoll;
-	}
-	memset(&ev, 0, sizeof(ev));
-	ev.events = EPOLLIN;
-	ev.data.ptr = &d->wake_ep;
-	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->wakefd, &ev) < 0) {
-		rc = -errno;
-		goto err_wake;
-	}
 	MP_TRACE("tcp: instance for rank %d (sndbuf %d, rcvbuf %d, connect timeout %d ms)",
 		 d->rank, d->sndbuf, d->rcvbuf, d->connect_timeout_ms);
 	*out = &d->base;
 	return 0;
 
-err_wake:
-	close(d->wakefd);
-err_epoll:
-	close(d->epfd);
 err_free:
 	if (rc != -EINVAL)
 		MP_WARN("tcp: cannot create instance: %s", strerror(-rc));
@@ -1103,14 +906,16 @@ static void tcp_fini(struct mp_drv *dp)
 	if (!dp)
 		return;
 	d = tcp_drv_of(dp);
-	while (d->conns)
-		tcp_close((struct mp_drv_conn *)(void *)d->conns);
-	while (d->listeners)
-		tcp_close_listener((struct mp_drv_listener *)(void *)d->listeners);
+	while (d->sp.conns)
+		tcp_close((struct mp_drv_conn *)(void *)tcp_conn_at(d->sp.conns));
+	while (d->sp.listeners) {
+		struct tcp_listener *l = tcp_container_of(d->sp.listeners, struct tcp_listener, sk.link);
+
+		tcp_close_listener((struct mp_drv_listener *)(void *)l);
+	}
 	/* Requests die with the instance, tested or not. */
 	mp_reqpool_fini(&d->reqs);
-	close(d->wakefd);
-	close(d->epfd);
+	mp_sock_poll_close(&d->sp);
 	free(d);
 }
 
