@@ -66,16 +66,6 @@ struct fk_dev {
 	struct fk_port port[2];
 };
 
-struct fk_ctx {
-	struct ibv_context ctx;
-	struct fk_dev *dev;
-};
-
-struct fk_pd {
-	struct ibv_pd pd;
-	struct fk_ctx *ctx;
-};
-
 struct fk_cq {
 	struct ibv_cq cq;
 	struct ibv_wc *wc;
@@ -97,7 +87,7 @@ struct fk_swr {
 
 struct fk_qp {
 	struct ibv_qp qp;
-	struct fk_pd *pd;
+	struct ibv_pd *pd;
 	struct fk_cq *cq;
 	enum ibv_qp_state st;
 	struct ibv_qp_cap cap;
@@ -116,7 +106,7 @@ struct fk_qp {
 
 struct fk_mr {
 	struct ibv_mr mr;
-	struct fk_pd *pd;
+	struct ibv_pd *pd;
 	char *addr;
 	size_t len;
 	int access;
@@ -147,6 +137,37 @@ static struct {
 	size_t last_fd_len;
 	uint64_t last_off, last_iova;
 } fk;
+
+/*
+ * Every object the fake hands out (context, protection domain, completion
+ * queue, queue pair, memory region) is counted while it lives in its own
+ * counter of fk, so teardown can check that the provider gave each back.
+ */
+static void *fk_new(size_t size, int *live)
+{
+	void *o = calloc(1, size);
+	assert_non_null(o);
+	(*live)++;
+	return o;
+}
+
+/* 0: what the verbs destroy calls return on success. */
+static int fk_delete(void *o, int *live)
+{
+	free(o);
+	(*live)--;
+	return 0;
+}
+
+/*
+ * The fake's contexts and protection domains are the plain ibv structs: what
+ * they belong to (ctx->device, pd->context) is all they hold. The fake device
+ * a context was opened on:
+ */
+static struct fk_dev *fk_dev_of(struct ibv_context *ctx)
+{
+	return (struct fk_dev *)(void *)ctx->device;
+}
 
 static struct fk_qp *fk_qp_by_num(uint32_t n)
 {
@@ -204,7 +225,7 @@ static void fk_qp_error(struct fk_qp *q)
 
 static struct fk_port *fk_port_of(struct fk_qp *q)
 {
-	return &q->pd->ctx->dev->port[q->port - 1];
+	return &fk_dev_of(q->qp.context)->port[q->port - 1];
 }
 
 /* Would the requester's packets reach the responder, as its address vector says? */
@@ -322,24 +343,14 @@ static const char *fk_get_device_name(struct ibv_device *dev)
 
 static struct ibv_context *fk_open_device(struct ibv_device *dev)
 {
-	struct fk_ctx *c = calloc(1, sizeof(*c));
-	assert_non_null(c);
-	c->dev = (struct fk_dev *)(void *)dev;
-	c->ctx.device = dev;
-	fk.ctxs++;
-	return &c->ctx;
+	struct ibv_context *c = fk_new(sizeof(*c), &fk.ctxs);
+	c->device = dev;
+	return c;
 }
 
 static int fk_close_device(struct ibv_context *ctx)
 {
-	free(ctx);
-	fk.ctxs--;
-	return 0;
-}
-
-static struct fk_dev *fk_dev_of(struct ibv_context *ctx)
-{
-	return ((struct fk_ctx *)(void *)ctx)->dev;
+	return fk_delete(ctx, &fk.ctxs);
 }
 
 static int fk_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
@@ -383,19 +394,14 @@ static int fk_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t inde
 
 static struct ibv_pd *fk_alloc_pd(struct ibv_context *ctx)
 {
-	struct fk_pd *pd = calloc(1, sizeof(*pd));
-	assert_non_null(pd);
-	pd->ctx = (struct fk_ctx *)(void *)ctx;
-	pd->pd.context = ctx;
-	fk.pds++;
-	return &pd->pd;
+	struct ibv_pd *pd = fk_new(sizeof(*pd), &fk.pds);
+	pd->context = ctx;
+	return pd;
 }
 
 static int fk_dealloc_pd(struct ibv_pd *pd)
 {
-	free(pd);
-	fk.pds--;
-	return 0;
+	return fk_delete(pd, &fk.pds);
 }
 
 static struct ibv_cq *fk_create_cq(struct ibv_context *ctx, int cqe)
@@ -404,14 +410,12 @@ static struct ibv_cq *fk_create_cq(struct ibv_context *ctx, int cqe)
 		errno = EINVAL;
 		return NULL;
 	}
-	struct fk_cq *cq = calloc(1, sizeof(*cq));
-	assert_non_null(cq);
+	struct fk_cq *cq = fk_new(sizeof(*cq), &fk.cqs);
 	cq->cap = cqe;
 	cq->wc = calloc((size_t)cqe, sizeof(*cq->wc));
 	assert_non_null(cq->wc);
 	cq->cq.context = ctx;
 	cq->cq.cqe = cqe;
-	fk.cqs++;
 	fk.last_cq = cq;
 	return &cq->cq;
 }
@@ -441,9 +445,7 @@ static int fk_destroy_cq(struct ibv_cq *c)
 {
 	struct fk_cq *cq = (struct fk_cq *)(void *)c;
 	free(cq->wc);
-	free(cq);
-	fk.cqs--;
-	return 0;
+	return fk_delete(cq, &fk.cqs);
 }
 
 static struct ibv_qp *fk_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
@@ -454,9 +456,8 @@ static struct ibv_qp *fk_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a
 		errno = EINVAL;
 		return NULL;
 	}
-	struct fk_qp *q = calloc(1, sizeof(*q));
-	assert_non_null(q);
-	q->pd = (struct fk_pd *)(void *)pd;
+	struct fk_qp *q = fk_new(sizeof(*q), &fk.qps);
+	q->pd = pd;
 	q->cq = (struct fk_cq *)(void *)a->send_cq;
 	/* Every work request of every queue pair may complete before anyone polls. */
 	long wrs = (long)a->cap.max_send_wr + a->cap.max_recv_wr;
@@ -474,50 +475,57 @@ static struct ibv_qp *fk_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a
 	q->st = IBV_QPS_RESET;
 	q->next = fk.qp_list;
 	fk.qp_list = q;
-	fk.qps++;
 	return &q->qp;
 }
+
+/* The moves RC allows towards RTS: the state each starts from and the attributes it needs. */
+static const struct {
+	enum ibv_qp_state from;
+	int need;
+} fk_qp_move[] = {
+	[IBV_QPS_INIT] = {.from = IBV_QPS_RESET,
+			  .need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+	[IBV_QPS_RTR] = {.from = IBV_QPS_INIT,
+			 .need = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER},
+	[IBV_QPS_RTS] = {.from = IBV_QPS_RTR,
+			 .need = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC},
+};
 
 static int fk_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 {
 	struct fk_qp *q = (struct fk_qp *)(void *)qp;
 	if (!(mask & IBV_QP_STATE))
 		return EINVAL;
-	int need;
-	switch (a->qp_state) {
-	case IBV_QPS_ERR:
+	if (a->qp_state == IBV_QPS_ERR) {
 		fk_qp_error(q);
 		return 0;
+	}
+	if (a->qp_state < IBV_QPS_INIT || a->qp_state > IBV_QPS_RTS)
+		return EINVAL;
+	int need = fk_qp_move[a->qp_state].need;
+	if (q->st != fk_qp_move[a->qp_state].from || (mask & need) != need)
+		return EINVAL;
+	switch (a->qp_state) {
 	case IBV_QPS_INIT:
-		need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-		if (q->st != IBV_QPS_RESET || (mask & need) != need || a->port_num < 1 ||
-		    a->port_num > fk_dev_of(qp->context)->nports)
+		if (a->port_num < 1 || a->port_num > fk_dev_of(qp->context)->nports)
 			return EINVAL;
 		q->port = a->port_num;
 		q->access = (int)a->qp_access_flags;
 		break;
 	case IBV_QPS_RTR:
-		need = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-		       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-		if (q->st != IBV_QPS_INIT || (mask & need) != need)
-			return EINVAL;
 		q->ah = a->ah_attr;
 		q->mtu = a->path_mtu;
 		q->dest_qpn = a->dest_qp_num;
 		q->rq_psn = a->rq_psn;
 		break;
-	case IBV_QPS_RTS:
-		need = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-		       IBV_QP_MAX_QP_RD_ATOMIC;
-		if (q->st != IBV_QPS_RTR || (mask & need) != need)
-			return EINVAL;
+	default: /* IBV_QPS_RTS */
 		q->timeout = a->timeout;
 		q->retry = a->retry_cnt;
 		q->rnr = a->rnr_retry;
 		q->sq_psn = a->sq_psn;
 		break;
-	default:
-		return EINVAL;
 	}
 	q->st = a->qp_state;
 	return 0;
@@ -532,16 +540,13 @@ static int fk_destroy_qp(struct ibv_qp *qp)
 	*pp = q->next;
 	free(q->sq);
 	free(q->rq);
-	free(q);
-	fk.qps--;
-	return 0;
+	return fk_delete(q, &fk.qps);
 }
 
 static struct fk_mr *fk_new_mr(struct ibv_pd *pd, char *addr, size_t len, int access)
 {
-	struct fk_mr *m = calloc(1, sizeof(*m));
-	assert_non_null(m);
-	m->pd = (struct fk_pd *)(void *)pd;
+	struct fk_mr *m = fk_new(sizeof(*m), &fk.mrs);
+	m->pd = pd;
 	m->addr = addr;
 	m->len = len;
 	m->access = access;
@@ -551,7 +556,6 @@ static struct fk_mr *fk_new_mr(struct ibv_pd *pd, char *addr, size_t len, int ac
 	m->mr.length = len;
 	m->next = fk.mr_list;
 	fk.mr_list = m;
-	fk.mrs++;
 	return m;
 }
 
@@ -588,20 +592,25 @@ static int fk_dereg_mr(struct ibv_mr *mr)
 	while (*pp != m)
 		pp = &(*pp)->next;
 	*pp = m->next;
-	free(m);
-	fk.mrs--;
 	fk.dereg_mr_calls++;
-	return 0;
+	return fk_delete(m, &fk.mrs);
+}
+
+/* As hardware: a work request posted to a queue pair in the error state completes flushed. */
+static bool fk_flushed(struct fk_qp *q, uint64_t wr_id, enum ibv_wc_opcode op)
+{
+	if (q->st != IBV_QPS_ERR)
+		return false;
+	fk_complete(q, wr_id, IBV_WC_WR_FLUSH_ERR, op);
+	return true;
 }
 
 static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	struct fk_qp *q = (struct fk_qp *)(void *)qp;
 	for (; wr; wr = wr->next) {
-		if (q->st == IBV_QPS_ERR) {
-			fk_complete(q, wr->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RDMA_WRITE);
+		if (fk_flushed(q, wr->wr_id, IBV_WC_RDMA_WRITE))
 			continue;
-		}
 		uint32_t len = wr->num_sge ? wr->sg_list[0].length : 0;
 		int rc = 0;
 		if (q->st != IBV_QPS_RTS || wr->num_sge > 1 ||
@@ -638,10 +647,8 @@ static int fk_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
 {
 	struct fk_qp *q = (struct fk_qp *)(void *)qp;
 	for (; wr; wr = wr->next) {
-		if (q->st == IBV_QPS_ERR) {
-			fk_complete(q, wr->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+		if (fk_flushed(q, wr->wr_id, IBV_WC_RECV))
 			continue;
-		}
 		if (q->st == IBV_QPS_RESET || q->rq_count == (int)q->cap.max_recv_wr) {
 			*bad = wr;
 			return q->st == IBV_QPS_RESET ? EINVAL : ENOMEM;
@@ -795,28 +802,58 @@ static int open_prov(int max_outstanding, int timeout_ms, struct mp_rdma_prov **
 	return P->open(&p, pv);
 }
 
+/* The variable set to the value, then open_prov must fail with @p rc. */
+static void open_refused(const char *var, const char *value, int rc)
+{
+	struct mp_rdma_prov *pv = NULL;
+	setenv(var, value, 1);
+	assert_int_equal(open_prov(0, 0, &pv), rc);
+}
+
+/* Two providers, an endpoint on each, and (pair_reg) a source on A and a target on B. */
 struct pair {
 	struct mp_rdma_prov *a, *b;
 	struct mp_rdma_ep *ea, *eb;
 	uint8_t blob_a[MP_RDMA_EP_BLOB_MAX], blob_b[MP_RDMA_EP_BLOB_MAX];
 	size_t la, lb;
+	struct mp_rdma_mr *ms, *md;
 };
+
+/* New endpoints on the pair's providers; A connected to B, and B to A if @p both. */
+static void pair_eps(struct pair *p, bool both)
+{
+	p->la = sizeof(p->blob_a);
+	p->lb = sizeof(p->blob_b);
+	assert_int_equal(P->ep_create(p->a, p->blob_a, &p->la, &p->ea), 0);
+	assert_int_equal(P->ep_create(p->b, p->blob_b, &p->lb, &p->eb), 0);
+	assert_int_equal(P->ep_connect(p->ea, p->blob_b, p->lb), 0);
+	if (both)
+		assert_int_equal(P->ep_connect(p->eb, p->blob_a, p->la), 0);
+}
 
 static void pair_open(struct pair *p, int max_outstanding)
 {
 	memset(p, 0, sizeof(*p));
 	assert_int_equal(open_prov(max_outstanding, 0, &p->a), 0);
 	assert_int_equal(open_prov(max_outstanding, 0, &p->b), 0);
-	p->la = sizeof(p->blob_a);
-	p->lb = sizeof(p->blob_b);
-	assert_int_equal(P->ep_create(p->a, p->blob_a, &p->la, &p->ea), 0);
-	assert_int_equal(P->ep_create(p->b, p->blob_b, &p->lb, &p->eb), 0);
-	assert_int_equal(P->ep_connect(p->ea, p->blob_b, p->lb), 0);
-	assert_int_equal(P->ep_connect(p->eb, p->blob_a, p->la), 0);
+	pair_eps(p, true);
 }
 
+/* Host memory: @p src (unless NULL) registered on A as ms, @p dst on B as md. */
+static void pair_reg(struct pair *p, void *src, size_t src_len, void *dst, size_t dst_len)
+{
+	if (src)
+		assert_int_equal(P->reg(p->a, src, src_len, MP_MEM_HOST, &p->ms), 0);
+	assert_int_equal(P->reg(p->b, dst, dst_len, MP_MEM_HOST, &p->md), 0);
+}
+
+/* What pair_reg registered is given back before the providers close. */
 static void pair_close(struct pair *p)
 {
+	if (p->ms)
+		P->dereg(p->a, p->ms);
+	if (p->md)
+		P->dereg(p->b, p->md);
 	P->close(p->a);
 	P->close(p->b);
 }
@@ -886,18 +923,12 @@ static void test_fake_hca_selection(void **state)
 	P->close(pv);
 
 	/* Refused, each with its own code: a down port, a port that does not exist, no such device, syntax. */
-	setenv("MP_IB_HCA", "fake_ib1:1", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -ENODEV);
-	setenv("MP_IB_HCA", "fake_ib1:3", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
-	setenv("MP_IB_HCA", "mlx5_9", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -ENODEV);
-	setenv("MP_IB_HCA", "fake_ib1:x", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
-	setenv("MP_IB_HCA", ":1", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
-	setenv("MP_IB_HCA", "fake_ib1:0", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	open_refused("MP_IB_HCA", "fake_ib1:1", -ENODEV);
+	open_refused("MP_IB_HCA", "fake_ib1:3", -EINVAL);
+	open_refused("MP_IB_HCA", "mlx5_9", -ENODEV);
+	open_refused("MP_IB_HCA", "fake_ib1:x", -EINVAL);
+	open_refused("MP_IB_HCA", ":1", -EINVAL);
+	open_refused("MP_IB_HCA", "fake_ib1:0", -EINVAL);
 	assert_int_equal(fk.ctxs, 0);
 }
 
@@ -923,14 +954,10 @@ static void test_fake_gid_selection(void **state)
 	P->close(pv);
 
 	/* Out of the table (6 entries), an empty entry, not a number. */
-	setenv("MP_IB_GID_INDEX", "6", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
-	setenv("MP_IB_GID_INDEX", "5", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
-	setenv("MP_IB_GID_INDEX", "3x", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
-	setenv("MP_IB_GID_INDEX", "-1", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	open_refused("MP_IB_GID_INDEX", "6", -EINVAL);
+	open_refused("MP_IB_GID_INDEX", "5", -EINVAL);
+	open_refused("MP_IB_GID_INDEX", "3x", -EINVAL);
+	open_refused("MP_IB_GID_INDEX", "-1", -EINVAL);
 
 	/* No RoCE v2 IPv4 GID: index 0. */
 	unsetenv("MP_IB_GID_INDEX");
@@ -946,6 +973,18 @@ static void test_fake_gid_selection(void **state)
 	assert_memory_equal(b + 16, fk.dev[0].port[0].gid[0].gid.raw, 16);
 	P->close(pv);
 	assert_int_equal(fk.ctxs, 0);
+}
+
+/* A provider whose one endpoint is connected to itself: that endpoint's queue pair. */
+static struct fk_qp *loopback_qp(int timeout_ms, struct mp_rdma_prov **pv)
+{
+	uint8_t b[MP_RDMA_EP_BLOB_MAX];
+	size_t len = sizeof(b);
+	struct mp_rdma_ep *ep;
+	assert_int_equal(open_prov(0, timeout_ms, pv), 0);
+	assert_int_equal(P->ep_create(*pv, b, &len, &ep), 0);
+	assert_int_equal(P->ep_connect(ep, b, len), 0);
+	return fk_qp_of_blob(b);
 }
 
 /* The RC attributes that reach the queue pair: env, derived from timeout_ms, defaults. */
@@ -974,31 +1013,19 @@ static void test_fake_qp_attributes(void **state)
 
 	/* A 1 s protocol timeout: 8 attempts of 4.096 us x 2^14 = 537 ms fit, 2^15 would not. */
 	struct mp_rdma_prov *pv;
-	uint8_t b[MP_RDMA_EP_BLOB_MAX];
-	size_t len = sizeof(b);
-	struct mp_rdma_ep *ep;
-	assert_int_equal(open_prov(0, 1000, &pv), 0);
-	assert_int_equal(P->ep_create(pv, b, &len, &ep), 0);
-	assert_int_equal(P->ep_connect(ep, b, len), 0); /* loopback onto itself */
-	assert_int_equal(fk_qp_of_blob(b)->timeout, 14);
+	assert_int_equal(loopback_qp(1000, &pv)->timeout, 14);
 	P->close(pv);
 
 	setenv("MP_IB_TIMEOUT", "20", 1);
 	setenv("MP_IB_RETRY_CNT", "3", 1);
-	len = sizeof(b);
-	assert_int_equal(open_prov(0, 1000, &pv), 0);
-	assert_int_equal(P->ep_create(pv, b, &len, &ep), 0);
-	assert_int_equal(P->ep_connect(ep, b, len), 0);
-	assert_int_equal(fk_qp_of_blob(b)->timeout, 20);
-	assert_int_equal(fk_qp_of_blob(b)->retry, 3);
+	struct fk_qp *q = loopback_qp(1000, &pv);
+	assert_int_equal(q->timeout, 20);
+	assert_int_equal(q->retry, 3);
 	P->close(pv);
-	setenv("MP_IB_TIMEOUT", "0", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
-	setenv("MP_IB_TIMEOUT", "32", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	open_refused("MP_IB_TIMEOUT", "0", -EINVAL);
+	open_refused("MP_IB_TIMEOUT", "32", -EINVAL);
 	unsetenv("MP_IB_TIMEOUT");
-	setenv("MP_IB_RETRY_CNT", "8", 1);
-	assert_int_equal(open_prov(0, 0, &pv), -EINVAL);
+	open_refused("MP_IB_RETRY_CNT", "8", -EINVAL);
 }
 
 /* A RoCE pair routes by GID: a global route to the peer's RoCE v2 GID. */
@@ -1018,10 +1045,8 @@ static void test_fake_roce_route(void **state)
 	char src[256], dst[256];
 	memset(src, 0x5a, sizeof(src));
 	memset(dst, 0, sizeof(dst));
-	struct mp_rdma_mr *ms, *md;
-	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
-	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
-	assert_int_equal(P->write(p.ea, src, sizeof(src), ms, (uintptr_t)dst, md->rkey, 0,
+	pair_reg(&p, src, sizeof(src), dst, sizeof(dst));
+	assert_int_equal(P->write(p.ea, src, sizeof(src), p.ms, (uintptr_t)dst, p.md->rkey, 0,
 				  MP_RDMA_WR_SIGNAL, 1), 0);
 	struct mp_rdma_cqe c[4];
 	assert_int_equal(P->poll(p.a, c, 4), 1);
@@ -1041,14 +1066,12 @@ static void test_fake_write_lands(void **state)
 	for (int i = 0; i < N; i++)
 		src[i] = (uint8_t)(i * 7 + 3);
 	memset(dst, 0xee, N + 2 * OFF);
-	struct mp_rdma_mr *ms, *md;
-	assert_int_equal(P->reg(p.a, src, N, MP_MEM_HOST, &ms), 0);
-	assert_int_equal(P->reg(p.b, dst, N + 2 * OFF, MP_MEM_HOST, &md), 0);
-	assert_ptr_equal(ms->addr, src);
-	assert_int_equal(ms->len, N);
-	assert_int_equal(ms->kind, MP_MEM_HOST);
+	pair_reg(&p, src, N, dst, N + 2 * OFF);
+	assert_ptr_equal(p.ms->addr, src);
+	assert_int_equal(p.ms->len, N);
+	assert_int_equal(p.ms->kind, MP_MEM_HOST);
 
-	assert_int_equal(P->write(p.ea, src, N, ms, (uintptr_t)dst + OFF, md->rkey, 0,
+	assert_int_equal(P->write(p.ea, src, N, p.ms, (uintptr_t)dst + OFF, p.md->rkey, 0,
 				  MP_RDMA_WR_SIGNAL, 0xabc), 0);
 	struct mp_rdma_cqe c[4];
 	assert_int_equal(P->poll(p.a, c, 4), 1);
@@ -1066,17 +1089,15 @@ static void test_fake_write_lands(void **state)
 
 	/* Unsignalled: no completion at all, but the data lands. */
 	memset(dst, 0, N + 2 * OFF);
-	assert_int_equal(P->write(p.ea, src + 10, 20, ms, (uintptr_t)dst, md->rkey, 0, 0, 1), 0);
+	assert_int_equal(P->write(p.ea, src + 10, 20, p.ms, (uintptr_t)dst, p.md->rkey, 0, 0, 1), 0);
 	assert_int_equal(P->poll(p.a, c, 4), 0);
 	assert_memory_equal(dst, src + 10, 20);
 	assert_int_equal(dst[20], 0);
 
 	/* The source must lie in the registration it names. */
-	assert_int_equal(P->write(p.ea, src + N - 4, 8, ms, (uintptr_t)dst, md->rkey, 0, 0, 1),
+	assert_int_equal(P->write(p.ea, src + N - 4, 8, p.ms, (uintptr_t)dst, p.md->rkey, 0, 0, 1),
 			 -EINVAL);
-	assert_int_equal(P->write(p.ea, src, 8, NULL, (uintptr_t)dst, md->rkey, 0, 0, 1), -EINVAL);
-	P->dereg(p.a, ms);
-	P->dereg(p.b, md);
+	assert_int_equal(P->write(p.ea, src, 8, NULL, (uintptr_t)dst, p.md->rkey, 0, 0, 1), -EINVAL);
 	pair_close(&p);
 	free(src);
 	free(dst);
@@ -1090,11 +1111,9 @@ static void test_fake_write_imm(void **state)
 	static uint32_t src[1000], dst[1000];
 	for (int i = 0; i < 1000; i++)
 		src[i] = (uint32_t)i * 2654435761u;
-	struct mp_rdma_mr *ms, *md;
-	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
-	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	pair_reg(&p, src, sizeof(src), dst, sizeof(dst));
 
-	assert_int_equal(P->write(p.ea, src, 1000, ms, (uintptr_t)dst, md->rkey, 0xdeadbeef,
+	assert_int_equal(P->write(p.ea, src, 1000, p.ms, (uintptr_t)dst, p.md->rkey, 0xdeadbeef,
 				  MP_RDMA_WR_IMM, 7), 0);
 	struct mp_rdma_cqe c[64];
 	assert_int_equal(P->poll(p.a, c, 64), 0);
@@ -1115,8 +1134,8 @@ static void test_fake_write_imm(void **state)
 	for (int round = 0; round < 10000 && got < 300; round++) {
 		while (posted < 300) {
 			size_t off = (size_t)(posted % 250) * 16;
-			int rc = P->write(p.ea, (char *)src + off, 16, ms, (uintptr_t)dst + off,
-					  md->rkey, (uint32_t)posted, MP_RDMA_WR_IMM, (uint64_t)posted);
+			int rc = P->write(p.ea, (char *)src + off, 16, p.ms, (uintptr_t)dst + off,
+					  p.md->rkey, (uint32_t)posted, MP_RDMA_WR_IMM, (uint64_t)posted);
 			if (rc == -EAGAIN)
 				break;
 			assert_int_equal(rc, 0);
@@ -1141,8 +1160,6 @@ static void test_fake_write_imm(void **state)
 	assert_int_equal(P->poll(p.b, c, 64), 1);
 	assert_int_equal(c[0].imm, 42);
 	assert_int_equal(c[0].len, 0);
-	P->dereg(p.a, ms);
-	P->dereg(p.b, md);
 	pair_close(&p);
 }
 
@@ -1152,15 +1169,14 @@ static void test_fake_inline(void **state)
 	struct pair p;
 	pair_open(&p, 16);
 	static char dst[128];
-	struct mp_rdma_mr *md;
-	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	pair_reg(&p, NULL, 0, dst, sizeof(dst));
 	assert_int_equal(P->max_inline(p.a), 64);
 
 	/* Copied when posted: the (unregistered) source is reused before the write is carried out. */
 	char rec[64];
 	memset(rec, 'A', sizeof(rec));
 	fk.hold = true;
-	assert_int_equal(P->write(p.ea, rec, sizeof(rec), NULL, (uintptr_t)dst, md->rkey, 5,
+	assert_int_equal(P->write(p.ea, rec, sizeof(rec), NULL, (uintptr_t)dst, p.md->rkey, 5,
 				  MP_RDMA_WR_INLINE | MP_RDMA_WR_IMM | MP_RDMA_WR_SIGNAL, 3), 0);
 	memset(rec, 'B', sizeof(rec));
 	fk.hold = false;
@@ -1173,9 +1189,8 @@ static void test_fake_inline(void **state)
 	for (int i = 0; i < 64; i++)
 		assert_int_equal(dst[i], 'A');
 	char big[65] = {0};
-	assert_int_equal(P->write(p.ea, big, sizeof(big), NULL, (uintptr_t)dst, md->rkey, 0,
+	assert_int_equal(P->write(p.ea, big, sizeof(big), NULL, (uintptr_t)dst, p.md->rkey, 0,
 				  MP_RDMA_WR_INLINE, 4), -EMSGSIZE);
-	P->dereg(p.b, md);
 	pair_close(&p);
 }
 
@@ -1185,12 +1200,10 @@ static void test_fake_remote_access_error(void **state)
 	struct pair p;
 	pair_open(&p, 16);
 	static char src[512], dst[512];
-	struct mp_rdma_mr *ms, *md;
-	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
-	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	pair_reg(&p, src, sizeof(src), dst, sizeof(dst));
 
 	/* A wrong rkey, on an unsignalled write: errors always complete, with the caller's wr_id. */
-	assert_int_equal(P->write(p.ea, src, 64, ms, (uintptr_t)dst, md->rkey + 1, 0, 0, 77), 0);
+	assert_int_equal(P->write(p.ea, src, 64, p.ms, (uintptr_t)dst, p.md->rkey + 1, 0, 0, 77), 0);
 	struct mp_rdma_cqe c[8];
 	assert_int_equal(P->poll(p.a, c, 8), 1);
 	assert_int_equal(c[0].op, MP_RDMA_CQE_WRITE);
@@ -1198,26 +1211,19 @@ static void test_fake_remote_access_error(void **state)
 	assert_int_equal(c[0].wr_id, 77);
 	assert_ptr_equal(c[0].ep, p.ea);
 	/* The endpoint is broken now: refused at post time. */
-	assert_int_equal(P->write(p.ea, src, 64, ms, (uintptr_t)dst, md->rkey, 0, 0, 78),
+	assert_int_equal(P->write(p.ea, src, 64, p.ms, (uintptr_t)dst, p.md->rkey, 0, 0, 78),
 			 -ECONNRESET);
 	P->ep_destroy(p.ea);
 	P->ep_destroy(p.eb);
 
 	/* Out of bounds: the last 10 bytes of dst plus 90 beyond it. */
-	p.la = sizeof(p.blob_a);
-	p.lb = sizeof(p.blob_b);
-	assert_int_equal(P->ep_create(p.a, p.blob_a, &p.la, &p.ea), 0);
-	assert_int_equal(P->ep_create(p.b, p.blob_b, &p.lb, &p.eb), 0);
-	assert_int_equal(P->ep_connect(p.ea, p.blob_b, p.lb), 0);
-	assert_int_equal(P->ep_connect(p.eb, p.blob_a, p.la), 0);
-	assert_int_equal(P->write(p.ea, src, 100, ms, (uintptr_t)dst + sizeof(dst) - 10, md->rkey,
+	pair_eps(&p, true);
+	assert_int_equal(P->write(p.ea, src, 100, p.ms, (uintptr_t)dst + sizeof(dst) - 10, p.md->rkey,
 				  1, MP_RDMA_WR_IMM | MP_RDMA_WR_SIGNAL, 79), 0);
 	assert_int_equal(P->poll(p.a, c, 8), 1);
 	assert_int_equal(c[0].status, -EACCES);
 	assert_int_equal(c[0].wr_id, 79);
 	assert_int_equal(P->poll(p.b, c, 8), 0);
-	P->dereg(p.a, ms);
-	P->dereg(p.b, md);
 	pair_close(&p);
 }
 
@@ -1227,14 +1233,12 @@ static void test_fake_retry_exceeded(void **state)
 	struct pair p;
 	pair_open(&p, 16);
 	static char src[256], dst[256];
-	struct mp_rdma_mr *ms, *md;
-	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
-	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	pair_reg(&p, src, sizeof(src), dst, sizeof(dst));
 
 	/* Three outstanding writes; the first one's retries run out, the rest are flushed. */
 	fk.hold = true;
 	for (int i = 0; i < 3; i++)
-		assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 0,
+		assert_int_equal(P->write(p.ea, src, 8, p.ms, (uintptr_t)dst, p.md->rkey, 0,
 					  i == 1 ? MP_RDMA_WR_SIGNAL : 0, 100 + (uint64_t)i), 0);
 	fk.inject = IBV_WC_RETRY_EXC_ERR;
 	fk.hold = false;
@@ -1252,18 +1256,12 @@ static void test_fake_retry_exceeded(void **state)
 	P->ep_destroy(p.eb);
 	p.eb = NULL;
 	P->ep_destroy(p.ea);
-	p.la = sizeof(p.blob_a);
-	p.lb = sizeof(p.blob_b);
-	assert_int_equal(P->ep_create(p.a, p.blob_a, &p.la, &p.ea), 0);
-	assert_int_equal(P->ep_create(p.b, p.blob_b, &p.lb, &p.eb), 0);
-	assert_int_equal(P->ep_connect(p.ea, p.blob_b, p.lb), 0);
+	pair_eps(&p, false);
 	P->ep_destroy(p.eb);
-	assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 0, 0, 200), 0);
+	assert_int_equal(P->write(p.ea, src, 8, p.ms, (uintptr_t)dst, p.md->rkey, 0, 0, 200), 0);
 	assert_int_equal(P->poll(p.a, c, 8), 1);
 	assert_int_equal(c[0].status, -ETIMEDOUT);
 	assert_int_equal(c[0].wr_id, 200);
-	P->dereg(p.a, ms);
-	P->dereg(p.b, md);
 	pair_close(&p);
 }
 
@@ -1273,21 +1271,15 @@ static void test_fake_destroy_flushes(void **state)
 	struct pair p;
 	pair_open(&p, 16);
 	static char src[256], dst[256];
-	struct mp_rdma_mr *ms, *md;
-	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
-	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	pair_reg(&p, src, sizeof(src), dst, sizeof(dst));
 	/* A second endpoint pair on the same providers, with a completion pending. */
-	struct mp_rdma_ep *ea2, *eb2;
-	uint8_t b1[MP_RDMA_EP_BLOB_MAX], b2[MP_RDMA_EP_BLOB_MAX];
-	size_t l1 = sizeof(b1), l2 = sizeof(b2);
-	assert_int_equal(P->ep_create(p.a, b1, &l1, &ea2), 0);
-	assert_int_equal(P->ep_create(p.b, b2, &l2, &eb2), 0);
-	assert_int_equal(P->ep_connect(ea2, b2, l2), 0);
-	assert_int_equal(P->ep_connect(eb2, b1, l1), 0);
-	assert_int_equal(P->write(ea2, src, 8, ms, (uintptr_t)dst, md->rkey, 0, MP_RDMA_WR_SIGNAL,
+	struct pair p2 = {.a = p.a, .b = p.b};
+	pair_eps(&p2, true);
+	assert_int_equal(P->write(p2.ea, src, 8, p.ms, (uintptr_t)dst, p.md->rkey, 0, MP_RDMA_WR_SIGNAL,
 				  900), 0);
 	/* B receives an immediate on eb that it has not polled yet. */
-	assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 1, MP_RDMA_WR_IMM, 999), 0);
+	assert_int_equal(P->write(p.ea, src, 8, p.ms, (uintptr_t)dst, p.md->rkey, 1, MP_RDMA_WR_IMM,
+				  999), 0);
 	struct mp_rdma_cqe c[16];
 
 	/* Carry both out without polling: A's CQ holds 900's completion, B's the immediate. */
@@ -1296,7 +1288,7 @@ static void test_fake_destroy_flushes(void **state)
 	/* Five writes held outstanding, two of them signalled. */
 	fk.hold = true;
 	for (int i = 0; i < 5; i++)
-		assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 0,
+		assert_int_equal(P->write(p.ea, src, 8, p.ms, (uintptr_t)dst, p.md->rkey, 0,
 					  i % 2 ? MP_RDMA_WR_SIGNAL : 0, 500 + (uint64_t)i), 0);
 	P->ep_destroy(p.ea);
 	fk.hold = false;
@@ -1307,7 +1299,7 @@ static void test_fake_destroy_flushes(void **state)
 	for (int i = 0; i < n; i++) {
 		if (c[i].wr_id == 900) {
 			assert_int_equal(c[i].status, 0);
-			assert_ptr_equal(c[i].ep, ea2);
+			assert_ptr_equal(c[i].ep, p2.ea);
 			continue;
 		}
 		assert_int_equal(c[i].op, MP_RDMA_CQE_WRITE);
@@ -1321,8 +1313,6 @@ static void test_fake_destroy_flushes(void **state)
 	/* The immediate for eb sits in B's CQ; eb destroyed first: it is dropped, not read through freed memory. */
 	P->ep_destroy(p.eb);
 	assert_int_equal(P->poll(p.b, c, 16), 0);
-	P->dereg(p.a, ms);
-	P->dereg(p.b, md);
 	pair_close(&p);
 }
 
@@ -1332,21 +1322,17 @@ static void test_fake_send_queue_full(void **state)
 	struct pair p;
 	pair_open(&p, 4);
 	static char src[64], dst[64];
-	struct mp_rdma_mr *ms, *md;
-	assert_int_equal(P->reg(p.a, src, sizeof(src), MP_MEM_HOST, &ms), 0);
-	assert_int_equal(P->reg(p.b, dst, sizeof(dst), MP_MEM_HOST, &md), 0);
+	pair_reg(&p, src, sizeof(src), dst, sizeof(dst));
 	struct mp_rdma_cqe c[8];
 	/* Unsignalled writes only: the provider's own periodic signals must free the ring. */
 	for (int round = 0; round < 50; round++) {
 		fk.hold = true;
 		for (int i = 0; i < 4; i++)
-			assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 0, 0, 1), 0);
-		assert_int_equal(P->write(p.ea, src, 8, ms, (uintptr_t)dst, md->rkey, 0, 0, 1), -EAGAIN);
+			assert_int_equal(P->write(p.ea, src, 8, p.ms, (uintptr_t)dst, p.md->rkey, 0, 0, 1), 0);
+		assert_int_equal(P->write(p.ea, src, 8, p.ms, (uintptr_t)dst, p.md->rkey, 0, 0, 1), -EAGAIN);
 		fk.hold = false;
 		assert_int_equal(P->poll(p.a, c, 8), 0);
 	}
-	P->dereg(p.a, ms);
-	P->dereg(p.b, md);
 	pair_close(&p);
 }
 

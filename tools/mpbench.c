@@ -465,6 +465,15 @@ static int fd_recv_msg(int fd, struct msg *m, int timeout_ms)
 	return 1;
 }
 
+/* A fixed-size message body: copied into @out when @m is exactly @len bytes long (1), else 0. */
+static int msg_copy(const struct msg *m, void *out, size_t len)
+{
+	if (m->len != len)
+		return 0;
+	memcpy(out, m->data, len);
+	return 1;
+}
+
 /* ------------------------------------------------------------------------ */
 /* In-memory message queues (loop transport: peers are threads)              */
 
@@ -914,6 +923,9 @@ static void print_footer(const struct agg *a)
 
 static void json_str(FILE *f, const char *s)
 {
+	/* The characters with a short escape, and the letter each takes after '\\'. */
+	static const char esc_from[] = "\"\\\n\r\t", esc_to[] = "\"\\nrt";
+
 	if (!s) {
 		fputs("null", f);
 		return;
@@ -921,28 +933,15 @@ static void json_str(FILE *f, const char *s)
 	fputc('"', f);
 	for (; *s; s++) {
 		unsigned char ch = (unsigned char)*s;
+		const char *e = strchr(esc_from, ch);
 
-		switch (ch) {
-		case '"':
-			fputs("\\\"", f);
-			break;
-		case '\\':
-			fputs("\\\\", f);
-			break;
-		case '\n':
-			fputs("\\n", f);
-			break;
-		case '\r':
-			fputs("\\r", f);
-			break;
-		case '\t':
-			fputs("\\t", f);
-			break;
-		default:
-			if (ch < 0x20)
-				fprintf(f, "\\u%04x", ch);
-			else
-				fputc(ch, f);
+		if (e) {
+			fputc('\\', f);
+			fputc(esc_to[e - esc_from], f);
+		} else if (ch < 0x20) {
+			fprintf(f, "\\u%04x", ch);
+		} else {
+			fputc(ch, f);
 		}
 	}
 	fputc('"', f);
@@ -1595,18 +1594,17 @@ static int coordinate(const struct bench *b, struct coord *c, struct agg *a)
 				have_addr[r] = 1;
 				naddr++;
 				break;
-			case MSG_RESULT:
-				if (m.len != sizeof(struct size_result)) {
+			case MSG_RESULT: {
+				struct size_result sr;
+
+				if (!msg_copy(&m, &sr, sizeof(sr))) {
 					fprintf(stderr, PROG ": %s sent a malformed result\n", name);
 					free(m.data);
 					goto out;
-				} else {
-					struct size_result sr;
-
-					memcpy(&sr, m.data, sizeof(sr));
-					agg_add(a, &sr);
 				}
+				agg_add(a, &sr);
 				break;
+			}
 			case MSG_HEARTBEAT:
 				break;
 			case MSG_ERROR:
@@ -1710,11 +1708,64 @@ static int reap_children(const struct bench *b, struct coord *c)
 	return rc;
 }
 
+/*
+ * Fork a peer process joined to this one by a pipe each way; @what names it
+ * in the message when that fails. In the parent: the child's pid, with
+ * @fds[0] reading what the child sends up and @fds[1] (non-blocking)
+ * writing down to it. In the child, which dies with its parent: 0, with
+ * @fds[0] (non-blocking) writing up and @fds[1] reading down; it must close
+ * what the parent holds for other peers, then _exit. -1 after a message.
+ */
+static pid_t fork_peer(const char *what, int fds[2])
+{
+	pid_t self = getpid(), pid;
+	int up[2], down[2];
+
+	if (pipe(up) < 0) {
+		fprintf(stderr, PROG ": pipe: %s\n", strerror(errno));
+		return -1;
+	}
+	if (pipe(down) < 0) {
+		fprintf(stderr, PROG ": pipe: %s\n", strerror(errno));
+		close(up[0]);
+		close(up[1]);
+		return -1;
+	}
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, PROG ": cannot start %s: fork: %s\n", what, strerror(errno));
+		close(up[0]);
+		close(up[1]);
+		close(down[0]);
+		close(down[1]);
+		return -1;
+	}
+	if (pid == 0) {
+#ifdef __linux__
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+		if (getppid() != self)
+			_exit(EXIT_FAIL);
+		close(up[0]);
+		close(down[1]);
+		set_nonblock(up[1]);
+		fds[0] = up[1];
+		fds[1] = down[0];
+		return 0;
+	}
+	close(up[1]);
+	close(down[0]);
+	set_nonblock(down[1]);
+	fds[0] = up[0];
+	fds[1] = down[1];
+	return pid;
+}
+
 static int run_local_procs(const struct bench *b, struct agg *a)
 {
 	int n = b->npeers;
 	struct coord c = { .n = n };
-	pid_t self = getpid();
 	int rc;
 
 	c.up_fd = xcalloc((size_t)n, sizeof(int));
@@ -1724,53 +1775,26 @@ static int run_local_procs(const struct bench *b, struct agg *a)
 		c.up_fd[r] = -1;
 		c.down[r].fd = -1;
 	}
-	fflush(NULL);
 	for (int k = 0; k < n; k++) {
-		int up[2], down[2];
+		char what[32];
+		int fds[2];
 		pid_t pid;
 
-		if (pipe(up) < 0) {
-			fprintf(stderr, PROG ": pipe: %s\n", strerror(errno));
+		snprintf(what, sizeof(what), "peer %d", k);
+		pid = fork_peer(what, fds);
+		if (pid < 0)
 			goto fail;
-		}
-		if (pipe(down) < 0) {
-			fprintf(stderr, PROG ": pipe: %s\n", strerror(errno));
-			close(up[0]);
-			close(up[1]);
-			goto fail;
-		}
-		pid = fork();
-		if (pid < 0) {
-			fprintf(stderr, PROG ": cannot start peer %d: fork: %s\n", k,
-				strerror(errno));
-			close(up[0]);
-			close(up[1]);
-			close(down[0]);
-			close(down[1]);
-			goto fail;
-		}
 		if (pid == 0) {
-			struct chan cu = { .fd = up[1] }, cd = { .fd = down[0] };
+			struct chan cu = { .fd = fds[0] }, cd = { .fd = fds[1] };
 
-#ifdef __linux__
-			prctl(PR_SET_PDEATHSIG, SIGKILL);
-#endif
-			if (getppid() != self)
-				_exit(EXIT_FAIL);
 			for (int j = 0; j < k; j++) {
 				close(c.up_fd[j]);
 				close(c.down[j].fd);
 			}
-			close(up[0]);
-			close(down[1]);
-			set_nonblock(up[1]);
 			_exit(peer_main(b, k, &cu, &cd) ? EXIT_FAIL : EXIT_OK);
 		}
-		close(up[1]);
-		close(down[0]);
-		set_nonblock(down[1]);
-		c.up_fd[k] = up[0];
-		c.down[k].fd = down[1];
+		c.up_fd[k] = fds[0];
+		c.down[k].fd = fds[1];
 		c.pid[k] = pid;
 	}
 	rc = coordinate(b, &c, a);
@@ -2280,9 +2304,10 @@ static int fspawn(struct fcoord *fc, int role, int npeers, const char *bootstrap
 		  int64_t from_round)
 {
 	const struct bench *b = fc->b;
-	pid_t self = getpid(), pid;
 	struct fpeer *fp;
-	int up[2], down[2];
+	char what[64];
+	int fds[2];
+	pid_t pid;
 
 	if (fc->n == fc->cap) {
 		fc->cap = fc->cap ? fc->cap * 2 : 32;
@@ -2308,51 +2333,23 @@ static int fspawn(struct fcoord *fc, int role, int npeers, const char *bootstrap
 	fp->id = fp->s.id;
 	fp->seen = now_ms();
 
-	if (pipe(up) < 0) {
-		fprintf(stderr, PROG ": pipe: %s\n", strerror(errno));
+	snprintf(what, sizeof(what), "%s %d", role_names[role], fp->s.idx);
+	pid = fork_peer(what, fds);
+	if (pid < 0)
 		return -1;
-	}
-	if (pipe(down) < 0) {
-		fprintf(stderr, PROG ": pipe: %s\n", strerror(errno));
-		close(up[0]);
-		close(up[1]);
-		return -1;
-	}
-	fflush(NULL);
-	pid = fork();
-	if (pid < 0) {
-		fprintf(stderr, PROG ": cannot start %s %d: fork: %s\n", role_names[role],
-			fp->s.idx, strerror(errno));
-		close(up[0]);
-		close(up[1]);
-		close(down[0]);
-		close(down[1]);
-		return -1;
-	}
 	if (pid == 0) {
-		struct chan cu = { .fd = up[1] }, cd = { .fd = down[0] };
+		struct chan cu = { .fd = fds[0] }, cd = { .fd = fds[1] };
 
-#ifdef __linux__
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-#endif
-		if (getppid() != self)
-			_exit(EXIT_FAIL);
 		for (int j = 0; j < fc->n; j++) {
 			if (fc->p[j].up_fd >= 0)
 				close(fc->p[j].up_fd);
 			if (fc->p[j].down_fd >= 0)
 				close(fc->p[j].down_fd);
 		}
-		close(up[0]);
-		close(down[1]);
-		set_nonblock(up[1]);
 		_exit(follow_peer(b, &fp->s, &cu, &cd) ? EXIT_FAIL : EXIT_OK);
 	}
-	close(up[1]);
-	close(down[0]);
-	set_nonblock(down[1]);
-	fp->up_fd = up[0];
-	fp->down_fd = down[1];
+	fp->up_fd = fds[0];
+	fp->down_fd = fds[1];
 	fp->pid = pid;
 	fc->n++;
 	return 0;
@@ -2565,30 +2562,26 @@ static int fhandle(struct fcoord *fc, struct fpeer *fp, struct msg *m)
 		memcpy(fp->addr, m->data, m->len + 1);
 		fp->have_addr = 1;
 		return 0;
-	case MSG_HELLO:
-		if (m->len != sizeof(struct hello))
-			break;
-		{
-			struct hello h;
+	case MSG_HELLO: {
+		struct hello h;
 
-			memcpy(&h, m->data, sizeof(h));
-			h.dht[sizeof(h.dht) - 1] = '\0';
-			fp->id = h.id;
-			memcpy(fp->dht, h.dht, sizeof(fp->dht));
-			fp->hello = 1;
-		}
-		return 0;
-	case MSG_ROUND:
-		if (m->len != sizeof(struct round_report))
+		if (!msg_copy(m, &h, sizeof(h)))
 			break;
-		{
-			struct round_report rr;
-
-			memcpy(&rr, m->data, sizeof(rr));
-			fp->last_round = rr.round;
-			fp->grouped += rr.grouped != 0;
-		}
+		h.dht[sizeof(h.dht) - 1] = '\0';
+		fp->id = h.id;
+		memcpy(fp->dht, h.dht, sizeof(fp->dht));
+		fp->hello = 1;
 		return 0;
+	}
+	case MSG_ROUND: {
+		struct round_report rr;
+
+		if (!msg_copy(m, &rr, sizeof(rr)))
+			break;
+		fp->last_round = rr.round;
+		fp->grouped += rr.grouped != 0;
+		return 0;
+	}
 	case MSG_VECTOR:
 		if (m->len != vbytes || fp->vec)
 			break;
@@ -2596,15 +2589,13 @@ static int fhandle(struct fcoord *fc, struct fpeer *fp, struct msg *m)
 		memcpy(fp->vec, m->data, vbytes);
 		return 0;
 	case MSG_RESULT:
-		if (m->len != sizeof(struct size_result))
+		if (!msg_copy(m, &fp->res, sizeof(fp->res)))
 			break;
-		memcpy(&fp->res, m->data, sizeof(fp->res));
 		fp->have_res = 1;
 		return 0;
 	case MSG_SUMMARY:
-		if (m->len != sizeof(struct summary))
+		if (!msg_copy(m, &fp->sum, sizeof(fp->sum)))
 			break;
-		memcpy(&fp->sum, m->data, sizeof(fp->sum));
 		fp->have_sum = 1;
 		return 0;
 	case MSG_HEARTBEAT:
@@ -3189,10 +3180,67 @@ static int launcher_env(int *rank, int *size, const char **name)
 	return 0;
 }
 
+/* An option whose value is only checked, then stored in its variable. */
+struct field_opt {
+	int opt;
+	const char *name; /* in messages */
+	enum { FIELD_INT, FIELD_REAL, FIELD_TEXT } kind;
+	void *field;      /* an int, a double or a const char * (not empty) */
+	double lo, hi;    /* the range of FIELD_INT (exact in a double) and FIELD_REAL */
+};
+
+/* 1 when @o is in @f (its value stored), 0 when it is not. */
+static int set_field_opt(const struct field_opt *f, size_t n, int o, const char *arg)
+{
+	for (; n > 0; f++, n--) {
+		if (f->opt != o)
+			continue;
+		switch (f->kind) {
+		case FIELD_INT:
+			*(int *)f->field = (int)parse_int(f->name, arg, (int64_t)f->lo,
+							  (int64_t)f->hi);
+			break;
+		case FIELD_REAL:
+			*(double *)f->field = parse_real(f->name, arg, f->lo, f->hi);
+			break;
+		case FIELD_TEXT:
+			if (!*arg)
+				usage_error("empty %s", f->name);
+			*(const char **)f->field = arg;
+			break;
+		}
+		return 1;
+	}
+	return 0;
+}
+
 static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			  int *peers_opt)
 {
 	struct mp_config *c = &b->cfg;
+	const struct field_opt fields[] = {
+		{ 'n', "--iters", FIELD_INT, &b->iters, 1, INT_MAX / 2 },
+		{ 'w', "--warmup_iters", FIELD_INT, &b->warmup, 0, INT_MAX / 2 },
+		{ 'c', "--check", FIELD_INT, &b->check, 0, 1 },
+		{ OPT_PEERS, "--peers", FIELD_INT, peers_opt, 1, 1 << 20 },
+		{ OPT_RANK, "--rank", FIELD_INT, rank_opt, 0, INT_MAX - 1 },
+		{ OPT_ROUNDS, "--rounds", FIELD_INT, &c->rounds, 0, 1 << 16 },
+		{ OPT_STREAMS, "--streams", FIELD_INT, &c->streams, 0, 1024 },
+		{ OPT_DHT_PORT, "--dht-port", FIELD_INT, &c->dht_port, 0, 65535 },
+		{ OPT_JOIN, "--join", FIELD_INT, &b->join, 0, 1 },
+		{ OPT_LATE, "--late", FIELD_INT, &b->late, 0, 1024 },
+		{ OPT_INTRUDERS, "--intruders", FIELD_INT, &b->intruders, 0, 1024 },
+		{ OPT_CLIENTS, "--clients", FIELD_INT, &b->clients, 0, 1024 },
+		{ OPT_AUX, "--aux", FIELD_INT, &b->aux, 0, 1024 },
+		{ OPT_COMPUTE_MS, "--compute-ms", FIELD_INT, &b->compute_ms, 0, 60000 },
+		{ OPT_INJECT_LOSS, "--inject-loss", FIELD_REAL, &b->inject_loss, 0.0, 0.5 },
+		{ OPT_CHURN, "--churn", FIELD_REAL, &b->churn, 0.0, 0.5 },
+		{ OPT_MAX_RMS, "--max-rms", FIELD_REAL, &b->max_rms, 0.0, HUGE_VAL },
+		{ OPT_JSON, "--json", FIELD_TEXT, &b->json, 0, 0 },
+		{ OPT_HOSTFILE, "--hostfile", FIELD_TEXT, &c->hostfile, 0, 0 },
+		{ OPT_RUN, "--run", FIELD_TEXT, &b->run, 0, 0 },
+		{ OPT_LOGS, "--logs", FIELD_TEXT, &b->logdir, 0, 0 },
+	};
 	int o;
 
 	cli_init(PROG, usage);
@@ -3202,6 +3250,8 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 	while ((o = getopt_long(argc, argv, ":b:e:f:n:w:c:h", long_opts, NULL)) != -1) {
 		const char *name = optind > 0 && optind <= argc ? argv[optind - 1] : "option";
 
+		if (set_field_opt(fields, sizeof(fields) / sizeof(fields[0]), o, optarg))
+			continue;
 		switch (o) {
 		case 'b':
 			b->minbytes = parse_size("--minbytes", optarg, 0, UINT64_MAX);
@@ -3214,28 +3264,13 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		case 'f':
 			b->stepfactor = (uint64_t)parse_int("--stepfactor", optarg, 2, 1 << 20);
 			break;
-		case 'n':
-			b->iters = (int)parse_int("--iters", optarg, 1, INT_MAX / 2);
-			break;
-		case 'w':
-			b->warmup = (int)parse_int("--warmup_iters", optarg, 0, INT_MAX / 2);
-			break;
-		case 'c':
-			b->check = (int)parse_int("--check", optarg, 0, 1);
-			break;
 		case OPT_TRANSPORT:
 			if (!mp_transport_available(optarg))
 				usage_error("--transport=%s: not built into this library", optarg);
 			b->transport = optarg;
 			break;
-		case OPT_PEERS:
-			*peers_opt = (int)parse_int("--peers", optarg, 1, 1 << 20);
-			break;
 		case OPT_DPDK_ARGS:
 			b->dpdk_args = optarg;
-			break;
-		case OPT_INJECT_LOSS:
-			b->inject_loss = parse_real("--inject-loss", optarg, 0, 0.5);
 			break;
 		case OPT_ALGO: {
 			int v = mp_algo_from_name(optarg);
@@ -3257,9 +3292,6 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			c->grid = optarg;
 			break;
 		}
-		case OPT_ROUNDS:
-			c->rounds = (int)parse_int("--rounds", optarg, 0, 1 << 16);
-			break;
 		case OPT_CODEC: {
 			if (mp_codec_parse(optarg, c))
 				usage_error("bad --codec '%s' (none, fp16, bf16, uniform8[:SIGMAS], "
@@ -3267,24 +3299,6 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 					    "adacomp[:conv|fc|BIN] or auto)", optarg);
 			break;
 		}
-		case OPT_JSON:
-			if (!*optarg)
-				usage_error("empty --json");
-			b->json = optarg;
-			break;
-		case OPT_HOSTFILE:
-			if (!*optarg)
-				usage_error("empty --hostfile");
-			c->hostfile = optarg;
-			break;
-		case OPT_RANK:
-			*rank_opt = (int)parse_int("--rank", optarg, 0, INT_MAX - 1);
-			break;
-		case OPT_RUN:
-			if (!*optarg)
-				usage_error("empty --run");
-			b->run = optarg;
-			break;
 		case OPT_CHUNK: {
 			uint64_t v = parse_size("--chunk", optarg, 0, UINT64_MAX);
 
@@ -3294,9 +3308,6 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			c->chunk_bytes = (size_t)v;
 			break;
 		}
-		case OPT_STREAMS:
-			c->streams = (int)parse_int("--streams", optarg, 0, 1024);
-			break;
 		case OPT_TIMEOUT: {
 			int v = (int)parse_int("--timeout", optarg, 1, INT_MAX / 64);
 
@@ -3337,15 +3348,6 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 				usage_error("bad --bootstrap '%s' (host:port[,host:port...])", optarg);
 			c->bootstrap = optarg;
 			break;
-		case OPT_DHT_PORT:
-			c->dht_port = (int)parse_int("--dht-port", optarg, 0, 65535);
-			break;
-		case OPT_CHURN:
-			b->churn = parse_real("--churn", optarg, 0.0, 0.5);
-			break;
-		case OPT_JOIN:
-			b->join = (int)parse_int("--join", optarg, 0, 1);
-			break;
 		case OPT_FAULT: {
 			char *end;
 			long idx;
@@ -3364,29 +3366,6 @@ static void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			b->nfaults++;
 			break;
 		}
-		case OPT_LATE:
-			b->late = (int)parse_int("--late", optarg, 0, 1024);
-			break;
-		case OPT_INTRUDERS:
-			b->intruders = (int)parse_int("--intruders", optarg, 0, 1024);
-			break;
-		case OPT_CLIENTS:
-			b->clients = (int)parse_int("--clients", optarg, 0, 1024);
-			break;
-		case OPT_AUX:
-			b->aux = (int)parse_int("--aux", optarg, 0, 1024);
-			break;
-		case OPT_MAX_RMS:
-			b->max_rms = parse_real("--max-rms", optarg, 0.0, HUGE_VAL);
-			break;
-		case OPT_COMPUTE_MS:
-			b->compute_ms = (int)parse_int("--compute-ms", optarg, 0, 60000);
-			break;
-		case OPT_LOGS:
-			if (!*optarg)
-				usage_error("empty --logs");
-			b->logdir = optarg;
-			break;
 		case 'h':
 			usage(stdout);
 			exit(EXIT_OK);
