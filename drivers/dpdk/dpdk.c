@@ -311,8 +311,8 @@ static const char *eal_hint(int e)
 {
 	switch (e) {
 	case EACCES:
-		return "permission denied: run as root or give the user access to hugepages, "
-		       "/dev/vfio and the NIC";
+		return "permission denied, or no hugepages at all: run as root or give the user "
+		       "access to hugepages, /dev/vfio and the NIC, and reserve hugepages";
 	case EAGAIN:
 		return "not enough memory: reserve hugepages (dpdk-hugepages.py) or run with "
 		       "--no-huge -m <MB>";
@@ -393,12 +393,29 @@ static char **split_args(const char *s, int *argc)
 	return v;
 }
 
+/* HugePages_Free of /proc/meminfo (pages of the default size), or -1. */
+static long free_hugepages(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[128];
+	long n = -1;
+
+	if (!f)
+		return -1;
+	while (n < 0 && fgets(line, sizeof(line), f))
+		if (sscanf(line, "HugePages_Free: %ld", &n) != 1)
+			n = -1;
+	fclose(f);
+	return n;
+}
+
 static int eal_up(void)
 {
 	const char *user = getenv("MP_DPDK_EAL");
 	char args[1024], lc[512];
 	char **argv;
 	int argc, rc;
+	bool huge = false;
 
 	if (g.eal)
 		return g.eal > 0 ? 0 : g.eal;
@@ -412,7 +429,7 @@ static int eal_up(void)
 		 * Hugepages on request, in memory only: no files in hugetlbfs
 		 * outlive the process (a peer killed with SIGKILL included).
 		 */
-		bool huge = env_long("MP_DPDK_HUGEPAGES", 0, 0, 1);
+		huge = env_long("MP_DPDK_HUGEPAGES", 0, 0, 1);
 
 		lcores_arg(lc, sizeof(lc));
 		snprintf(args, sizeof(args),
@@ -433,6 +450,11 @@ static int eal_up(void)
 
 		MP_WARN("dpdk: EAL initialisation failed: %s (%s); arguments: %s", rte_strerror(e),
 			eal_hint(e), args);
+		if (huge)
+			MP_WARN("dpdk: MP_DPDK_HUGEPAGES=1 wants %ld MB of hugepages and %ld pages are "
+				"free (/proc/meminfo): reserve more, e.g. echo 256 > "
+				"/proc/sys/vm/nr_hugepages, or leave MP_DPDK_HUGEPAGES unset",
+				env_long("MP_DPDK_MEM_MB", 256, 16, 1 << 20), free_hugepages());
 		g.eal = -(e ? e : EINVAL);
 		return g.eal;
 	}
