@@ -20,33 +20,18 @@
  * and a NaN input falls through untouched. The rounding immediate is explicit
  * (_MM_FROUND_TO_NEAREST_INT) so MXCSR's rounding mode does not matter.
  *
- * Ragged ends of the vector loops go through a small stack buffer and the
- * same vector instructions, so no element ever depends on the scalar code
- * matching the hardware (the tests check that it does anyway).
+ * Ragged ends of the vector loops go through the same vector instructions
+ * (masked on AVX-512, through a small stack buffer on AVX2), so no element
+ * ever depends on the scalar code matching the hardware (the tests check
+ * that it does anyway).
  */
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "kernels_cpu.h"
+#include "kloop.h"
 
 #define F16_MAX 65504.0f
-
-static inline uint32_t f32_bits(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
 
 /* Integer-only, so the result cannot depend on MXCSR (FTZ/DAZ, rounding mode). */
 static inline uint16_t f32_to_f16_1(float f)
@@ -149,95 +134,43 @@ AVX2 static inline __m128i cvt8_to_f16(__m256 v)
 	return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
 }
 
-AVX2 static inline __m256 axpy8(__m256 a, __m256 x, __m256 w)
+AVX2 static inline __m256i f16_nstep8(const void *c, const float *p)
 {
-	__m256 p = _mm256_mul_ps(x, w);
-
-	NOFUSE_V(p);
-	return _mm256_add_ps(a, p);
+	(void)c;
+	return _mm256_castsi128_si256(cvt8_to_f16(_mm256_loadu_ps(p)));
 }
 
 AVX2 void mp_kcpu_f32_to_f16_avx2(uint16_t *dst, const float *src, size_t n)
 {
-	size_t i = 0;
+	kl_narrow8(dst, sizeof(*dst), src, n, 8, 2, f16_nstep8, NULL);
+}
 
-	for (; i + 16 <= n; i += 16) {
-		__m128i h0 = cvt8_to_f16(_mm256_loadu_ps(src + i));
-		__m128i h1 = cvt8_to_f16(_mm256_loadu_ps(src + i + 8));
-
-		_mm_storeu_si128((__m128i *)(dst + i), h0);
-		_mm_storeu_si128((__m128i *)(dst + i + 8), h1);
-	}
-	for (; i + 8 <= n; i += 8)
-		_mm_storeu_si128((__m128i *)(dst + i), cvt8_to_f16(_mm256_loadu_ps(src + i)));
-	if (i < n) {
-		float fb[8] = {0};
-		uint16_t hb[8];
-
-		memcpy(fb, src + i, (n - i) * sizeof(float));
-		_mm_storeu_si128((__m128i *)hb, cvt8_to_f16(_mm256_loadu_ps(fb)));
-		memcpy(dst + i, hb, (n - i) * sizeof(uint16_t));
-	}
+AVX2 static inline __m256 f16_step8(const struct kl8 *c, const void *p)
+{
+	(void)c;
+	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
 AVX2 void mp_kcpu_f16_to_f32_avx2(float *dst, const uint16_t *src, size_t n)
 {
-	size_t i = 0;
+	const struct kl8 c = {0};
 
-	for (; i + 16 <= n; i += 16) {
-		__m256 f0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i)));
-		__m256 f1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i + 8)));
-
-		_mm256_storeu_ps(dst + i, f0);
-		_mm256_storeu_ps(dst + i + 8, f1);
-	}
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-	if (i < n) {
-		uint16_t hb[8] = {0};
-		float fb[8];
-
-		memcpy(hb, src + i, (n - i) * sizeof(uint16_t));
-		_mm256_storeu_ps(fb, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hb)));
-		memcpy(dst + i, fb, (n - i) * sizeof(float));
-	}
+	kl_widen8(dst, src, sizeof(*src), n, 2, f16_step8, &c, KL_STORE);
 }
 
 AVX2 void mp_kcpu_f16_axpy_avx2(float *acc, const uint16_t *src, float w, size_t n)
 {
-	const __m256 vw = _mm256_set1_ps(w);
-	size_t i = 0;
+	const struct kl8 c = {.w = _mm256_set1_ps(w)};
 
-	for (; i + 16 <= n; i += 16) {
-		__m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i)));
-		__m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i + 8)));
-		__m256 a0 = axpy8(_mm256_loadu_ps(acc + i), x0, vw);
-		__m256 a1 = axpy8(_mm256_loadu_ps(acc + i + 8), x1, vw);
-
-		_mm256_storeu_ps(acc + i, a0);
-		_mm256_storeu_ps(acc + i + 8, a1);
-	}
-	for (; i + 8 <= n; i += 8) {
-		__m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i)));
-
-		_mm256_storeu_ps(acc + i, axpy8(_mm256_loadu_ps(acc + i), x, vw));
-	}
-	if (i < n) {
-		uint16_t hb[8] = {0};
-		float ab[8] = {0};
-
-		memcpy(hb, src + i, (n - i) * sizeof(uint16_t));
-		memcpy(ab, acc + i, (n - i) * sizeof(float));
-		__m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hb));
-
-		_mm256_storeu_ps(ab, axpy8(_mm256_loadu_ps(ab), x, vw));
-		memcpy(acc + i, ab, (n - i) * sizeof(float));
-	}
+	kl_widen8(acc, src, sizeof(*src), n, 2, f16_step8, &c, KL_AXPY);
 }
 
-/* ---- AVX-512F: 16 lanes; the conversions are part of AVX-512F itself ---- */
+/*
+ * ---- AVX-512: 16 lanes; the conversions are part of AVX-512F itself, BW
+ * and VL (in dispatch.c's "avx512" level) give the 16-bit masked accesses ----
+ */
 
-#define AVX512 __attribute__((target("avx512f")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 AVX512 static inline __m256i cvt16_to_f16(__m512 v)
 {
@@ -248,93 +181,35 @@ AVX512 static inline __m256i cvt16_to_f16(__m512 v)
 	return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
 }
 
-AVX512 static inline __m512 axpy16(__m512 a, __m512 x, __m512 w)
+AVX512 static inline __m256i f16_nstep16x(const void *c, __m512 x)
 {
-	__m512 p = _mm512_mul_ps(x, w);
-
-	NOFUSE_V(p);
-	return _mm512_add_ps(a, p);
-}
-
-AVX512 static inline __mmask16 tail_mask(size_t k)
-{
-	return (__mmask16)((1u << k) - 1u);
+	(void)c;
+	return cvt16_to_f16(x);
 }
 
 AVX512 void mp_kcpu_f32_to_f16_avx512(uint16_t *dst, const float *src, size_t n)
 {
-	size_t i = 0;
+	kl_narrow16(dst, sizeof(*dst), src, n, 2, f16_nstep16x, NULL);
+}
 
-	for (; i + 32 <= n; i += 32) {
-		__m256i h0 = cvt16_to_f16(_mm512_loadu_ps(src + i));
-		__m256i h1 = cvt16_to_f16(_mm512_loadu_ps(src + i + 16));
-
-		_mm256_storeu_si256((__m256i *)(dst + i), h0);
-		_mm256_storeu_si256((__m256i *)(dst + i + 16), h1);
-	}
-	for (; i + 16 <= n; i += 16)
-		_mm256_storeu_si256((__m256i *)(dst + i), cvt16_to_f16(_mm512_loadu_ps(src + i)));
-	if (i < n) {
-		/* 16-bit masked stores need AVX-512BW; a bounce buffer needs nothing. */
-		uint16_t hb[16];
-		__m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), src + i);
-
-		_mm256_storeu_si256((__m256i *)hb, cvt16_to_f16(v));
-		memcpy(dst + i, hb, (n - i) * sizeof(uint16_t));
-	}
+AVX512 static inline __m512 f16_step16(const struct kl16 *c, const void *p, __mmask16 m, int full)
+{
+	(void)c;
+	return _mm512_cvtph_ps(full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p));
 }
 
 AVX512 void mp_kcpu_f16_to_f32_avx512(float *dst, const uint16_t *src, size_t n)
 {
-	size_t i = 0;
+	const struct kl16 c = {0};
 
-	for (; i + 32 <= n; i += 32) {
-		__m512 f0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
-		__m512 f1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i + 16)));
-
-		_mm512_storeu_ps(dst + i, f0);
-		_mm512_storeu_ps(dst + i + 16, f1);
-	}
-	for (; i + 16 <= n; i += 16)
-		_mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-	if (i < n) {
-		uint16_t hb[16] = {0};
-
-		memcpy(hb, src + i, (n - i) * sizeof(uint16_t));
-		_mm512_mask_storeu_ps(dst + i, tail_mask(n - i),
-				      _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hb)));
-	}
+	kl_widen16(dst, src, sizeof(*src), n, 2, f16_step16, &c, KL_STORE);
 }
 
 AVX512 void mp_kcpu_f16_axpy_avx512(float *acc, const uint16_t *src, float w, size_t n)
 {
-	const __m512 vw = _mm512_set1_ps(w);
-	size_t i = 0;
+	const struct kl16 c = {.w = _mm512_set1_ps(w)};
 
-	for (; i + 32 <= n; i += 32) {
-		__m512 x0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
-		__m512 x1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i + 16)));
-		__m512 a0 = axpy16(_mm512_loadu_ps(acc + i), x0, vw);
-		__m512 a1 = axpy16(_mm512_loadu_ps(acc + i + 16), x1, vw);
-
-		_mm512_storeu_ps(acc + i, a0);
-		_mm512_storeu_ps(acc + i + 16, a1);
-	}
-	for (; i + 16 <= n; i += 16) {
-		__m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
-
-		_mm512_storeu_ps(acc + i, axpy16(_mm512_loadu_ps(acc + i), x, vw));
-	}
-	if (i < n) {
-		__mmask16 m = tail_mask(n - i);
-		uint16_t hb[16] = {0};
-
-		memcpy(hb, src + i, (n - i) * sizeof(uint16_t));
-		__m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hb));
-		__m512 a = axpy16(_mm512_maskz_loadu_ps(m, acc + i), x, vw);
-
-		_mm512_mask_storeu_ps(acc + i, m, a);
-	}
+	kl_widen16(acc, src, sizeof(*src), n, 2, f16_step16, &c, KL_AXPY);
 }
 
 #endif /* MP_K_X86 */

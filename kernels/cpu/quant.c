@@ -48,6 +48,7 @@
 
 #include "kernels.h"
 #include "kernels_cpu.h"
+#include "kloop.h"
 #include "quant.h"
 
 /* Elements per uniform8 quantise block: codes and floats stay in L1 for the histogram. */
@@ -57,22 +58,6 @@
 #define LANES_BLOCK 2048
 
 int mp_kq_avoid_fma;
-
-static inline uint32_t f32_bits(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
 
 /* ================================ scalar ================================ */
 
@@ -374,98 +359,37 @@ AVX2 static inline __m256i bf16_16(const float *src)
 	return _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xd8);
 }
 
-AVX2 static void bf16_enc_avx2(unsigned char *dst, const float *src, size_t n)
+AVX2 static inline __m256i bf16_nstep16(const void *c, const float *p)
 {
-	size_t i = 0;
-
-	for (; i + 32 <= n; i += 32) {
-		__m256i h0 = bf16_16(src + i);
-		__m256i h1 = bf16_16(src + i + 16);
-
-		_mm256_storeu_si256((__m256i *)(dst + 2 * i), h0);
-		_mm256_storeu_si256((__m256i *)(dst + 2 * i + 32), h1);
-	}
-	for (; i + 16 <= n; i += 16)
-		_mm256_storeu_si256((__m256i *)(dst + 2 * i), bf16_16(src + i));
-	if (i < n) {
-		float fb[16] = {0};
-		unsigned char hb[32];
-
-		memcpy(fb, src + i, (n - i) * sizeof(float));
-		_mm256_storeu_si256((__m256i *)hb, bf16_16(fb));
-		memcpy(dst + 2 * i, hb, (n - i) * 2);
-	}
+	(void)c;
+	return bf16_16(p);
 }
 
-AVX2 static inline __m256 bf16_load8(const unsigned char *p)
+AVX2 static void bf16_enc_avx2(unsigned char *dst, const float *src, size_t n)
+{
+	kl_narrow8(dst, 2, src, n, 16, 2, bf16_nstep16, NULL);
+}
+
+AVX2 static inline __m256 bf16_step8(const struct kl8 *c, const void *p)
 {
 	__m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
 
+	(void)c;
 	return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
-AVX2 static inline __m256 axpy8(__m256 a, __m256 x, __m256 w)
-{
-	__m256 p = _mm256_mul_ps(x, w);
-
-	NOFUSE_V(p);
-	return _mm256_add_ps(a, p);
 }
 
 AVX2 static void bf16_dec_avx2(float *dst, const unsigned char *src, size_t n)
 {
-	size_t i = 0;
+	const struct kl8 c = {0};
 
-	for (; i + 32 <= n; i += 32) {
-		__m256 x0 = bf16_load8(src + 2 * i);
-		__m256 x1 = bf16_load8(src + 2 * i + 16);
-		__m256 x2 = bf16_load8(src + 2 * i + 32);
-		__m256 x3 = bf16_load8(src + 2 * i + 48);
-
-		_mm256_storeu_ps(dst + i, x0);
-		_mm256_storeu_ps(dst + i + 8, x1);
-		_mm256_storeu_ps(dst + i + 16, x2);
-		_mm256_storeu_ps(dst + i + 24, x3);
-	}
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(dst + i, bf16_load8(src + 2 * i));
-	if (i < n) {
-		unsigned char hb[16] = {0};
-		float fb[8];
-
-		memcpy(hb, src + 2 * i, (n - i) * 2);
-		_mm256_storeu_ps(fb, bf16_load8(hb));
-		memcpy(dst + i, fb, (n - i) * sizeof(float));
-	}
+	kl_widen8(dst, src, 2, n, 4, bf16_step8, &c, KL_STORE);
 }
 
 AVX2 static void bf16_acc_avx2(float *acc, const unsigned char *src, float w, size_t n)
 {
-	const __m256 vw = _mm256_set1_ps(w);
-	size_t i = 0;
+	const struct kl8 c = {.w = _mm256_set1_ps(w)};
 
-	for (; i + 32 <= n; i += 32) {
-		__m256 a0 = axpy8(_mm256_loadu_ps(acc + i), bf16_load8(src + 2 * i), vw);
-		__m256 a1 = axpy8(_mm256_loadu_ps(acc + i + 8), bf16_load8(src + 2 * i + 16), vw);
-		__m256 a2 = axpy8(_mm256_loadu_ps(acc + i + 16), bf16_load8(src + 2 * i + 32), vw);
-		__m256 a3 = axpy8(_mm256_loadu_ps(acc + i + 24), bf16_load8(src + 2 * i + 48), vw);
-
-		_mm256_storeu_ps(acc + i, a0);
-		_mm256_storeu_ps(acc + i + 8, a1);
-		_mm256_storeu_ps(acc + i + 16, a2);
-		_mm256_storeu_ps(acc + i + 24, a3);
-	}
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(acc + i, axpy8(_mm256_loadu_ps(acc + i), bf16_load8(src + 2 * i), vw));
-	if (i < n) {
-		unsigned char hb[16] = {0};
-		float ab[8] = {0};
-
-		memcpy(hb, src + 2 * i, (n - i) * 2);
-		memcpy(ab, acc + i, (n - i) * sizeof(float));
-		_mm256_storeu_ps(ab, axpy8(_mm256_loadu_ps(ab), bf16_load8(hb), vw));
-		memcpy(acc + i, ab, (n - i) * sizeof(float));
-	}
+	kl_widen8(acc, src, 2, n, 4, bf16_step8, &c, KL_AXPY);
 }
 
 /* ---- uniform8 ---- */
@@ -508,38 +432,27 @@ AVX2 static inline __attribute__((always_inline)) size_t lanes16_avx2(struct lan
 	       (size_t)__builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(f1)));
 }
 
-/* Adds src[i..end), all finite, to the lanes: no masking (see u8_lanes_avx2). */
-AVX2 static void lanes_fin_avx2(struct lanes_avx2 *l, const float *src, size_t i, size_t end)
+/* q + d * d, as a separate multiply and add. */
+AVX2 static inline __m256d sq_add(__m256d q, __m256d d)
 {
-	struct lanes_avx2 r = *l;
-
-	for (; i < end; i += 16) {
-		__m256d d0 = _mm256_cvtps_pd(_mm_loadu_ps(src + i));
-		__m256d d1 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 4));
-		__m256d d2 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 8));
-		__m256d d3 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 12));
-
-		r.s0 = _mm256_add_pd(r.s0, d0);
-		r.s1 = _mm256_add_pd(r.s1, d1);
-		r.s2 = _mm256_add_pd(r.s2, d2);
-		r.s3 = _mm256_add_pd(r.s3, d3);
-		r.q0 = _mm256_add_pd(r.q0, _mm256_mul_pd(d0, d0));
-		r.q1 = _mm256_add_pd(r.q1, _mm256_mul_pd(d1, d1));
-		r.q2 = _mm256_add_pd(r.q2, _mm256_mul_pd(d2, d2));
-		r.q3 = _mm256_add_pd(r.q3, _mm256_mul_pd(d3, d3));
-	}
-	*l = r;
+	return _mm256_add_pd(q, _mm256_mul_pd(d, d));
 }
 
 /*
- * The same with q += d * d fused, where the CPU has FMA (not part of the
+ * The same with the add fused, where the CPU has FMA (not part of the
  * "avx2" level). d * d is exact in double, so the fused add rounds exactly
  * as the separate one: the same bits. It takes the squares' additions off
  * the two FADD pipes, which the conversions and the other sums keep busy
  * (a third faster on Zen 5).
  */
-__attribute__((target("avx2,fma"))) static void lanes_fin_avx2fma(struct lanes_avx2 *l, const float *src,
-								 size_t i, size_t end)
+__attribute__((target("avx2,fma"))) static inline __m256d sq_fma(__m256d q, __m256d d)
+{
+	return _mm256_fmadd_pd(d, d, q);
+}
+
+/* Adds src[i..end), all finite, to the lanes: no masking (see u8_lanes_avx2). */
+AVX2 MP_K_INLINE void lanes_fin_body(struct lanes_avx2 *l, const float *src, size_t i, size_t end,
+				     __m256d (*sq)(__m256d q, __m256d d))
 {
 	struct lanes_avx2 r = *l;
 
@@ -553,12 +466,23 @@ __attribute__((target("avx2,fma"))) static void lanes_fin_avx2fma(struct lanes_a
 		r.s1 = _mm256_add_pd(r.s1, d1);
 		r.s2 = _mm256_add_pd(r.s2, d2);
 		r.s3 = _mm256_add_pd(r.s3, d3);
-		r.q0 = _mm256_fmadd_pd(d0, d0, r.q0);
-		r.q1 = _mm256_fmadd_pd(d1, d1, r.q1);
-		r.q2 = _mm256_fmadd_pd(d2, d2, r.q2);
-		r.q3 = _mm256_fmadd_pd(d3, d3, r.q3);
+		r.q0 = sq(r.q0, d0);
+		r.q1 = sq(r.q1, d1);
+		r.q2 = sq(r.q2, d2);
+		r.q3 = sq(r.q3, d3);
 	}
 	*l = r;
+}
+
+AVX2 static void lanes_fin_avx2(struct lanes_avx2 *l, const float *src, size_t i, size_t end)
+{
+	lanes_fin_body(l, src, i, end, sq_add);
+}
+
+__attribute__((target("avx2,fma"))) static void lanes_fin_avx2fma(struct lanes_avx2 *l, const float *src,
+								 size_t i, size_t end)
+{
+	lanes_fin_body(l, src, i, end, sq_fma);
 }
 
 AVX2 static inline int lanes_finite_avx2(const struct lanes_avx2 *l)
@@ -656,41 +580,40 @@ AVX2 static inline __m256i pack32_i8(__m256i a, __m256i b, __m256i c, __m256i d)
 	return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-AVX2 static inline __attribute__((always_inline)) __m256i u8_codes32_avx2(const float *p, __m256 lo, __m256 inv,
-									    __m256 nan_as, int nan)
+/* The uniform8 parameters, broadcast. */
+struct u8_avx2 {
+	__m256 lo, inv, nan_as;
+};
+
+/* 32 floats -> 32 codes; @nan as in u8_code8_avx2. */
+AVX2 MP_K_INLINE __m256i u8_codes32_avx2(const struct u8_avx2 *k, const float *p, int nan)
 {
-	return pack32_u8(u8_code8_avx2(_mm256_loadu_ps(p), lo, inv, nan_as, nan),
-			 u8_code8_avx2(_mm256_loadu_ps(p + 8), lo, inv, nan_as, nan),
-			 u8_code8_avx2(_mm256_loadu_ps(p + 16), lo, inv, nan_as, nan),
-			 u8_code8_avx2(_mm256_loadu_ps(p + 24), lo, inv, nan_as, nan));
+	return pack32_u8(u8_code8_avx2(_mm256_loadu_ps(p), k->lo, k->inv, k->nan_as, nan),
+			 u8_code8_avx2(_mm256_loadu_ps(p + 8), k->lo, k->inv, k->nan_as, nan),
+			 u8_code8_avx2(_mm256_loadu_ps(p + 16), k->lo, k->inv, k->nan_as, nan),
+			 u8_code8_avx2(_mm256_loadu_ps(p + 24), k->lo, k->inv, k->nan_as, nan));
 }
 
-AVX2 static inline __attribute__((always_inline)) void u8_codes_avx2_body(uint8_t *codes, const float *src,
-									    size_t n, float lo, float inv,
-									    float nan_as, int nan)
+AVX2 static inline __m256i u8_nstep32_fin(const void *k, const float *p)
 {
-	const __m256 vlo = _mm256_set1_ps(lo), vinv = _mm256_set1_ps(inv), vnan = _mm256_set1_ps(nan_as);
-	size_t i = 0;
+	return u8_codes32_avx2(k, p, 0);
+}
 
-	for (; i + 32 <= n; i += 32)
-		_mm256_storeu_si256((__m256i *)(codes + i), u8_codes32_avx2(src + i, vlo, vinv, vnan, nan));
-	if (i < n) {
-		float fb[32] = {0};
-		uint8_t cb[32];
-
-		memcpy(fb, src + i, (n - i) * sizeof(float));
-		_mm256_storeu_si256((__m256i *)cb, u8_codes32_avx2(fb, vlo, vinv, vnan, nan));
-		memcpy(codes + i, cb, n - i);
-	}
+AVX2 static inline __m256i u8_nstep32_nan(const void *k, const float *p)
+{
+	return u8_codes32_avx2(k, p, 1);
 }
 
 AVX2 static void u8_codes_avx2(uint8_t *codes, const float *src, size_t n, float lo, float inv,
 			       float nan_as, int finite)
 {
+	const struct u8_avx2 k = {_mm256_set1_ps(lo), _mm256_set1_ps(inv), _mm256_set1_ps(nan_as)};
+
+	/* Two loops, so that the finite one has no NaN test at all. */
 	if (finite)
-		u8_codes_avx2_body(codes, src, n, lo, inv, nan_as, 0);
+		kl_narrow8(codes, 1, src, n, 32, 1, u8_nstep32_fin, &k);
 	else
-		u8_codes_avx2_body(codes, src, n, lo, inv, nan_as, 1);
+		kl_narrow8(codes, 1, src, n, 32, 1, u8_nstep32_nan, &k);
 }
 
 /*
@@ -699,11 +622,12 @@ AVX2 static void u8_codes_avx2(uint8_t *codes, const float *src, size_t n, float
  * slower still where the "gather data sampling" microcode is in force. The
  * lookup is pure data movement, so it cannot round.
  */
-AVX2 static inline __attribute__((always_inline)) __m256 u8_lookup8_avx2(const uint8_t *c, const float *table)
+AVX2 static inline __attribute__((always_inline)) __m256 u8_step8(const struct kl8 *c, const void *p)
 {
+	const float *table = c->table;
 	uint64_t k;
 
-	memcpy(&k, c, sizeof(k));
+	memcpy(&k, p, sizeof(k));
 	__m128 lo = _mm_setr_ps(table[k & 255], table[(k >> 8) & 255], table[(k >> 16) & 255],
 				table[(k >> 24) & 255]);
 	__m128 hi = _mm_setr_ps(table[(k >> 32) & 255], table[(k >> 40) & 255], table[(k >> 48) & 255],
@@ -714,63 +638,16 @@ AVX2 static inline __attribute__((always_inline)) __m256 u8_lookup8_avx2(const u
 
 AVX2 static void u8_dec_avx2(float *dst, const uint8_t *codes, const float *table, size_t n)
 {
-	size_t i = 0;
+	const struct kl8 c = {.table = table};
 
-	for (; i + 32 <= n; i += 32) {
-		__m256 x0 = u8_lookup8_avx2(codes + i, table);
-		__m256 x1 = u8_lookup8_avx2(codes + i + 8, table);
-		__m256 x2 = u8_lookup8_avx2(codes + i + 16, table);
-		__m256 x3 = u8_lookup8_avx2(codes + i + 24, table);
-
-		_mm256_storeu_ps(dst + i, x0);
-		_mm256_storeu_ps(dst + i + 8, x1);
-		_mm256_storeu_ps(dst + i + 16, x2);
-		_mm256_storeu_ps(dst + i + 24, x3);
-	}
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(dst + i, u8_lookup8_avx2(codes + i, table));
-	if (i < n) {
-		uint8_t cb[8] = {0};
-		float fb[8];
-
-		memcpy(cb, codes + i, n - i);
-		_mm256_storeu_ps(fb, u8_lookup8_avx2(cb, table));
-		memcpy(dst + i, fb, (n - i) * sizeof(float));
-	}
-}
-
-/* acc[0..8) + wtable[c[0..8)] */
-AVX2 static inline __m256 u8_add8_avx2(const float *acc, const uint8_t *c, const float *wtable)
-{
-	return _mm256_add_ps(_mm256_loadu_ps(acc), u8_lookup8_avx2(c, wtable));
+	kl_widen8(dst, codes, 1, n, 4, u8_step8, &c, KL_STORE);
 }
 
 AVX2 static void u8_add_avx2(float *acc, const uint8_t *codes, const float *wtable, size_t n)
 {
-	size_t i = 0;
+	const struct kl8 c = {.table = wtable};
 
-	for (; i + 32 <= n; i += 32) {
-		__m256 a0 = u8_add8_avx2(acc + i, codes + i, wtable);
-		__m256 a1 = u8_add8_avx2(acc + i + 8, codes + i + 8, wtable);
-		__m256 a2 = u8_add8_avx2(acc + i + 16, codes + i + 16, wtable);
-		__m256 a3 = u8_add8_avx2(acc + i + 24, codes + i + 24, wtable);
-
-		_mm256_storeu_ps(acc + i, a0);
-		_mm256_storeu_ps(acc + i + 8, a1);
-		_mm256_storeu_ps(acc + i + 16, a2);
-		_mm256_storeu_ps(acc + i + 24, a3);
-	}
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(acc + i, u8_add8_avx2(acc + i, codes + i, wtable));
-	if (i < n) {
-		uint8_t cb[8] = {0};
-		float ab[8] = {0};
-
-		memcpy(cb, codes + i, n - i);
-		memcpy(ab, acc + i, (n - i) * sizeof(float));
-		_mm256_storeu_ps(ab, u8_add8_avx2(ab, cb, wtable));
-		memcpy(acc + i, ab, (n - i) * sizeof(float));
-	}
+	kl_widen8(acc, codes, 1, n, 4, u8_step8, &c, KL_ADD);
 }
 
 /* ---- blockwise8 ---- */
@@ -819,110 +696,52 @@ AVX2 static inline __m256i bw8_code8_avx2(const float *p, __m256 f, __m256 inv)
 	return _mm256_cvttps_epi32(t); /* already integral */
 }
 
-AVX2 static inline __m256i bw8_codes32_avx2(const float *p, __m256 f, __m256 inv)
+/* The blockwise8 multipliers of a block, broadcast. */
+struct bw8_avx2 {
+	__m256 f, inv;
+};
+
+/* 32 floats -> 32 codes. */
+AVX2 static inline __m256i bw8_nstep32(const void *c, const float *p)
 {
-	return pack32_i8(bw8_code8_avx2(p, f, inv), bw8_code8_avx2(p + 8, f, inv),
-			 bw8_code8_avx2(p + 16, f, inv), bw8_code8_avx2(p + 24, f, inv));
+	const struct bw8_avx2 *k = c;
+
+	return pack32_i8(bw8_code8_avx2(p, k->f, k->inv), bw8_code8_avx2(p + 8, k->f, k->inv),
+			 bw8_code8_avx2(p + 16, k->f, k->inv), bw8_code8_avx2(p + 24, k->f, k->inv));
 }
 
 AVX2 static void bw8_quant_avx2(uint8_t *codes, const float *src, size_t n, float f, float inv)
 {
-	const __m256 vf = _mm256_set1_ps(f), vinv = _mm256_set1_ps(inv);
-	size_t i = 0;
+	const struct bw8_avx2 k = {_mm256_set1_ps(f), _mm256_set1_ps(inv)};
 
-	for (; i + 32 <= n; i += 32)
-		_mm256_storeu_si256((__m256i *)(codes + i), bw8_codes32_avx2(src + i, vf, vinv));
-	if (i < n) {
-		float fb[32] = {0};
-		uint8_t cb[32];
-
-		memcpy(fb, src + i, (n - i) * sizeof(float));
-		_mm256_storeu_si256((__m256i *)cb, bw8_codes32_avx2(fb, vf, vinv));
-		memcpy(codes + i, cb, n - i);
-	}
+	kl_narrow8(codes, 1, src, n, 32, 1, bw8_nstep32, &k);
 }
 
-AVX2 static inline __m256 bw8_load8(const uint8_t *c, __m256 s)
+AVX2 static inline __m256 bw8_step8(const struct kl8 *c, const void *p)
 {
-	__m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c));
+	__m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
 
-	return _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
+	return _mm256_mul_ps(_mm256_cvtepi32_ps(q), c->s);
 }
 
 AVX2 static void bw8_dec_avx2(float *dst, const uint8_t *codes, float s, size_t n)
 {
-	const __m256 vs = _mm256_set1_ps(s);
-	size_t i = 0;
+	const struct kl8 c = {.s = _mm256_set1_ps(s)};
 
-	for (; i + 32 <= n; i += 32) {
-		__m256 x0 = bw8_load8(codes + i, vs);
-		__m256 x1 = bw8_load8(codes + i + 8, vs);
-		__m256 x2 = bw8_load8(codes + i + 16, vs);
-		__m256 x3 = bw8_load8(codes + i + 24, vs);
-
-		_mm256_storeu_ps(dst + i, x0);
-		_mm256_storeu_ps(dst + i + 8, x1);
-		_mm256_storeu_ps(dst + i + 16, x2);
-		_mm256_storeu_ps(dst + i + 24, x3);
-	}
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(dst + i, bw8_load8(codes + i, vs));
-	if (i < n) {
-		uint8_t cb[8] = {0};
-		float fb[8];
-
-		memcpy(cb, codes + i, n - i);
-		_mm256_storeu_ps(fb, bw8_load8(cb, vs));
-		memcpy(dst + i, fb, (n - i) * sizeof(float));
-	}
+	kl_widen8(dst, codes, 1, n, 4, bw8_step8, &c, KL_STORE);
 }
 
 AVX2 static void bw8_acc_avx2(float *acc, const uint8_t *codes, float s, float w, size_t n)
 {
-	const __m256 vs = _mm256_set1_ps(s), vw = _mm256_set1_ps(w);
-	size_t i = 0;
+	const struct kl8 c = {.s = _mm256_set1_ps(s), .w = _mm256_set1_ps(w)};
 
-	for (; i + 32 <= n; i += 32) {
-		__m256 a0 = axpy8(_mm256_loadu_ps(acc + i), bw8_load8(codes + i, vs), vw);
-		__m256 a1 = axpy8(_mm256_loadu_ps(acc + i + 8), bw8_load8(codes + i + 8, vs), vw);
-		__m256 a2 = axpy8(_mm256_loadu_ps(acc + i + 16), bw8_load8(codes + i + 16, vs), vw);
-		__m256 a3 = axpy8(_mm256_loadu_ps(acc + i + 24), bw8_load8(codes + i + 24, vs), vw);
-
-		_mm256_storeu_ps(acc + i, a0);
-		_mm256_storeu_ps(acc + i + 8, a1);
-		_mm256_storeu_ps(acc + i + 16, a2);
-		_mm256_storeu_ps(acc + i + 24, a3);
-	}
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(acc + i, axpy8(_mm256_loadu_ps(acc + i), bw8_load8(codes + i, vs), vw));
-	if (i < n) {
-		uint8_t cb[8] = {0};
-		float ab[8] = {0};
-
-		memcpy(cb, codes + i, n - i);
-		memcpy(ab, acc + i, (n - i) * sizeof(float));
-		_mm256_storeu_ps(ab, axpy8(_mm256_loadu_ps(ab), bw8_load8(cb, vs), vw));
-		memcpy(acc + i, ab, (n - i) * sizeof(float));
-	}
+	kl_widen8(acc, codes, 1, n, 4, bw8_step8, &c, KL_AXPY);
 }
 
 /* ================================ AVX-512 ================================ */
 
 /* The level dispatch.c calls "avx512": F, BW, VL and DQ together. */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-
-AVX512 static inline __mmask16 tail16(size_t k)
-{
-	return (__mmask16)((1u << k) - 1u);
-}
-
-AVX512 static inline __m512 axpy16(__m512 a, __m512 x, __m512 w)
-{
-	__m512 p = _mm512_mul_ps(x, w);
-
-	NOFUSE_V(p);
-	return _mm512_add_ps(a, p);
-}
 
 /* ---- bf16 ---- */
 
@@ -942,77 +761,37 @@ AVX512 static inline __m256i bf16_16x(__m512i u)
 	return _mm512_cvtepi32_epi16(r);
 }
 
+AVX512 static inline __m256i bf16_nstep16x(const void *c, __m512 x)
+{
+	(void)c;
+	return bf16_16x(_mm512_castps_si512(x));
+}
+
 AVX512 static void bf16_enc_avx512(unsigned char *dst, const float *src, size_t n)
 {
-	size_t i = 0;
-
-	for (; i + 32 <= n; i += 32) {
-		__m256i h0 = bf16_16x(_mm512_loadu_si512(src + i));
-		__m256i h1 = bf16_16x(_mm512_loadu_si512(src + i + 16));
-
-		_mm256_storeu_si256((__m256i *)(dst + 2 * i), h0);
-		_mm256_storeu_si256((__m256i *)(dst + 2 * i + 32), h1);
-	}
-	for (; i + 16 <= n; i += 16)
-		_mm256_storeu_si256((__m256i *)(dst + 2 * i), bf16_16x(_mm512_loadu_si512(src + i)));
-	if (i < n) {
-		__mmask16 m = tail16(n - i);
-
-		_mm256_mask_storeu_epi16(dst + 2 * i, m,
-					 bf16_16x(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i))));
-	}
+	kl_narrow16(dst, 2, src, n, 2, bf16_nstep16x, NULL);
 }
 
-AVX512 static inline __m512 bf16_widen16(__m256i h)
+AVX512 static inline __m512 bf16_step16(const struct kl16 *c, const void *p, __mmask16 m, int full)
 {
+	__m256i h = full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
+
+	(void)c;
 	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-AVX512 static inline __m512 bf16_load16(const unsigned char *p)
-{
-	return bf16_widen16(_mm256_loadu_si256((const __m256i *)p));
 }
 
 AVX512 static void bf16_dec_avx512(float *dst, const unsigned char *src, size_t n)
 {
-	size_t i = 0;
+	const struct kl16 c = {0};
 
-	for (; i + 32 <= n; i += 32) {
-		__m512 x0 = bf16_load16(src + 2 * i);
-		__m512 x1 = bf16_load16(src + 2 * i + 32);
-
-		_mm512_storeu_ps(dst + i, x0);
-		_mm512_storeu_ps(dst + i + 16, x1);
-	}
-	for (; i + 16 <= n; i += 16)
-		_mm512_storeu_ps(dst + i, bf16_load16(src + 2 * i));
-	if (i < n) {
-		__mmask16 m = tail16(n - i);
-
-		_mm512_mask_storeu_ps(dst + i, m, bf16_widen16(_mm256_maskz_loadu_epi16(m, src + 2 * i)));
-	}
+	kl_widen16(dst, src, 2, n, 2, bf16_step16, &c, KL_STORE);
 }
 
 AVX512 static void bf16_acc_avx512(float *acc, const unsigned char *src, float w, size_t n)
 {
-	const __m512 vw = _mm512_set1_ps(w);
-	size_t i = 0;
+	const struct kl16 c = {.w = _mm512_set1_ps(w)};
 
-	for (; i + 32 <= n; i += 32) {
-		__m512 a0 = axpy16(_mm512_loadu_ps(acc + i), bf16_load16(src + 2 * i), vw);
-		__m512 a1 = axpy16(_mm512_loadu_ps(acc + i + 16), bf16_load16(src + 2 * i + 32), vw);
-
-		_mm512_storeu_ps(acc + i, a0);
-		_mm512_storeu_ps(acc + i + 16, a1);
-	}
-	for (; i + 16 <= n; i += 16)
-		_mm512_storeu_ps(acc + i, axpy16(_mm512_loadu_ps(acc + i), bf16_load16(src + 2 * i), vw));
-	if (i < n) {
-		__mmask16 m = tail16(n - i);
-		__m512 x = bf16_widen16(_mm256_maskz_loadu_epi16(m, src + 2 * i));
-
-		_mm512_mask_storeu_ps(acc + i, m, axpy16(_mm512_maskz_loadu_ps(m, acc + i), x, vw));
-	}
+	kl_widen16(acc, src, 2, n, 2, bf16_step16, &c, KL_AXPY);
 }
 
 /* ---- uniform8 ---- */
@@ -1177,54 +956,31 @@ AVX512 static inline __m512 lut512_get(const struct lut512 *l, __m512i idx)
 	return _mm512_mask_blend_ps(b7, r0, r4);
 }
 
-AVX512 static inline __m512 u8_lookup16_avx512(const struct lut512 *l, const uint8_t *c)
+AVX512 static inline __m512 u8_step16(const struct kl16 *c, const void *p, __mmask16 m, int full)
 {
-	return lut512_get(l, _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)c)));
+	__m128i b = full ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(m, p);
+
+	return lut512_get(c->data, _mm512_cvtepu8_epi32(b));
 }
 
 AVX512 static void u8_dec_avx512(float *dst, const uint8_t *codes, const float *table, size_t n)
 {
 	struct lut512 l;
-	size_t i = 0;
 
 	lut512_load(&l, table);
-	for (; i + 32 <= n; i += 32) {
-		__m512 x0 = u8_lookup16_avx512(&l, codes + i);
-		__m512 x1 = u8_lookup16_avx512(&l, codes + i + 16);
+	const struct kl16 c = {.data = &l};
 
-		_mm512_storeu_ps(dst + i, x0);
-		_mm512_storeu_ps(dst + i + 16, x1);
-	}
-	for (; i < n; i += 16) {
-		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
-		__m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, codes + i));
-
-		_mm512_mask_storeu_ps(dst + i, m, lut512_get(&l, idx));
-	}
+	kl_widen16(dst, codes, 1, n, 2, u8_step16, &c, KL_STORE);
 }
 
 AVX512 static void u8_add_avx512(float *acc, const uint8_t *codes, const float *wtable, size_t n)
 {
 	struct lut512 l;
-	size_t i = 0;
 
 	lut512_load(&l, wtable);
-	for (; i + 32 <= n; i += 32) {
-		__m512 x0 = u8_lookup16_avx512(&l, codes + i);
-		__m512 x1 = u8_lookup16_avx512(&l, codes + i + 16);
-		__m512 a0 = _mm512_add_ps(_mm512_loadu_ps(acc + i), x0);
-		__m512 a1 = _mm512_add_ps(_mm512_loadu_ps(acc + i + 16), x1);
+	const struct kl16 c = {.data = &l};
 
-		_mm512_storeu_ps(acc + i, a0);
-		_mm512_storeu_ps(acc + i + 16, a1);
-	}
-	for (; i < n; i += 16) {
-		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
-		__m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, codes + i));
-		__m512 a = _mm512_add_ps(_mm512_maskz_loadu_ps(m, acc + i), lut512_get(&l, idx));
-
-		_mm512_mask_storeu_ps(acc + i, m, a);
-	}
+	kl_widen16(acc, codes, 1, n, 2, u8_step16, &c, KL_ADD);
 }
 
 /* ---- blockwise8 ---- */
@@ -1265,68 +1021,43 @@ AVX512 static inline __m512i bw8_code16_avx512(__m512 x, __m512 f, __m512 inv)
 	return _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-AVX512 static void bw8_quant_avx512(uint8_t *codes, const float *src, size_t n, float f, float inv)
+struct bw8_avx512 {
+	__m512 f, inv;
+};
+
+AVX512 static inline __m256i bw8_nstep16(const void *c, __m512 x)
 {
-	const __m512 vf = _mm512_set1_ps(f), vinv = _mm512_set1_ps(inv);
-	size_t i = 0;
+	const struct bw8_avx512 *k = c;
 
-	for (; i + 32 <= n; i += 32) {
-		__m128i c0 = _mm512_cvtepi32_epi8(bw8_code16_avx512(_mm512_loadu_ps(src + i), vf, vinv));
-		__m128i c1 = _mm512_cvtepi32_epi8(bw8_code16_avx512(_mm512_loadu_ps(src + i + 16), vf, vinv));
-
-		_mm_storeu_si128((__m128i *)(codes + i), c0);
-		_mm_storeu_si128((__m128i *)(codes + i + 16), c1);
-	}
-	for (; i < n; i += 16) {
-		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
-		__m512i q = bw8_code16_avx512(_mm512_maskz_loadu_ps(m, src + i), vf, vinv);
-
-		_mm512_mask_cvtepi32_storeu_epi8(codes + i, m, q);
-	}
+	return _mm256_castsi128_si256(_mm512_cvtepi32_epi8(bw8_code16_avx512(x, k->f, k->inv)));
 }
 
-AVX512 static inline __m512 bw8_widen16(__m128i c, __m512 s)
+AVX512 static void bw8_quant_avx512(uint8_t *codes, const float *src, size_t n, float f, float inv)
 {
-	return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)), s);
+	const struct bw8_avx512 k = {_mm512_set1_ps(f), _mm512_set1_ps(inv)};
+
+	kl_narrow16(codes, 1, src, n, 2, bw8_nstep16, &k);
+}
+
+AVX512 static inline __m512 bw8_step16(const struct kl16 *c, const void *p, __mmask16 m, int full)
+{
+	__m128i b = full ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(m, p);
+
+	return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), c->s);
 }
 
 AVX512 static void bw8_dec_avx512(float *dst, const uint8_t *codes, float s, size_t n)
 {
-	const __m512 vs = _mm512_set1_ps(s);
-	size_t i = 0;
+	const struct kl16 c = {.s = _mm512_set1_ps(s)};
 
-	for (; i + 32 <= n; i += 32) {
-		__m512 x0 = bw8_widen16(_mm_loadu_si128((const __m128i *)(codes + i)), vs);
-		__m512 x1 = bw8_widen16(_mm_loadu_si128((const __m128i *)(codes + i + 16)), vs);
-
-		_mm512_storeu_ps(dst + i, x0);
-		_mm512_storeu_ps(dst + i + 16, x1);
-	}
-	for (; i < n; i += 16) {
-		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
-
-		_mm512_mask_storeu_ps(dst + i, m, bw8_widen16(_mm_maskz_loadu_epi8(m, codes + i), vs));
-	}
+	kl_widen16(dst, codes, 1, n, 2, bw8_step16, &c, KL_STORE);
 }
 
 AVX512 static void bw8_acc_avx512(float *acc, const uint8_t *codes, float s, float w, size_t n)
 {
-	const __m512 vs = _mm512_set1_ps(s), vw = _mm512_set1_ps(w);
-	size_t i = 0;
+	const struct kl16 c = {.s = _mm512_set1_ps(s), .w = _mm512_set1_ps(w)};
 
-	for (; i + 32 <= n; i += 32) {
-		__m512 x0 = bw8_widen16(_mm_loadu_si128((const __m128i *)(codes + i)), vs);
-		__m512 x1 = bw8_widen16(_mm_loadu_si128((const __m128i *)(codes + i + 16)), vs);
-
-		_mm512_storeu_ps(acc + i, axpy16(_mm512_loadu_ps(acc + i), x0, vw));
-		_mm512_storeu_ps(acc + i + 16, axpy16(_mm512_loadu_ps(acc + i + 16), x1, vw));
-	}
-	for (; i < n; i += 16) {
-		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
-		__m512 x = bw8_widen16(_mm_maskz_loadu_epi8(m, codes + i), vs);
-
-		_mm512_mask_storeu_ps(acc + i, m, axpy16(_mm512_maskz_loadu_ps(m, acc + i), x, vw));
-	}
+	kl_widen16(acc, codes, 1, n, 2, bw8_step16, &c, KL_AXPY);
 }
 
 #endif /* MP_K_X86 */
@@ -1611,7 +1342,9 @@ void mp_kq_bw8_encode(void *steps, void *codes, const float *src, size_t n, uint
 	}
 }
 
-void mp_kq_bw8_decode(float *dst, const void *steps, const void *codes, size_t n, uint32_t block)
+/* Each block's codes decoded with its step: into @dst, or added to it with weight @w if @acc. */
+static void bw8_blocks(float *dst, const void *steps, const void *codes, size_t n, uint32_t block,
+		       float w, int acc)
 {
 	const struct qvariant *v = qv();
 	const unsigned char *sp = steps;
@@ -1622,22 +1355,20 @@ void mp_kq_bw8_decode(float *dst, const void *steps, const void *codes, size_t n
 
 		k = n - i < block ? n - i : block;
 		memcpy(&s, sp, sizeof(s));
-		v->bw8_dec(dst + i, cp + i, s, k);
+		if (acc)
+			v->bw8_acc(dst + i, cp + i, s, w, k);
+		else
+			v->bw8_dec(dst + i, cp + i, s, k);
 	}
+}
+
+void mp_kq_bw8_decode(float *dst, const void *steps, const void *codes, size_t n, uint32_t block)
+{
+	bw8_blocks(dst, steps, codes, n, block, 0.0f, 0);
 }
 
 void mp_kq_bw8_decode_acc(float *acc, const void *steps, const void *codes, float w, size_t n,
 			  uint32_t block)
 {
-	const struct qvariant *v = qv();
-	const unsigned char *sp = steps;
-	const uint8_t *cp = codes;
-
-	for (size_t i = 0, k; i < n; i += k, sp += 4) {
-		float s;
-
-		k = n - i < block ? n - i : block;
-		memcpy(&s, sp, sizeof(s));
-		v->bw8_acc(acc + i, cp + i, s, w, k);
-	}
+	bw8_blocks(acc, steps, codes, n, block, w, 1);
 }

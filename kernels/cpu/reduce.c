@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "kernels_cpu.h"
+#include "kloop.h"
 
 void mp_kcpu_axpy_scalar(float *acc, const float *x, float w, size_t n)
 {
@@ -45,17 +46,20 @@ void mp_kcpu_scale_scalar(float *dst, const float *x, float w, size_t n)
 
 #define AVX2 __attribute__((target("avx2")))
 
-AVX2 static inline __m256 axpy8(__m256 a, __m256 x, __m256 w)
+AVX2 static inline __m256 f32_step8(const struct kl8 *c, const void *p)
 {
-	__m256 p = _mm256_mul_ps(x, w);
+	(void)c;
+	return _mm256_loadu_ps(p);
+}
 
-	NOFUSE_V(p);
-	return _mm256_add_ps(a, p);
+AVX2 static inline __m256 f32_scaled8(const struct kl8 *c, const void *p)
+{
+	return _mm256_mul_ps(_mm256_loadu_ps(p), c->s);
 }
 
 AVX2 void mp_kcpu_axpy_avx2(float *acc, const float *x, float w, size_t n)
 {
-	const __m256 vw = _mm256_set1_ps(w);
+	const struct kl8 c = {.w = _mm256_set1_ps(w)};
 	size_t i = 0;
 
 	/*
@@ -69,73 +73,36 @@ AVX2 void mp_kcpu_axpy_avx2(float *acc, const float *x, float w, size_t n)
 		acc[i] = acc[i] + p;
 		i++;
 	}
-	for (; i + 32 <= n; i += 32) {
-		__m256 a0 = _mm256_load_ps(acc + i);
-		__m256 a1 = _mm256_load_ps(acc + i + 8);
-		__m256 a2 = _mm256_load_ps(acc + i + 16);
-		__m256 a3 = _mm256_load_ps(acc + i + 24);
-
-		a0 = axpy8(a0, _mm256_loadu_ps(x + i), vw);
-		a1 = axpy8(a1, _mm256_loadu_ps(x + i + 8), vw);
-		a2 = axpy8(a2, _mm256_loadu_ps(x + i + 16), vw);
-		a3 = axpy8(a3, _mm256_loadu_ps(x + i + 24), vw);
-		_mm256_store_ps(acc + i, a0);
-		_mm256_store_ps(acc + i + 8, a1);
-		_mm256_store_ps(acc + i + 16, a2);
-		_mm256_store_ps(acc + i + 24, a3);
-	}
-	for (; i + 8 <= n; i += 8)
-		_mm256_store_ps(acc + i, axpy8(_mm256_load_ps(acc + i), _mm256_loadu_ps(x + i), vw));
-	for (; i < n; i++) {
-		float p = w * x[i];
-
-		NOFUSE(p);
-		acc[i] = acc[i] + p;
-	}
+	/* Said, so that GCC's generic tuning does not split the accesses to acc in two. */
+	kl_widen8(__builtin_assume_aligned(acc + i, 32), x + i, sizeof(*x), n - i, 4, f32_step8, &c,
+		  KL_AXPY);
 }
 
 AVX2 void mp_kcpu_scale_avx2(float *dst, const float *x, float w, size_t n)
 {
-	const __m256 vw = _mm256_set1_ps(w);
-	size_t i = 0;
+	const struct kl8 c = {.s = _mm256_set1_ps(w)};
 
-	for (; i + 32 <= n; i += 32) {
-		__m256 v0 = _mm256_mul_ps(_mm256_loadu_ps(x + i), vw);
-		__m256 v1 = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vw);
-		__m256 v2 = _mm256_mul_ps(_mm256_loadu_ps(x + i + 16), vw);
-		__m256 v3 = _mm256_mul_ps(_mm256_loadu_ps(x + i + 24), vw);
-
-		_mm256_storeu_ps(dst + i, v0);
-		_mm256_storeu_ps(dst + i + 8, v1);
-		_mm256_storeu_ps(dst + i + 16, v2);
-		_mm256_storeu_ps(dst + i + 24, v3);
-	}
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vw));
-	for (; i < n; i++)
-		dst[i] = w * x[i];
+	kl_widen8(dst, x, sizeof(*x), n, 4, f32_scaled8, &c, KL_STORE);
 }
 
 /* ---- AVX-512F: masked loads and stores do the ragged ends ---- */
 
 #define AVX512 __attribute__((target("avx512f")))
 
-AVX512 static inline __m512 axpy16(__m512 a, __m512 x, __m512 w)
+AVX512 static inline __m512 f32_step16(const struct kl16 *c, const void *p, __mmask16 m, int full)
 {
-	__m512 p = _mm512_mul_ps(x, w);
-
-	NOFUSE_V(p);
-	return _mm512_add_ps(a, p);
+	(void)c;
+	return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
 }
 
-AVX512 static inline __mmask16 tail_mask(size_t k)
+AVX512 static inline __m512 f32_scaled16(const struct kl16 *c, const void *p, __mmask16 m, int full)
 {
-	return (__mmask16)((1u << k) - 1u);
+	return _mm512_mul_ps(f32_step16(c, p, m, full), c->s);
 }
 
 AVX512 void mp_kcpu_axpy_avx512(float *acc, const float *x, float w, size_t n)
 {
-	const __m512 vw = _mm512_set1_ps(w);
+	const struct kl16 c = {.w = _mm512_set1_ps(w)};
 	size_t i = 0;
 
 	/* One masked step brings acc to a 64-byte boundary (if it is float aligned). */
@@ -144,62 +111,21 @@ AVX512 void mp_kcpu_axpy_avx512(float *acc, const float *x, float w, size_t n)
 
 		if (k > n)
 			k = n;
-		__mmask16 m = tail_mask(k);
+		__mmask16 m = tail16(k);
 		__m512 a = _mm512_maskz_loadu_ps(m, acc);
 
-		a = axpy16(a, _mm512_maskz_loadu_ps(m, x), vw);
+		a = axpy16(a, _mm512_maskz_loadu_ps(m, x), c.w);
 		_mm512_mask_storeu_ps(acc, m, a);
 		i = k;
 	}
-	for (; i + 64 <= n; i += 64) {
-		__m512 a0 = _mm512_loadu_ps(acc + i);
-		__m512 a1 = _mm512_loadu_ps(acc + i + 16);
-		__m512 a2 = _mm512_loadu_ps(acc + i + 32);
-		__m512 a3 = _mm512_loadu_ps(acc + i + 48);
-
-		a0 = axpy16(a0, _mm512_loadu_ps(x + i), vw);
-		a1 = axpy16(a1, _mm512_loadu_ps(x + i + 16), vw);
-		a2 = axpy16(a2, _mm512_loadu_ps(x + i + 32), vw);
-		a3 = axpy16(a3, _mm512_loadu_ps(x + i + 48), vw);
-		_mm512_storeu_ps(acc + i, a0);
-		_mm512_storeu_ps(acc + i + 16, a1);
-		_mm512_storeu_ps(acc + i + 32, a2);
-		_mm512_storeu_ps(acc + i + 48, a3);
-	}
-	for (; i + 16 <= n; i += 16)
-		_mm512_storeu_ps(acc + i, axpy16(_mm512_loadu_ps(acc + i), _mm512_loadu_ps(x + i), vw));
-	if (i < n) {
-		__mmask16 m = tail_mask(n - i);
-		__m512 a = _mm512_maskz_loadu_ps(m, acc + i);
-
-		a = axpy16(a, _mm512_maskz_loadu_ps(m, x + i), vw);
-		_mm512_mask_storeu_ps(acc + i, m, a);
-	}
+	kl_widen16(acc + i, x + i, sizeof(*x), n - i, 4, f32_step16, &c, KL_AXPY);
 }
 
 AVX512 void mp_kcpu_scale_avx512(float *dst, const float *x, float w, size_t n)
 {
-	const __m512 vw = _mm512_set1_ps(w);
-	size_t i = 0;
+	const struct kl16 c = {.s = _mm512_set1_ps(w)};
 
-	for (; i + 64 <= n; i += 64) {
-		__m512 v0 = _mm512_mul_ps(_mm512_loadu_ps(x + i), vw);
-		__m512 v1 = _mm512_mul_ps(_mm512_loadu_ps(x + i + 16), vw);
-		__m512 v2 = _mm512_mul_ps(_mm512_loadu_ps(x + i + 32), vw);
-		__m512 v3 = _mm512_mul_ps(_mm512_loadu_ps(x + i + 48), vw);
-
-		_mm512_storeu_ps(dst + i, v0);
-		_mm512_storeu_ps(dst + i + 16, v1);
-		_mm512_storeu_ps(dst + i + 32, v2);
-		_mm512_storeu_ps(dst + i + 48, v3);
-	}
-	for (; i + 16 <= n; i += 16)
-		_mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), vw));
-	if (i < n) {
-		__mmask16 m = tail_mask(n - i);
-
-		_mm512_mask_storeu_ps(dst + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vw));
-	}
+	kl_widen16(dst, x, sizeof(*x), n, 4, f32_scaled16, &c, KL_STORE);
 }
 
 #endif /* MP_K_X86 */

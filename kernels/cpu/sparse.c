@@ -48,18 +48,11 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "kloop.h"
 #include "sparse.h"
 
 #define ABSM 0x7fffffffu
 #define INF_BITS 0x7f800000u
-
-static inline uint32_t f2u(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
 
 /* p = a (+ b), non-finite -> +0. */
 static inline float p_at(const float *a, const float *b, size_t i)
@@ -69,7 +62,7 @@ static inline float p_at(const float *a, const float *b, size_t i)
 
 static inline uint32_t key_at(const float *a, const float *b, size_t i)
 {
-	return f2u(p_at(a, b, i)) & ABSM;
+	return f32_bits(p_at(a, b, i)) & ABSM;
 }
 
 /* ---- tables built by the preprocessor (constant, no init race) ---- */
@@ -136,7 +129,7 @@ static void prep_scalar(const float *a, const float *b, float *out, size_t n, ui
 
 			if (out)
 				out[i + j] = p;
-			bk[j] = (f2u(p) & ABSM) >> MP_SP_B1_SHIFT;
+			bk[j] = (f32_bits(p) & ABSM) >> MP_SP_B1_SHIFT;
 		}
 		if (hist)
 			hist4(hist, bk, m);
@@ -161,6 +154,13 @@ static void hist_sub_scalar(const float *a, const float *b, size_t n, unsigned s
 	hist_sub_tail(a, b, 0, n, shift, prefix, hist);
 }
 
+/* The vector loops' count of the keys @kb[lane] for the lanes in @m. */
+static inline void hist_sub_lanes(uint32_t *hist, const uint32_t *kb, unsigned m, unsigned shift)
+{
+	for (; m; m &= m - 1)
+		hist[(kb[__builtin_ctz(m)] >> shift) & 1023u]++;
+}
+
 static inline size_t sift_tail(const float *a, const float *b, float *out, size_t i, size_t n,
 			       uint32_t lo, size_t cap, uint32_t *idx, float *val, size_t c)
 {
@@ -169,7 +169,7 @@ static inline size_t sift_tail(const float *a, const float *b, float *out, size_
 
 		if (out)
 			out[i] = p;
-		if ((f2u(p) & ABSM) >= lo) {
+		if ((f32_bits(p) & ABSM) >= lo) {
 			if (c < cap) {
 				idx[c] = (uint32_t)i;
 				val[c] = p;
@@ -253,14 +253,25 @@ static int finite_scalar(const void *v, size_t k)
 	return !bad;
 }
 
-static void scatter_acc_scalar(float *acc, const uint32_t *idx, const float *v, float w, size_t k)
+/*
+ * acc[idx[j]] += w * v[j] for j in [@j, @k), the product rounded first: all
+ * of the scalar version, and the vector versions' ends. (NOFUSE costs the
+ * scalar loop nothing: an indexed update does not vectorise anyway.)
+ */
+static inline void scatter_acc_tail(float *acc, const uint32_t *idx, const float *v, float w, size_t j,
+				    size_t k)
 {
-	for (size_t j = 0; j < k; j++) {
+	for (; j < k; j++) {
 		float p = w * v[j];
 
-		NOFUSE_SCALAR(p);
+		NOFUSE(p);
 		acc[idx[j]] = acc[idx[j]] + p;
 	}
+}
+
+static void scatter_acc_scalar(float *acc, const uint32_t *idx, const float *v, float w, size_t k)
+{
+	scatter_acc_tail(acc, idx, v, w, 0, k);
 }
 
 #ifdef MP_K_X86
@@ -346,8 +357,7 @@ AVX2 static void hist_sub_avx2(const float *a, const float *b, size_t n, unsigne
 
 		if (m) {
 			_mm256_store_si256((__m256i *)kb, k);
-			for (; m; m &= m - 1)
-				hist[(kb[__builtin_ctz(m)] >> shift) & 1023u]++;
+			hist_sub_lanes(hist, kb, m, shift);
 		}
 	}
 	hist_sub_tail(a, b, i, n, shift, prefix, hist);
@@ -534,12 +544,7 @@ AVX2 static void scatter_acc_avx2(float *acc, const uint32_t *idx, const float *
 		for (size_t l = 0; l < 8; l++)
 			acc[idx[j + l]] = acc[idx[j + l]] + pr[l];
 	}
-	for (; j < k; j++) {
-		float p = w * v[j];
-
-		NOFUSE(p);
-		acc[idx[j]] = acc[idx[j]] + p;
-	}
+	scatter_acc_tail(acc, idx, v, w, j, k);
 }
 
 /* ---- AVX-512 (F, BW, VL, DQ as dispatch.c checks) ---- */
@@ -614,8 +619,7 @@ AVX512 static void hist_sub_avx512(const float *a, const float *b, size_t n, uns
 
 		if (m) {
 			_mm512_store_si512(kb, k);
-			for (; m; m &= m - 1)
-				hist[(kb[__builtin_ctz(m)] >> shift) & 1023u]++;
+			hist_sub_lanes(hist, kb, m, shift);
 		}
 	}
 	hist_sub_tail(a, b, i, n, shift, prefix, hist);
@@ -789,12 +793,7 @@ AVX512 static void scatter_acc_avx512(float *acc, const uint32_t *idx, const flo
 
 		_mm512_i64scatter_ps(acc, vi, s, 4);
 	}
-	for (; j < k; j++) {
-		float p = w * v[j];
-
-		NOFUSE(p);
-		acc[idx[j]] = acc[idx[j]] + p;
-	}
+	scatter_acc_tail(acc, idx, v, w, j, k);
 }
 
 #endif /* MP_K_X86 */
@@ -872,11 +871,11 @@ static uint32_t list_select(const float *v, size_t n, size_t *need)
 
 	memset(h, 0, sizeof(h));
 	for (size_t j = 0; j < n; j++)
-		h[(f2u(v[j]) & ABSM) >> 20]++;
+		h[(f32_bits(v[j]) & ABSM) >> 20]++;
 	b1 = pick(h, MP_SP_NB1, need);
 	memset(h, 0, 1024 * sizeof(uint32_t));
 	for (size_t j = 0; j < n; j++) {
-		uint32_t k = f2u(v[j]) & ABSM;
+		uint32_t k = f32_bits(v[j]) & ABSM;
 
 		if (k >> 20 == b1)
 			h[(k >> 10) & 1023u]++;
@@ -884,7 +883,7 @@ static uint32_t list_select(const float *v, size_t n, size_t *need)
 	b2 = pick(h, 1024, need);
 	memset(h, 0, 1024 * sizeof(uint32_t));
 	for (size_t j = 0; j < n; j++) {
-		uint32_t k = f2u(v[j]) & ABSM;
+		uint32_t k = f32_bits(v[j]) & ABSM;
 
 		if (k >> 10 == (b1 << 10 | b2))
 			h[k & 1023u]++;
@@ -978,7 +977,7 @@ uint32_t *mp_sparse_topk(const struct mp_sparse_kernels *kt, const float *src, c
 
 				/* The lists hold every key >= t, in index order. */
 				for (size_t j = 0; j < c; j++) {
-					uint32_t kj = f2u(val[j]) & ABSM;
+					uint32_t kj = f32_bits(val[j]) & ABSM;
 
 					if (kj > t || (kj == t && need)) {
 						need -= kj == t;
