@@ -25,8 +25,9 @@
 #    best at the same frame size.
 # 2. veth: two network namespaces on a bridge, each with a veth carrying an
 #    IP address; mpbench runs one peer per namespace from a hostfile, once
-#    with --transport=tcp (kernel TCP over the veths) and once with
-#    --transport=dpdk (net_af_packet on the same veths, MTU 1500).
+#    with --transport=tcp (kernel TCP over the veths) and twice with
+#    --transport=dpdk on the same veths, MTU 1500: net_af_packet, then
+#    net_af_xdp.
 # Shard throughput = bytes one peer sends per average (wire_bytes) / time.
 # Everything it creates is removed on exit.
 set -euo pipefail
@@ -158,19 +159,22 @@ for i in 0 1; do
 done
 printf '10.79.0.1:29500\n10.79.0.2:29500\n' >"$tmp/hosts.tcp"
 printf '02-00-00-00-7e-01/10.79.0.1:7000\n02-00-00-00-7e-02/10.79.0.2:7000\n' >"$tmp/hosts.dpdk"
-for t in tcp dpdk; do
+for t in tcp dpdk xdp; do
 	for i in 1 0; do
-		env MP_DPDK_VDEV="net_af_packet0,iface=${tag}n$i,framecnt=4096" \
-			MP_DPDK_IP="10.79.0.$((i + 1))" \
-			ip netns exec "$tag-$i" "$mpbench" --transport=$t --hostfile="$tmp/hosts.$t" \
-			--rank=$i --run="$tag-$t" "${sizes[@]}" >"$tmp/$t.$i.log" 2>&1 &
+		vdev="net_af_packet0,iface=${tag}n$i,framecnt=4096"
+		[ $t != xdp ] || vdev="net_af_xdp0,iface=${tag}n$i,start_queue=0,queue_count=1"
+		env MP_DPDK_VDEV="$vdev" MP_DPDK_IP="10.79.0.$((i + 1))" \
+			ip netns exec "$tag-$i" "$mpbench" --transport=${t/xdp/dpdk} \
+			--hostfile="$tmp/hosts.${t/xdp/dpdk}" --rank=$i --run="$tag-$t" "${sizes[@]}" \
+			>"$tmp/$t.$i.log" 2>&1 &
 	done
 	wait
 	echo "-- $t (rank 0)"
 	grep -v '^mpbench: size\|mp action' "$tmp/$t.0.log"
 done
-echo "   size  tcp-veth MB/s  dpdk-veth MB/s  dpdk/tcp"
-join <(rates "$tmp/tcp.0.log") <(rates "$tmp/dpdk.0.log") | while read -r size a b; do
-	awk -v s="$size" -v a="$a" -v b="$b" \
-		'BEGIN { printf "%8d %12d %15d %9.2f\n", s, a, b, (a > 0 ? b / a : 0) }'
-done
+echo "   size  tcp-veth MB/s  af_packet MB/s  af_xdp MB/s  af_packet/tcp  af_xdp/tcp"
+join <(rates "$tmp/tcp.0.log") <(rates "$tmp/dpdk.0.log") | join - <(rates "$tmp/xdp.0.log") |
+	while read -r size a b c; do
+		awk -v s="$size" -v a="$a" -v b="$b" -v c="$c" 'BEGIN { printf "%8d %12d %15d %12d %14.2f %11.2f\n",
+			s, a, b, c, (a > 0 ? b / a : 0), (a > 0 ? c / a : 0) }'
+	done

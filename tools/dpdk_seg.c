@@ -189,6 +189,20 @@ static int build_bridge(void)
 	return 0;
 }
 
+/*
+ * The PMD on the veths of a bridge segment: MP_DPDK_BRIDGE_PMD, af_packet (a
+ * PACKET_MMAP socket, the default) or af_xdp (an AF_XDP socket and the XDP
+ * program the PMD loads); NULL for anything else.
+ */
+static const char *bridge_pmd(void)
+{
+	const char *e = getenv("MP_DPDK_BRIDGE_PMD");
+
+	if (!e || !*e || !strcmp(e, "af_packet"))
+		return "af_packet";
+	return strcmp(e, "af_xdp") ? NULL : "af_xdp";
+}
+
 int dseg_setup(int npeers, const char *eal_args, int verbose)
 {
 	char tmpl[] = "/tmp/mpb-dpdk-XXXXXX";
@@ -235,6 +249,11 @@ int dseg_setup(int npeers, const char *eal_args, int verbose)
 			"run as root (2 peers use memif and need nothing)\n", npeers);
 		return -1;
 	}
+	if (!bridge_pmd()) {
+		fprintf(stderr, "mpbench: dpdk: MP_DPDK_BRIDGE_PMD=%s: give af_packet or af_xdp\n",
+			getenv("MP_DPDK_BRIDGE_PMD"));
+		return -1;
+	}
 	S.mode = SEG_BRIDGE;
 	if (build_bridge()) {
 		fprintf(stderr, "mpbench: dpdk: could not build the bridge and veth pairs (ip "
@@ -243,7 +262,7 @@ int dseg_setup(int npeers, const char *eal_args, int verbose)
 		return -1;
 	}
 	snprintf(S.desc, sizeof(S.desc), "bridge mpb%ldb0, %d veth pairs in namespaces mpb-%ld-*, "
-		 "net_af_packet", (long)S.owner % 10000000, npeers, (long)S.owner);
+		 "net_%s", (long)S.owner % 10000000, npeers, (long)S.owner, bridge_pmd());
 	if (verbose)
 		fprintf(stderr, "mpbench: dpdk: %s\n", S.desc);
 	return 0;
@@ -352,8 +371,13 @@ int dseg_enter(int rank, char *listen, size_t cap)
 				strerror(errno));
 			return -1;
 		}
-		snprintf(vdev, sizeof(vdev), "net_af_packet0,iface=%s,qpairs=%s,framecnt=4096", n,
-			 getenv("MP_DPDK_QUEUES") ? getenv("MP_DPDK_QUEUES") : "1");
+		/* A veth has one queue: af_xdp takes it; af_packet opens qpairs sockets on it. */
+		if (!strcmp(bridge_pmd(), "af_xdp"))
+			snprintf(vdev, sizeof(vdev), "net_af_xdp0,iface=%s,start_queue=0,queue_count=%s",
+				 n, getenv("MP_DPDK_QUEUES") ? getenv("MP_DPDK_QUEUES") : "1");
+		else
+			snprintf(vdev, sizeof(vdev), "net_af_packet0,iface=%s,qpairs=%s,framecnt=4096",
+				 n, getenv("MP_DPDK_QUEUES") ? getenv("MP_DPDK_QUEUES") : "1");
 		break;
 	}
 	default:
