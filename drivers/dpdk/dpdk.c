@@ -416,6 +416,7 @@ static int eal_up(void)
 	char **argv;
 	int argc, rc;
 	bool huge = false;
+	long mem_mb = env_long("MP_DPDK_MEM_MB", 256, 16, 1 << 20);
 
 	if (g.eal)
 		return g.eal > 0 ? 0 : g.eal;
@@ -436,7 +437,7 @@ static int eal_up(void)
 			 "%s %s%s -m %ld --no-pci --no-shconf --no-telemetry --file-prefix=mp%ld "
 			 "--log-level=%s%s%s",
 			 lc, huge ? "--in-memory" : "--no-huge", one_file ? " --single-file-segments" : "",
-			 env_long("MP_DPDK_MEM_MB", 256, 16, 1 << 20), (long)getpid(),
+			 mem_mb, (long)getpid(),
 			 mp_log_level >= MP_LOG_TRACE ? "info" : "warning", vdev && *vdev ? " --vdev=" : "",
 			 vdev && *vdev ? vdev : "");
 	}
@@ -454,7 +455,7 @@ static int eal_up(void)
 			MP_WARN("dpdk: MP_DPDK_HUGEPAGES=1 wants %ld MB of hugepages and %ld pages are "
 				"free (/proc/meminfo): reserve more, e.g. echo 256 > "
 				"/proc/sys/vm/nr_hugepages, or leave MP_DPDK_HUGEPAGES unset",
-				env_long("MP_DPDK_MEM_MB", 256, 16, 1 << 20), free_hugepages());
+				mem_mb, free_hugepages());
 		g.eal = -(e ? e : EINVAL);
 		return g.eal;
 	}
@@ -759,11 +760,12 @@ static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_le
 	last = m;
 	for (int i = 0; i < n; i++) {
 		const struct mp_iov *v = &payload[i];
-		const struct mp_drv_mr *z = d->zc ? zc_find(d, v->base, v->len) : NULL;
+		const struct mp_drv_mr *z;
 		struct rte_mbuf *x = NULL;
 
 		if (!v->len)
 			continue;
+		z = d->zc ? zc_find(d, v->base, v->len) : NULL;
 		if (d->udp_csum)
 			sum = mp_csum_add(sum, v->base, v->len, off);
 		off += v->len;
@@ -1109,6 +1111,36 @@ static void lane_free(struct dpdk_lane *l)
 	rte_free(l);
 }
 
+/* ---- registrations ---- */
+
+/* Put @m on the instance's list (tx_segment looks pieces up there) and hand it out. */
+static int mr_add(struct dpdk_drv *d, struct mp_drv_mr *m, struct mp_drv_mr **out)
+{
+	pthread_mutex_lock(&d->mr_lock);
+	m->next = d->mrs;
+	d->mrs = m;
+	pthread_mutex_unlock(&d->mr_lock);
+	*out = m;
+	return 0;
+}
+
+/* Undo a registration taken off the list: DMA mapping, EAL, gpudev. */
+static void mr_free(struct mp_drv_mr *m)
+{
+	if (m->extmem) {
+		struct rte_eth_dev_info info;
+
+		if (rte_eth_dev_info_get(g.port, &info) == 0)
+			rte_dev_dma_unmap(info.device, (void *)m->ext_lo, m->ext_lo, m->ext_len);
+		rte_extmem_unregister((void *)m->ext_lo, m->ext_len);
+	}
+#ifdef MP_HAVE_DPDK_GPUDEV
+	if (m->device)
+		mp_dpdk_gpu_dereg(&m->gpu);
+#endif
+	free(m);
+}
+
 static void dpdk_fini(struct mp_drv *dd)
 {
 	struct dpdk_drv *d = (struct dpdk_drv *)dd;
@@ -1148,13 +1180,7 @@ static void dpdk_fini(struct mp_drv *dd)
 		struct mp_drv_mr *m = d->mrs;
 
 		d->mrs = m->next;
-		if (m->extmem)
-			rte_extmem_unregister((void *)m->ext_lo, m->ext_len);
-#ifdef MP_HAVE_DPDK_GPUDEV
-		if (m->device)
-			mp_dpdk_gpu_dereg(&m->gpu);
-#endif
-		free(m);
+		mr_free(m);
 	}
 	pthread_mutex_destroy(&d->mr_lock);
 	pthread_mutex_lock(&g.lock);
@@ -1566,12 +1592,7 @@ static int reg_device(struct dpdk_drv *d, void *buf, size_t len, struct mp_drv_m
 	m->lo = (uintptr_t)buf;
 	m->hi = (uintptr_t)buf + len;
 	m->zc = nic != NULL;
-	pthread_mutex_lock(&d->mr_lock);
-	m->next = d->mrs;
-	d->mrs = m;
-	pthread_mutex_unlock(&d->mr_lock);
-	*out = m;
-	return 0;
+	return mr_add(d, m, out);
 }
 #endif
 
@@ -1620,12 +1641,7 @@ static int dpdk_reg_mr(struct mp_drv *dd, void *buf, size_t len, enum mp_mem_kin
 			m->zc = false;
 		}
 	}
-	pthread_mutex_lock(&d->mr_lock);
-	m->next = d->mrs;
-	d->mrs = m;
-	pthread_mutex_unlock(&d->mr_lock);
-	*out = m;
-	return 0;
+	return mr_add(d, m, out);
 }
 
 static void dpdk_dereg_mr(struct mp_drv *dd, struct mp_drv_mr *mr)
@@ -1641,18 +1657,7 @@ static void dpdk_dereg_mr(struct mp_drv *dd, struct mp_drv_mr *mr)
 			break;
 		}
 	pthread_mutex_unlock(&d->mr_lock);
-	if (mr->extmem) {
-		struct rte_eth_dev_info info;
-
-		if (rte_eth_dev_info_get(g.port, &info) == 0)
-			rte_dev_dma_unmap(info.device, (void *)mr->ext_lo, mr->ext_lo, mr->ext_len);
-		rte_extmem_unregister((void *)mr->ext_lo, mr->ext_len);
-	}
-#ifdef MP_HAVE_DPDK_GPUDEV
-	if (mr->device)
-		mp_dpdk_gpu_dereg(&mr->gpu);
-#endif
-	free(mr);
+	mr_free(mr);
 }
 
 /*
