@@ -351,6 +351,7 @@ int dseg_enter(int rank, char *listen, size_t cap)
 		}
 		break;
 	case SEG_BRIDGE: {
+		const char *q;
 		int fd;
 
 		ns_name(ns, sizeof(ns), rank);
@@ -372,12 +373,13 @@ int dseg_enter(int rank, char *listen, size_t cap)
 			return -1;
 		}
 		/* A veth has one queue: af_xdp takes it; af_packet opens qpairs sockets on it. */
+		q = getenv("MP_DPDK_QUEUES") ? getenv("MP_DPDK_QUEUES") : "1";
 		if (!strcmp(bridge_pmd(), "af_xdp"))
 			snprintf(vdev, sizeof(vdev), "net_af_xdp0,iface=%s,start_queue=0,queue_count=%s",
-				 n, getenv("MP_DPDK_QUEUES") ? getenv("MP_DPDK_QUEUES") : "1");
+				 n, q);
 		else
 			snprintf(vdev, sizeof(vdev), "net_af_packet0,iface=%s,qpairs=%s,framecnt=4096",
-				 n, getenv("MP_DPDK_QUEUES") ? getenv("MP_DPDK_QUEUES") : "1");
+				 n, q);
 		break;
 	}
 	default:
