@@ -209,6 +209,53 @@ static void test_csum_pieces(void **state)
 	}
 }
 
+/* RFC 1071 written the plain way: big-endian 16-bit words, one at a time. */
+static uint16_t csum_ref(const uint8_t *p, size_t len)
+{
+	uint32_t s = 0;
+
+	for (size_t i = 0; i < len; i += 2)
+		s += (uint32_t)p[i] << 8 | (i + 1 < len ? p[i + 1] : 0);
+	while (s >> 16)
+		s = (s & 0xffff) + (s >> 16);
+	return (uint16_t)s;
+}
+
+/* Every length and start address against the reference, with sums that carry. */
+static void test_csum_reference(void **state)
+{
+	uint8_t buf[600];
+
+	(void)state;
+	srand(11);
+	for (size_t i = 0; i < sizeof(buf); i++)
+		buf[i] = (uint8_t)(i < 300 ? 0xff - (rand() & 1) : rand());
+	for (size_t start = 0; start < 8; start++)
+		for (size_t len = 0; start + len <= sizeof(buf); len++)
+			assert_int_equal(mp_csum_fold(mp_csum_add(0, buf + start, len, 0)),
+					 csum_ref(buf + start, len));
+	/* A running sum folds in too, and 0xffff + 1 carries round. */
+	assert_int_equal(mp_csum_fold(mp_csum_add(0xffff, (const uint8_t[]){0, 1}, 2, 0)), 1);
+}
+
+/* Built headers sum to all ones, carries included (high addresses and ids). */
+static void test_ip_header_sum(void **state)
+{
+	static const struct mp_dpdk_addr hi = {{0x02, 0, 0, 0, 0, 3}, {255, 255, 255, 254}, {0xff, 0xff}};
+	static const uint16_t ids[] = {0, 1, 0x7fff, 0xfffe, 0xffff};
+	static const size_t lens[] = {0, 1, 1472, 8972, 65507};
+	uint8_t f[MP_FRAME_HDR_LEN];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
+		for (size_t j = 0; j < sizeof(lens) / sizeof(lens[0]); j++) {
+			mp_frame_build(f, &hi, &A, ids[i], lens[j]);
+			assert_int_equal(csum_ref(f + MP_ETH_HDR_LEN, MP_IP4_HDR_LEN), 0xffff);
+			mp_frame_build(f, &A, &hi, ids[i], lens[j]);
+			assert_int_equal(csum_ref(f + MP_ETH_HDR_LEN, MP_IP4_HDR_LEN), 0xffff);
+		}
+}
+
 static void test_random_bytes(void **state)
 {
 	uint8_t f[1600], good[256], pl[100] = {9};
@@ -253,6 +300,8 @@ int main(void)
 		cmocka_unit_test(test_verdicts),
 		cmocka_unit_test(test_arp),
 		cmocka_unit_test(test_csum_pieces),
+		cmocka_unit_test(test_csum_reference),
+		cmocka_unit_test(test_ip_header_sum),
 		cmocka_unit_test(test_random_bytes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -109,14 +109,48 @@ uint32_t mp_csum_add(uint32_t sum, const void *data, size_t len, size_t offset)
 {
 	const uint8_t *p = data;
 	uint64_t s = 0;
-	size_t i;
 
-	for (i = 0; i + 1 < len; i += 2)
-		s += (uint32_t)(p[i] << 8 | p[i + 1]);
-	if (i < len)
-		s += (uint32_t)p[i] << 8;
+	/*
+	 * RFC 1071: the ones' complement sum does not care about byte order
+	 * until the end, so add 32-bit words in the CPU's order (each into 64
+	 * bits, no carries lost) and swap once after folding: with
+	 * MP_DPDK_UDP_CSUM=1 the sender sums every payload byte.
+	 */
+	for (; len >= 8; p += 8, len -= 8) {
+		uint64_t w;
+
+		memcpy(&w, p, 8);
+		s += (w & 0xffffffffu) + (w >> 32);
+	}
+	if (len >= 4) {
+		uint32_t w;
+
+		memcpy(&w, p, 4);
+		s += w;
+		p += 4;
+		len -= 4;
+	}
+	if (len >= 2) {
+		uint16_t w;
+
+		memcpy(&w, p, 2);
+		s += w;
+		p += 2;
+		len -= 2;
+	}
+	if (len) {
+		/* A last odd byte is the high half of a word padded with zero. */
+		uint8_t w[2] = {*p, 0};
+		uint16_t x;
+
+		memcpy(&x, w, 2);
+		s += x;
+	}
 	while (s >> 16)
 		s = (s & 0xffff) + (s >> 16);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	s = ((s & 0xff) << 8) | (s >> 8);
+#endif
 	/* Bytes that start at an odd offset sit in the other half of each word. */
 	if (offset & 1)
 		s = ((s & 0xff) << 8) | (s >> 8);
@@ -159,10 +193,17 @@ void mp_frame_build(uint8_t *hdr, const struct mp_dpdk_addr *src, const struct m
 	put16(ip + 6, 0x4000); /* don't fragment */
 	ip[8] = IP4_TTL;
 	ip[9] = IPPROTO_UDP_NUM;
-	put16(ip + 10, 0);
 	memcpy(ip + 12, src->ip, 4);
 	memcpy(ip + 16, dst->ip, 4);
-	put16(ip + 10, (uint16_t)~mp_csum_fold(mp_csum_add(0, ip, MP_IP4_HDR_LEN, 0)));
+	/*
+	 * The header's checksum from the values, not read back from the
+	 * frame: a wide load of bytes just stored one by one waits for the
+	 * stores to retire, and that stall showed in the sender's profile.
+	 */
+	uint32_t sum = 0x4500u + MP_IP4_HDR_LEN + MP_UDP_HDR_LEN + (uint32_t)payload_len + ip_id +
+		       0x4000u + (IP4_TTL << 8 | IPPROTO_UDP_NUM) + get16(src->ip) +
+		       get16(src->ip + 2) + get16(dst->ip) + get16(dst->ip + 2);
+	put16(ip + 10, (uint16_t)~mp_csum_fold(sum));
 	memcpy(udp, src->port, 2);
 	memcpy(udp + 2, dst->port, 2);
 	put16(udp + 4, (uint16_t)(MP_UDP_HDR_LEN + payload_len));
