@@ -170,6 +170,9 @@ struct dpdk_lane {
 	struct dpdk_route *routes;
 	int32_t *hash;                /* route index + 1, 0 = empty */
 	struct dpdk_txq txq;
+	const struct mp_drv_mr *zc_last; /* the registration the last piece came from, */
+	uintptr_t zc_lo, zc_hi;          /* its range (read without touching it), */
+	unsigned zc_gen;                 /* and d->mr_gen when it was found */
 	struct dpdk_stats st;
 	uint8_t flat[RTE_ETHER_MAX_JUMBO_FRAME_LEN]; /* chained rx frames, copied flat */
 };
@@ -195,6 +198,7 @@ struct dpdk_drv {
 	struct dpdk_listener listener;
 	pthread_mutex_t mr_lock;
 	struct mp_drv_mr *mrs;
+	atomic_uint mr_gen;           /* bumped by every dereg: lanes' zc_last is stale */
 };
 
 /* Process-wide: EAL and the port outlive instances (EAL cannot restart). */
@@ -669,19 +673,37 @@ static uint16_t txq_flush(struct dpdk_lane *l)
 	return sent;
 }
 
-/* The registration holding [p, p + len) that may be attached; NULL = copy. */
-static const struct mp_drv_mr *zc_find(struct dpdk_drv *d, const void *p, size_t len)
+/*
+ * The registration holding [p, p + len) that may be attached; NULL = copy.
+ * A lane remembers the last one it found: a message's segments come from
+ * the same registration, and a lock taken per segment cost more than the
+ * rest of building the frame. mr_gen tells it when a deregistration may
+ * have freed what it remembers; the range is copied so that checking it
+ * never reads a registration another thread is freeing.
+ */
+static const struct mp_drv_mr *zc_find(struct dpdk_lane *l, const void *p, size_t len)
 {
+	struct dpdk_drv *d = l->d;
 	uintptr_t a = (uintptr_t)p;
+	unsigned gen = atomic_load_explicit(&d->mr_gen, memory_order_acquire);
 	const struct mp_drv_mr *found = NULL;
 
+	if (l->zc_last && l->zc_gen == gen && a >= l->zc_lo && a + len <= l->zc_hi)
+		return l->zc_last;
 	pthread_mutex_lock(&d->mr_lock);
 	for (struct mp_drv_mr *m = d->mrs; m; m = m->next)
 		if (m->zc && a >= m->lo && a + len <= m->hi) {
 			found = m;
 			break;
 		}
+	gen = atomic_load_explicit(&d->mr_gen, memory_order_relaxed);
 	pthread_mutex_unlock(&d->mr_lock);
+	l->zc_last = found;
+	if (found) {
+		l->zc_lo = found->lo;
+		l->zc_hi = found->hi;
+	}
+	l->zc_gen = gen;
 	return found;
 }
 
@@ -765,7 +787,7 @@ static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_le
 
 		if (!v->len)
 			continue;
-		z = d->zc ? zc_find(d, v->base, v->len) : NULL;
+		z = d->zc ? zc_find(l, v->base, v->len) : NULL;
 		if (d->udp_csum)
 			sum = mp_csum_add(sum, v->base, v->len, off);
 		off += v->len;
@@ -935,8 +957,19 @@ static bool poll_once(struct dpdk_lane *l)
 		n = rte_eth_rx_burst(g.port, l->q, burst, DPDK_BURST);
 	if (n)
 		l->burst_ns = fast_ns();
-	for (uint16_t i = 0; i < n; i++)
+	for (uint16_t i = 0; i < n; i++) {
+		/*
+		 * The next frame's headers were written by the other side's
+		 * core: ask for them while this frame's payload is copied.
+		 */
+		if (i + 1 < n) {
+			const uint8_t *next = rte_pktmbuf_mtod(burst[i + 1], const uint8_t *);
+
+			rte_prefetch0(next);
+			rte_prefetch0(next + RTE_CACHE_LINE_SIZE);
+		}
 		rx_frame(l, burst[i], false);
+	}
 	if (l->inbox) {
 		unsigned k = rte_ring_dequeue_burst(l->inbox, (void **)burst, DPDK_BURST, NULL);
 
@@ -1656,6 +1689,7 @@ static void dpdk_dereg_mr(struct mp_drv *dd, struct mp_drv_mr *mr)
 			*pp = mr->next;
 			break;
 		}
+	atomic_fetch_add_explicit(&d->mr_gen, 1, memory_order_release);
 	pthread_mutex_unlock(&d->mr_lock);
 	mr_free(mr);
 }
