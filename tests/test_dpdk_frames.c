@@ -381,7 +381,7 @@ static long long counter(int rank, const char *key)
 
 /* ---- --stream: the driver's own one-way throughput on a memif pair ---- */
 
-#define STREAM_WIN 8 /* messages in flight each way */
+#define STREAM_WIN_MAX 32 /* messages in flight each way: MP_STREAM_WIN, 8 by default */
 
 static double mono_s(void)
 {
@@ -473,6 +473,13 @@ static int pingpong_run(const struct mp_driver_ops *o, struct mp_drv *d, struct 
  * testpmd pins its forwarding lcores. Returns 0, 1 on failure, SKIP without
  * EAL.
  */
+static int env_win(void)
+{
+	int w = getenv("MP_STREAM_WIN") ? atoi(getenv("MP_STREAM_WIN")) : 8;
+
+	return w < 1 ? 1 : w > STREAM_WIN_MAX ? STREAM_WIN_MAX : w;
+}
+
 static int stream_peer(int rank, size_t size, int count, const char *sock, int report)
 {
 	const struct mp_driver_ops *o = &mp_dpdk_driver_ops;
@@ -482,9 +489,10 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 	struct mp_drv_listener *l;
 	struct mp_drv_conn *c = NULL;
 	struct mp_drv_mr *mr;
-	struct mp_drv_req *r[STREAM_WIN] = {0};
+	struct mp_drv_req *r[STREAM_WIN_MAX] = {0};
+	const int win = env_win();
 	uint8_t blob[MP_DRV_ADDR_MAX];
-	size_t blen = sizeof(blob), bufsz = pingpong ? 2 * size : rank ? size : size * STREAM_WIN;
+	size_t blen = sizeof(blob), bufsz = pingpong ? 2 * size : rank ? size : size * (size_t)win;
 	char vdev[256], ip[32], bind[64], ready[96];
 	long mtu = getenv("MP_DPDK_MTU") ? strtol(getenv("MP_DPDK_MTU"), NULL, 10) : 9000;
 	uint8_t *buf = aligned_alloc(4096, (bufsz + 4095) / 4096 * 4096);
@@ -544,15 +552,15 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 	if (pingpong)
 		return pingpong_run(o, d, c, l, mr, buf, size, count, rank, report);
 	for (unsigned spin = 0; done < count && (++spin % 4096 || mono_s() < deadline);) {
-		while (posted < count && posted - done < STREAM_WIN) {
-			struct mp_drv_req **q = &r[posted % STREAM_WIN];
+		while (posted < count && posted - done < win) {
+			struct mp_drv_req **q = &r[posted % win];
 
 			if (rank) {
 				struct mp_iov v = {buf, size};
 
 				rc = o->isend(c, &v, 1, mr, q);
 			} else {
-				rc = o->irecv(c, buf + (size_t)(posted % STREAM_WIN) * size, size, mr, q);
+				rc = o->irecv(c, buf + (size_t)(posted % win) * size, size, mr, q);
 			}
 			if (rc == -EAGAIN)
 				break;
@@ -565,7 +573,7 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 			size_t n = 0;
 
 			fin = 0;
-			rc = o->test(r[done % STREAM_WIN], &fin, &n);
+			rc = o->test(r[done % win], &fin, &n);
 			if (!fin)
 				break;
 			if (rc || n != size) {
