@@ -19,7 +19,8 @@
  * `test_dpdk_frames --stream [SIZE_KiB [COUNT]]` is a benchmark instead: the
  * driver's one-way throughput between two processes on a memif pair
  * (tools/bench_dpdk.sh puts it beside dpdk-testpmd's raw rate);
- * `--pingpong [SIZE_KiB [COUNT]]` the time of a message and its answer.
+ * `--pingpong [SIZE_KiB [COUNT]]` the time of a message and its answer;
+ * `--copy [SIZE_KiB [COUNT]]` the stream's memcpy baseline (copy_main).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -608,6 +609,46 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 	return peer_end(o, d, c, l, mr, buf, rank);
 }
 
+/*
+ * test_dpdk_frames --copy [SIZE_KiB [COUNT]]: the stream's memcpy baseline.
+ * One process on one CPU copies COUNT messages of SIZE bytes from one buffer
+ * into env_win(SIZE) buffers in turn, as the stream's receiver lands them,
+ * with the same warm-up rule: what a core that writes each shard to memory
+ * can do at best for that footprint, with no device in the way.
+ */
+static int copy_main(int argc, char **argv)
+{
+	size_t size = (argc > 2 ? strtoul(argv[2], NULL, 10) : 1024) * 1024;
+	int count = argc > 3 ? atoi(argv[3]) : 200, win = env_win(size), warm = count / 10;
+	uint8_t *src = aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+	uint8_t *dst = aligned_alloc(4096, (size * (size_t)win + 4095) / 4096 * 4096);
+	cpu_set_t one;
+	double t0 = 0;
+
+	if (!size || count < 2 || !src || !dst)
+		return 1;
+	CPU_ZERO(&one);
+	CPU_SET(sched_getcpu(), &one);
+	sched_setaffinity(0, sizeof(one), &one);
+	memset(src, 0x5a, size);
+	memset(dst, 0, size * (size_t)win);
+	for (int i = 0; i < count; i++) {
+		if (i == warm)
+			t0 = mono_s();
+		memcpy(dst + (size_t)(i % win) * size, src, size);
+		__asm__ volatile("" : : "r"(dst) : "memory"); /* every copy happens */
+	}
+	double t = mono_s() - t0;
+
+	if (dst[size - 1] != 0x5a)
+		return 1;
+	printf("copy: %zu-byte messages x %d into %d buffers: %.0f MB/s\n", size, count - warm,
+	       win, (double)size * (count - warm) / t / 1e6);
+	free(src);
+	free(dst);
+	return 0;
+}
+
 /* test_dpdk_frames --stream|--pingpong [SIZE_KiB [COUNT]]: see stream_peer (a benchmark). */
 static int stream_main(int argc, char **argv)
 {
@@ -644,6 +685,8 @@ int main(int argc, char **argv)
 	pid_t pid[2];
 	char tmpl[] = "/tmp/mpt-dpdk-XXXXXX";
 
+	if (argc > 1 && !strcmp(argv[1], "--copy"))
+		return copy_main(argc, argv);
 	if (argc > 1 && (!strcmp(argv[1], "--stream") || !strcmp(argv[1], "--pingpong"))) {
 		pingpong = !strcmp(argv[1], "--pingpong");
 		return stream_main(argc, argv);

@@ -15,7 +15,10 @@
 #    comparison, once as it is and once with the receiver a memif zero-copy
 #    client with 256-slot rings (",zero-copy=yes,rsize=8": the server copies
 #    frames straight into the receiver's mbufs, one copy fewer); testpmd runs
-#    in both set-ups too, and the better is the baseline; then
+#    in both set-ups too, and the better is the baseline; a memcpy of the
+#    stream's bytes into its posted buffers by one core (test_dpdk_frames
+#    --copy) is the second baseline, the bound for any receiver that writes
+#    the shards to memory; then
 #    mpbench --transport=dpdk --peers=2 (its own memif pair) averages 1-16 MiB
 #    (10 warm-up averages per size: memif's shared rings fault their 4 KiB
 #    pages in during the first thousand frames), beside mpbench
@@ -107,6 +110,13 @@ echo "== memif: $runs runs, each: testpmd raw rate; the driver's one-way stream"
 echo "   (test_dpdk_frames --stream, 1/4/16 MiB messages); mpbench --transport=dpdk"
 echo "   --peers=2 ${sizes[*]}; mpbench --transport=loop (the core alone)"
 for run in $(seq 1 "$runs"); do
+	line="run $run: memcpy"
+	for kib in 1024 4096 16384; do
+		r=$("$stream" --copy "$kib" $((4194304 / kib + 1)) | sed -n 's/.*: \([0-9]*\) MB\/s/\1/p')
+		put "cp.$kib" "${r:-0}"
+		line="$line ${r:-0}"
+	done
+	echo "   $line MB/s"
 	for mtu in 1500 9000; do
 		len=$((mtu + 14))
 		raw=$(testpmd_rate "$len")
@@ -139,7 +149,12 @@ for run in $(seq 1 "$runs"); do
 	done
 done
 echo "-- best (median) MB/s over $runs runs; % = best / testpmd's best at that frame size"
-echo "   (the better of its two set-ups)"
+echo "   (the better of its two set-ups); memcpy: one core copying the stream's bytes"
+echo "   from its source into its posted buffers, no device (the most a receiver that"
+echo "   writes the shards to memory can do for that footprint)"
+for kib in 1024 4096 16384; do
+	echo "   memcpy $((kib / 1024)) MiB: $(best "cp.$kib") ($(median "cp.$kib"))"
+done
 for len in 1514 9014; do
 	tp=$(best "tp.$len")
 	tpz=$(best "tpz.$len")
@@ -150,7 +165,8 @@ for len in 1514 9014; do
 		b=$(best "st.$len.$kib")
 		z=$(best "st$zcargs.$len.$kib")
 		echo "     stream  $((kib / 1024)) MiB: $b ($(median "st.$len.$kib")) $(pct "$b" "$tp");" \
-			"zero-copy receiver $z ($(median "st$zcargs.$len.$kib")) $(pct "$z" "$tp")"
+			"zero-copy receiver $z ($(median "st$zcargs.$len.$kib")) $(pct "$z" "$tp")," \
+			"$(pct "$z" "$(best "cp.$kib")") of memcpy"
 	done
 	for size in 1048576 4194304 16777216; do
 		b=$(best "mb.$len.$size")
