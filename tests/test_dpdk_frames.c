@@ -464,17 +464,6 @@ static int pingpong_run(const struct mp_driver_ops *o, struct mp_drv *d, struct 
 }
 
 /*
- * One side of the stream: rank 1 (the memif server) sends @count messages of
- * @size bytes from a registered buffer (attached, not copied, on send), rank
- * 0 (the client, so that MP_DPDK_MEMIF_ARGS=",zero-copy=yes" makes the
- * receiving side zero-copy) receives them into env_win() posted buffers and
- * reports the rate over the messages after the first tenth: those warm
- * memif's rings and the mbufs up (their pages fault in), as testpmd's rate
- * leaves its first seconds out. Each peer is pinned to a CPU of its own, as
- * testpmd pins its forwarding lcores. Returns 0, 1 on failure, SKIP without
- * EAL.
- */
-/*
  * Receives posted at once: MP_STREAM_WIN, else about 4 MiB of them (2 to 8
  * messages). Posted buffers are where the receiver's copy writes: the
  * fewer bytes they span, the more of its writes stay in cache (1 MiB x 8
@@ -491,6 +480,17 @@ static int env_win(size_t size)
 	return w < 1 ? 1 : w > STREAM_WIN_MAX ? STREAM_WIN_MAX : w;
 }
 
+/*
+ * One side of the stream: rank 1 (the memif server) sends @count messages of
+ * @size bytes from a registered buffer (attached, not copied, on send), rank
+ * 0 (the client, so that MP_DPDK_MEMIF_ARGS=",zero-copy=yes" makes the
+ * receiving side zero-copy) receives them into env_win() posted buffers and
+ * reports the rate over the messages after the first tenth: those warm
+ * memif's rings and the mbufs up (their pages fault in), as testpmd's rate
+ * leaves its first seconds out. Each peer is pinned to a CPU of its own, as
+ * testpmd pins its forwarding lcores. Returns 0, 1 on failure, SKIP without
+ * EAL.
+ */
 static int stream_peer(int rank, size_t size, int count, const char *sock, int report)
 {
 	const struct mp_driver_ops *o = &mp_dpdk_driver_ops;
@@ -619,14 +619,21 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 static int copy_main(int argc, char **argv)
 {
 	size_t size = (argc > 2 ? strtoul(argv[2], NULL, 10) : 1024) * 1024;
-	int count = argc > 3 ? atoi(argv[3]) : 200, win = env_win(size), warm = count / 10;
-	uint8_t *src = aligned_alloc(4096, (size + 4095) / 4096 * 4096);
-	uint8_t *dst = aligned_alloc(4096, (size * (size_t)win + 4095) / 4096 * 4096);
+	int count = argc > 3 ? atoi(argv[3]) : 200, win, warm = count / 10;
+	uint8_t *src, *dst;
 	cpu_set_t one;
 	double t0 = 0;
 
-	if (!size || count < 2 || !src || !dst)
+	if (!size || count < 2)
 		return 1;
+	win = env_win(size);
+	src = aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+	dst = aligned_alloc(4096, (size * (size_t)win + 4095) / 4096 * 4096);
+	if (!src || !dst) {
+		free(src);
+		free(dst);
+		return 1;
+	}
 	CPU_ZERO(&one);
 	CPU_SET(sched_getcpu(), &one);
 	sched_setaffinity(0, sizeof(one), &one);
@@ -639,14 +646,14 @@ static int copy_main(int argc, char **argv)
 		__asm__ volatile("" : : "r"(dst) : "memory"); /* every copy happens */
 	}
 	double t = mono_s() - t0;
+	int bad = dst[size - 1] != 0x5a;
 
-	if (dst[size - 1] != 0x5a)
-		return 1;
-	printf("copy: %zu-byte messages x %d into %d buffers: %.0f MB/s\n", size, count - warm,
-	       win, (double)size * (count - warm) / t / 1e6);
+	if (!bad)
+		printf("copy: %zu-byte messages x %d into %d buffers: %.0f MB/s\n", size,
+		       count - warm, win, (double)size * (count - warm) / t / 1e6);
 	free(src);
 	free(dst);
-	return 0;
+	return bad;
 }
 
 /* test_dpdk_frames --stream|--pingpong [SIZE_KiB [COUNT]]: see stream_peer (a benchmark). */

@@ -676,8 +676,8 @@ static uint16_t txq_flush(struct dpdk_lane *l)
 /*
  * The registration holding [p, p + len) that may be attached; NULL = copy.
  * A lane remembers the last one it found: a message's segments come from
- * the same registration, and a lock taken per segment cost more than the
- * rest of building the frame. mr_gen tells it when a deregistration may
+ * the same registration, and taking the lock for each of them cost a one-way
+ * stream about 2% of its rate. mr_gen tells it when a deregistration may
  * have freed what it remembers; the range is copied so that checking it
  * never reads a registration another thread is freeing.
  */
