@@ -79,10 +79,10 @@ testpmd_rate() {
 	mb=$((bs + 128 > 2176 ? bs + 128 : 2176))
 	# side rx|tx ROLE: one testpmd; the server starts first (a client dials it).
 	side() {
-		local mode=rxonly lc=0 more=$rxa pfx=r
-		[ "$1" = rx ] || { mode="txonly --txpkts=$len"; lc=1; more=""; pfx=t; }
+		local mode=rxonly lc=0 more=$rxa pfx=r ex=$rxeal
+		[ "$1" = rx ] || { mode="txonly --txpkts=$len"; lc=1; more=""; pfx=t; ex=""; }
 		# shellcheck disable=SC2086
-		"$testpmd" -l 0-1 --main-lcore=$lc $eal $([ "$1" = rx ] && echo $rxeal) \
+		"$testpmd" -l 0-1 --main-lcore=$lc $eal $ex \
 			--file-prefix="$tag$pfx" --vdev="net_memif0,role=$2,socket=$sock,bsize=$bs$more" \
 			-- --mbuf-size=$mb --total-num-mbufs=16384 --rxd=1024 --txd=1024 --nb-cores=1 \
 			--forward-mode=$mode --stats-period=1 --auto-start >"$tmp/$1.log" 2>&1 &
@@ -106,13 +106,14 @@ median() { { sort -n "$tmp/v.$1" 2>/dev/null || true; } |
 	awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) / 2)] : 0) }'; }
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", (b > 0 ? 100 * a / b : 0) }'; }
 
-echo "== memif: $runs runs, each: testpmd raw rate; the driver's one-way stream"
+echo "== memif: $runs runs, each: memcpy baseline; testpmd raw rate; the driver's one-way stream"
 echo "   (test_dpdk_frames --stream, 1/4/16 MiB messages); mpbench --transport=dpdk"
 echo "   --peers=2 ${sizes[*]}; mpbench --transport=loop (the core alone)"
 for run in $(seq 1 "$runs"); do
 	line="run $run: memcpy"
 	for kib in 1024 4096 16384; do
-		r=$("$stream" --copy "$kib" $((4194304 / kib + 1)) | sed -n 's/.*: \([0-9]*\) MB\/s/\1/p')
+		r=$("$stream" --copy "$kib" $((4194304 / kib + 1)) |
+			sed -n 's/.*: \([0-9]*\) MB\/s/\1/p' || true)
 		put "cp.$kib" "${r:-0}"
 		line="$line ${r:-0}"
 	done
