@@ -49,6 +49,7 @@
 #include <moshpit/driver.h>
 
 #include "../drivers/dpdk/frame.h"
+#include "memif_end.h"
 
 #define SKIP 77
 #define K 5          /* frames of each foreign kind */
@@ -416,15 +417,27 @@ static int pp_wait(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_dr
 static int peer_end(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_drv_conn *c,
 		    struct mp_drv_listener *l, struct mp_drv_mr *mr, uint8_t *buf, int rank)
 {
-	if (rank == 0)
-		for (double e = mono_s() + 0.2; mono_s() < e;)
+	int rc = 0;
+
+	/* Rank 1's requests complete last; neither polls while the other leaves. */
+	if (rank == 1) {
+		memif_end_mark(stats, "sent");
+		rc = memif_end_wait(stats, "quiet", 10000);
+	} else {
+		for (double e = mono_s() + 10; !memif_end_seen(stats, "sent") && mono_s() < e;)
 			o->progress(d, 1);
+		memif_end_mark(stats, "quiet");
+		rc = memif_end_wait(stats, "gone", 10000);
+		usleep(50000); /* our interrupt thread takes the rings down */
+	}
 	o->close(c);
 	o->close_listener(l);
 	o->dereg_mr(d, mr);
 	o->fini(d);
+	if (rank == 1)
+		memif_end_mark(stats, "gone");
 	free(buf);
-	return 0;
+	return rc ? 1 : 0;
 }
 
 /*

@@ -51,6 +51,7 @@
 #include "mp_build_config.h"
 #ifdef MP_HAVE_DPDK_GPUDEV
 #include "../drivers/dpdk/gpu.h"
+#include "memif_end.h"
 #endif
 
 #define SKIP 77
@@ -445,7 +446,7 @@ static int wait_req(struct mp_drv *d, struct mp_drv_req *r, size_t *n)
 }
 
 /* One peer: rank 1 sends from its fake device memory, rank 0 receives into its own. */
-static int memif_peer(int rank, const char *sock, const char *ready)
+static int memif_peer(int rank, const char *sock, const char *ready, const char *dir)
 {
 	const struct mp_driver_ops *o = &mp_dpdk_driver_ops;
 	struct mp_drv *d;
@@ -505,9 +506,9 @@ static int memif_peer(int rank, const char *sock, const char *ready)
 
 			CHECK(wait_req(d, r[k], &n) == 0);
 		}
-		/* Peer 0 closes first; its last acknowledgements get here meanwhile. */
-		for (double e = mono_s() + 0.3; mono_s() < e;)
-			o->progress(d, 1);
+		/* Done: no polling from here while peer 0 leaves (memif_end.h). */
+		memif_end_mark(dir, "sent");
+		CHECK(memif_end_wait(dir, "quiet", 10000) == 0);
 	} else {
 		memset(fk.dev_buf, DEV_FILL, BUF);
 		memset(fk.map_buf, MAP_FILL, BUF);
@@ -535,14 +536,21 @@ static int memif_peer(int rank, const char *sock, const char *ready)
 		/* The device memory itself was never written by the CPU. */
 		for (size_t i = 0; i < BUF; i++)
 			CHECK(fk.dev_buf[i] == DEV_FILL);
-		for (double e = mono_s() + 0.1; mono_s() < e;)
+		/* Our acknowledgements get out until peer 1 has them all. */
+		while (!memif_end_seen(dir, "sent") && mono_s() < deadline)
 			o->progress(d, 1);
+		CHECK(memif_end_seen(dir, "sent"));
+		memif_end_mark(dir, "quiet");
+		CHECK(memif_end_wait(dir, "gone", 10000) == 0);
+		usleep(50000); /* our interrupt thread takes the rings down */
 	}
 	o->close(c);
 	o->close_listener(l);
 	o->dereg_mr(d, mr);
 	CHECK(!strcmp(fk.seq, "Mm") && fk.map_ok == 0 && fk.unmap_ptr == fk.dev_buf);
 	o->fini(d);
+	if (rank == 1)
+		memif_end_mark(dir, "gone");
 	printf("peer %d: ok\n", rank);
 	return 0;
 }
@@ -561,7 +569,7 @@ static int memif_main(void)
 	for (int i = 0; i < 2; i++) {
 		pid[i] = fork();
 		if (pid[i] == 0)
-			_exit(memif_peer(i, sock, ready));
+			_exit(memif_peer(i, sock, ready, tmpl));
 	}
 	for (int i = 0; i < 2; i++) {
 		int st;
@@ -575,6 +583,7 @@ static int memif_main(void)
 		}
 	}
 	unlink(ready);
+	memif_end_unlink(tmpl);
 	rmdir(tmpl);
 	if (fails)
 		return 1;

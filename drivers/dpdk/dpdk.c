@@ -1201,6 +1201,12 @@ static void dpdk_fini(struct mp_drv *dd)
 			/* FINs for what is still open, flushed while the port still runs. */
 			mp_rel_destroy(l->rel);
 			for (int k = 0; k < 100 && g.started && l->txq.n; k++) {
+				struct rte_eth_link link;
+
+				/* Not the last poll's view: a memif peer may have left since. */
+				memset(&link, 0, sizeof(link));
+				rte_eth_link_get_nowait(g.port, &link);
+				l->link_up = link.link_status == RTE_ETH_LINK_UP;
 				txq_flush(l);
 				if (l->txq.n)
 					usleep(100);
