@@ -567,10 +567,19 @@ static int port_setup(uint16_t nq, uint16_t mtu, unsigned mbufs, uint16_t ring)
 	return 0;
 }
 
+/* The port's link as it is now (memif: a peer that left takes it down). */
+static bool port_link_up(void)
+{
+	struct rte_eth_link link;
+
+	memset(&link, 0, sizeof(link));
+	rte_eth_link_get_nowait(g.port, &link);
+	return link.link_status == RTE_ETH_LINK_UP;
+}
+
 /* Start the port and wait (bounded) for its link: memif has none until its peer came. */
 static int port_start(int wait_ms)
 {
-	struct rte_eth_link link;
 	uint64_t until = now_ns() + (uint64_t)wait_ms * 1000000u;
 	int rc;
 
@@ -597,9 +606,7 @@ static int port_start(int wait_ms)
 		}
 	}
 	for (uint64_t redial = now_ns() + 500000000u;;) {
-		memset(&link, 0, sizeof(link));
-		rte_eth_link_get_nowait(g.port, &link);
-		if (link.link_status == RTE_ETH_LINK_UP)
+		if (port_link_up())
 			return 0;
 		if (now_ns() >= until)
 			break;
@@ -946,13 +953,10 @@ static void rx_frame(struct dpdk_lane *l, struct rte_mbuf *m, bool steered)
 static bool poll_once(struct dpdk_lane *l)
 {
 	struct rte_mbuf *burst[DPDK_BURST];
-	struct rte_eth_link link;
 	bool work = false;
 	uint16_t n = 0;
 
-	memset(&link, 0, sizeof(link));
-	rte_eth_link_get_nowait(g.port, &link);
-	l->link_up = link.link_status == RTE_ETH_LINK_UP;
+	l->link_up = port_link_up();
 	if (l->link_up)
 		n = rte_eth_rx_burst(g.port, l->q, burst, DPDK_BURST);
 	if (n)
@@ -1201,12 +1205,8 @@ static void dpdk_fini(struct mp_drv *dd)
 			/* FINs for what is still open, flushed while the port still runs. */
 			mp_rel_destroy(l->rel);
 			for (int k = 0; k < 100 && g.started && l->txq.n; k++) {
-				struct rte_eth_link link;
-
 				/* Not the last poll's view: a memif peer may have left since. */
-				memset(&link, 0, sizeof(link));
-				rte_eth_link_get_nowait(g.port, &link);
-				l->link_up = link.link_status == RTE_ETH_LINK_UP;
+				l->link_up = port_link_up();
 				txq_flush(l);
 				if (l->txq.n)
 					usleep(100);
