@@ -728,8 +728,6 @@ static uint32_t line_of(const struct mp_ctx *ctx, const int *coords, int dim)
 	return (uint32_t)mp_grid_cell(&ctx->grid, c);
 }
 
-#define HEARD_MAX MP_HEARD_MAX
-
 /*
  * Declarations over control connections. A declaration reaches the others
  * through the DHT, where a key's values can take seconds to reach a
@@ -832,10 +830,10 @@ int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
 			ctx->heard[i].d = d;
 			return 0;
 		}
-	if (!ctx->heard && !(ctx->heard = malloc(HEARD_MAX * sizeof(*ctx->heard))))
+	if (!ctx->heard && !(ctx->heard = malloc(MP_HEARD_MAX * sizeof(*ctx->heard))))
 		return -ENOMEM;
-	if (ctx->nheard == HEARD_MAX)
-		memmove(ctx->heard, ctx->heard + 1, (HEARD_MAX - 1) * sizeof(*ctx->heard));
+	if (ctx->nheard == MP_HEARD_MAX)
+		memmove(ctx->heard, ctx->heard + 1, (MP_HEARD_MAX - 1) * sizeof(*ctx->heard));
 	else
 		ctx->nheard++;
 	ctx->heard[ctx->nheard - 1] = (struct mp_heard){.round = h->round, .d = d};
