@@ -411,15 +411,16 @@ static int pp_wait(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_dr
 }
 
 /*
- * The end of a stream or ping-pong peer. Rank 0 (the receiving or answering
- * side) closes last, so that the other's final acknowledgements are out.
+ * The end of a stream or ping-pong peer, as memif_end.h describes: rank 0
+ * (the receiving or answering side) polls until rank 1 has everything it
+ * waits for, so that its last acknowledgements are out; then neither polls
+ * while the other leaves, rank 1 first.
  */
 static int peer_end(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_drv_conn *c,
 		    struct mp_drv_listener *l, struct mp_drv_mr *mr, uint8_t *buf, int rank)
 {
 	int rc = 0;
 
-	/* Rank 1's requests complete last; neither polls while the other leaves. */
 	if (rank == 1) {
 		memif_end_mark(stats, "sent");
 		rc = memif_end_wait(stats, "quiet", 10000);
