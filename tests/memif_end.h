@@ -22,7 +22,10 @@
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <moshpit/driver.h>
 
 static inline bool memif_end_seen(const char *dir, const char *name)
 {
@@ -52,6 +55,41 @@ static inline int memif_end_wait(const char *dir, const char *name, int ms)
 		usleep(1000);
 	}
 	return memif_end_seen(dir, name) ? 0 : -1;
+}
+
+/*
+ * The side whose requests complete last, once they have: 0 once the other
+ * side has stopped polling (it may close and finalise now), -1 if it never
+ * said so. It marks "gone" after its finalisation.
+ */
+static inline int memif_end_first(const char *dir)
+{
+	memif_end_mark(dir, "sent");
+	return memif_end_wait(dir, "quiet", 10000);
+}
+
+/*
+ * The other side: progress on @d until "sent" appears (10 s at most), then
+ * quiet until the first side is gone and a moment more for this process's
+ * interrupt thread to take the rings down. 0 once it may finalise, -1 on a
+ * timeout.
+ */
+static inline int memif_end_last(const char *dir, const struct mp_driver_ops *o, struct mp_drv *d)
+{
+	struct timespec t0, t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		o->progress(d, 1);
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	} while (!memif_end_seen(dir, "sent") && t.tv_sec - t0.tv_sec < 10);
+	if (!memif_end_seen(dir, "sent"))
+		return -1;
+	memif_end_mark(dir, "quiet");
+	if (memif_end_wait(dir, "gone", 10000))
+		return -1;
+	usleep(50000);
+	return 0;
 }
 
 static inline void memif_end_unlink(const char *dir)

@@ -419,18 +419,7 @@ static int pp_wait(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_dr
 static int peer_end(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_drv_conn *c,
 		    struct mp_drv_listener *l, struct mp_drv_mr *mr, uint8_t *buf, int rank)
 {
-	int rc = 0;
-
-	if (rank == 1) {
-		memif_end_mark(stats, "sent");
-		rc = memif_end_wait(stats, "quiet", 10000);
-	} else {
-		for (double e = mono_s() + 10; !memif_end_seen(stats, "sent") && mono_s() < e;)
-			o->progress(d, 1);
-		memif_end_mark(stats, "quiet");
-		rc = memif_end_wait(stats, "gone", 10000);
-		usleep(50000); /* our interrupt thread takes the rings down */
-	}
+	int rc = rank == 1 ? memif_end_first(stats) : memif_end_last(stats, o, d);
 	o->close(c);
 	o->close_listener(l);
 	o->dereg_mr(d, mr);

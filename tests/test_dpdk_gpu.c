@@ -507,8 +507,7 @@ static int memif_peer(int rank, const char *sock, const char *ready, const char 
 			CHECK(wait_req(d, r[k], &n) == 0);
 		}
 		/* Done: no polling from here while peer 0 leaves (memif_end.h). */
-		memif_end_mark(dir, "sent");
-		CHECK(memif_end_wait(dir, "quiet", 10000) == 0);
+		CHECK(memif_end_first(dir) == 0);
 	} else {
 		memset(fk.dev_buf, DEV_FILL, BUF);
 		memset(fk.map_buf, MAP_FILL, BUF);
@@ -537,12 +536,7 @@ static int memif_peer(int rank, const char *sock, const char *ready, const char 
 		for (size_t i = 0; i < BUF; i++)
 			CHECK(fk.dev_buf[i] == DEV_FILL);
 		/* Our acknowledgements get out until peer 1 has them all. */
-		while (!memif_end_seen(dir, "sent") && mono_s() < deadline)
-			o->progress(d, 1);
-		CHECK(memif_end_seen(dir, "sent"));
-		memif_end_mark(dir, "quiet");
-		CHECK(memif_end_wait(dir, "gone", 10000) == 0);
-		usleep(50000); /* our interrupt thread takes the rings down */
+		CHECK(memif_end_last(dir, o, d) == 0);
 	}
 	o->close(c);
 	o->close_listener(l);
