@@ -29,6 +29,18 @@ void mp_k_f32_to_f16(uint16_t *dst, const float *src, size_t n);
 void mp_k_f16_to_f32(float *dst, const uint16_t *src, size_t n);
 /* acc[i] += w * float(src[i]) */
 void mp_k_f16_axpy(float *acc, const uint16_t *src, float w, size_t n);
+/*
+ * dst = src (n bytes, no alignment needed, no overlap) with non-temporal
+ * stores: the destination's lines are written to memory without being read
+ * first or kept in the caches (kernels/cpu/copy.c says when that pays). The
+ * scalar variant is plain memcpy. The stores are weakly ordered:
+ * mp_k_stream_fence() before another thread may look at dst.
+ */
+void mp_k_copy_stream(void *dst, const void *src, size_t n);
+/* Orders every mp_k_copy_stream store before the stores that follow it. */
+void mp_k_stream_fence(void);
+/* Bytes of this CPU's last-level cache as the system reports it; 0 unknown. */
+size_t mp_k_llc_bytes(void);
 
 /* Variant levels, for kernel families that keep their own variant tables. */
 #define MP_K_SCALAR 0

@@ -398,6 +398,54 @@ static void test_axpy_large(void **state)
 	free(acc);
 }
 
+/*
+ * The streaming copy, every variant: each length up to a few lines and some
+ * long ones, source and destination at every offset within a line, bytes
+ * around the destination untouched, and the LLC size the dpdk driver's
+ * threshold comes from is plausible.
+ */
+static void test_copy_stream(void **state)
+{
+	enum { PAD = 64, BUF = 146 * 64 }; /* a line before, the longest copy plus its offset after */
+	static const size_t lens[] = {0, 1, 31, 63, 64, 65, 127, 128, 129, 255, 256, 257, 320, 8958, 9000};
+	uint8_t *src = aligned_alloc(64, BUF), *dst = aligned_alloc(64, BUF);
+	size_t llc = mp_k_llc_bytes();
+	int copies = 0;
+
+	(void)state;
+	assert_non_null(src);
+	assert_non_null(dst);
+	for (size_t i = 0; i < BUF; i++)
+		src[i] = (uint8_t)rnd32();
+	for (size_t v = 0; v < NALL; v++) {
+		if (force(all_variants[v]))
+			continue;
+		for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++)
+			for (size_t so = 0; so < 64; so += 9)
+				for (size_t dof = 0; dof < 64; dof += 5) {
+					size_t n = lens[li];
+					uint8_t *d = dst + PAD + dof;
+
+					memset(dst, 0xa5, BUF);
+					mp_k_copy_stream(d, src + so, n);
+					mp_k_stream_fence();
+					assert_memory_equal(d, src + so, n);
+					for (uint8_t *p = dst; p < d; p++)
+						assert_int_equal(*p, 0xa5);
+					for (uint8_t *p = d + n; p < dst + BUF; p++)
+						assert_int_equal(*p, 0xa5);
+					copies++;
+				}
+	}
+	assert_true(copies > 0);
+	print_message("last-level cache: %zu KiB\n", llc / 1024);
+	/* 0 (unknown) is allowed; a size is between 256 KiB and 4 GiB. */
+	assert_true(llc == 0 || (llc >= (256u << 10) && llc <= ((size_t)4 << 30)));
+	assert_int_equal(mp_k_force("auto"), 0);
+	free(src);
+	free(dst);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -406,6 +454,7 @@ int main(void)
 		cmocka_unit_test(test_f32_to_f16_random_and_edges),
 		cmocka_unit_test(test_odd_lengths_unaligned),
 		cmocka_unit_test(test_axpy_large),
+		cmocka_unit_test(test_copy_stream),
 	};
 
 	oracle_init();

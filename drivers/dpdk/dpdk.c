@@ -81,6 +81,7 @@
 
 #include "frame.h"
 #include "gpu.h"
+#include "kernels.h"
 #include "log.h"
 #include "mp_build_config.h"
 #include "rel.h"
@@ -1064,6 +1065,7 @@ static void write_stats(struct dpdk_drv *d)
 		rs.data_rx += x.data_rx;
 		rs.dup_rx += x.dup_rx;
 		rs.conns_failed += x.conns_failed;
+		rs.stream_rx += x.stream_rx;
 		for (int w = 0; w < MP_REL_DROP_MAX; w++)
 			rs.drop[w] += x.drop[w];
 		st.rx_frames += s->rx_frames;
@@ -1099,12 +1101,12 @@ static void write_stats(struct dpdk_drv *d)
 		n += (size_t)snprintf(line + n, sizeof(line) - n,
 				      " seg_tx=%llu data_tx=%llu data_rtx=%llu fast_rtx=%llu "
 				      "rto_fired=%llu seg_rx=%llu data_rx=%llu dup_rx=%llu "
-				      "conns_failed=%llu",
+				      "conns_failed=%llu stream_rx=%llu",
 				      (unsigned long long)rs.seg_tx, (unsigned long long)rs.data_tx,
 				      (unsigned long long)rs.data_rtx, (unsigned long long)rs.fast_rtx,
 				      (unsigned long long)rs.rto_fired, (unsigned long long)rs.seg_rx,
 				      (unsigned long long)rs.data_rx, (unsigned long long)rs.dup_rx,
-				      (unsigned long long)rs.conns_failed);
+				      (unsigned long long)rs.conns_failed, (unsigned long long)rs.stream_rx);
 	for (int w = 0; w < MP_REL_DROP_MAX && n < sizeof(line); w++)
 		n += (size_t)snprintf(line + n, sizeof(line) - n, " rel_drop_%s=%llu",
 				      mp_rel_drop_name(w), (unsigned long long)rs.drop[w]);
@@ -1277,6 +1279,7 @@ static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
 {
 	struct dpdk_drv *d;
 	struct mp_rel_params rp;
+	size_t llc;
 	uint16_t nq = (uint16_t)env_long("MP_DPDK_QUEUES", 1, 1, DPDK_MAX_QUEUES);
 	uint16_t mtu = (uint16_t)env_long("MP_DPDK_MTU", DPDK_DEFAULT_MTU, 576, 9600);
 	uint16_t ring = (uint16_t)env_long("MP_DPDK_RING", DPDK_DEFAULT_RING, 64, 16384);
@@ -1367,6 +1370,14 @@ static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
 	rp.rto_max_ns = (uint64_t)env_long("MP_DPDK_RTO_MAX_US", 0, 0, 60000000) * 1000u;
 	rp.tx = tx_segment;
 	rp.now_ns = rel_clock;
+	/*
+	 * Shards beyond a quarter of the LLC cannot stay in it beside the
+	 * sender's buffer and the rings: write them past the caches
+	 * (kernels/cpu/copy.c; doc/dpdk.md, "Large shards past the caches").
+	 */
+	llc = mp_k_llc_bytes();
+	rp.stream_min = (size_t)env_long("MP_DPDK_STREAM_MIN", llc ? (long)(llc / 4) : 8l << 20, 0,
+					 LONG_MAX);
 	/* One lane per queue pair the port has (a reused port keeps its count). */
 	d->nlanes = g.nq;
 	for (uint16_t q = 0; q < d->nlanes; q++) {

@@ -23,6 +23,7 @@
 
 #include "rel.h"
 
+#include "kernels.h"
 #include "le.h"
 #include "log.h"
 #include "reqq.h"
@@ -243,6 +244,7 @@ struct rxslot {
 	size_t cap;
 	uint32_t mlen, first_seq, nseg, got;
 	uint8_t state;
+	bool stream; /* copied with non-temporal stores (stream_min) */
 };
 
 enum conn_state { C_SYN_SENT = 1, C_OPEN, C_FAILED };
@@ -1093,14 +1095,19 @@ void mp_rel_input(struct mp_rel *rel, uint32_t route, const void *seg, size_t le
 		x->nseg = mlen ? (mlen + seg_mss - 1) / seg_mss : 1;
 		x->got = 0;
 		x->state = RX_ACTIVE;
+		x->stream = rel->p.stream_min && mlen >= rel->p.stream_min;
 		if (mlen > x->cap) {
 			req_done(rel, x->req, -EMSGSIZE, mlen);
 			x->req = NULL;
 			x->state = RX_TOOBIG;
 		}
 	}
-	if (x->state == RX_ACTIVE && plen)
-		memcpy(x->buf + off, b + MP_REL_DATA_HDR_LEN, plen);
+	if (x->state == RX_ACTIVE && plen) {
+		if (x->stream)
+			mp_k_copy_stream(x->buf + off, b + MP_REL_DATA_HDR_LEN, plen);
+		else
+			memcpy(x->buf + off, b + MP_REL_DATA_HDR_LEN, plen);
+	}
 	rel->st.data_rx++;
 	c->held[(seq >> 6) & (rel->hwords - 1)] |= 1ull << (seq & 63);
 	if (seq_lt(c->rcv_high, seq + 1))
@@ -1113,6 +1120,10 @@ void mp_rel_input(struct mp_rel *rel, uint32_t route, const void *seg, size_t le
 		c->ack_now = true; /* holes: SACK at once so the sender repairs them */
 	c->unacked++;
 	if (++x->got == x->nseg) {
+		if (x->state == RX_ACTIVE && x->stream) {
+			mp_k_stream_fence(); /* the data before the completion others read */
+			rel->st.stream_rx++;
+		}
 		x->state = RX_DONE;
 		rx_complete_head(c);
 		/*

@@ -124,6 +124,10 @@ struct mp_rel_params {
 				     the top 4 bits of every connection id it makes,
 				     so mp_rel_seg_lane finds the instance a segment
 				     is for */
+	size_t stream_min;      /**< messages of at least this many bytes are written
+				     into their receive buffers with non-temporal
+				     stores (mp_k_copy_stream), which spare the caches
+				     a shard too large to stay in them (0: never) */
 };
 
 /** Why a received segment was dropped (struct mp_rel_stats::drop). */
@@ -163,6 +167,8 @@ struct mp_rel_stats {
 	uint64_t drop[MP_REL_DROP_MAX]; /**< dropped segments by reason */
 	uint64_t bytes_tx;        /**< message bytes of completed sends */
 	uint64_t bytes_rx;        /**< message bytes of completed receives */
+	uint64_t stream_rx;       /**< receives written with non-temporal stores
+				       (struct mp_rel_params::stream_min) */
 	uint64_t conns_failed;    /**< connections failed by timeout, FIN or RST */
 };
 

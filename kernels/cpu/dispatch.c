@@ -36,6 +36,7 @@ struct kvariant {
 	void (*f32_to_f16)(uint16_t *dst, const float *src, size_t n);
 	void (*f16_to_f32)(float *dst, const uint16_t *src, size_t n);
 	void (*f16_axpy)(float *acc, const uint16_t *src, float w, size_t n);
+	void (*copy_stream)(void *dst, const void *src, size_t n);
 };
 
 static int have_scalar(void)
@@ -73,12 +74,12 @@ static int have_avx512(void)
 static const struct kvariant variants[] = {
 #ifdef MP_K_X86
 	{"avx512", MP_K_AVX512, have_avx512, mp_kcpu_axpy_avx512, mp_kcpu_scale_avx512, mp_kcpu_f32_to_f16_avx512,
-	 mp_kcpu_f16_to_f32_avx512, mp_kcpu_f16_axpy_avx512},
+	 mp_kcpu_f16_to_f32_avx512, mp_kcpu_f16_axpy_avx512, mp_kcpu_copy_stream_avx512},
 	{"avx2", MP_K_AVX2, have_avx2, mp_kcpu_axpy_avx2, mp_kcpu_scale_avx2, mp_kcpu_f32_to_f16_avx2,
-	 mp_kcpu_f16_to_f32_avx2, mp_kcpu_f16_axpy_avx2},
+	 mp_kcpu_f16_to_f32_avx2, mp_kcpu_f16_axpy_avx2, mp_kcpu_copy_stream_avx2},
 #endif
 	{"scalar", MP_K_SCALAR, have_scalar, mp_kcpu_axpy_scalar, mp_kcpu_scale_scalar, mp_kcpu_f32_to_f16_scalar,
-	 mp_kcpu_f16_to_f32_scalar, mp_kcpu_f16_axpy_scalar},
+	 mp_kcpu_f16_to_f32_scalar, mp_kcpu_f16_axpy_scalar, mp_kcpu_copy_stream_scalar},
 };
 #define NVARIANTS (sizeof(variants) / sizeof(variants[0]))
 
@@ -167,6 +168,11 @@ void mp_k_f16_to_f32(float *dst, const uint16_t *src, size_t n)
 void mp_k_f16_axpy(float *acc, const uint16_t *src, float w, size_t n)
 {
 	kv()->f16_axpy(acc, src, w, n);
+}
+
+void mp_k_copy_stream(void *dst, const void *src, size_t n)
+{
+	kv()->copy_stream(dst, src, n);
 }
 
 int mp_k_level(void)

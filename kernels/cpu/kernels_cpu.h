@@ -22,17 +22,20 @@ MP_K_HIDDEN void mp_kcpu_scale_scalar(float *dst, const float *x, float w, size_
 MP_K_HIDDEN void mp_kcpu_f32_to_f16_scalar(uint16_t *dst, const float *src, size_t n);
 MP_K_HIDDEN void mp_kcpu_f16_to_f32_scalar(float *dst, const uint16_t *src, size_t n);
 MP_K_HIDDEN void mp_kcpu_f16_axpy_scalar(float *acc, const uint16_t *src, float w, size_t n);
+MP_K_HIDDEN void mp_kcpu_copy_stream_scalar(void *dst, const void *src, size_t n);
 #ifdef MP_K_X86
 MP_K_HIDDEN void mp_kcpu_axpy_avx2(float *acc, const float *x, float w, size_t n);
 MP_K_HIDDEN void mp_kcpu_scale_avx2(float *dst, const float *x, float w, size_t n);
 MP_K_HIDDEN void mp_kcpu_f32_to_f16_avx2(uint16_t *dst, const float *src, size_t n);
 MP_K_HIDDEN void mp_kcpu_f16_to_f32_avx2(float *dst, const uint16_t *src, size_t n);
 MP_K_HIDDEN void mp_kcpu_f16_axpy_avx2(float *acc, const uint16_t *src, float w, size_t n);
+MP_K_HIDDEN void mp_kcpu_copy_stream_avx2(void *dst, const void *src, size_t n);
 MP_K_HIDDEN void mp_kcpu_axpy_avx512(float *acc, const float *x, float w, size_t n);
 MP_K_HIDDEN void mp_kcpu_scale_avx512(float *dst, const float *x, float w, size_t n);
 MP_K_HIDDEN void mp_kcpu_f32_to_f16_avx512(uint16_t *dst, const float *src, size_t n);
 MP_K_HIDDEN void mp_kcpu_f16_to_f32_avx512(float *dst, const uint16_t *src, size_t n);
 MP_K_HIDDEN void mp_kcpu_f16_axpy_avx512(float *acc, const uint16_t *src, float w, size_t n);
+MP_K_HIDDEN void mp_kcpu_copy_stream_avx512(void *dst, const void *src, size_t n);
 #endif
 
 /*
