@@ -17,8 +17,9 @@
 #    frames straight into the receiver's mbufs, one copy fewer); testpmd runs
 #    in both set-ups too, and the better is the baseline; a memcpy of the
 #    stream's bytes into its posted buffers by one core (test_dpdk_frames
-#    --copy) is the second baseline, the bound for any receiver that writes
-#    the shards to memory; then
+#    --copy: memcpy and non-temporal stores, the better of the two) is the
+#    second baseline, the bound for any receiver that writes the shards to
+#    memory; then
 #    mpbench --transport=dpdk --peers=2 (its own memif pair) averages 1-16 MiB
 #    (10 warm-up averages per size: memif's shared rings fault their 4 KiB
 #    pages in during the first thousand frames), beside mpbench
@@ -151,8 +152,9 @@ for run in $(seq 1 "$runs"); do
 done
 echo "-- best (median) MB/s over $runs runs; % = best / testpmd's best at that frame size"
 echo "   (the better of its two set-ups); memcpy: one core copying the stream's bytes"
-echo "   from its source into its posted buffers, no device (the most a receiver that"
-echo "   writes the shards to memory can do for that footprint)"
+echo "   from its source into its posted buffers, no device, with memcpy or with"
+echo "   non-temporal stores, the better (the most a receiver that writes the shards"
+echo "   to memory can do for that footprint)"
 for kib in 1024 4096 16384; do
 	echo "   memcpy $((kib / 1024)) MiB: $(best "cp.$kib") ($(median "cp.$kib"))"
 done
