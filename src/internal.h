@@ -201,6 +201,10 @@ struct mp_ctx {
 
 	/* peers */
 	struct mp_peer *peers;
+	/* Dynamic runs: id -> index + 1 (0: empty slot), open addressing over
+	 * peer_ix_mask + 1 slots, twice peers_cap (peers.c). NULL: a scan. */
+	int *peer_ix;
+	uint32_t peer_ix_mask;
 	int peers_set;
 	struct mp_pending *pend;
 	int npend, pend_cap;

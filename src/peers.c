@@ -32,6 +32,47 @@ static void links_free(struct mp_peer *p)
 	free(p->links);
 }
 
+/* ---- id -> index, for runs whose peers come from the rendezvous ----
+ *
+ * A DHT run's peers are found by id for every record, HELLO and declaration
+ * it takes; with thousands of peers a scan of the table per lookup made each
+ * membership refresh quadratic. Peers are only ever appended (indices never
+ * change, departures are marks), so the index needs no deletion: linear
+ * probing in a table at most half full, rebuilt when the peer table grows.
+ */
+static uint32_t ix_home(uint64_t id, uint32_t mask)
+{
+	/* Ids are random, or ranks 0..n-1 in tests: Fibonacci hashing spreads both. */
+	return (uint32_t)((id * 0x9E3779B97F4A7C15ull) >> 32) & mask;
+}
+
+static void ix_put(struct mp_ctx *ctx, int idx)
+{
+	uint32_t m = ctx->peer_ix_mask, s = ix_home(ctx->peers[idx].id, m);
+
+	if (!ctx->peer_ix)
+		return;
+	while (ctx->peer_ix[s])
+		s = (s + 1) & m;
+	ctx->peer_ix[s] = idx + 1;
+}
+
+/* An index of 2 x peers_cap slots (a power of two: peers_cap is one) for the first npeers. */
+static int ix_rebuild(struct mp_ctx *ctx)
+{
+	size_t slots = 2 * (size_t)ctx->peers_cap;
+	int *ix = calloc(slots, sizeof(*ix));
+
+	if (!ix)
+		return -ENOMEM;
+	free(ctx->peer_ix);
+	ctx->peer_ix = ix;
+	ctx->peer_ix_mask = (uint32_t)(slots - 1);
+	for (int i = 0; i < ctx->npeers; i++)
+		ix_put(ctx, i);
+	return 0;
+}
+
 static int grow(struct mp_ctx *ctx, int want)
 {
 	struct mp_peer *np;
@@ -47,6 +88,11 @@ static int grow(struct mp_ctx *ctx, int want)
 	memset(np + ctx->peers_cap, 0, (size_t)(cap - ctx->peers_cap) * sizeof(*np));
 	ctx->peers = np;
 	ctx->peers_cap = cap;
+	if (ctx->dynamic && ix_rebuild(ctx)) {
+		/* Without memory for a larger index, lookups scan (mp_peer_find). */
+		free(ctx->peer_ix);
+		ctx->peer_ix = NULL;
+	}
 	return 0;
 }
 
@@ -78,12 +124,23 @@ void mp_peers_free(struct mp_ctx *ctx)
 	free(ctx->peers);
 	ctx->peers = NULL;
 	ctx->peers_cap = 0;
+	free(ctx->peer_ix);
+	ctx->peer_ix = NULL;
 }
 
 int mp_peer_find(const struct mp_ctx *ctx, uint64_t id)
 {
 	if (!ctx->dynamic)
 		return id < (uint64_t)ctx->npeers ? (int)id : -1;
+	if (ctx->peer_ix) {
+		uint32_t m = ctx->peer_ix_mask;
+
+		for (uint32_t s = ix_home(id, m); ctx->peer_ix[s]; s = (s + 1) & m)
+			if (ctx->peers[ctx->peer_ix[s] - 1].id == id)
+				return ctx->peer_ix[s] - 1;
+		return -1;
+	}
+	/* A table built by hand (unit tests) has no index. */
 	for (int i = 0; i < ctx->npeers; i++)
 		if (ctx->peers[i].id == id)
 			return i;
@@ -126,6 +183,7 @@ int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double band
 			return rc;
 		}
 		idx = ctx->npeers++;
+		ix_put(ctx, idx);
 		MP_INFO("learned peer %016llx%s%s", (unsigned long long)id, addr && *addr ? " at " : "",
 			addr ? addr : "");
 	}

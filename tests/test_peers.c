@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The peer table (src/peers.c). A static run's peers are ranks; a DHT run
+ * appends the peers it learns and finds them by id through a hash index.
+ * Checked against a plain scan: every learnt id found at the index it got,
+ * ids never learnt not found, a second learn of an id changes nothing, and
+ * indices stay put while the table and its index grow.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint64_t rnd64(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static int scan(const struct mp_ctx *ctx, uint64_t id)
+{
+	for (int i = 0; i < ctx->npeers; i++)
+		if (ctx->peers[i].id == id)
+			return i;
+	return -1;
+}
+
+static struct mp_ctx *dyn_ctx(void)
+{
+	struct mp_ctx *ctx = calloc(1, sizeof(*ctx));
+
+	assert_non_null(ctx);
+	ctx->dynamic = 1;
+	ctx->nconn = 2;
+	return ctx;
+}
+
+static void test_dynamic_index(void **state)
+{
+	enum { N = 5000 };
+	struct mp_ctx *ctx = dyn_ctx();
+	uint64_t *ids = malloc(N * sizeof(*ids));
+
+	(void)state;
+	assert_non_null(ids);
+	/* Random ids, and runs of consecutive ones that share high bits. */
+	for (int i = 0; i < N; i++) {
+		ids[i] = i % 3 ? rnd64() : 0x1000 + (uint64_t)i;
+		for (int j = 0; j < i; j++)
+			if (ids[j] == ids[i])
+				ids[i] ^= 0x8000000000000000ull; /* not seen: ids are distinct */
+		assert_int_equal(mp_peer_learn(ctx, ids[i], NULL, 2.0, MP_MODE_NORMAL), i);
+		assert_int_equal(ctx->npeers, i + 1);
+		/* At most half full, so probes end. */
+		assert_non_null(ctx->peer_ix);
+		assert_true((uint64_t)ctx->peer_ix_mask + 1 >= 2 * (uint64_t)ctx->npeers);
+	}
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(mp_peer_find(ctx, ids[i]), i);
+		assert_int_equal(ctx->peers[i].id, ids[i]);
+	}
+	for (int k = 0; k < 20000; k++) {
+		uint64_t id = rnd64();
+
+		assert_int_equal(mp_peer_find(ctx, id), scan(ctx, id));
+	}
+	assert_int_equal(mp_peer_find(ctx, 0x1000 + 1), -1); /* 1 % 3 != 0: never learnt */
+	/* Learning a known id again keeps its index and the count. */
+	assert_int_equal(mp_peer_learn(ctx, ids[1234], NULL, 3.0, MP_MODE_CLIENT), 1234);
+	assert_int_equal(ctx->npeers, N);
+	assert_true(ctx->peers[1234].bandwidth == 3.0);
+	assert_int_equal(ctx->peers[1234].mode, MP_MODE_CLIENT);
+	mp_peers_free(ctx);
+	assert_null(ctx->peer_ix);
+	assert_null(ctx->peers);
+	free(ids);
+	free(ctx);
+}
+
+/* A table built by hand (as test_decl builds one) has no index: found by a scan. */
+static void test_dynamic_unindexed(void **state)
+{
+	struct mp_ctx ctx = {.dynamic = 1, .npeers = 3};
+	struct mp_peer p[3] = {{.id = 77}, {.id = 5}, {.id = 901}};
+
+	(void)state;
+	ctx.peers = p;
+	assert_int_equal(mp_peer_find(&ctx, 5), 1);
+	assert_int_equal(mp_peer_find(&ctx, 901), 2);
+	assert_int_equal(mp_peer_find(&ctx, 6), -1);
+}
+
+/* A static run: index = rank = id; nothing is learnt. */
+static void test_static(void **state)
+{
+	struct mp_ctx *ctx = calloc(1, sizeof(*ctx));
+
+	(void)state;
+	assert_non_null(ctx);
+	ctx->nconn = 2;
+	assert_int_equal(mp_peers_init(ctx, 6), 0);
+	assert_null(ctx->peer_ix);
+	for (int i = 0; i < 6; i++)
+		assert_int_equal(mp_peer_find(ctx, (uint64_t)i), i);
+	assert_int_equal(mp_peer_find(ctx, 6), -1);
+	assert_int_equal(mp_peer_find(ctx, UINT64_MAX), -1);
+	assert_int_equal(mp_peer_learn(ctx, 9, NULL, 1.0, MP_MODE_NORMAL), -EPERM);
+	assert_int_equal(ctx->npeers, 6);
+	mp_peers_free(ctx);
+	free(ctx);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_dynamic_index),
+		cmocka_unit_test(test_dynamic_unindexed),
+		cmocka_unit_test(test_static),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
