@@ -98,7 +98,10 @@ static int grow(struct mp_ctx *ctx, int want)
 
 int mp_peers_init(struct mp_ctx *ctx, int n)
 {
-	int rc = grow(ctx, n > 0 ? n : 1);
+	int rc;
+
+	ctx->npeers = 0; /* a static run's count from the configuration until now */
+	rc = grow(ctx, n > 0 ? n : 1);
 
 	if (rc)
 		return rc;
@@ -135,7 +138,10 @@ int mp_peer_find(const struct mp_ctx *ctx, uint64_t id)
 	if (ctx->peer_ix) {
 		uint32_t m = ctx->peer_ix_mask;
 
-		for (uint32_t s = ix_home(id, m); ctx->peer_ix[s]; s = (s + 1) & m)
+		uint32_t s = ix_home(id, m);
+
+		/* At most half full: a free slot ends the probe (the bound is a guard). */
+		for (uint32_t k = 0; k <= m && ctx->peer_ix[s]; k++, s = (s + 1) & m)
 			if (ctx->peers[ctx->peer_ix[s] - 1].id == id)
 				return ctx->peer_ix[s] - 1;
 		return -1;

@@ -43,6 +43,12 @@ static struct mp_ctx *dyn_ctx(void)
 	assert_non_null(ctx);
 	ctx->dynamic = 1;
 	ctx->nconn = 2;
+	/* As mp_init leaves it: the configured peer count (more than the
+	 * table's first 8 entries), then an empty table. */
+	ctx->npeers = 16;
+	assert_int_equal(mp_peers_init(ctx, 0), 0);
+	assert_int_equal(ctx->npeers, 0);
+	assert_int_equal(mp_peer_find(ctx, 0), -1);
 	return ctx;
 }
 
