@@ -33,12 +33,17 @@ void mp_kcpu_copy_stream_scalar(void *dst, const void *src, size_t n)
 
 #ifdef MP_K_X86
 
-/* Bytes memcpy writes before the first line-aligned destination byte. */
-static inline size_t head_len(const void *dst, size_t n)
+/* memcpy up to the destination's first line boundary; moves the cursors past it. */
+static inline void copy_head(uint8_t **d, const uint8_t **s, size_t *n)
 {
-	size_t h = (64 - ((uintptr_t)dst & 63)) & 63;
+	size_t h = (64 - ((uintptr_t)*d & 63)) & 63;
 
-	return h < n ? h : n;
+	if (h > *n)
+		h = *n;
+	memcpy(*d, *s, h);
+	*d += h;
+	*s += h;
+	*n -= h;
 }
 
 __attribute__((target("avx2"))) void mp_kcpu_copy_stream_avx2(void *dst, const void *src,
@@ -46,12 +51,8 @@ __attribute__((target("avx2"))) void mp_kcpu_copy_stream_avx2(void *dst, const v
 {
 	uint8_t *d = dst;
 	const uint8_t *s = src;
-	size_t h = head_len(d, n);
 
-	memcpy(d, s, h);
-	d += h;
-	s += h;
-	n -= h;
+	copy_head(&d, &s, &n);
 	/* Four loads before four stores: two lines per step keep both load ports busy. */
 	for (; n >= 128; n -= 128, d += 128, s += 128) {
 		__m256i a = _mm256_loadu_si256((const __m256i *)s);
@@ -79,12 +80,8 @@ __attribute__((target("avx512f"))) void mp_kcpu_copy_stream_avx512(void *dst, co
 {
 	uint8_t *d = dst;
 	const uint8_t *s = src;
-	size_t h = head_len(d, n);
 
-	memcpy(d, s, h);
-	d += h;
-	s += h;
-	n -= h;
+	copy_head(&d, &s, &n);
 	for (; n >= 256; n -= 256, d += 256, s += 256) {
 		__m512i a = _mm512_loadu_si512(s);
 		__m512i b = _mm512_loadu_si512(s + 64);
