@@ -762,7 +762,7 @@ static int learn(struct mp_ctx *ctx, uint32_t round, const struct mp_decl *d)
 
 	round_key(round, key, sizeof(key));
 	rc = ctx->rdv->learn(ctx->rdv_st, key, d);
-	if (d->mode >= MP_DECL_ABSENT) /* absent or placing: in no line */
+	if (d->mode >= MP_DECL_ABSENT) /* absent, placing or moved on: in no line */
 		return rc;
 	mp_grid_coords(&ctx->grid, d->line, c);
 	group_key(ctx, round, c, key, sizeof(key));
@@ -797,8 +797,9 @@ int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
 	d.mode = payload[16];
 	d.coord = (int16_t)mp_le_get16(payload + 17);
 	d.line = mp_le_get32(payload + 19);
-	/* Its own, in a line of our grid or placing itself; or another
-	 * peer's absence (a member it saw die), never ours. */
+	/* Its own, in a line of our grid, placing itself or moved on to a
+	 * later round; or another peer's absence (a member it saw die),
+	 * never ours. */
 	if (d.mode == MP_DECL_ABSENT) {
 		if (!d.id || d.line != UINT32_MAX || d.coord)
 			return -EBADMSG;
@@ -809,8 +810,8 @@ int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
 		int idx = mp_peer_find(ctx, d.id);
 		if (idx >= 0)
 			mp_peer_suspect(ctx, idx, NULL);
-	} else if (d.id != ctx->peers[peer].id || d.mode > MP_DECL_PLACING ||
-	    (d.mode == MP_DECL_PLACING ? d.line != UINT32_MAX :
+	} else if (d.id != ctx->peers[peer].id || d.mode > MP_DECL_MOVED ||
+	    (d.mode >= MP_DECL_PLACING ? d.line != UINT32_MAX :
 	     d.line >= mp_grid_cells(&ctx->grid) || d.coord < 0 ||
 	     d.coord >= ctx->grid.dims[h->round % (uint32_t)ctx->grid.ndims]))
 		return -EBADMSG;
@@ -1635,6 +1636,25 @@ int mp_mm_holes(const struct mp_grid *g, uint64_t self, uint32_t round, const st
  * a round). Without a whole view within the matchmaking and request
  * timeouts it keeps its cell.
  */
+/*
+ * Leave @round (its key @key) for a later one: our "placing" there would
+ * keep the round's leaders waiting for us until it expired (a matchmaking
+ * timeout: 3 s of a churn test's rounds of 0.3), so it is replaced by
+ * "moved on", under the key and over the control connections, before the
+ * key is forgotten.
+ */
+static void moved_on(struct mp_ctx *ctx, uint32_t round, const char *key, const struct mp_decl *pd)
+{
+	struct mp_decl moved = *pd;
+	int rc;
+
+	moved.mode = MP_DECL_MOVED;
+	if ((rc = ctx->rdv->declare(ctx->rdv_st, key, &moved)))
+		MP_WARN("round %u: cannot say we place ourselves later: %s", round, mp_strerror(rc));
+	gossip(ctx, round, &moved);
+	ctx->rdv->forget(ctx->rdv_st, key);
+}
+
 static void take_hole(struct mp_ctx *ctx)
 {
 	uint32_t round = ctx->round;
@@ -1672,7 +1692,7 @@ again:
 			retargets++;
 			MP_INFO("round %u: the run is at round %u; placing in %u", round,
 				ctx->decl_round, ctx->decl_round + 1);
-			ctx->rdv->forget(ctx->rdv_st, key);
+			moved_on(ctx, round, key, &pd);
 			round = ctx->round = ctx->decl_round + 1;
 			dim = (int)(round % (uint32_t)ctx->grid.ndims);
 			steady = 0;

@@ -51,6 +51,12 @@ struct mp_record {
  * themselves at once share out the holes instead of waiting for each
  * other. Its declaration in a line replaces it. */
 #define MP_DECL_PLACING 4
+/* ... and "peer id was placing itself in this round, and now places itself
+ * in a later one" (it saw the round's groups form without it), declared by
+ * the peer itself under the round's key. It replaces its "placing": the
+ * round's leaders stop waiting for it at once instead of until that
+ * declaration expires. */
+#define MP_DECL_MOVED 5
 
 /* A matchmaking declaration: "I am looking for a group under this key". */
 struct mp_decl {

@@ -28,7 +28,7 @@
  *     0     1  magic 0x6d
  *     1     1  version 2
  *     2     1  kind 2
- *     3     1  mode (<= MP_MODE_AUX, MP_DECL_ABSENT or MP_DECL_PLACING)
+ *     3     1  mode (<= MP_MODE_AUX, MP_DECL_ABSENT, MP_DECL_PLACING or MP_DECL_MOVED)
  *     4     2  coord (int16)
  *     6     4  line (uint32)
  *    10     8  id (never 0)
@@ -212,7 +212,7 @@ int mp_decl_encode(const struct mp_auth *a, const char *key, const struct mp_dec
 {
 	struct mp_auth_piece pieces[2];
 
-	if (!key || !d->id || d->mode > MP_DECL_PLACING)
+	if (!key || !d->id || d->mode > MP_DECL_MOVED)
 		return -EINVAL;
 	if (cap < DECL_LEN)
 		return -ENOSPC;
@@ -251,7 +251,7 @@ int mp_decl_decode(const struct mp_auth *a, const char *key, const uint8_t *buf,
 	d.line = mp_le_get32(buf + D_LINE);
 	d.id = mp_le_get64(buf + D_ID);
 	d.expires_ms = mp_le_get64(buf + D_EXPIRES);
-	if (!d.id || d.mode > MP_DECL_PLACING)
+	if (!d.id || d.mode > MP_DECL_MOVED)
 		return -EBADMSG;
 	*out = d;
 	return 0;

@@ -156,16 +156,18 @@ static void test_malformed_refused(void **state)
 	/* Another peer's declaration, sent by THEM. */
 	assert_int_equal(decl(ctx, 11, OTHER, MP_MODE_NORMAL, 1, 2), -EBADMSG);
 	assert_int_equal(decl(ctx, 11, ME, MP_MODE_NORMAL, 1, 2), -EBADMSG);
-	/* Modes past placing. */
-	assert_int_equal(decl(ctx, 11, THEM, MP_DECL_PLACING + 1, 1, 2), -EBADMSG);
+	/* Modes past moved-on. */
+	assert_int_equal(decl(ctx, 11, THEM, MP_DECL_MOVED + 1, 1, UINT32_MAX), -EBADMSG);
 	assert_int_equal(decl(ctx, 11, THEM, 255, 1, 2), -EBADMSG);
 	/* A line outside the grid, a coordinate outside the dimension. */
 	assert_int_equal(decl(ctx, 11, THEM, MP_MODE_NORMAL, 1, 16), -EBADMSG);
 	assert_int_equal(decl(ctx, 11, THEM, MP_MODE_NORMAL, 1, UINT32_MAX), -EBADMSG);
 	assert_int_equal(decl(ctx, 11, THEM, MP_MODE_NORMAL, 4, 2), -EBADMSG);
 	assert_int_equal(decl(ctx, 11, THEM, MP_MODE_NORMAL, -1, 2), -EBADMSG);
-	/* Placing is in no line. */
+	/* Placing and moving on are in no line, and only the peer's own. */
 	assert_int_equal(decl(ctx, 11, THEM, MP_DECL_PLACING, 0, 2), -EBADMSG);
+	assert_int_equal(decl(ctx, 11, THEM, MP_DECL_MOVED, 0, 2), -EBADMSG);
+	assert_int_equal(decl(ctx, 11, OTHER, MP_DECL_MOVED, 0, UINT32_MAX), -EBADMSG);
 	/* An absence names somebody, in no line, at coordinate 0. */
 	assert_int_equal(decl(ctx, 11, 0, MP_DECL_ABSENT, 0, UINT32_MAX), -EBADMSG);
 	assert_int_equal(decl(ctx, 11, OTHER, MP_DECL_ABSENT, 0, 3), -EBADMSG);
@@ -223,6 +225,29 @@ static void test_own_declaration_taken(void **state)
 	assert_int_equal(fk.last.expires_ms, 123456);
 	assert_int_equal(ctx->decl_round, 11);
 	assert_int_equal(ctx->nheard, 0);
+	ctx_free(ctx);
+}
+
+/*
+ * THEM was placing itself in round 10 and moves on to a later one: the
+ * round's key takes it (it replaces THEM's "placing" there, so that leaders
+ * stop waiting, rdv_dht's decl_store), THEM is not taken as dead, and it
+ * says nothing of where the run is.
+ */
+static void test_moved_on_taken(void **state)
+{
+	struct mp_ctx *ctx = ctx_new();
+
+	(void)state;
+	fk.held[0] = "r10/all";
+	assert_int_equal(decl(ctx, 10, THEM, MP_DECL_MOVED, 0, UINT32_MAX), 0);
+	assert_int_equal(fk.learnt, 1);
+	assert_string_equal(fk.last_key, "r10/all");
+	assert_int_equal(fk.last.id, THEM);
+	assert_int_equal(fk.last.mode, MP_DECL_MOVED);
+	assert_int_equal(ctx->peers[1].failed_ns, 0);
+	assert_int_equal(ctx->suspects_new, 0);
+	assert_int_equal(ctx->decl_round, 10);
 	ctx_free(ctx);
 }
 
@@ -284,6 +309,7 @@ int main(void)
 		cmocka_unit_test(test_absence_of_self_ignored),
 		cmocka_unit_test(test_absence_of_other_taken),
 		cmocka_unit_test(test_own_declaration_taken),
+		cmocka_unit_test(test_moved_on_taken),
 		cmocka_unit_test(test_ahead_kept_once),
 		cmocka_unit_test(test_peer_record),
 	};

@@ -508,43 +508,59 @@ static void test_declaration_expires(void **state)
 }
 
 /*
- * A peer's declaration in a line outranks its "placing" one under the same
- * key, whatever the deadlines and whichever arrives first: a placing that
- * came back into view would hide where the peer went.
+ * @over, a peer's declaration in a line or its "moved on", outranks its
+ * "placing" under the same key, whatever the deadlines and whichever
+ * arrives first: a placing that came back into view would hide where the
+ * peer went (and keep leaders waiting for it).
  */
-static void test_placing_outranked(void **state)
+static void placing_outranked_by(const char *key, const struct mp_decl *over)
 {
 	uint64_t now = mp_wall_ms();
 	struct mp_decl placing = { .id = ids[5], .expires_ms = now + 6000, .mode = MP_DECL_PLACING,
 				   .line = UINT32_MAX };
-	struct mp_decl line = { .id = ids[5], .expires_ms = now + 4000, .mode = MP_MODE_NORMAL,
-				.coord = 2, .line = 7 };
 	struct mp_decl out[2];
 	int n = 0;
 
-	(void)state;
-	assert_int_equal(ops->declared(be[4], "placing", out, 2), 0);
-	assert_int_equal(ops->declare(be[5], "placing", &placing), 0);
-	assert_int_equal(ops->declared(be[5], "placing", out, 2), 1);
+	assert_int_equal(ops->declared(be[4], key, out, 2), 0);
+	assert_int_equal(ops->declare(be[5], key, &placing), 0);
+	assert_int_equal(ops->declared(be[5], key, out, 2), 1);
 	assert_int_equal(out[0].mode, MP_DECL_PLACING);
-	assert_int_equal(ops->declare(be[5], "placing", &line), 0);
+	assert_int_equal(ops->declare(be[5], key, over), 0);
 	/* A placing with a later deadline still does not replace it. */
 	placing.expires_ms = now + 8000;
-	assert_int_equal(ops->declare(be[5], "placing", &placing), 0);
-	assert_int_equal(ops->declared(be[5], "placing", out, 2), 1);
-	assert_int_equal(out[0].mode, MP_MODE_NORMAL);
-	assert_int_equal(out[0].line, 7);
+	assert_int_equal(ops->declare(be[5], key, &placing), 0);
+	assert_int_equal(ops->declared(be[5], key, out, 2), 1);
+	assert_int_equal(out[0].mode, over->mode);
+	assert_int_equal(out[0].line, over->line);
 	/* Another node gets all three values, in whatever order: the same. */
 	for (uint64_t t0 = mono_ms(); mono_ms() - t0 < 5000; usleep(20000)) {
-		n = ops->declared(be[4], "placing", out, 2);
-		if (n == 1 && out[0].mode == MP_MODE_NORMAL)
+		n = ops->declared(be[4], key, out, 2);
+		if (n == 1 && out[0].mode == over->mode)
 			break;
 	}
 	assert_int_equal(n, 1);
-	assert_int_equal(out[0].mode, MP_MODE_NORMAL);
-	assert_int_equal(out[0].coord, 2);
-	ops->forget(be[4], "placing");
-	ops->forget(be[5], "placing");
+	assert_int_equal(out[0].mode, over->mode);
+	assert_int_equal(out[0].coord, over->coord);
+	ops->forget(be[4], key);
+	ops->forget(be[5], key);
+}
+
+static void test_placing_outranked(void **state)
+{
+	struct mp_decl line = { .id = ids[5], .expires_ms = mp_wall_ms() + 4000,
+				.mode = MP_MODE_NORMAL, .coord = 2, .line = 7 };
+
+	(void)state;
+	placing_outranked_by("placing", &line);
+}
+
+static void test_placing_moved_on(void **state)
+{
+	struct mp_decl moved = { .id = ids[5], .expires_ms = mp_wall_ms() + 4000,
+				 .mode = MP_DECL_MOVED, .line = UINT32_MAX };
+
+	(void)state;
+	placing_outranked_by("moved", &moved);
 }
 
 int main(void)
@@ -561,6 +577,7 @@ int main(void)
 		cmocka_unit_test(test_declarations),
 		cmocka_unit_test(test_declaration_expires),
 		cmocka_unit_test(test_placing_outranked),
+		cmocka_unit_test(test_placing_moved_on),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -341,11 +341,11 @@ static void test_decl_rejects(void **state)
 	/* Signed but out of range: mode, id 0. */
 	pieces[0] = (struct mp_auth_piece){ buf, DECL_MAC };
 	pieces[1] = (struct mp_auth_piece){ GKEY, strlen(GKEY) };
-	buf[3] = MP_DECL_PLACING + 1;
+	buf[3] = MP_DECL_MOVED + 1;
 	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
 	assert_int_equal(mp_decl_decode(&auth, GKEY, buf, len, &out), -EBADMSG);
-	/* An absence (another member's word that the peer will not come), and
-	 * a peer's word that it is placing itself. */
+	/* An absence (another member's word that the peer will not come), a
+	 * peer's word that it is placing itself, and that it moved on. */
 	buf[3] = MP_DECL_ABSENT;
 	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
 	assert_int_equal(mp_decl_decode(&auth, GKEY, buf, len, &out), 0);
@@ -354,6 +354,10 @@ static void test_decl_rejects(void **state)
 	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
 	assert_int_equal(mp_decl_decode(&auth, GKEY, buf, len, &out), 0);
 	assert_int_equal(out.mode, MP_DECL_PLACING);
+	buf[3] = MP_DECL_MOVED;
+	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
+	assert_int_equal(mp_decl_decode(&auth, GKEY, buf, len, &out), 0);
+	assert_int_equal(out.mode, MP_DECL_MOVED);
 	buf[3] = 0;
 	memset(buf + 10, 0, 8);
 	mp_auth_mac(&auth, MP_AUTH_DECL, pieces, 2, buf + DECL_MAC);
@@ -362,7 +366,7 @@ static void test_decl_rejects(void **state)
 	d.id = 0;
 	assert_int_equal(mp_decl_encode(&auth, GKEY, &d, buf, sizeof(buf), &len), -EINVAL);
 	d.id = 1;
-	d.mode = MP_DECL_PLACING + 1;
+	d.mode = MP_DECL_MOVED + 1;
 	assert_int_equal(mp_decl_encode(&auth, GKEY, &d, buf, sizeof(buf), &len), -EINVAL);
 }
 
