@@ -19,7 +19,9 @@
 #    stream's bytes into its posted buffers by one core (test_dpdk_frames
 #    --copy: memcpy and non-temporal stores, the better of the two) is the
 #    second baseline, the bound for any receiver that writes the shards to
-#    memory; then
+#    memory, and the same bytes cut into jumbo frames and copied into a
+#    256-buffer ring (as memif's copy on the sending side does) bounds the
+#    sender; then
 #    mpbench --transport=dpdk --peers=2 (its own memif pair) averages 1-16 MiB
 #    (10 warm-up averages per size: memif's shared rings fault their 4 KiB
 #    pages in during the first thousand frames), beside mpbench
@@ -112,13 +114,17 @@ echo "   (test_dpdk_frames --stream, 1/4/16 MiB messages); mpbench --transport=d
 echo "   --peers=2 ${sizes[*]}; mpbench --transport=loop (the core alone)"
 for run in $(seq 1 "$runs"); do
 	line="run $run: memcpy"
+	ring=""
 	for kib in 1024 4096 16384; do
-		r=$("$stream" --copy "$kib" $((4194304 / kib + 1)) |
-			sed -n 's/.*: \([0-9]*\) MB\/s/\1/p' || true)
+		out=$(MP_DPDK_MTU=9000 "$stream" --copy "$kib" $((4194304 / kib + 1)) || true)
+		r=$(printf '%s\n' "$out" | sed -n 's/^copy: .*: \([0-9]*\) MB\/s/\1/p')
+		g=$(printf '%s\n' "$out" | sed -n 's/^copy-ring: .*: \([0-9]*\) MB\/s/\1/p')
 		put "cp.$kib" "${r:-0}"
+		put "cr.$kib" "${g:-0}"
 		line="$line ${r:-0}"
+		ring="$ring ${g:-0}"
 	done
-	echo "   $line MB/s"
+	echo "   $line MB/s; the sender's copy into a ring (jumbo frames)$ring MB/s"
 	for mtu in 1500 9000; do
 		len=$((mtu + 14))
 		raw=$(testpmd_rate "$len")
@@ -156,7 +162,8 @@ echo "   from its source into its posted buffers, no device, with memcpy or with
 echo "   non-temporal stores, the better (the most a receiver that writes the shards"
 echo "   to memory can do for that footprint)"
 for kib in 1024 4096 16384; do
-	echo "   memcpy $((kib / 1024)) MiB: $(best "cp.$kib") ($(median "cp.$kib"))"
+	echo "   memcpy $((kib / 1024)) MiB: $(best "cp.$kib") ($(median "cp.$kib")); the sender's" \
+		"copy into a ring: $(best "cr.$kib") ($(median "cr.$kib"))"
 done
 for len in 1514 9014; do
 	tp=$(best "tp.$len")
