@@ -1624,19 +1624,6 @@ int mp_mm_holes(const struct mp_grid *g, uint64_t self, uint32_t round, const st
 }
 
 /*
- * A peer that joins a running run, or one displaced from a cell it shared,
- * moves into a free cell of its round: where a peer died its line is one
- * short, and filling it keeps the grid full (on a full grid, d rounds give
- * the exact mean). It first declares under the round's key that it is
- * placing itself (MP_DECL_PLACING): leaders of the round wait for it, and
- * peers placing themselves at once see each other. Once all the others have
- * declared, the placers, in the order of their ids, take the holes in order
- * (cmp_hole): placers that read the same declarations take different cells
- * (by chance they would often crowd into one, and a shared cell costs both
- * a round). Without a whole view within the matchmaking and request
- * timeouts it keeps its cell.
- */
-/*
  * Leave @round (its key @key) for a later one: our "placing" there would
  * keep the round's leaders waiting for us until it expired (a matchmaking
  * timeout: 3 s of a churn test's rounds of 0.3), so it is replaced by
@@ -1655,6 +1642,19 @@ static void moved_on(struct mp_ctx *ctx, uint32_t round, const char *key, const 
 	ctx->rdv->forget(ctx->rdv_st, key);
 }
 
+/*
+ * A peer that joins a running run, or one displaced from a cell it shared,
+ * moves into a free cell of its round: where a peer died its line is one
+ * short, and filling it keeps the grid full (on a full grid, d rounds give
+ * the exact mean). It first declares under the round's key that it is
+ * placing itself (MP_DECL_PLACING): leaders of the round wait for it, and
+ * peers placing themselves at once see each other. Once all the others have
+ * declared, the placers, in the order of their ids, take the holes in order
+ * (cmp_hole): placers that read the same declarations take different cells
+ * (by chance they would often crowd into one, and a shared cell costs both
+ * a round). Without a whole view within the matchmaking and request
+ * timeouts it keeps its cell.
+ */
 static void take_hole(struct mp_ctx *ctx)
 {
 	uint32_t round = ctx->round;

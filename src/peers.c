@@ -100,7 +100,7 @@ int mp_peers_init(struct mp_ctx *ctx, int n)
 {
 	int rc;
 
-	ctx->npeers = 0; /* a static run's count from the configuration until now */
+	ctx->npeers = 0; /* mp_init left the configured count here */
 	rc = grow(ctx, n > 0 ? n : 1);
 
 	if (rc)
@@ -136,9 +136,7 @@ int mp_peer_find(const struct mp_ctx *ctx, uint64_t id)
 	if (!ctx->dynamic)
 		return id < (uint64_t)ctx->npeers ? (int)id : -1;
 	if (ctx->peer_ix) {
-		uint32_t m = ctx->peer_ix_mask;
-
-		uint32_t s = ix_home(id, m);
+		uint32_t m = ctx->peer_ix_mask, s = ix_home(id, m);
 
 		/* At most half full: a free slot ends the probe (the bound is a guard). */
 		for (uint32_t k = 0; k <= m && ctx->peer_ix[s]; k++, s = (s + 1) & m)
