@@ -27,6 +27,7 @@
 #endif
 #include <arpa/inet.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -680,13 +682,98 @@ static double ring_rate(const uint8_t *src, size_t size, int count, size_t mss)
 	return (double)size * (count - warm) / t / 1e6;
 }
 
+/*
+ * Both sides at once, with no device and no protocol: a child process on
+ * @cpu copies the frames into a 256-buffer ring in memory shared with this
+ * one, which copies each out into @dst's buffers in turn, as the stream's
+ * two peers do through memif. What two processes can move through shared
+ * memory here; it also shows the machine's slow mode (performance.md),
+ * which memif's streams share. 0 on failure or timeout.
+ */
+static double pipe_rate(uint8_t *dst, const uint8_t *src, size_t size, int count, int win,
+			size_t mss, int cpu)
+{
+	/* The consumer copies as the driver's receiver does (MP_DPDK_STREAM_MIN). */
+	size_t llc = mp_k_llc_bytes(), nt_min = llc ? llc / 4 : (size_t)8 << 20;
+	bool nt;
+	enum { SLOTS = 256, SLOT = 9216, AT = 128 + 86 };
+	struct pipe_hdr {
+		_Atomic uint64_t w, r; /* frames written, frames read */
+		_Atomic int stop;
+	} *h;
+	size_t per = (size + mss - 1) / mss, shm = 4096 + (size_t)SLOTS * SLOT;
+	uint64_t total = per * (uint64_t)count, warm = per * (uint64_t)(count / 10), r = 0;
+	double t0 = 0, t = 0, deadline = mono_s() + 60;
+	pid_t kid;
+	int st;
+
+	if (mss > SLOT - AT || (h = mmap(NULL, shm, PROT_READ | PROT_WRITE,
+					 MAP_SHARED | MAP_ANONYMOUS, -1, 0)) == MAP_FAILED)
+		return 0;
+	uint8_t *ring = (uint8_t *)h + 4096;
+
+	if (getenv("MP_DPDK_STREAM_MIN"))
+		nt_min = strtoull(getenv("MP_DPDK_STREAM_MIN"), NULL, 0);
+	nt = nt_min && size >= nt_min;
+	memset(ring, 0, (size_t)SLOTS * SLOT);
+	fflush(stdout);
+	kid = fork();
+	if (kid == 0) {
+		cpu_set_t one;
+
+		CPU_ZERO(&one);
+		CPU_SET(cpu, &one);
+		sched_setaffinity(0, sizeof(one), &one);
+		for (uint64_t w = 0; w < total && !atomic_load(&h->stop); w++) {
+			size_t off = (size_t)(w % per) * mss;
+
+			while (w - atomic_load_explicit(&h->r, memory_order_acquire) >= SLOTS)
+				if (atomic_load(&h->stop))
+					_exit(0);
+			memcpy(ring + (w % SLOTS) * SLOT + AT, src + off,
+			       size - off < mss ? size - off : mss);
+			atomic_store_explicit(&h->w, w + 1, memory_order_release);
+		}
+		_exit(0);
+	}
+	for (unsigned spin = 0; kid > 0 && r < total; r++) {
+		size_t off = (size_t)(r % per) * mss;
+
+		if (r == warm)
+			t0 = mono_s();
+		while (atomic_load_explicit(&h->w, memory_order_acquire) <= r)
+			if (!(++spin % 65536) && mono_s() > deadline)
+				goto out; /* the child died or stalled: no rate */
+		uint8_t *to = dst + (size_t)((r / per) % (uint64_t)win) * size + off;
+		const uint8_t *from = ring + (r % SLOTS) * SLOT + AT;
+		size_t n = size - off < mss ? size - off : mss;
+
+		if (nt)
+			mp_k_copy_stream(to, from, n);
+		else
+			memcpy(to, from, n);
+		atomic_store_explicit(&h->r, r + 1, memory_order_release);
+	}
+	if (nt)
+		mp_k_stream_fence();
+	t = mono_s() - t0;
+out:
+	atomic_store(&h->stop, 1);
+	if (kid > 0)
+		waitpid(kid, &st, 0);
+	munmap(h, shm);
+	return r == total && t > 0 ? (double)(total - warm) * (double)size / (double)per / t / 1e6
+				    : 0;
+}
+
 static int copy_main(int argc, char **argv)
 {
 	size_t size = (argc > 2 ? strtoul(argv[2], NULL, 10) : 1024) * 1024;
 	int count = argc > 3 ? atoi(argv[3]) : 200, win;
 	uint8_t *src, *dst;
-	cpu_set_t one;
+	cpu_set_t one, all;
 	double plain, nt;
+	int other;
 
 	if (!size || count < 2)
 		return 1;
@@ -698,6 +785,11 @@ static int copy_main(int argc, char **argv)
 		free(dst);
 		return 1;
 	}
+	other = -1;
+	if (!sched_getaffinity(0, sizeof(all), &all))
+		for (int c = 0; c < CPU_SETSIZE && other < 0; c++)
+			if (CPU_ISSET(c, &all) && c != sched_getcpu())
+				other = c;
 	CPU_ZERO(&one);
 	CPU_SET(sched_getcpu(), &one);
 	sched_setaffinity(0, sizeof(one), &one);
@@ -713,6 +805,10 @@ static int copy_main(int argc, char **argv)
 		       size, count - count / 10, win, plain, nt, plain > nt ? plain : nt);
 		printf("copy-ring: the same cut into %zu-byte frames, into a 256-buffer ring: "
 		       "%.0f MB/s\n", mss, ring_rate(src, size, count, mss));
+		if (other >= 0)
+			printf("copy-pipe: the frames through that ring, shared by two processes (one "
+			       "copies in, one out): %.0f MB/s\n",
+			       pipe_rate(dst, src, size, count, win, mss, other));
 	}
 	free(src);
 	free(dst);

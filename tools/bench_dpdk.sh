@@ -21,7 +21,9 @@
 #    second baseline, the bound for any receiver that writes the shards to
 #    memory, and the same bytes cut into jumbo frames and copied into a
 #    256-buffer ring (as memif's copy on the sending side does) bounds the
-#    sender; then
+#    sender, and the same ring shared by two processes, one copying in and
+#    one copying out (the stream without DPDK or a protocol), bounds both;
+#    then
 #    mpbench --transport=dpdk --peers=2 (its own memif pair) averages 1-16 MiB
 #    (10 warm-up averages per size: memif's shared rings fault their 4 KiB
 #    pages in during the first thousand frames), beside mpbench
@@ -115,16 +117,21 @@ echo "   --peers=2 ${sizes[*]}; mpbench --transport=loop (the core alone)"
 for run in $(seq 1 "$runs"); do
 	line="run $run: memcpy"
 	ring=""
+	pipe=""
 	for kib in 1024 4096 16384; do
 		out=$(MP_DPDK_MTU=9000 "$stream" --copy "$kib" $((4194304 / kib + 1)) || true)
 		r=$(printf '%s\n' "$out" | sed -n 's/^copy: .*: \([0-9]*\) MB\/s/\1/p')
 		g=$(printf '%s\n' "$out" | sed -n 's/^copy-ring: .*: \([0-9]*\) MB\/s/\1/p')
+		q=$(printf '%s\n' "$out" | sed -n 's/^copy-pipe: .*: \([0-9]*\) MB\/s/\1/p')
 		put "cp.$kib" "${r:-0}"
 		put "cr.$kib" "${g:-0}"
+		put "cq.$kib" "${q:-0}"
 		line="$line ${r:-0}"
 		ring="$ring ${g:-0}"
+		pipe="$pipe ${q:-0}"
 	done
-	echo "   $line MB/s; the sender's copy into a ring (jumbo frames)$ring MB/s"
+	echo "   $line MB/s; the sender's copy into a ring (jumbo frames)$ring MB/s;" \
+		"both through a ring shared by two processes$pipe MB/s"
 	for mtu in 1500 9000; do
 		len=$((mtu + 14))
 		raw=$(testpmd_rate "$len")
@@ -163,7 +170,8 @@ echo "   non-temporal stores, the better (the most a receiver that writes the sh
 echo "   to memory can do for that footprint)"
 for kib in 1024 4096 16384; do
 	echo "   memcpy $((kib / 1024)) MiB: $(best "cp.$kib") ($(median "cp.$kib")); the sender's" \
-		"copy into a ring: $(best "cr.$kib") ($(median "cr.$kib"))"
+		"copy into a ring: $(best "cr.$kib") ($(median "cr.$kib")); two processes through" \
+		"it: $(best "cq.$kib") ($(median "cq.$kib"))"
 done
 for len in 1514 9014; do
 	tp=$(best "tp.$len")
@@ -176,7 +184,8 @@ for len in 1514 9014; do
 		z=$(best "st$zcargs.$len.$kib")
 		echo "     stream  $((kib / 1024)) MiB: $b ($(median "st.$len.$kib")) $(pct "$b" "$tp");" \
 			"zero-copy receiver $z ($(median "st$zcargs.$len.$kib")) $(pct "$z" "$tp")," \
-			"$(pct "$z" "$(best "cp.$kib")") of memcpy"
+			"$(pct "$z" "$(best "cp.$kib")") of memcpy, $(pct "$z" "$(best "cq.$kib")") of two" \
+			"processes"
 	done
 	for size in 1048576 4194304 16777216; do
 		b=$(best "mb.$len.$size")
