@@ -122,21 +122,12 @@ uint32_t mp_csum_add(uint32_t sum, const void *data, size_t len, size_t offset)
 		memcpy(&w, p, 8);
 		s += (w & 0xffffffffu) + (w >> 32);
 	}
-	if (len >= 4) {
-		uint32_t w;
-
-		memcpy(&w, p, 4);
-		s += w;
-		p += 4;
-		len -= 4;
-	}
-	if (len >= 2) {
+	/* At most three 16-bit words left (a 32-bit word folds to the sum of its halves). */
+	for (; len >= 2; p += 2, len -= 2) {
 		uint16_t w;
 
 		memcpy(&w, p, 2);
 		s += w;
-		p += 2;
-		len -= 2;
 	}
 	if (len) {
 		/* A last odd byte is the high half of a word padded with zero. */
