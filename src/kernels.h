@@ -41,6 +41,13 @@ void mp_k_copy_stream(void *dst, const void *src, size_t n);
 void mp_k_stream_fence(void);
 /* Bytes of this CPU's last-level cache as the system reports it; 0 unknown. */
 size_t mp_k_llc_bytes(void);
+/*
+ * The size from which a copy that lands a shard should stream
+ * (mp_k_copy_stream): a quarter of the last-level cache, 8 MiB when its size
+ * is unknown. Smaller shards are better left in the cache for whoever reads
+ * them next.
+ */
+size_t mp_k_stream_min(void);
 
 /* Variant levels, for kernel families that keep their own variant tables. */
 #define MP_K_SCALAR 0

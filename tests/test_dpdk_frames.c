@@ -52,6 +52,7 @@
 #include <moshpit/driver.h>
 
 #include "../drivers/dpdk/frame.h"
+#include "../drivers/dpdk/rel.h"
 #include "kernels.h"
 #include "memif_end.h"
 
@@ -650,6 +651,19 @@ static double copy_rate(uint8_t *dst, const uint8_t *src, size_t size, int count
 }
 
 /*
+ * The ring the two frame baselines copy into, shaped as memif's zero-copy
+ * receiver's (zero-copy=yes,rsize=8): 256 buffers, each frame's payload
+ * after the mbuf's headroom and our headers.
+ */
+enum { RING_SLOTS = 256, RING_SLOT = 9216, RING_AT = 128 + MP_FRAME_HDR_LEN + MP_REL_DATA_HDR_LEN };
+
+/* Payload bytes of the frame at @off of a @size-byte message cut every @mss. */
+static size_t frame_len(size_t size, size_t off, size_t mss)
+{
+	return size - off < mss ? size - off : mss;
+}
+
+/*
  * The sender's side of it: COUNT messages of SIZE bytes cut into frames of
  * @mss payload bytes, each copied to where memif's copy puts it: into the
  * next of a ring's 256 buffers (zero-copy=yes,rsize=8), after the mbuf's
@@ -658,23 +672,22 @@ static double copy_rate(uint8_t *dst, const uint8_t *src, size_t size, int count
  */
 static double ring_rate(const uint8_t *src, size_t size, int count, size_t mss)
 {
-	enum { SLOTS = 256, SLOT = 9216, AT = 128 + 86 };
-	uint8_t *ring = aligned_alloc(4096, (size_t)SLOTS * SLOT);
+	uint8_t *ring = aligned_alloc(4096, (size_t)RING_SLOTS * RING_SLOT);
 	int warm = count / 10;
 	size_t k = 0;
 	double t0 = 0, t;
 
-	if (!ring || mss > SLOT - AT) {
+	if (!ring || mss > RING_SLOT - RING_AT) {
 		free(ring);
 		return 0;
 	}
-	memset(ring, 0, (size_t)SLOTS * SLOT);
+	memset(ring, 0, (size_t)RING_SLOTS * RING_SLOT);
 	for (int i = 0; i < count; i++) {
 		if (i == warm)
 			t0 = mono_s();
 		for (size_t off = 0; off < size; off += mss, k++)
-			memcpy(ring + (k % SLOTS) * SLOT + AT, src + off,
-			       size - off < mss ? size - off : mss);
+			memcpy(ring + (k % RING_SLOTS) * RING_SLOT + RING_AT, src + off,
+			       frame_len(size, off, mss));
 		__asm__ volatile("" : : "r"(ring) : "memory"); /* every copy happens */
 	}
 	t = mono_s() - t0;
@@ -694,20 +707,19 @@ static double pipe_rate(uint8_t *dst, const uint8_t *src, size_t size, int count
 			size_t mss, int cpu)
 {
 	/* The consumer copies as the driver's receiver does (MP_DPDK_STREAM_MIN). */
-	size_t llc = mp_k_llc_bytes(), nt_min = llc ? llc / 4 : (size_t)8 << 20;
+	size_t nt_min = mp_k_stream_min();
 	bool nt;
-	enum { SLOTS = 256, SLOT = 9216, AT = 128 + 86 };
 	struct pipe_hdr {
 		_Atomic uint64_t w, r; /* frames written, frames read */
 		_Atomic int stop;
 	} *h;
-	size_t per = (size + mss - 1) / mss, shm = 4096 + (size_t)SLOTS * SLOT;
+	size_t per = (size + mss - 1) / mss, shm = 4096 + (size_t)RING_SLOTS * RING_SLOT;
 	uint64_t total = per * (uint64_t)count, warm = per * (uint64_t)(count / 10), r = 0;
 	double t0 = 0, t = 0, deadline = mono_s() + 60;
 	pid_t kid;
 	int st;
 
-	if (mss > SLOT - AT || (h = mmap(NULL, shm, PROT_READ | PROT_WRITE,
+	if (mss > RING_SLOT - RING_AT || (h = mmap(NULL, shm, PROT_READ | PROT_WRITE,
 					 MAP_SHARED | MAP_ANONYMOUS, -1, 0)) == MAP_FAILED)
 		return 0;
 	uint8_t *ring = (uint8_t *)h + 4096;
@@ -715,7 +727,7 @@ static double pipe_rate(uint8_t *dst, const uint8_t *src, size_t size, int count
 	if (getenv("MP_DPDK_STREAM_MIN"))
 		nt_min = strtoull(getenv("MP_DPDK_STREAM_MIN"), NULL, 0);
 	nt = nt_min && size >= nt_min;
-	memset(ring, 0, (size_t)SLOTS * SLOT);
+	memset(ring, 0, (size_t)RING_SLOTS * RING_SLOT);
 	fflush(stdout);
 	kid = fork();
 	if (kid == 0) {
@@ -727,11 +739,11 @@ static double pipe_rate(uint8_t *dst, const uint8_t *src, size_t size, int count
 		for (uint64_t w = 0; w < total && !atomic_load(&h->stop); w++) {
 			size_t off = (size_t)(w % per) * mss;
 
-			while (w - atomic_load_explicit(&h->r, memory_order_acquire) >= SLOTS)
+			while (w - atomic_load_explicit(&h->r, memory_order_acquire) >= RING_SLOTS)
 				if (atomic_load(&h->stop))
 					_exit(0);
-			memcpy(ring + (w % SLOTS) * SLOT + AT, src + off,
-			       size - off < mss ? size - off : mss);
+			memcpy(ring + (w % RING_SLOTS) * RING_SLOT + RING_AT, src + off,
+			       frame_len(size, off, mss));
 			atomic_store_explicit(&h->w, w + 1, memory_order_release);
 		}
 		_exit(0);
@@ -745,8 +757,8 @@ static double pipe_rate(uint8_t *dst, const uint8_t *src, size_t size, int count
 			if (!(++spin % 65536) && mono_s() > deadline)
 				goto out; /* the child died or stalled: no rate */
 		uint8_t *to = dst + (size_t)((r / per) % (uint64_t)win) * size + off;
-		const uint8_t *from = ring + (r % SLOTS) * SLOT + AT;
-		size_t n = size - off < mss ? size - off : mss;
+		const uint8_t *from = ring + (r % RING_SLOTS) * RING_SLOT + RING_AT;
+		size_t n = frame_len(size, off, mss);
 
 		if (nt)
 			mp_k_copy_stream(to, from, n);
@@ -798,7 +810,8 @@ static int copy_main(int argc, char **argv)
 	nt = copy_rate(dst, src, size, count, win, true);
 	if (plain > 0 && nt > 0) {
 		long mtu = getenv("MP_DPDK_MTU") ? strtol(getenv("MP_DPDK_MTU"), NULL, 10) : 9000;
-		size_t mss = mtu > 72 ? (size_t)mtu - 20 - 8 - 44 : 1428; /* IPv4, UDP, data header */
+		size_t hdrs = MP_IP4_HDR_LEN + MP_UDP_HDR_LEN + MP_REL_DATA_HDR_LEN;
+		size_t mss = mtu > (long)hdrs ? (size_t)mtu - hdrs : MP_REL_MSS_DEFAULT;
 
 		printf("copy: %zu-byte messages x %d into %d buffers: memcpy %.0f, non-temporal "
 		       "stores %.0f; the better: %.0f MB/s\n",

@@ -109,6 +109,8 @@ put() { echo "$2" >>"$tmp/v.$1"; }
 best() { { sort -n "$tmp/v.$1" 2>/dev/null || true; } | awk '{ v = $1 } END { print v + 0 }'; }
 median() { { sort -n "$tmp/v.$1" 2>/dev/null || true; } |
 	awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) / 2)] : 0) }'; }
+# rate_of TAG TEXT: the MB/s of TEXT's line "TAG: ...: N MB/s".
+rate_of() { printf '%s\n' "$2" | sed -n "s/^$1: .*: \([0-9]*\) MB\/s/\1/p"; }
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", (b > 0 ? 100 * a / b : 0) }'; }
 
 echo "== memif: $runs runs, each: memcpy baseline; testpmd raw rate; the driver's one-way stream"
@@ -120,9 +122,9 @@ for run in $(seq 1 "$runs"); do
 	pipe=""
 	for kib in 1024 4096 16384; do
 		out=$(MP_DPDK_MTU=9000 "$stream" --copy "$kib" $((4194304 / kib + 1)) || true)
-		r=$(printf '%s\n' "$out" | sed -n 's/^copy: .*: \([0-9]*\) MB\/s/\1/p')
-		g=$(printf '%s\n' "$out" | sed -n 's/^copy-ring: .*: \([0-9]*\) MB\/s/\1/p')
-		q=$(printf '%s\n' "$out" | sed -n 's/^copy-pipe: .*: \([0-9]*\) MB\/s/\1/p')
+		r=$(rate_of copy "$out")
+		g=$(rate_of copy-ring "$out")
+		q=$(rate_of copy-pipe "$out")
 		put "cp.$kib" "${r:-0}"
 		put "cr.$kib" "${g:-0}"
 		put "cq.$kib" "${q:-0}"
@@ -142,9 +144,9 @@ for run in $(seq 1 "$runs"); do
 		for zc in "" "$zcargs"; do
 			[ -z "$zc" ] || line="$line, zero-copy receiver"
 			for kib in 1024 4096 16384; do
-				r=$(MP_DPDK_MEMIF_ARGS=$zc MP_DPDK_MTU=$mtu timeout 300 "$stream" --stream \
-					"$kib" $((4194304 / kib + 1)) 2>"$tmp/stream.err" |
-					sed -n 's/.*: \([0-9]*\) MB\/s/\1/p' || true)
+				out=$(MP_DPDK_MEMIF_ARGS=$zc MP_DPDK_MTU=$mtu timeout 300 "$stream" --stream \
+					"$kib" $((4194304 / kib + 1)) 2>"$tmp/stream.err" || true)
+				r=$(rate_of stream "$out")
 				[ -n "$r" ] || { echo "   stream $kib KiB failed:"; grep -v 'mp action' "$tmp/stream.err" | tail -3; }
 				put "st$zc.$len.$kib" "${r:-0}"
 				line="$line ${r:-0}"

@@ -1279,7 +1279,6 @@ static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
 {
 	struct dpdk_drv *d;
 	struct mp_rel_params rp;
-	size_t llc;
 	uint16_t nq = (uint16_t)env_long("MP_DPDK_QUEUES", 1, 1, DPDK_MAX_QUEUES);
 	uint16_t mtu = (uint16_t)env_long("MP_DPDK_MTU", DPDK_DEFAULT_MTU, 576, 9600);
 	uint16_t ring = (uint16_t)env_long("MP_DPDK_RING", DPDK_DEFAULT_RING, 64, 16384);
@@ -1375,9 +1374,7 @@ static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
 	 * sender's buffer and the rings: write them past the caches
 	 * (kernels/cpu/copy.c; doc/dpdk.md, "Large shards past the caches").
 	 */
-	llc = mp_k_llc_bytes();
-	rp.stream_min = (size_t)env_long("MP_DPDK_STREAM_MIN", llc ? (long)(llc / 4) : 8l << 20, 0,
-					 LONG_MAX);
+	rp.stream_min = (size_t)env_long("MP_DPDK_STREAM_MIN", (long)mp_k_stream_min(), 0, LONG_MAX);
 	/* One lane per queue pair the port has (a reused port keeps its count). */
 	d->nlanes = g.nq;
 	for (uint16_t q = 0; q < d->nlanes; q++) {

@@ -152,3 +152,10 @@ size_t mp_k_llc_bytes(void)
 #endif
 	return best;
 }
+
+size_t mp_k_stream_min(void)
+{
+	size_t llc = mp_k_llc_bytes();
+
+	return llc ? llc / 4 : (size_t)8 << 20;
+}
