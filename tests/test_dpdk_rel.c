@@ -74,6 +74,7 @@ struct sim {
 	struct adv adv[64];
 	uint64_t overrun;
 	uint64_t data_frames[NI];
+	uint64_t drop_nth[NI]; /* lose the DATA frame that makes data_frames[src] this */
 	/* last segment of each type from each instance, for crafting */
 	uint8_t last[NI][8][MP_REL_HDR_MAX + MSS];
 	size_t last_len[NI][8];
@@ -231,7 +232,9 @@ static int sim_tx(void *user, uint32_t route, const void *hdr, size_t hlen, cons
 	}
 	f->src = src;
 	f->dst = (int)route;
-	if (S.cut[src] || S.cut[route] || rndf() < S.loss) {
+	bool drop = type == 3 && S.drop_nth[src] && S.data_frames[src] == S.drop_nth[src];
+
+	if (drop || S.cut[src] || S.cut[route] || rndf() < S.loss) {
 		frame_put(f);
 		return 0;
 	}
@@ -1179,6 +1182,60 @@ static void test_peer_pause(void **state)
 	sim_fini();
 }
 
+/*
+ * The last segment sent is lost, and nothing sent after it can show the
+ * hole: only the retransmission timer recovers it. The connection has one
+ * timer, armed for its oldest segment in flight. Here that is a message
+ * sent earlier and since acknowledged, so the timer has to move on to the
+ * lost segment and fire at its own timeout: once, not early, not late.
+ */
+static void test_tail_loss(void **state)
+{
+	static uint8_t big[10 * MSS], rb[10 * MSS];
+	struct reqwait s1 = { 0 }, r1 = { 0 }, s2 = { 0 }, r2 = { 0 };
+	struct mp_rel_stats st0, st;
+	const uint64_t tick = base_params(0).rto_min_ns / 8; /* the wheel's */
+
+	(void)state;
+	sim_init(15, NULL);
+	S.jitter = 0;
+	struct pairc pc = connect_pair(0, 1);
+
+	fill(big, sizeof(big), 5);
+	assert_int_equal(mp_rel_recv(pc.b, rb, 9 * MSS, &r1.r), 0);
+	assert_int_equal(mp_rel_recv(pc.b, rb + 9 * MSS, MSS, &r2.r), 0);
+	run_for(1 * MS);
+	stats(0, &st0);
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big, 9 * MSS }, 1, &s1.r), 0);
+	run(req_finished, &s1, SEC);
+	/* Sent well after the first message, acknowledged by now: the timer
+	 * still waits for the first's timeout. */
+	uint64_t rto = mp_rel_conn_rto_ns(pc.a);
+
+	S.drop_nth[0] = S.data_frames[0] + 1;
+	assert_int_equal(mp_rel_send(pc.a, &(struct mp_iov){ big + 9 * MSS, MSS }, 1, &s2.r), 0);
+	uint64_t took = run(req_finished, &r2, SEC);
+
+	run(req_finished, &s2, SEC);
+	assert_int_equal(r1.rc, 0);
+	assert_int_equal(r2.rc, 0);
+	assert_int_equal(s2.rc, 0);
+	assert_memory_equal(rb, big, sizeof(big));
+	stats(0, &st);
+	assert_int_equal(st.data_tx - st0.data_tx, 10);
+	assert_int_equal(st.rto_fired - st0.rto_fired, 1);
+	assert_int_equal(st.data_rtx - st0.data_rtx, 1);
+	assert_int_equal(st.fast_rtx - st0.fast_rtx, 0);
+	/* Resent at its timeout (rounded up to the wheel's tick), then one
+	 * link delay to the receiver. */
+	assert_true(took >= rto + S.delay);
+	assert_true(took <= rto + tick + S.delay);
+	assert_int_equal(S.overrun, 0);
+	mp_rel_close(pc.a);
+	mp_rel_close(pc.b);
+	sim_fini();
+}
+
 /* Bounded time to failure: rto_max per try after backoff, plus slack. */
 #define FAIL_BOUND(p) ((uint64_t)((p).max_retries + 2) * (p).rto_max_ns + 100 * MS)
 
@@ -1554,6 +1611,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_rtt_estimator),
 		cmocka_unit_test(test_rto_follows_rtt),
 		cmocka_unit_test(test_peer_pause),
+		cmocka_unit_test(test_tail_loss),
 		cmocka_unit_test(test_peer_vanishes),
 		cmocka_unit_test(test_idle_peer_alive),
 		cmocka_unit_test(test_connect_unanswered),

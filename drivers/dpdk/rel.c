@@ -62,7 +62,7 @@ struct tw_node {
 	uint8_t kind;
 };
 
-enum { TK_SEG = 1, TK_DACK, TK_CTL };
+enum { TK_RTO = 1, TK_DACK, TK_CTL };
 
 struct tw {
 	uint64_t tick;
@@ -222,13 +222,15 @@ struct txmsg {
 	bool done;
 };
 
-enum { TS_INFL = 1, TS_SACK = 2, TS_LOSTQ = 4, TS_FAST = 8 };
+/* TS_TIMED: on the connection's timed list, iff INFL && !SACK && !LOSTQ. */
+enum { TS_INFL = 1, TS_SACK = 2, TS_LOSTQ = 4, TS_FAST = 8, TS_TIMED = 16 };
 
 /* A segment in flight (sender ring, indexed by seq & wmask). */
 struct txseg {
-	struct tw_node t; /* retransmission timer, armed iff INFL && !SACK && !LOSTQ */
 	struct mp_rel_conn *c;
 	struct txseg *qnext, *qprev; /* retransmission queue */
+	struct txseg *tnext, *tprev; /* timed list, in the order (re)sent */
+	uint64_t due;                /* its retransmission timeout */
 	uint64_t sent_ns;
 	uint32_t seq, msg, off, len;
 	uint16_t retx;
@@ -268,11 +270,13 @@ struct mp_rel_conn {
 	struct txseg *txs;
 	uint64_t *sacked;
 	struct txseg *rq_head, *rq_tail;
+	struct txseg *t_head, *t_tail; /* timed list; t_rto is due for t_head (or earlier) */
+	struct tw_node t_rto;
 	uint64_t rack_ts;
 	struct mp_rel_rtt rtt;
 	uint64_t rto;        /* from rtt (rto_min before the first sample), before backoff */
 	uint32_t backoff;    /* timeouts since the last valid RTT sample */
-	uint64_t hold_until; /* other timers wait for the segment resent by a timeout */
+	uint64_t hold_until; /* other segments wait for the one resent by a timeout */
 
 	/* receiver */
 	uint32_t rcv_nxt, rcv_high; /* rcv_high: 1 + highest seq held */
@@ -441,6 +445,48 @@ static void rq_unlink(struct mp_rel_conn *c, struct txseg *s)
 		c->rq_tail = s->qprev;
 	s->qnext = s->qprev = NULL;
 	s->flags &= (uint8_t)~(TS_LOSTQ | TS_FAST);
+}
+
+/*
+ * Retransmission timing: one timer per connection, not one per segment.
+ * The segments in flight sit in a list in the order they were (re)sent,
+ * each with its own timeout, and the connection's timer is due for the
+ * oldest. Sending appends and an acknowledgement unlinks, a few pointer
+ * writes (a wheel node per segment cost a division and a slot's cache line
+ * for every frame). The timer is moved lazily: when it fires for a head
+ * since acknowledged, it re-arms for the new one. A later segment due
+ * earlier than the head (the timeout shrank in between) waits for it, as
+ * in TCP, which times the oldest segment only.
+ */
+static void seg_time(struct mp_rel_conn *c, struct txseg *s, uint64_t due)
+{
+	s->due = due;
+	s->flags |= TS_TIMED;
+	s->tnext = NULL;
+	s->tprev = c->t_tail;
+	if (c->t_tail) {
+		c->t_tail->tnext = s;
+	} else {
+		c->t_head = s;
+		if (!tw_armed(&c->t_rto) || due < c->t_rto.deadline)
+			tw_rearm(&c->rel->wheel, &c->t_rto, due);
+	}
+	c->t_tail = s;
+}
+
+static void seg_untime(struct mp_rel_conn *c, struct txseg *s)
+{
+	if (!(s->flags & TS_TIMED))
+		return;
+	s->flags &= (uint8_t)~TS_TIMED;
+	if (s->tprev)
+		s->tprev->tnext = s->tnext;
+	else
+		c->t_head = s->tnext;
+	if (s->tnext)
+		s->tnext->tprev = s->tprev;
+	else
+		c->t_tail = s->tprev;
 }
 
 /* ---- segments out -------------------------------------------------------- */
@@ -665,10 +711,11 @@ static void conn_abort(struct mp_rel_conn *c, int err)
 	for (uint32_t s = c->snd_una; s != c->snd_nxt; s++) {
 		struct txseg *t = &c->txs[s & rel->wmask];
 
-		tw_del(&rel->wheel, &t->t);
 		t->flags = 0;
 	}
 	c->rq_head = c->rq_tail = NULL;
+	c->t_head = c->t_tail = NULL;
+	tw_del(&rel->wheel, &c->t_rto);
 	c->snd_una = c->snd_nxt;
 	tw_del(&rel->wheel, &c->t_dack);
 	tw_del(&rel->wheel, &c->t_ctl);
@@ -735,7 +782,7 @@ static void seg_acked(struct mp_rel_conn *c, struct txseg *s, uint64_t *rack, ui
 	struct mp_rel *rel = c->rel;
 	struct txmsg *m = &c->txm[s->msg & rel->pmask];
 
-	tw_del(&rel->wheel, &s->t);
+	seg_untime(c, s);
 	rq_unlink(c, s);
 	if (!s->retx && s->sent_ns > *rtt_sent)
 		*rtt_sent = s->sent_ns;
@@ -814,7 +861,7 @@ static bool on_ack(struct mp_rel_conn *c, uint32_t ack, uint32_t credit, uint32_
 
 				holes &= holes - 1;
 				if (!(t->flags & TS_LOSTQ) && t->sent_ns + reo < c->rack_ts) {
-					tw_del(&rel->wheel, &t->t);
+					seg_untime(c, t);
 					rq_push(c, t, TS_FAST);
 				}
 			}
@@ -857,10 +904,9 @@ static struct mp_rel_conn *conn_new(struct mp_rel *rel, uint32_t route)
 		free(c);
 		return NULL;
 	}
-	for (uint32_t i = 0; i < w; i++) {
+	for (uint32_t i = 0; i < w; i++)
 		c->txs[i].c = c;
-		c->txs[i].t.kind = TK_SEG;
-	}
+	c->t_rto.kind = TK_RTO;
 	c->t_dack.kind = TK_DACK;
 	c->t_ctl.kind = TK_CTL;
 	c->idx = rel->free_idx[--rel->nfree];
@@ -1156,20 +1202,27 @@ static uint64_t probe_interval(const struct mp_rel_conn *c)
 
 static void rel_fire(struct mp_rel *rel, struct tw_node *n)
 {
-	if (n->kind == TK_SEG) {
-		struct txseg *s = container_of(n, struct txseg, t);
-		struct mp_rel_conn *c = s->c;
+	if (n->kind == TK_RTO) {
+		struct mp_rel_conn *c = container_of(n, struct mp_rel_conn, t_rto);
+		struct txseg *s = c->t_head;
 
+		if (!s)
+			return;
+		/* Armed for a head since acknowledged: wait for the new one. */
+		if (s->due > rel->now) {
+			tw_add(&rel->wheel, &c->t_rto, s->due);
+			return;
+		}
 		/*
 		 * As in TCP, one timeout resends one segment, and the other
-		 * segments' timers wait for its answer (and its backoff): a peer
-		 * that was only slow (descheduled on a shared core) then costs
-		 * one spurious retransmission, not a window of them. If it was a
+		 * segments wait for its answer (and its backoff): a peer that
+		 * was only slow (descheduled on a shared core) then costs one
+		 * spurious retransmission, not a window of them. If it was a
 		 * loss, the ACK of the resent segment makes fast retransmit
 		 * repair the rest (they were sent before it).
 		 */
 		if (rel->now < c->hold_until) {
-			tw_add(&rel->wheel, &s->t, c->hold_until);
+			tw_add(&rel->wheel, &c->t_rto, c->hold_until);
 			return;
 		}
 		if (s->retx >= rel->p.max_retries || c->backoff >= rel->p.max_retries) {
@@ -1179,8 +1232,12 @@ static void rel_fire(struct mp_rel *rel, struct tw_node *n)
 		rel->st.rto_fired++;
 		c->backoff++;
 		c->hold_until = rel->now + cur_rto(c);
+		seg_untime(c, s);
 		rq_push(c, s, 0);
 		conn_ready(c);
+		if (c->t_head)
+			tw_add(&rel->wheel, &c->t_rto,
+			       c->t_head->due > c->hold_until ? c->t_head->due : c->hold_until);
 	} else if (n->kind == TK_DACK) {
 		struct mp_rel_conn *c = container_of(n, struct mp_rel_conn, t_dack);
 
@@ -1256,7 +1313,7 @@ static int send_new(struct mp_rel_conn *c)
 	}
 	rel->st.data_tx++;
 	s->sent_ns = rel->now;
-	tw_add(&rel->wheel, &s->t, rel->now + cur_rto(c));
+	seg_time(c, s, rel->now + cur_rto(c));
 	c->snd_nxt++;
 	c->tx_off += s->len;
 	if (c->tx_off >= m->len) {
@@ -1281,7 +1338,7 @@ static int send_rtx(struct mp_rel_conn *c)
 		rel->st.fast_rtx++;
 	s->retx++;
 	s->sent_ns = rel->now;
-	tw_add(&rel->wheel, &s->t, rel->now + cur_rto(c));
+	seg_time(c, s, rel->now + cur_rto(c));
 	return 0;
 }
 
