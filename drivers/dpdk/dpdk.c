@@ -171,6 +171,9 @@ struct dpdk_lane {
 	struct dpdk_route *routes;
 	int32_t *hash;                /* route index + 1, 0 = empty */
 	struct dpdk_txq txq;
+	/* mbufs for frames and attached pieces, taken from the pools a burst at a time */
+	struct rte_mbuf *hstash[DPDK_BURST], *zstash[DPDK_BURST];
+	uint16_t hn, zn;
 	const struct mp_drv_mr *zc_last; /* the registration the last piece came from, */
 	uintptr_t zc_lo, zc_hi;          /* its range (read without touching it), */
 	unsigned zc_gen;                 /* and d->mr_gen when it was found */
@@ -715,6 +718,22 @@ static const struct mp_drv_mr *zc_find(struct dpdk_lane *l, const void *p, size_
 	return found;
 }
 
+/*
+ * An mbuf of @mp from a lane's stash @st of *@n, refilled a burst at a time.
+ * Two mbufs a frame (headers, attached payload) one by one were the sender's
+ * largest cost after memif's copy; in bulk the pool's cache is looked up
+ * once a burst. NULL when the pool is empty.
+ */
+static inline struct rte_mbuf *stash_get(struct rte_mempool *mp, struct rte_mbuf **st, uint16_t *n)
+{
+	if (!*n) {
+		if (rte_pktmbuf_alloc_bulk(mp, st, DPDK_BURST))
+			return rte_pktmbuf_alloc(mp); /* fewer than a burst left */
+		*n = DPDK_BURST;
+	}
+	return st[--*n];
+}
+
 static void ext_free_noop(void *addr, void *opaque)
 {
 	/* The memory is the application's; rel tells it when the send is done. */
@@ -723,9 +742,9 @@ static void ext_free_noop(void *addr, void *opaque)
 }
 
 /* An mbuf carrying @len bytes at @p as an external buffer, or NULL. */
-static struct rte_mbuf *attach_piece(const void *p, size_t len)
+static struct rte_mbuf *attach_piece(struct dpdk_lane *l, const void *p, size_t len)
 {
-	struct rte_mbuf *m = rte_pktmbuf_alloc(g.zpool);
+	struct rte_mbuf *m = stash_get(g.zpool, l->zstash, &l->zn);
 	struct rte_mbuf_ext_shared_info *sh;
 
 	if (!m)
@@ -774,7 +793,7 @@ static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_le
 		plen += payload[i].len;
 	if (MP_FRAME_HDR_LEN + plen > (size_t)g.mtu + RTE_ETHER_HDR_LEN)
 		return -EMSGSIZE;
-	m = rte_pktmbuf_alloc(g.pool);
+	m = stash_get(g.pool, l->hstash, &l->hn);
 	if (!m) {
 		l->st.tx_nombuf++;
 		return -ENOBUFS;
@@ -805,7 +824,7 @@ static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_le
 		 * read it (reg_device leaves such pieces at their GPU address).
 		 */
 		if (z && (v->len >= DPDK_ZC_MIN || z->device))
-			x = attach_piece(v->base, v->len);
+			x = attach_piece(l, v->base, v->len);
 		if (!x && z && z->device) {
 			rte_pktmbuf_free(m);
 			l->st.tx_nombuf++;
@@ -821,7 +840,7 @@ static int tx_segment(void *user, uint32_t route, const void *hdr, size_t hdr_le
 		}
 		/* Copy into the last mbuf when it is ours, else into a fresh one. */
 		if (last != m || rte_pktmbuf_tailroom(m) < v->len) {
-			x = rte_pktmbuf_alloc(g.pool);
+			x = stash_get(g.pool, l->hstash, &l->hn);
 			if (!x) {
 				rte_pktmbuf_free(m);
 				l->st.tx_nombuf++;
@@ -1142,6 +1161,8 @@ static void lane_free(struct dpdk_lane *l)
 
 	for (uint16_t i = 0; i < l->txq.n; i++)
 		rte_pktmbuf_free(l->txq.m[i]);
+	rte_pktmbuf_free_bulk(l->hstash, l->hn);
+	rte_pktmbuf_free_bulk(l->zstash, l->zn);
 	while (l->inbox && rte_ring_dequeue(l->inbox, &m) == 0)
 		rte_pktmbuf_free(m);
 	rte_ring_free(l->inbox);
