@@ -292,6 +292,47 @@ static void test_random_bytes(void **state)
 	assert_true(ours < 100000);
 }
 
+/* A memif peer's BYE and its ACK: built, parsed back, and every malformed one refused. */
+static void test_bye(void **state)
+{
+	uint8_t b[MP_BYE_LEN + 4], c[MP_BYE_LEN];
+	uint32_t nonce = 0;
+	int type = 0;
+
+	(void)state;
+	mp_bye_build(b, MP_BYE, 0xdeadbeefu);
+	assert_int_equal(b[0], 'M');
+	assert_int_equal(b[1], 'B');
+	assert_int_equal(mp_bye_parse(b, MP_BYE_LEN, &type, &nonce), 0);
+	assert_int_equal(type, MP_BYE);
+	assert_int_equal(nonce, 0xdeadbeefu);
+	mp_bye_build(b, MP_BYE_ACK, 7);
+	assert_int_equal(mp_bye_parse(b, MP_BYE_LEN, &type, &nonce), 0);
+	assert_int_equal(type, MP_BYE_ACK);
+	assert_int_equal(nonce, 7);
+	/* Not a BYE at all: rel's magic, or too short for a magic. */
+	memcpy(c, "MR", 2);
+	assert_int_equal(mp_bye_parse(c, sizeof(c), &type, &nonce), 1);
+	assert_int_equal(mp_bye_parse(b, 1, &type, &nonce), 1);
+	/* The magic with anything else wrong: refused, outputs untouched. */
+	type = -1;
+	nonce = 1;
+	assert_int_equal(mp_bye_parse(b, MP_BYE_LEN - 1, &type, &nonce), -EPROTO);
+	assert_int_equal(mp_bye_parse(b, MP_BYE_LEN + 1, &type, &nonce), -EPROTO);
+	for (int i = 2; i < MP_BYE_LEN; i++) {
+		if (i >= 4 && i < 8)
+			continue; /* the nonce may be anything */
+		memcpy(c, b, sizeof(c));
+		c[i] ^= i == 3 ? 0x04 : 0x01; /* type 2 ^ 1 would be a BYE */
+		assert_int_equal(mp_bye_parse(c, sizeof(c), &type, &nonce), -EPROTO);
+	}
+	memcpy(c, b, sizeof(c));
+	c[3] = 0;
+	assert_int_equal(mp_bye_parse(c, sizeof(c), &type, &nonce), -EPROTO);
+	assert_int_equal(type, -1);
+	assert_int_equal(nonce, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -303,6 +344,7 @@ int main(void)
 		cmocka_unit_test(test_csum_reference),
 		cmocka_unit_test(test_ip_header_sum),
 		cmocka_unit_test(test_random_bytes),
+		cmocka_unit_test(test_bye),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,13 +6,14 @@
  * sends messages of many sizes to peer 0, which checks every byte. Meanwhile
  * this process sends, from a raw socket on peer 0's veth, K frames of each kind
  * that is not ours (another UDP port, bad IPv4 checksum, TCP, a bad UDP
- * length, our port with a payload that is not a segment) and one ARP request
+ * length, our port with a payload that is not a segment, a memif BYE, which
+ * only a memif peer may send, and a malformed one) and one ARP request
  * for peer 0's address. (Fragments are left to test_dpdk_frame: the kernel
  * here did not pass raw IPv4 fragments through a veth to the packet socket.)
  *
  * Asserted: every message arrives intact; peer 0's counters show exactly K
  * frames for each of those verdicts (and rel's own drop for the non-segment
- * payloads); the ARP request gets a correct reply.
+ * payloads, bye_bad for the BYEs); the ARP request gets a correct reply.
  *
  * Skips (77) without root, network namespaces or an EAL that starts.
  *
@@ -54,7 +55,6 @@
 #include "../drivers/dpdk/frame.h"
 #include "../drivers/dpdk/rel.h"
 #include "kernels.h"
-#include "memif_end.h"
 
 #define SKIP 77
 #define K 5          /* frames of each foreign kind */
@@ -328,6 +328,13 @@ static int inject(void)
 		put(s, ifx, f, len);
 		f[MP_ETH_HDR_LEN + MP_IP4_HDR_LEN + 5] -= 2;
 		put(s, ifx, f, len); /* our port, but not a segment */
+		/* A BYE, well formed but not on memif (anyone could send it here),
+		 * and one of another version: both dropped, neither answered. */
+		mp_frame_build(f, &me, &p0, (uint16_t)k, MP_BYE_LEN);
+		mp_bye_build(f + MP_FRAME_HDR_LEN, MP_BYE, 1u + (uint32_t)k);
+		put(s, ifx, f, 60);
+		f[MP_FRAME_HDR_LEN + 2] = 2;
+		put(s, ifx, f, 60);
 	}
 	/* ARP who-has 10.78.0.1 tell 10.78.0.9 */
 	static const uint8_t arp[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0x78, 9,
@@ -362,28 +369,39 @@ static int inject(void)
 	return -1;
 }
 
-/* The value of @key in peer @rank's counter file, or -1. */
-static long long counter(int rank, const char *key)
+/* The value of @key in peer @rank's counter file (any line) as a word in @out; 0 if found. */
+static int counter_word(int rank, const char *key, char *out, size_t cap)
 {
 	char cmd[256], line[4096];
-	long long v = -1;
+	int rc = -1;
 	FILE *f;
 
 	snprintf(cmd, sizeof(cmd), "cat %s/dpdk.%d.*.stats 2>/dev/null", stats, rank);
 	f = popen(cmd, "r");
-	if (f && fgets(line, sizeof(line), f)) {
+	while (f && rc && fgets(line, sizeof(line), f)) {
 		char want[64], *p;
 
 		snprintf(want, sizeof(want), " %s=", key);
 		p = strstr(line, want);
 		if (!p && !strncmp(line, want + 1, strlen(want + 1)))
 			p = line - 1;
-		if (p)
-			v = strtoll(p + strlen(want), NULL, 10);
+		if (p) {
+			p += strlen(want);
+			snprintf(out, cap, "%.*s", (int)strcspn(p, " \n"), p);
+			rc = 0;
+		}
 	}
 	if (f)
 		pclose(f);
-	return v;
+	return rc;
+}
+
+/* The value of @key in peer @rank's counter file, or -1. */
+static long long counter(int rank, const char *key)
+{
+	char w[64];
+
+	return counter_word(rank, key, w, sizeof(w)) ? -1 : strtoll(w, NULL, 10);
 }
 
 /* ---- --stream: the driver's own one-way throughput on a memif pair ---- */
@@ -399,6 +417,10 @@ static double mono_s(void)
 }
 
 static int pingpong; /* --pingpong: message and answer, one at a time */
+
+/* --leave: which side of the memif pair leaves while the other polls */
+enum { LEAVE_SERVER_FIRST = 1, LEAVE_CLIENT_FIRST, LEAVE_BOTH };
+static int leave_mode;
 
 /* Wait (at most 20 s) for request @r; 0 if it completed with @size bytes. */
 static int pp_wait(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_drv_req *r,
@@ -416,23 +438,58 @@ static int pp_wait(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_dr
 }
 
 /*
- * The end of a stream or ping-pong peer, as memif_end.h describes: rank 0
- * (the receiving or answering side) polls until rank 1 has everything it
- * waits for, so that its last acknowledgements are out; then neither polls
- * while the other leaves, rank 1 first.
+ * The end of a stream or ping-pong peer: each side finalises as soon as its
+ * own requests are done. The driver's BYE keeps the other side, which may
+ * still be polling, clear of DPDK's memif unmapping their shared rings
+ * (doc/dpdk.md, "Leaving a memif pair"; --leave tests it).
  */
 static int peer_end(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_drv_conn *c,
-		    struct mp_drv_listener *l, struct mp_drv_mr *mr, uint8_t *buf, int rank)
+		    struct mp_drv_listener *l, struct mp_drv_mr *mr, uint8_t *buf)
 {
-	int rc = rank == 1 ? memif_end_first(stats) : memif_end_last(stats, o, d);
 	o->close(c);
 	o->close_listener(l);
 	o->dereg_mr(d, mr);
 	o->fini(d);
-	if (rank == 1)
-		memif_end_mark(stats, "gone");
 	free(buf);
-	return rc ? 1 : 0;
+	return 0;
+}
+
+/*
+ * The end of a --leave peer (rank 1 is the memif server, rank 0 the client).
+ * The side that stays polls until the leaver has finalised (its file
+ * "gone.RANK") and 100 ms more: it is in its poll loop when the leaver's port
+ * stops, the moment DPDK's memif would crash it without the driver's BYE.
+ * With LEAVE_BOTH neither waits.
+ */
+static int leave_end(const struct mp_driver_ops *o, struct mp_drv *d, struct mp_drv_conn *c,
+		     struct mp_drv_listener *l, struct mp_drv_mr *mr, uint8_t *buf, int rank)
+{
+	bool server = rank == 1;
+	bool first = leave_mode == LEAVE_BOTH || (leave_mode == LEAVE_SERVER_FIRST) == server;
+	char gone[128];
+
+	if (!first) {
+		double until = mono_s() + 10, after = 0;
+
+		snprintf(gone, sizeof(gone), "%s/gone.%d", stats, !rank);
+		while (mono_s() < until && (!after || mono_s() < after)) {
+			o->progress(d, 0);
+			if (!after && !access(gone, F_OK))
+				after = mono_s() + 0.1;
+		}
+		if (!after) {
+			fprintf(stderr, "leave: peer %d: peer %d never left\n", rank, !rank);
+			return 1;
+		}
+	}
+	o->close(c);
+	o->close_listener(l);
+	o->dereg_mr(d, mr);
+	o->fini(d);
+	snprintf(gone, sizeof(gone), "%s/gone.%d", stats, rank);
+	close(open(gone, O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+	free(buf);
+	return 0;
 }
 
 /*
@@ -468,7 +525,7 @@ static int pingpong_run(const struct mp_driver_ops *o, struct mp_drv *d, struct 
 		       (mono_s() - t0) / (count - 1) * 1e6);
 		fflush(stdout); /* the peer leaves with _exit */
 	}
-	return peer_end(o, d, c, l, mr, buf, rank);
+	return leave_mode ? leave_end(o, d, c, l, mr, buf, rank) : peer_end(o, d, c, l, mr, buf);
 }
 
 /*
@@ -614,7 +671,7 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 		printf("stream: %zu-byte messages x %d, MTU %ld: %.0f MB/s\n", size, count - 1 - warm,
 		       mtu, (double)size * (count - 1 - warm) / t / 1e6);
 	fflush(stdout); /* the peer leaves with _exit */
-	return peer_end(o, d, c, l, mr, buf, rank);
+	return peer_end(o, d, c, l, mr, buf);
 }
 
 /*
@@ -858,6 +915,90 @@ static int stream_main(int argc, char **argv)
 	return fails ? 1 : 0;
 }
 
+/*
+ * test_dpdk_frames --leave: memif peers leave without racing DPDK's memif
+ * (doc/dpdk.md, "Leaving a memif pair"). Each run, two peers exchange a few
+ * messages, then the server leaves while the client polls, the client while
+ * the server polls, or both at once; LEAVE_REPS runs of each. Asserted from
+ * the peers' counter files: the leaver's BYE was answered (never a timeout),
+ * the side that stayed answered exactly one BYE, and no BYE was malformed;
+ * when both leave, one side's BYE is answered and the other yields.
+ */
+#define LEAVE_REPS 3
+
+static int leave_main(void)
+{
+	static const struct {
+		int mode;
+		const char *name;
+	} sc[] = {{LEAVE_SERVER_FIRST, "server leaves first"},
+		  {LEAVE_CLIENT_FIRST, "client leaves first"},
+		  {LEAVE_BOTH, "both leave at once"}};
+	char tmpl[] = "/tmp/mpt-leave-XXXXXX", sock[64];
+	int fails = 0;
+
+	if (!mkdtemp(tmpl))
+		return 1;
+	owner = getpid();
+	snprintf(stats, sizeof(stats), "%s", tmpl);
+	atexit(cleanup);
+	setenv("MP_DPDK_STATS", stats, 1);
+	pingpong = 1;
+	for (int run = 0; run < LEAVE_REPS * 3; run++) {
+		char b0[32] = "", b1[32] = "";
+		pid_t pid[2];
+		int st, bad = 0;
+
+		leave_mode = sc[run % 3].mode;
+		sh("rm -f %s/dpdk.* %s/gone.* %s/ready", stats, stats, stats);
+		snprintf(sock, sizeof(sock), "/mpt-leave-%ld-%d.sock", (long)owner, run);
+		fflush(NULL);
+		for (int i = 0; i < 2; i++) {
+			pid[i] = fork();
+			if (pid[i] == 0)
+				_exit(stream_peer(i, 64 * 1024, 3, sock, 0));
+		}
+		for (int i = 0; i < 2; i++) {
+			waitpid(pid[i], &st, 0);
+			if (WIFEXITED(st) && WEXITSTATUS(st) == SKIP && run == 0) {
+				printf("SKIP: EAL or the memif port would not start here\n");
+				return SKIP;
+			}
+			if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+				fprintf(stderr, "leave: %s: peer %d failed (status %#x%s)\n", sc[run % 3].name,
+					i, st, WIFSIGNALED(st) ? ", killed by a signal" : "");
+				bad++;
+			}
+		}
+		counter_word(0, "bye", b0, sizeof(b0));
+		counter_word(1, "bye", b1, sizeof(b1));
+		long long rx0 = counter(0, "bye_rx"), rx1 = counter(1, "bye_rx");
+		long long bad0 = counter(0, "bye_bad"), bad1 = counter(1, "bye_bad");
+		bool s_ans = !strcmp(b1, "answered"), c_ans = !strcmp(b0, "answered");
+		/* The side that stayed: still quiet at its own end, or its link already down. */
+		bool s_stayed = !strcmp(b1, "peer_left_first") || !strcmp(b1, "peer_gone");
+		bool c_stayed = !strcmp(b0, "peer_left_first") || !strcmp(b0, "peer_gone");
+
+		switch (leave_mode) {
+		case LEAVE_SERVER_FIRST:
+			bad += !s_ans || !c_stayed || rx0 != 1 || rx1 != 0;
+			break;
+		case LEAVE_CLIENT_FIRST:
+			bad += !c_ans || !s_stayed || rx1 != 1 || rx0 != 0;
+			break;
+		default:
+			/* The client yields to the server, or one was quicker. */
+			bad += !((s_ans && (!strcmp(b0, "yielded") || c_stayed) && rx0 == 1 && rx1 == 0) ||
+				 (c_ans && s_stayed && rx1 == 1 && rx0 == 0));
+		}
+		bad += bad0 != 0 || bad1 != 0;
+		printf("leave: %s: server bye=%s bye_rx=%lld, client bye=%s bye_rx=%lld%s\n",
+		       sc[run % 3].name, b1, rx1, b0, rx0, bad ? ": WRONG" : "");
+		fails += bad != 0;
+	}
+	return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	int up[2][2], down[2][2], fails = 0, skipped = 0;
@@ -866,6 +1007,8 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && !strcmp(argv[1], "--copy"))
 		return copy_main(argc, argv);
+	if (argc > 1 && !strcmp(argv[1], "--leave"))
+		return leave_main();
 	if (argc > 1 && (!strcmp(argv[1], "--stream") || !strcmp(argv[1], "--pingpong"))) {
 		pingpong = !strcmp(argv[1], "--pingpong");
 		return stream_main(argc, argv);
@@ -939,6 +1082,10 @@ int main(int argc, char **argv)
 		printf("%s peer 0: %s=%lld (want %d)\n", v == K ? "ok" : "FAIL", keys[k], v, K);
 		fails += v != K;
 	}
+	long long bye = counter(0, "bye_bad");
+
+	printf("%s peer 0: bye_bad=%lld (want %d)\n", bye == 2 * K ? "ok" : "FAIL", bye, 2 * K);
+	fails += bye != 2 * K;
 	long long arp = counter(0, "arp_replies");
 
 	printf("%s peer 0: arp_replies=%lld (want 1)\n", arp == 1 ? "ok" : "FAIL", arp);

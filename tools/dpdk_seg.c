@@ -404,7 +404,7 @@ const char *dseg_describe(void)
 
 void dseg_report(void)
 {
-	/* Key order of the first file; values summed over all peers. */
+	/* Key order of the first file; numeric values summed over all peers and lines. */
 	char keys[64][48];
 	unsigned long long sum[64] = {0};
 	int nk = 0, files = 0;
@@ -421,13 +421,14 @@ void dseg_report(void)
 		f = fopen(p, "r");
 		if (!f)
 			continue;
-		if (fgets(line, sizeof(line), f)) {
-			files++;
+		files++;
+		while (fgets(line, sizeof(line), f)) {
 			for (char *t = strtok_r(line, " \n", &save); t; t = strtok_r(NULL, " \n", &save)) {
 				char *eq = strchr(t, '=');
 				int k;
 
-				if (!eq)
+				/* Words ("bye=answered", the leaving's line) are not summed. */
+				if (!eq || eq[1] < '0' || eq[1] > '9')
 					continue;
 				*eq = '\0';
 				for (k = 0; k < nk && strcmp(keys[k], t); k++)

@@ -74,6 +74,7 @@
 #include <rte_mbuf.h>
 #include <rte_memory.h>
 #include <rte_pause.h>
+#include <rte_random.h>
 #include <rte_ring.h>
 #include <rte_ticketlock.h>
 
@@ -218,6 +219,12 @@ static struct {
 	bool pci;              /* a bus device that needs DMA mappings for external memory */
 	bool dials;            /* starting the port dials its peer (memif client) */
 	bool memif_zc;         /* memif zero-copy client: every frame must sit in EAL memory */
+	bool memif;            /* the port is net_memif: its peer leaves with a BYE */
+	atomic_bool quiet;     /* the memif peer said BYE: no bursts until the link went down */
+	uint32_t bye_nonce;    /* of our BYE (bye_leave); its ACK echoes it */
+	bool bye_acked;
+	atomic_uint bye_rx;    /* BYEs answered (the peer left while we ran) */
+	atomic_uint bye_bad;   /* malformed, or on a port that is not memif */
 	struct rte_ether_addr mac;
 	struct rte_mempool *pool, *zpool;
 	struct dpdk_drv *live; /* the one instance allowed at a time */
@@ -558,6 +565,7 @@ static int port_setup(uint16_t nq, uint16_t mtu, unsigned mbufs, uint16_t ring)
 	if (info.device && !strcmp(info.driver_name, "net_memif")) {
 		const struct rte_devargs *da = rte_dev_devargs(info.device);
 
+		g.memif = true;
 		g.dials = da && da->args && strstr(da->args, "role=client");
 		g.memif_zc = g.dials && strstr(da->args, "zero-copy=yes");
 	}
@@ -572,13 +580,30 @@ static int port_setup(uint16_t nq, uint16_t mtu, unsigned mbufs, uint16_t ring)
 }
 
 /* The port's link as it is now (memif: a peer that left takes it down). */
-static bool port_link_up(void)
+static bool port_link_raw(void)
 {
 	struct rte_eth_link link;
 
 	memset(&link, 0, sizeof(link));
 	rte_eth_link_get_nowait(g.port, &link);
 	return link.link_status == RTE_ETH_LINK_UP;
+}
+
+/*
+ * Whether bursts may touch the port: its link is up and no memif peer that
+ * said BYE is still leaving. Once that peer's link went down, its rings are
+ * gone from our side too and a new peer may connect.
+ */
+static bool port_link_up(void)
+{
+	if (atomic_load_explicit(&g.quiet, memory_order_acquire)) {
+		if (port_link_raw())
+			return false;
+		atomic_store_explicit(&g.quiet, false, memory_order_release);
+		MP_INFO("dpdk: the memif peer that said BYE is gone");
+		return false;
+	}
+	return port_link_raw();
 }
 
 /* Start the port and wait (bounded) for its link: memif has none until its peer came. */
@@ -674,7 +699,8 @@ static uint16_t txq_flush(struct dpdk_lane *l)
 	 * Nothing goes to a port whose link is down: memif tears its rings
 	 * down when the peer leaves, and a burst into them can crash.
 	 */
-	if (!t->n || !l->link_up)
+	/* quiet is set with every lane's lock held (bye_answer): ours orders it. */
+	if (!t->n || !l->link_up || atomic_load_explicit(&g.quiet, memory_order_relaxed))
 		return 0;
 	sent = rte_eth_tx_burst(g.port, l->q, t->m, t->n);
 	if (sent < t->n)
@@ -883,6 +909,174 @@ static void send_arp_reply(struct dpdk_lane *l, const uint8_t *req)
 	l->st.arp_replies++;
 }
 
+/* ---- leaving a memif pair ----
+ *
+ * When one side of a memif pair stops its port, DPDK's memif on the other
+ * side unmaps the shared rings from its interrupt thread at once, whatever
+ * that side's pollers are doing: one caught inside a burst dies of SIGSEGV.
+ * So a side that leaves says BYE first and stops its port only once the
+ * other has answered, and the other answers only once none of its lanes is
+ * in a burst and none will start one (quiet) until the link has gone down.
+ * If both leave at once, the client yields: it answers the server's BYE and
+ * waits for the link to go down instead of waiting for an answer to its own.
+ * A peer that does not answer within MP_DPDK_BYE_MS is left anyway (it was
+ * not polling, or it is gone). doc/dpdk.md, "Leaving a memif pair".
+ */
+
+/* Send a BYE or its ACK to @to on queue @q, bypassing quiet; 0 once it is out. */
+static int bye_send(uint16_t q, const struct mp_dpdk_addr *self, const struct mp_dpdk_addr *to,
+		    int type, uint32_t nonce)
+{
+	struct rte_mbuf *m = rte_pktmbuf_alloc(g.pool);
+	uint8_t *p;
+
+	if (!m)
+		return -ENOBUFS;
+	p = rte_pktmbuf_mtod(m, uint8_t *);
+	memset(p, 0, 60); /* padded to the 60-byte minimum frame */
+	mp_frame_build(p, self, to, 0, MP_BYE_LEN);
+	mp_bye_build(p + MP_FRAME_HDR_LEN, type, nonce);
+	m->data_len = 60;
+	m->pkt_len = 60;
+	for (int k = 0; k < 100; k++) {
+		if (rte_eth_tx_burst(g.port, q, &m, 1) == 1)
+			return 0;
+		usleep(10);
+	}
+	rte_pktmbuf_free(m);
+	return -EAGAIN;
+}
+
+/*
+ * The peer at @from says BYE on lane @l: make every lane quiet, then answer.
+ * Runs inside @l's poll with its lock held; the other lanes' locks are taken
+ * in turn (each lane takes only its own otherwise), so that a lane in a burst
+ * finishes it first and the next poll of each sees quiet.
+ */
+static void bye_answer(struct dpdk_lane *l, const struct mp_dpdk_addr *from, uint32_t nonce)
+{
+	struct dpdk_drv *d = l->d;
+
+	atomic_store(&g.quiet, true);
+	for (uint16_t i = 0; i < d->nlanes; i++)
+		if (i != l->q && d->lanes[i]) {
+			rte_ticketlock_lock(&d->lanes[i]->lock);
+			rte_ticketlock_unlock(&d->lanes[i]->lock);
+		}
+	if (bye_send(l->q, &d->self, from, MP_BYE_ACK, nonce))
+		MP_WARN("dpdk: could not answer the memif peer's BYE; it leaves after MP_DPDK_BYE_MS");
+	else
+		atomic_fetch_add(&g.bye_rx, 1);
+	MP_INFO("dpdk: the memif peer is leaving: no bursts until its link goes down");
+}
+
+#define BYE_TO_MAX 8 /* peers a leaving side says BYE to (a memif pair has one) */
+
+/* The counter file of this process (MP_DPDK_STATS), or NULL when there is none. */
+static const char *stats_path(const struct dpdk_drv *d, char *path, size_t cap)
+{
+	const char *dir = getenv("MP_DPDK_STATS");
+
+	if (!dir || !*dir)
+		return NULL;
+	snprintf(path, cap, "%s/dpdk.%d.%ld.stats", dir, d->rank, (long)getpid());
+	return path;
+}
+
+/* How our leaving went, after the counters (written before it): a line of its own. */
+static void bye_note(const struct dpdk_drv *d, const char *how)
+{
+	char path[512];
+	FILE *f;
+
+	MP_INFO("dpdk: leaving: bye=%s bye_rx=%u", how, atomic_load(&g.bye_rx));
+	if (!stats_path(d, path, sizeof(path)) || !(f = fopen(path, "a")))
+		return;
+	/* One word, for the key=value readers: "peer left first" -> peer_left_first. */
+	fprintf(f, "bye=");
+	for (const char *c = how; *c; c++)
+		fputc(*c == ' ' ? '_' : *c, f);
+	fprintf(f, " bye_rx=%u\n", atomic_load(&g.bye_rx));
+	fclose(f);
+}
+
+/*
+ * dpdk_fini's BYE to the peers in @to (the routes its lanes knew), before the
+ * port stops: wait (MP_DPDK_BYE_MS) for an answer, or as the client of two
+ * leaving at once, answer the server and wait for its link to go down.
+ */
+static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigned n)
+{
+	long ms = env_long("MP_DPDK_BYE_MS", 1000, 0, 600000);
+	uint64_t t0 = now_ns(), until = t0 + (uint64_t)ms * 1000000u;
+	const char *how;
+	bool yielded = false;
+	unsigned sent = 0;
+
+	if (!g.memif || !g.started)
+		return;
+	if (atomic_load(&g.quiet)) {
+		bye_note(d, "peer left first");
+		return;
+	}
+	if (!port_link_raw()) {
+		bye_note(d, "peer gone"); /* nobody polls the rings */
+		return;
+	}
+	if (!n || !ms) {
+		bye_note(d, !ms ? "off" : "no peer"); /* MP_DPDK_BYE_MS=0, or nobody to say it to */
+		return;
+	}
+	g.bye_nonce = (uint32_t)rte_rand() | 1u;
+	g.bye_acked = false;
+	for (unsigned i = 0; i < n; i++)
+		sent += bye_send(0, &d->self, &to[i], MP_BYE, g.bye_nonce) == 0;
+	while (sent && !g.bye_acked && now_ns() < until && port_link_raw()) {
+		struct rte_mbuf *b[DPDK_BURST];
+
+		if (yielded) {
+			usleep(100); /* we answered the server's BYE: it stops first */
+			continue;
+		}
+		for (uint16_t q = 0; q < g.nq && !yielded; q++) {
+			uint16_t k = rte_eth_rx_burst(g.port, q, b, DPDK_BURST);
+
+			for (uint16_t i = 0; i < k; i++) {
+				const uint8_t *f = rte_pktmbuf_mtod(b[i], const uint8_t *), *pl;
+				size_t plen;
+				struct mp_dpdk_addr src;
+				uint32_t nonce;
+				int bt;
+
+				if (b[i]->nb_segs == 1 &&
+				    mp_frame_classify(f, rte_pktmbuf_data_len(b[i]), &d->self, &pl, &plen,
+						      &src) == MP_FRAME_OURS &&
+				    mp_bye_parse(pl, plen, &bt, &nonce) == 0) {
+					if (bt == MP_BYE_ACK && nonce == g.bye_nonce) {
+						g.bye_acked = true;
+					} else if (bt == MP_BYE && g.dials && !yielded) {
+						/* Both leave: the client answers, then polls no more. */
+						yielded = true;
+						atomic_store(&g.quiet, true);
+						if (bye_send(q, &d->self, &src, MP_BYE_ACK, nonce) == 0)
+							atomic_fetch_add(&g.bye_rx, 1);
+					}
+				}
+				rte_pktmbuf_free(b[i]); /* rel is gone: anything else is too late */
+			}
+		}
+	}
+	how = !sent ? "not sent" : g.bye_acked ? "answered" : port_link_raw() ? "timeout" :
+	      yielded ? "yielded" : "peer gone";
+	if (strcmp(how, "timeout"))
+		MP_INFO("dpdk: BYE to the memif peer: %s after %.1f ms", how,
+			(double)(now_ns() - t0) / 1e6);
+	else
+		MP_WARN("dpdk: the memif peer did not answer BYE within %ld ms (MP_DPDK_BYE_MS); "
+			"leaving anyway: if it polls now, DPDK's memif may crash it", ms);
+	bye_note(d, how);
+}
+
 /* ---- receive ---- */
 
 static void deliver_held(struct dpdk_lane *l)
@@ -923,6 +1117,20 @@ static void rx_frame(struct dpdk_lane *l, struct rte_mbuf *m, bool steered)
 	if (v == MP_FRAME_ARP_REQUEST)
 		send_arp_reply(l, f);
 	if (v != MP_FRAME_OURS) {
+		rte_pktmbuf_free(m);
+		return;
+	}
+	int bt;
+	uint32_t nonce;
+	int br = mp_bye_parse(pl, plen, &bt, &nonce);
+
+	if (br != 1) {
+		/* Only a memif peer leaves this way (a frame on a shared segment could
+		 * come from anyone); an ACK matters only while we leave (bye_leave). */
+		if (br || !g.memif)
+			atomic_fetch_add(&g.bye_bad, 1);
+		else if (bt == MP_BYE && l->q == 0 && !atomic_load(&g.quiet))
+			bye_answer(l, &src, nonce); /* lane 0 only: one lane takes the others' locks */
 		rte_pktmbuf_free(m);
 		return;
 	}
@@ -1062,7 +1270,6 @@ static void write_stats(struct dpdk_drv *d)
 {
 	struct mp_rel_stats rs, x;
 	struct dpdk_stats st;
-	const char *dir = getenv("MP_DPDK_STATS");
 	char line[2048], path[512];
 	size_t n = 0;
 	FILE *f;
@@ -1106,13 +1313,13 @@ static void write_stats(struct dpdk_drv *d)
 	n += (size_t)snprintf(line + n, sizeof(line) - n,
 			      "rx_frames=%llu tx_frames=%llu tx_zc_pieces=%llu tx_nombuf=%llu "
 			      "tx_again=%llu arp_replies=%llu rx_no_route=%llu rx_multiseg=%llu "
-			      "inj_loss=%llu inj_dup=%llu inj_reorder=%llu",
+			      "inj_loss=%llu inj_dup=%llu inj_reorder=%llu bye_bad=%u",
 			      (unsigned long long)st.rx_frames, (unsigned long long)st.tx_frames,
 			      (unsigned long long)st.tx_zc_pieces, (unsigned long long)st.tx_nombuf,
 			      (unsigned long long)st.tx_again, (unsigned long long)st.arp_replies,
 			      (unsigned long long)st.rx_no_route, (unsigned long long)st.rx_multiseg,
 			      (unsigned long long)st.inj_loss, (unsigned long long)st.inj_dup,
-			      (unsigned long long)st.inj_reorder);
+			      (unsigned long long)st.inj_reorder, atomic_load(&g.bye_bad));
 	for (int v = 0; v < MP_FRAME_NVERDICTS && n < sizeof(line); v++)
 		n += (size_t)snprintf(line + n, sizeof(line) - n, " frame_%s=%llu",
 				      mp_frame_verdict_name(v), (unsigned long long)st.verdict[v]);
@@ -1143,9 +1350,8 @@ static void write_stats(struct dpdk_drv *d)
 		}
 	}
 	MP_INFO("dpdk: counters: %s", line);
-	if (!dir || !*dir)
+	if (!stats_path(d, path, sizeof(path)))
 		return;
-	snprintf(path, sizeof(path), "%s/dpdk.%d.%ld.stats", dir, d->rank, (long)getpid());
 	f = fopen(path, "w");
 	if (!f) {
 		MP_WARN("dpdk: MP_DPDK_STATS: cannot write %s", path);
@@ -1219,11 +1425,22 @@ static void dpdk_fini(struct mp_drv *dd)
 		}
 	if (stats)
 		write_stats(d);
+	struct mp_dpdk_addr bye_to[BYE_TO_MAX];
+	unsigned nbye = 0;
+
 	for (uint16_t i = 0; i < d->nlanes; i++) {
 		struct dpdk_lane *l = d->lanes[i];
 
 		if (!l)
 			continue;
+		for (uint32_t r = 0; r < l->nroutes; r++) {
+			unsigned k = 0;
+
+			while (k < nbye && memcmp(&bye_to[k], &l->routes[r].a, sizeof(bye_to[k])))
+				k++;
+			if (k == nbye && nbye < BYE_TO_MAX)
+				bye_to[nbye++] = l->routes[r].a;
+		}
 		if (l->rel) {
 			/* FINs for what is still open, flushed while the port still runs. */
 			mp_rel_destroy(l->rel);
@@ -1247,9 +1464,11 @@ static void dpdk_fini(struct mp_drv *dd)
 	pthread_mutex_destroy(&d->mr_lock);
 	pthread_mutex_lock(&g.lock);
 	if (g.live == d) {
+		bye_leave(d, bye_to, nbye);
 		/* EAL stays up (it cannot be initialised twice); the port is stopped for the next one. */
 		if (g.started && rte_eth_dev_stop(g.port) == 0)
 			g.started = false;
+		atomic_store(&g.quiet, false); /* a later instance starts the port afresh */
 		g.live = NULL;
 	}
 	pthread_mutex_unlock(&g.lock);
@@ -1337,8 +1556,11 @@ static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
 			g.nq, g.mtu);
 	if (!rc)
 		rc = port_start((int)env_long("MP_DPDK_LINK_WAIT_MS", timeout, 0, 600000));
-	if (!rc)
+	if (!rc) {
 		g.live = d;
+		atomic_store(&g.bye_rx, 0);
+		atomic_store(&g.bye_bad, 0);
+	}
 	pthread_mutex_unlock(&g.lock);
 	if (rc)
 		goto fail;

@@ -298,3 +298,31 @@ void mp_frame_arp_reply(uint8_t *out, const uint8_t *req, const struct mp_dpdk_a
 	memcpy(a + 18, rq + 8, 6);
 	memcpy(a + 24, rq + 14, 4);
 }
+
+#define BYE_MAGIC 0x424Du /* bytes "MB" on the wire */
+#define BYE_VERSION 1
+
+void mp_bye_build(uint8_t *p, int type, uint32_t nonce)
+{
+	p[0] = BYE_MAGIC & 0xff;
+	p[1] = BYE_MAGIC >> 8;
+	p[2] = BYE_VERSION;
+	p[3] = (uint8_t)type;
+	for (int i = 0; i < 4; i++)
+		p[4 + i] = (uint8_t)(nonce >> (8 * i));
+	memset(p + 8, 0, 4);
+}
+
+int mp_bye_parse(const uint8_t *p, size_t len, int *type, uint32_t *nonce)
+{
+	static const uint8_t zero[4];
+
+	if (len < 2 || p[0] != (BYE_MAGIC & 0xff) || p[1] != BYE_MAGIC >> 8)
+		return 1;
+	if (len != MP_BYE_LEN || p[2] != BYE_VERSION || (p[3] != MP_BYE && p[3] != MP_BYE_ACK) ||
+	    memcmp(p + 8, zero, 4))
+		return -EPROTO;
+	*type = p[3];
+	*nonce = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+	return 0;
+}

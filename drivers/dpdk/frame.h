@@ -95,4 +95,21 @@ int mp_frame_classify(const uint8_t *frame, size_t len, const struct mp_dpdk_add
  */
 void mp_frame_arp_reply(uint8_t *out, const uint8_t *req, const struct mp_dpdk_addr *self);
 
+/*
+ * Leaving a memif pair (doc/dpdk.md, "Leaving a memif pair"; doc/protocol.md):
+ * the UDP payload of a BYE and of its acknowledgement. 12 bytes: magic
+ * 0x424d (the bytes "MB"; rel's segments start "MR"), version 1, type,
+ * the BYE's nonce (echoed by its ACK), 4 bytes that must be 0.
+ */
+#define MP_BYE_LEN 12
+enum { MP_BYE = 1, MP_BYE_ACK = 2 };
+
+void mp_bye_build(uint8_t *p, int type, uint32_t nonce);
+/*
+ * 1: @p is not a BYE (another magic, or too short to carry one); 0: a valid
+ * BYE or ACK, *type and *nonce set; -EPROTO: the magic with another version,
+ * type, length or non-zero reserved bytes (dropped and counted).
+ */
+int mp_bye_parse(const uint8_t *p, size_t len, int *type, uint32_t *nonce);
+
 #endif
