@@ -1016,7 +1016,14 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 	if (!g.memif || !g.started)
 		return;
 	if (atomic_load(&g.quiet)) {
-		bye_note(d, "peer left first");
+		/*
+		 * We answered the peer's BYE: it may still be polling for that
+		 * answer, and stopping our port would unmap the rings under it.
+		 * It stops first; then our link goes down.
+		 */
+		while (port_link_raw() && now_ns() < until)
+			usleep(100);
+		bye_note(d, port_link_raw() ? "timeout" : "peer left first");
 		return;
 	}
 	if (!port_link_raw()) {
