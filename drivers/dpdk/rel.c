@@ -228,9 +228,11 @@ enum { TS_INFL = 1, TS_SACK = 2, TS_LOSTQ = 4, TS_FAST = 8, TS_TIMED = 16 };
 /* A segment in flight (sender ring, indexed by seq & wmask). */
 struct txseg {
 	struct mp_rel_conn *c;
-	struct txseg *qnext, *qprev; /* retransmission queue */
-	struct txseg *tnext, *tprev; /* timed list, in the order (re)sent */
-	uint64_t due;                /* its retransmission timeout */
+	/* Links in the retransmission queue (LOSTQ) or the timed list (TIMED),
+	 * never both: a segment is timed until it is queued, and queued until
+	 * it is resent. */
+	struct txseg *qnext, *qprev;
+	uint64_t due; /* its retransmission timeout, while TIMED */
 	uint64_t sent_ns;
 	uint32_t seq, msg, off, len;
 	uint16_t retx;
@@ -419,31 +421,42 @@ static void conn_unready(struct mp_rel_conn *c)
 	c->rnext = c->rprev = NULL;
 }
 
+/* Append @s to the list *@head .. *@tail (the retransmission queue or the timed list). */
+static void seg_append(struct txseg **head, struct txseg **tail, struct txseg *s)
+{
+	s->qnext = NULL;
+	s->qprev = *tail;
+	if (*tail)
+		(*tail)->qnext = s;
+	else
+		*head = s;
+	*tail = s;
+}
+
+static void seg_unlink(struct txseg **head, struct txseg **tail, struct txseg *s)
+{
+	if (s->qprev)
+		s->qprev->qnext = s->qnext;
+	else
+		*head = s->qnext;
+	if (s->qnext)
+		s->qnext->qprev = s->qprev;
+	else
+		*tail = s->qprev;
+	s->qnext = s->qprev = NULL;
+}
+
 static void rq_push(struct mp_rel_conn *c, struct txseg *s, uint8_t why)
 {
 	s->flags |= TS_LOSTQ | why;
-	s->qnext = NULL;
-	s->qprev = c->rq_tail;
-	if (c->rq_tail)
-		c->rq_tail->qnext = s;
-	else
-		c->rq_head = s;
-	c->rq_tail = s;
+	seg_append(&c->rq_head, &c->rq_tail, s);
 }
 
 static void rq_unlink(struct mp_rel_conn *c, struct txseg *s)
 {
 	if (!(s->flags & TS_LOSTQ))
 		return;
-	if (s->qprev)
-		s->qprev->qnext = s->qnext;
-	else
-		c->rq_head = s->qnext;
-	if (s->qnext)
-		s->qnext->qprev = s->qprev;
-	else
-		c->rq_tail = s->qprev;
-	s->qnext = s->qprev = NULL;
+	seg_unlink(&c->rq_head, &c->rq_tail, s);
 	s->flags &= (uint8_t)~(TS_LOSTQ | TS_FAST);
 }
 
@@ -462,16 +475,9 @@ static void seg_time(struct mp_rel_conn *c, struct txseg *s, uint64_t due)
 {
 	s->due = due;
 	s->flags |= TS_TIMED;
-	s->tnext = NULL;
-	s->tprev = c->t_tail;
-	if (c->t_tail) {
-		c->t_tail->tnext = s;
-	} else {
-		c->t_head = s;
-		if (!tw_armed(&c->t_rto) || due < c->t_rto.deadline)
-			tw_rearm(&c->rel->wheel, &c->t_rto, due);
-	}
-	c->t_tail = s;
+	if (!c->t_head && (!tw_armed(&c->t_rto) || due < c->t_rto.deadline))
+		tw_rearm(&c->rel->wheel, &c->t_rto, due);
+	seg_append(&c->t_head, &c->t_tail, s);
 }
 
 static void seg_untime(struct mp_rel_conn *c, struct txseg *s)
@@ -479,14 +485,7 @@ static void seg_untime(struct mp_rel_conn *c, struct txseg *s)
 	if (!(s->flags & TS_TIMED))
 		return;
 	s->flags &= (uint8_t)~TS_TIMED;
-	if (s->tprev)
-		s->tprev->tnext = s->tnext;
-	else
-		c->t_head = s->tnext;
-	if (s->tnext)
-		s->tnext->tprev = s->tprev;
-	else
-		c->t_tail = s->tprev;
+	seg_unlink(&c->t_head, &c->t_tail, s);
 }
 
 /* ---- segments out -------------------------------------------------------- */
