@@ -2,8 +2,8 @@
 # mpbench --transport=dpdk on the segment it builds itself, then checks:
 #   dpdk_mpbench.sh MPBENCH 'inj_loss>0 frame_bad_ip=0' [mpbench arguments...]
 # mpbench must exit 0 with no value out of bounds (it compares every peer's
-# result with the exact mean), and each KEY=N, KEY>N or KEY<N must hold for
-# the "# dpdk counters" line (summed over the peers).
+# result with the exact mean), the "# dpdk counters" line must sum one file
+# per peer, and each KEY=N, KEY>N or KEY<N must hold for it.
 # Skips (77) without root, without network namespaces (3 or more peers) or
 # when the library has no dpdk transport.
 mpbench=$1
@@ -42,6 +42,12 @@ if ip netns list | grep -q "^mpb-"; then
 fi
 line=$(grep "^# dpdk counters" "$out" | tail -n 1)
 fail=0
+# The line sums one counter file per peer, and nothing else.
+peers=$(printf '%s\n' "$@" | sed -n 's/^--peers=//p' | tail -n 1)
+if [ -n "$peers" ] && ! printf '%s\n' "$line" | grep -q "^# dpdk counters ($peers peers)"; then
+	echo "FAIL: the counters line is not from $peers peers: ${line%%:*}"
+	fail=1
+fi
 for cond in $expect; do
 	key=$(printf '%s' "$cond" | sed 's/[=<>].*//')
 	op=$(printf '%s' "$cond" | sed 's/^[^=<>]*\([=<>]\).*/\1/')
