@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "le.h"
+
 #define ETHERTYPE_IPV4 0x0800
 #define ETHERTYPE_ARP 0x0806
 #define IPPROTO_UDP_NUM 17
@@ -304,25 +306,21 @@ void mp_frame_arp_reply(uint8_t *out, const uint8_t *req, const struct mp_dpdk_a
 
 void mp_bye_build(uint8_t *p, int type, uint32_t nonce)
 {
-	p[0] = BYE_MAGIC & 0xff;
-	p[1] = BYE_MAGIC >> 8;
+	mp_le_put16(p, BYE_MAGIC);
 	p[2] = BYE_VERSION;
 	p[3] = (uint8_t)type;
-	for (int i = 0; i < 4; i++)
-		p[4 + i] = (uint8_t)(nonce >> (8 * i));
-	memset(p + 8, 0, 4);
+	mp_le_put32(p + 4, nonce);
+	mp_le_put32(p + 8, 0);
 }
 
 int mp_bye_parse(const uint8_t *p, size_t len, int *type, uint32_t *nonce)
 {
-	static const uint8_t zero[4];
-
-	if (len < 2 || p[0] != (BYE_MAGIC & 0xff) || p[1] != BYE_MAGIC >> 8)
+	if (len < 2 || mp_le_get16(p) != BYE_MAGIC)
 		return 1;
 	if (len != MP_BYE_LEN || p[2] != BYE_VERSION || (p[3] != MP_BYE && p[3] != MP_BYE_ACK) ||
-	    memcmp(p + 8, zero, 4))
+	    mp_le_get32(p + 8))
 		return -EPROTO;
 	*type = p[3];
-	*nonce = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+	*nonce = mp_le_get32(p + 4);
 	return 0;
 }
