@@ -885,13 +885,43 @@ static int copy_main(int argc, char **argv)
 	return plain > 0 && nt > 0 ? 0 : 1;
 }
 
+/*
+ * Both peers of a stream, ping-pong or --leave run (stream_peer) as child
+ * processes, waited for. The number that failed, a signal included, each
+ * reported under @what; *skipped when one exited SKIP (EAL would not start).
+ */
+static int run_pair(size_t size, int count, const char *sock, int report, const char *what,
+		    bool *skipped)
+{
+	pid_t pid[2];
+	int fails = 0, st;
+
+	fflush(NULL);
+	for (int i = 0; i < 2; i++) {
+		pid[i] = fork();
+		if (pid[i] == 0)
+			_exit(stream_peer(i, size, count, sock, report));
+	}
+	for (int i = 0; i < 2; i++) {
+		waitpid(pid[i], &st, 0);
+		if (WIFEXITED(st) && WEXITSTATUS(st) == SKIP) {
+			*skipped = true;
+		} else if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+			fprintf(stderr, "%s: peer %d failed (status %#x%s)\n", what, i, st,
+				WIFSIGNALED(st) ? ", killed by a signal" : "");
+			fails++;
+		}
+	}
+	return fails;
+}
+
 /* test_dpdk_frames --stream|--pingpong [SIZE_KiB [COUNT]]: see stream_peer (a benchmark). */
 static int stream_main(int argc, char **argv)
 {
 	size_t size = (argc > 2 ? strtoul(argv[2], NULL, 10) : 1024) * 1024;
-	int count = argc > 3 ? atoi(argv[3]) : 200, st, fails = 0;
+	int count = argc > 3 ? atoi(argv[3]) : 200;
 	char sock[64], tmpl[] = "/tmp/mpt-stream-XXXXXX";
-	pid_t pid[2];
+	bool skipped = false;
 
 	if (!size || count < 2 || !mkdtemp(tmpl))
 		return 1;
@@ -899,20 +929,7 @@ static int stream_main(int argc, char **argv)
 	snprintf(stats, sizeof(stats), "%s", tmpl);
 	atexit(cleanup);
 	snprintf(sock, sizeof(sock), "/mpt-stream-%ld.sock", (long)owner);
-	fflush(NULL);
-	for (int i = 0; i < 2; i++) {
-		pid[i] = fork();
-		if (pid[i] == 0)
-			_exit(stream_peer(i, size, count, sock, 1));
-	}
-	for (int i = 0; i < 2; i++) {
-		waitpid(pid[i], &st, 0);
-		if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-			fprintf(stderr, "stream peer %d failed (status %d)\n", i, st);
-			fails++;
-		}
-	}
-	return fails ? 1 : 0;
+	return run_pair(size, count, sock, 1, "stream", &skipped) || skipped ? 1 : 0;
 }
 
 /*
@@ -946,30 +963,18 @@ static int leave_main(void)
 	pingpong = 1;
 	for (int run = 0; run < LEAVE_REPS * 3; run++) {
 		char b0[32] = "", b1[32] = "";
-		pid_t pid[2];
-		int st, bad = 0;
+		bool skipped = false;
+		int bad;
 
 		leave_mode = sc[run % 3].mode;
 		sh("rm -f %s/dpdk.* %s/gone.* %s/ready", stats, stats, stats);
 		snprintf(sock, sizeof(sock), "/mpt-leave-%ld-%d.sock", (long)owner, run);
-		fflush(NULL);
-		for (int i = 0; i < 2; i++) {
-			pid[i] = fork();
-			if (pid[i] == 0)
-				_exit(stream_peer(i, 64 * 1024, 3, sock, 0));
+		bad = run_pair(64 * 1024, 3, sock, 0, sc[run % 3].name, &skipped);
+		if (skipped && run == 0) {
+			printf("SKIP: EAL or the memif port would not start here\n");
+			return SKIP;
 		}
-		for (int i = 0; i < 2; i++) {
-			waitpid(pid[i], &st, 0);
-			if (WIFEXITED(st) && WEXITSTATUS(st) == SKIP && run == 0) {
-				printf("SKIP: EAL or the memif port would not start here\n");
-				return SKIP;
-			}
-			if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-				fprintf(stderr, "leave: %s: peer %d failed (status %#x%s)\n", sc[run % 3].name,
-					i, st, WIFSIGNALED(st) ? ", killed by a signal" : "");
-				bad++;
-			}
-		}
+		bad += skipped;
 		counter_word(0, "bye", b0, sizeof(b0));
 		counter_word(1, "bye", b1, sizeof(b1));
 		long long rx0 = counter(0, "bye_rx"), rx1 = counter(1, "bye_rx");

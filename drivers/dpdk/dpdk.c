@@ -221,8 +221,6 @@ static struct {
 	bool memif_zc;         /* memif zero-copy client: every frame must sit in EAL memory */
 	bool memif;            /* the port is net_memif: its peer leaves with a BYE */
 	atomic_bool quiet;     /* the memif peer said BYE: no bursts until the link went down */
-	uint32_t bye_nonce;    /* of our BYE (bye_leave); its ACK echoes it */
-	bool bye_acked;
 	atomic_uint bye_rx;    /* BYEs answered (the peer left while we ran) */
 	atomic_uint bye_bad;   /* malformed, or on a port that is not memif */
 	struct rte_ether_addr mac;
@@ -635,7 +633,7 @@ static int port_start(int wait_ms)
 		}
 	}
 	for (uint64_t redial = now_ns() + 500000000u;;) {
-		if (port_link_up())
+		if (port_link_raw())
 			return 0;
 		if (now_ns() >= until)
 			break;
@@ -947,6 +945,16 @@ static int bye_send(uint16_t q, const struct mp_dpdk_addr *self, const struct mp
 	return -EAGAIN;
 }
 
+/* Answer the BYE with @nonce from @to on queue @q (the port is quiet by now). */
+static void bye_ack(uint16_t q, const struct mp_dpdk_addr *self, const struct mp_dpdk_addr *to,
+		    uint32_t nonce)
+{
+	if (bye_send(q, self, to, MP_BYE_ACK, nonce))
+		MP_WARN("dpdk: could not answer the memif peer's BYE; it leaves after MP_DPDK_BYE_MS");
+	else
+		atomic_fetch_add(&g.bye_rx, 1);
+}
+
 /*
  * The peer at @from says BYE on lane @l: make every lane quiet, then answer.
  * Runs inside @l's poll with its lock held; the other lanes' locks are taken
@@ -963,10 +971,7 @@ static void bye_answer(struct dpdk_lane *l, const struct mp_dpdk_addr *from, uin
 			rte_ticketlock_lock(&d->lanes[i]->lock);
 			rte_ticketlock_unlock(&d->lanes[i]->lock);
 		}
-	if (bye_send(l->q, &d->self, from, MP_BYE_ACK, nonce))
-		MP_WARN("dpdk: could not answer the memif peer's BYE; it leaves after MP_DPDK_BYE_MS");
-	else
-		atomic_fetch_add(&g.bye_rx, 1);
+	bye_ack(l->q, &d->self, from, nonce);
 	MP_INFO("dpdk: the memif peer is leaving: no bursts until its link goes down");
 }
 
@@ -1010,7 +1015,8 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 	long ms = env_long("MP_DPDK_BYE_MS", 1000, 0, 600000);
 	uint64_t t0 = now_ns(), until = t0 + (uint64_t)ms * 1000000u;
 	const char *how;
-	bool yielded = false;
+	bool yielded = false, acked = false;
+	uint32_t mine;
 	unsigned sent = 0;
 
 	if (!g.memif || !g.started)
@@ -1034,11 +1040,10 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 		bye_note(d, !ms ? "off" : "no peer"); /* MP_DPDK_BYE_MS=0, or nobody to say it to */
 		return;
 	}
-	g.bye_nonce = (uint32_t)rte_rand() | 1u;
-	g.bye_acked = false;
+	mine = (uint32_t)rte_rand() | 1u; /* its ACK echoes it */
 	for (unsigned i = 0; i < n; i++)
-		sent += bye_send(0, &d->self, &to[i], MP_BYE, g.bye_nonce) == 0;
-	while (sent && !g.bye_acked && now_ns() < until && port_link_raw()) {
+		sent += bye_send(0, &d->self, &to[i], MP_BYE, mine) == 0;
+	while (sent && !acked && now_ns() < until && port_link_raw()) {
 		struct rte_mbuf *b[DPDK_BURST];
 
 		if (yielded) {
@@ -1059,21 +1064,20 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 				    mp_frame_classify(f, rte_pktmbuf_data_len(b[i]), &d->self, &pl, &plen,
 						      &src) == MP_FRAME_OURS &&
 				    mp_bye_parse(pl, plen, &bt, &nonce) == 0) {
-					if (bt == MP_BYE_ACK && nonce == g.bye_nonce) {
-						g.bye_acked = true;
+					if (bt == MP_BYE_ACK && nonce == mine) {
+						acked = true;
 					} else if (bt == MP_BYE && g.dials && !yielded) {
 						/* Both leave: the client answers, then polls no more. */
 						yielded = true;
 						atomic_store(&g.quiet, true);
-						if (bye_send(q, &d->self, &src, MP_BYE_ACK, nonce) == 0)
-							atomic_fetch_add(&g.bye_rx, 1);
+						bye_ack(q, &d->self, &src, nonce);
 					}
 				}
 				rte_pktmbuf_free(b[i]); /* rel is gone: anything else is too late */
 			}
 		}
 	}
-	how = !sent ? "not sent" : g.bye_acked ? "answered" : port_link_raw() ? "timeout" :
+	how = !sent ? "not sent" : acked ? "answered" : port_link_raw() ? "timeout" :
 	      yielded ? "yielded" : "peer gone";
 	if (strcmp(how, "timeout"))
 		MP_INFO("dpdk: BYE to the memif peer: %s after %.1f ms", how,
