@@ -218,8 +218,6 @@ int dseg_setup(int npeers, const char *eal_args, int verbose)
 	}
 	snprintf(S.stats, sizeof(S.stats), "%s", tmpl);
 	setenv("MP_DPDK_STATS", S.stats, 1);
-	/* The default EAL memory of 256 MB per peer is more than a local run needs. */
-	setenv("MP_DPDK_MEM_MB", "128", 0);
 	atexit(dseg_teardown);
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
@@ -295,13 +293,16 @@ static void pin_peer(int rank)
 		}
 }
 
-/* memif's packet buffer size: the largest frame of MP_DPDK_MTU, rounded up to 128. */
+/*
+ * memif's packet buffer size: the largest frame of MP_DPDK_MTU, rounded up
+ * to 128. An MTU the driver refuses (above 65000) falls back to 1500 there.
+ */
 static long memif_bsize(void)
 {
 	const char *m = getenv("MP_DPDK_MTU");
 	long mtu = m && *m ? strtol(m, NULL, 10) : 0;
 
-	if (mtu < 1500)
+	if (mtu < 1500 || mtu > 65000)
 		mtu = 1500;
 	return (mtu + 14 + 127) / 128 * 128;
 }
