@@ -332,21 +332,31 @@ int dseg_enter(int rank, char *listen, size_t cap)
 		setenv("MP_DPDK_EAL", eal, 1);
 		return 0;
 	}
-	case SEG_MEMIF:
+	case SEG_MEMIF: {
 		/*
 		 * One ring buffer per frame (bsize): the PMD then fills one mbuf
-		 * per frame. The client is zero-copy on 256-slot rings unless
-		 * MP_DPDK_MEMIF_ARGS gives its own devargs (empty: plain memif):
-		 * the server's copy then lands straight in the client's mbufs,
-		 * one copy less toward it, and a 1 MiB average ran 4.2 -> 6.8
-		 * GB/s (medians of six alternated runs; performance.md).
+		 * per frame. The client is zero-copy unless MP_DPDK_MEMIF_ARGS
+		 * gives its own devargs (empty: plain memif): the server's copy
+		 * then lands straight in the client's mbufs, one copy less toward
+		 * it, and a 1 MiB average ran 4.2 -> 6.8 GB/s (medians of six
+		 * alternated runs; performance.md). Its rings hold about 2 MiB
+		 * (256 slots up to jumbo frames, 64 at MTU 32000): the client
+		 * keeps a whole ring of mbufs posted, and the sender's copy
+		 * writes all over them (1024 slots of 9 KiB swung 6-30 GB/s).
 		 */
+		char zc[48];
+		long bs = memif_bsize();
+		int rsize = 8;
+
+		while (rsize > 5 && (1L << rsize) * bs > 3L << 20)
+			rsize--;
+		snprintf(zc, sizeof(zc), ",zero-copy=yes,rsize=%d", rsize);
 		snprintf(vdev, sizeof(vdev),
 			 "net_memif0,role=%s,id=0,socket=/mpb-%ld.sock,mac=%s,bsize=%ld%s",
-			 rank ? "client" : "server", (long)S.owner, mac, memif_bsize(),
+			 rank ? "client" : "server", (long)S.owner, mac, bs,
 			 !rank ? ""
 			 : getenv("MP_DPDK_MEMIF_ARGS") ? getenv("MP_DPDK_MEMIF_ARGS")
-							: ",zero-copy=yes,rsize=8");
+							: zc);
 		pin_peer(rank);
 		/* The client dials once the server's port runs (MP_DPDK_READY_FILE). */
 		snprintf(path, sizeof(path), "%s/memif-ready", S.stats);
@@ -360,6 +370,7 @@ int dseg_enter(int rank, char *listen, size_t cap)
 					"20 s; dialling anyway\n");
 		}
 		break;
+	}
 	case SEG_BRIDGE: {
 		const char *q;
 		int fd;
