@@ -10,7 +10,7 @@
 runner=$1
 mpbench=$2
 shift
-need=160 # 2 peers x 128 MiB (mpbench's MP_DPDK_MEM_MB) and room for EAL's own
+need=160 # 2 peers x 132 MiB (the driver's default -m at MTU 9000) and room for EAL's own
 sysfs=/proc/sys/vm/nr_hugepages
 if [ "$(id -u)" -ne 0 ] || [ ! -w "$sysfs" ]; then
 	echo "SKIP: needs root to reserve hugepages ($sysfs)"
