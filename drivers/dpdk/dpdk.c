@@ -1103,9 +1103,11 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 			}
 		}
 	}
-	how = !sent ? "not sent" : acked ? "answered" : port_link_raw() ? "timeout" :
+	bool timeout = sent && !acked && port_link_raw();
+
+	how = !sent ? "not sent" : acked ? "answered" : timeout ? "timeout" :
 	      yielded ? "yielded" : "peer gone";
-	if (strcmp(how, "timeout"))
+	if (!timeout)
 		MP_INFO("dpdk: BYE to the memif peer: %s after %.1f ms", how,
 			(double)(now_ns() - t0) / 1e6);
 	else
