@@ -53,8 +53,16 @@ testpmd=$(command -v dpdk-testpmd || true)
 sizes=(-b 1M -e 16M -f 4 -n 10 -w 10)
 tag=mpbd$$
 # The zero-copy receiver's memif arguments for LEN-byte frames (stream and
-# testpmd alike): rings of about 2 MiB, 256 slots up to jumbo frames.
-zcargs() { if [ "$1" -gt 16384 ]; then echo ",zero-copy=yes,rsize=6"; else echo ",zero-copy=yes,rsize=8"; fi; }
+# testpmd alike): rings of about 2 MiB, 256 slots up to jumbo frames; the
+# rule mpbench's own memif pair follows (tools/dpdk_seg.c), so mpbench gets
+# the same rings without being told.
+zcargs() {
+	local bs=$((($1 + 127) / 128 * 128)) rsize=8
+	while [ "$rsize" -gt 5 ] && [ $(((1 << rsize) * bs)) -gt $((3 << 20)) ]; do
+		rsize=$((rsize - 1))
+	done
+	echo ",zero-copy=yes,rsize=$rsize"
+}
 tmp=$(mktemp -d /tmp/bench_dpdk.XXXXXX)
 
 [ "$(id -u)" -eq 0 ] || { echo "bench_dpdk: run as root" >&2; exit 1; }
@@ -158,8 +166,7 @@ for run in $(seq 1 "$runs"); do
 				line="$line ${r:-0}"
 			done
 		done
-		MP_DPDK_MEMIF_ARGS=$(zcargs "$len") MP_DPDK_MTU=$mtu "$mpbench" --transport=dpdk \
-			--peers=2 "${sizes[@]}" \
+		MP_DPDK_MTU=$mtu "$mpbench" --transport=dpdk --peers=2 "${sizes[@]}" \
 			>"$tmp/memif.log" 2>&1 ||
 			{ echo "   mpbench --transport=dpdk failed:"; grep -v 'mp action' "$tmp/memif.log" | tail -5; }
 		"$mpbench" --transport=loop --peers=2 "${sizes[@]}" >"$tmp/loop.log" 2>&1 || true
