@@ -6,8 +6,8 @@
  *
  * Layers
  *  - EAL: initialised once per process, from MP_DPDK_EAL (split on spaces)
- *    or, without it, a local default (--no-huge -m 256 --no-pci --no-shconf
- *    plus MP_DPDK_VDEV). DPDK cannot initialise EAL twice in a process, so
+ *    or, without it, a local default (--no-huge -m <sized from the frame
+ *    pool> --no-pci --no-shconf plus MP_DPDK_VDEV). DPDK cannot initialise EAL twice in a process, so
  *    EAL stays up after the last instance is gone and a later instance
  *    reuses it and the port; two live instances at once are refused.
  *  - Port: one ethdev port with MP_DPDK_QUEUES queue pairs, two mempools
