@@ -21,7 +21,8 @@
 #include <time.h>
 
 #include "conn.h"
-#include "internal.h"
+#include "core.h"
+#include "xfer.h"
 
 #define NP 4
 #define COUNT 4096

@@ -30,7 +30,8 @@
 
 #include <moshpit/moshpit.h>
 
-#include "internal.h"
+#include "core.h"
+#include "xfer.h"
 #include "proc_io.h"
 
 #define MAXP 8

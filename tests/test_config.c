@@ -12,7 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "core.h"
+#include "xfer.h"
 
 static void clear_env(void)
 {

@@ -25,7 +25,8 @@
 #include <string.h>
 
 #include "grid.h"
-#include "internal.h"
+#include "core.h"
+#include "xfer.h"
 #include "le.h"
 #include "matchmaker.h"
 #include "rdv.h"

@@ -16,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core.h"
+#include "xfer.h"
 
 /*
  * The k-th of a sequence of distinct ids that look random: an odd

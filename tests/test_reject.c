@@ -30,7 +30,8 @@
 #include <moshpit/moshpit.h>
 
 #include "auth.h"
-#include "internal.h"
+#include "core.h"
+#include "xfer.h"
 #include "wire.h"
 
 extern const struct mp_driver_ops mp_tcp_driver_ops;

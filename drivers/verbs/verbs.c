@@ -57,7 +57,7 @@
 #include <infiniband/verbs.h>
 
 #include "mp_build_config.h"
-#include "drivers/rdma/prov.h"
+#include "../rdma/prov.h"
 #include "ibv.h"
 #include "log.h"
 

@@ -1,0 +1,690 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Configuration: defaults, MP_* environment variables, peer lists. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core.h"
+#include "log.h"
+
+#define MP_DEFAULT_PORT 29500
+
+void mp_config_init(struct mp_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->size = sizeof(*cfg);
+	cfg->rank = -1;
+	cfg->run_name = "moshpit";
+	cfg->transport = "tcp";
+	cfg->algo = MP_ALGO_MOSHPIT;
+	cfg->codec = MP_CODEC_NONE;
+	cfg->chunk_bytes = 256 * 1024;
+	cfg->window = 4;
+	cfg->connect_timeout_ms = 10000;
+	cfg->round_timeout_ms = 10000;
+	cfg->spin_us = 0;
+	cfg->log_level = -1;
+	cfg->codec_block = MP_CODEC_DEF_BLOCK;
+	cfg->codec_sigmas = MP_CODEC_DEF_SIGMAS;
+	cfg->topk_ratio = MP_CODEC_DEF_TOPK;
+	cfg->adacomp_bin = MP_CODEC_DEF_BIN_FC;
+	cfg->rendezvous = "static";
+	cfg->mode = MP_MODE_NORMAL;
+	cfg->bandwidth = -1.0;
+	cfg->min_group_size = 2;
+	cfg->matchmaking_ms = 5000;
+	cfg->request_timeout_ms = 3000;
+	cfg->allreduce_timeout_ms = 60000;
+	cfg->record_ttl_ms = 15000;
+	cfg->join_timeout_ms = 30000;
+}
+
+int mp_mode_from_name(const char *s)
+{
+	if (!s)
+		return -EINVAL;
+	if (!strcasecmp(s, "normal"))
+		return MP_MODE_NORMAL;
+	if (!strcasecmp(s, "client"))
+		return MP_MODE_CLIENT;
+	if (!strcasecmp(s, "aux") || !strcasecmp(s, "auxiliary"))
+		return MP_MODE_AUX;
+	return -EINVAL;
+}
+
+void mp_config_codec_params(const struct mp_config *cfg, struct mp_codec_params *p)
+{
+	*p = (struct mp_codec_params){.block = cfg->codec_block, .sigmas = cfg->codec_sigmas,
+				      .topk_ratio = cfg->topk_ratio, .bin = cfg->adacomp_bin};
+}
+
+static int parse_float(const char *s, float lo, float hi, float *out)
+{
+	char *end;
+	double v;
+
+	if (!s || !*s)
+		return -EINVAL;
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !(v > lo && v <= hi))
+		return -EINVAL;
+	*out = (float)v;
+	return 0;
+}
+
+static int parse_uint(const char *s, unsigned lo, unsigned hi, unsigned *out)
+{
+	char *end;
+	unsigned long v;
+
+	if (!s || !*s || !isdigit((unsigned char)*s))
+		return -EINVAL;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || *end || v < lo || v > hi)
+		return -EINVAL;
+	*out = (unsigned)v;
+	return 0;
+}
+
+/* "conv" / "fc" / a number. */
+static int parse_bin(const char *s, unsigned *out)
+{
+	if (s && !strcasecmp(s, "conv")) {
+		*out = MP_CODEC_DEF_BIN_CONV;
+		return 0;
+	}
+	if (s && !strcasecmp(s, "fc")) {
+		*out = MP_CODEC_DEF_BIN_FC;
+		return 0;
+	}
+	return parse_uint(s, 1, 1u << 24, out);
+}
+
+int mp_codec_parse(const char *spec, struct mp_config *cfg)
+{
+	char name[32];
+	const char *colon, *arg;
+	size_t len;
+	int id;
+
+	if (!spec || !cfg)
+		return -EINVAL;
+	colon = strchr(spec, ':');
+	len = colon ? (size_t)(colon - spec) : strlen(spec);
+	if (len >= sizeof(name))
+		return -EINVAL;
+	memcpy(name, spec, len);
+	name[len] = 0;
+	id = mp_codec_from_name(name);
+	if (id < 0)
+		return -EINVAL;
+	if (!colon) {
+		cfg->codec = id;
+		return 0;
+	}
+	arg = colon + 1;
+	/* Parse into a local first: nothing changes on error. */
+	switch (id) {
+	case MP_CODEC_BLOCKWISE8: {
+		unsigned b;
+		if (parse_uint(arg, 1, 1u << 24, &b))
+			return -EINVAL;
+		cfg->codec_block = b;
+		break;
+	}
+	case MP_CODEC_UNIFORM8: {
+		float k;
+		if (parse_float(arg, 0.0f, 64.0f, &k))
+			return -EINVAL;
+		cfg->codec_sigmas = k;
+		break;
+	}
+	case MP_CODEC_TOPK: {
+		float r;
+		if (parse_float(arg, 0.0f, 1.0f, &r))
+			return -EINVAL;
+		cfg->topk_ratio = r;
+		break;
+	}
+	case MP_CODEC_ADACOMP: {
+		unsigned b;
+		if (parse_bin(arg, &b))
+			return -EINVAL;
+		cfg->adacomp_bin = b;
+		break;
+	}
+	default:
+		return -EINVAL; /* this codec takes no parameter */
+	}
+	cfg->codec = id;
+	return 0;
+}
+
+int mp_algo_from_name(const char *s)
+{
+	if (!s)
+		return -EINVAL;
+	if (!strcasecmp(s, "moshpit"))
+		return MP_ALGO_MOSHPIT;
+	if (!strcasecmp(s, "ring"))
+		return MP_ALGO_RING;
+	if (!strcasecmp(s, "butterfly"))
+		return MP_ALGO_BUTTERFLY;
+	return -EINVAL;
+}
+
+/* Parses a whole decimal integer with an optional K/M/G suffix (powers of 1024). */
+static int parse_size(const char *s, long long min, long long max, long long *out)
+{
+	char *end;
+	long long v;
+
+	if (!s || !*s)
+		return -EINVAL;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (toupper((unsigned char)*end)) {
+	case 'K': v *= 1024LL; end++; break;
+	case 'M': v *= 1024LL * 1024; end++; break;
+	case 'G': v *= 1024LL * 1024 * 1024; end++; break;
+	default: break;
+	}
+	if (*end || v < min || v > max)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+static int env_int(const char *name, long long min, long long max, long long *out)
+{
+	const char *v = getenv(name);
+
+	if (!v || !*v)
+		return 0;
+	if (parse_size(v, min, max, out)) {
+		MP_WARN("%s=%s is not a number in [%lld, %lld]", name, v, min, max);
+		return -EINVAL;
+	}
+	return 1;
+}
+
+static const char *env_str(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && *v ? v : NULL;
+}
+
+int mp_config_from_env(struct mp_config *cfg)
+{
+	long long v;
+	const char *s;
+	int rc, bad = 0;
+
+	mp_log_init();
+#define INT_VAR(var, field, lo, hi)                          \
+	rc = env_int(var, lo, hi, &v);                      \
+	if (rc < 0)                                         \
+		bad = 1;                                    \
+	else if (rc > 0)                                    \
+		cfg->field = (__typeof__(cfg->field))v;
+	INT_VAR("MP_RANK", rank, 0, 1 << 24)
+	INT_VAR("MP_NPEERS", npeers, 1, 1 << 24)
+	INT_VAR("MP_ROUNDS", rounds, 0, 1 << 20)
+	INT_VAR("MP_CHUNK_BYTES", chunk_bytes, 4, 1LL << 28)
+	INT_VAR("MP_NSTREAMS", streams, 0, 64)
+	INT_VAR("MP_WINDOW", window, 1, 1024)
+	INT_VAR("MP_CONNECT_TIMEOUT_MS", connect_timeout_ms, 1, 1 << 30)
+	INT_VAR("MP_ROUND_TIMEOUT_MS", round_timeout_ms, 1, 1 << 30)
+	INT_VAR("MP_SPIN_US", spin_us, 0, 1000000)
+	/* The per-chunk timeout under its control-plane name. */
+	INT_VAR("MP_CHUNK_TIMEOUT_MS", round_timeout_ms, 1, 1 << 30)
+	INT_VAR("MP_DHT_PORT", dht_port, 0, 65535)
+	INT_VAR("MP_GROUP_SIZE", group_size, 0, 1 << 20)
+	INT_VAR("MP_MIN_GROUP_SIZE", min_group_size, 1, 1 << 20)
+	INT_VAR("MP_MATCHMAKING_MS", matchmaking_ms, 1, 1 << 30)
+	INT_VAR("MP_REQUEST_TIMEOUT_MS", request_timeout_ms, 1, 1 << 30)
+	INT_VAR("MP_ALLREDUCE_TIMEOUT_MS", allreduce_timeout_ms, 1, 1 << 30)
+	INT_VAR("MP_RECORD_TTL_MS", record_ttl_ms, 100, 1 << 30)
+	INT_VAR("MP_JOIN_TIMEOUT_MS", join_timeout_ms, 0, 1 << 30)
+	INT_VAR("MP_MIN_PART", min_part, 0, 1LL << 40)
+#undef INT_VAR
+	if ((s = env_str("MP_RENDEZVOUS")))
+		cfg->rendezvous = s;
+	if ((s = env_str("MP_BOOTSTRAP")))
+		cfg->bootstrap = s;
+	if ((s = env_str("MP_RUN_KEY")))
+		cfg->run_key = s;
+	if ((s = env_str("MP_RUN_KEY_FILE")))
+		cfg->run_key_file = s;
+	if ((s = env_str("MP_CONTRIB_LOG")))
+		cfg->contrib_log = s;
+	if ((s = env_str("MP_FAULT")))
+		cfg->fault = s;
+	if ((s = env_str("MP_MODE"))) {
+		rc = mp_mode_from_name(s);
+		if (rc < 0) {
+			MP_WARN("MP_MODE=%s: expected normal, client or aux", s);
+			bad = 1;
+		} else {
+			cfg->mode = rc;
+		}
+	}
+	if ((s = env_str("MP_BANDWIDTH"))) {
+		char *end;
+		double b;
+		errno = 0;
+		b = strtod(s, &end);
+		if (errno || end == s || *end || !isfinite(b)) {
+			MP_WARN("MP_BANDWIDTH=%s: expected a number (< 0 unknown, 0 client)", s);
+			bad = 1;
+		} else {
+			cfg->bandwidth = b;
+		}
+	}
+	if ((s = env_str("MP_PEER_ID"))) {
+		char *end;
+		unsigned long long id;
+		errno = 0;
+		id = strtoull(s, &end, 16);
+		if (errno || end == s || *end || !id) {
+			MP_WARN("MP_PEER_ID=%s: expected a non-zero hexadecimal id", s);
+			bad = 1;
+		} else {
+			cfg->peer_id = id;
+		}
+	}
+	if ((s = env_str("MP_PEERS")))
+		cfg->peers = s;
+	if ((s = env_str("MP_HOSTFILE")))
+		cfg->hostfile = s;
+	if ((s = env_str("MP_LISTEN")))
+		cfg->listen = s;
+	if ((s = env_str("MP_RUN")))
+		cfg->run_name = s;
+	if ((s = env_str("MP_TRANSPORT")))
+		cfg->transport = s;
+	if ((s = env_str("MP_GRID")))
+		cfg->grid = s;
+	if ((s = env_str("MP_BANDWIDTHS")))
+		cfg->bandwidths = s;
+	if ((s = env_str("MP_ALGO"))) {
+		rc = mp_algo_from_name(s);
+		if (rc < 0) {
+			MP_WARN("MP_ALGO=%s: expected moshpit, ring or butterfly", s);
+			bad = 1;
+		} else {
+			cfg->algo = rc;
+		}
+	}
+	rc = env_int("MP_CODEC_BLOCK", 1, 1 << 24, &v);
+	if (rc < 0)
+		bad = 1;
+	else if (rc > 0)
+		cfg->codec_block = (unsigned)v;
+	if ((s = env_str("MP_CODEC_SIGMAS")) && parse_float(s, 0.0f, 64.0f, &cfg->codec_sigmas)) {
+		MP_WARN("MP_CODEC_SIGMAS=%s: expected a number in (0, 64]", s);
+		bad = 1;
+	}
+	if ((s = env_str("MP_TOPK_RATIO")) && parse_float(s, 0.0f, 1.0f, &cfg->topk_ratio)) {
+		MP_WARN("MP_TOPK_RATIO=%s: expected a fraction in (0, 1]", s);
+		bad = 1;
+	}
+	if ((s = env_str("MP_ADACOMP_BIN")) && parse_bin(s, &cfg->adacomp_bin)) {
+		MP_WARN("MP_ADACOMP_BIN=%s: expected conv, fc or a length in [1, 16777216]", s);
+		bad = 1;
+	}
+	/* After the parameter variables: "topk:0.05" in MP_CODEC wins. */
+	if ((s = env_str("MP_CODEC")) && mp_codec_parse(s, cfg)) {
+		MP_WARN("MP_CODEC=%s: expected none, fp16, bf16, uniform8, blockwise8, topk, adacomp "
+			"or auto, optionally with a parameter (topk:0.05)", s);
+		bad = 1;
+	}
+	if ((s = env_str("MP_CHECKSUM"))) {
+		if (!strcasecmp(s, "payload"))
+			cfg->checksum_payload = 1;
+		else if (!strcasecmp(s, "header"))
+			cfg->checksum_payload = 0;
+		else {
+			MP_WARN("MP_CHECKSUM=%s: expected header or payload", s);
+			bad = 1;
+		}
+	}
+	/* MP_DEBUG is applied process-wide by the logger itself. */
+	return bad ? -EINVAL : 0;
+}
+
+void mp_free_list(char **list, int n)
+{
+	if (!list)
+		return;
+	for (int i = 0; i < n; i++)
+		free(list[i]);
+	free(list);
+}
+
+static int list_push(char ***list, int *n, int *cap, const char *s, size_t len)
+{
+	if (*n == *cap) {
+		int nc = *cap ? *cap * 2 : 16;
+		char **nl = realloc(*list, (size_t)nc * sizeof(*nl));
+		if (!nl)
+			return -ENOMEM;
+		*list = nl;
+		*cap = nc;
+	}
+	(*list)[*n] = strndup(s, len);
+	if (!(*list)[*n])
+		return -ENOMEM;
+	(*n)++;
+	return 0;
+}
+
+/* "a:1,b:2" -> list of addresses. */
+static int split_peers(const char *s, char ***list, int *n)
+{
+	int cap = 0, rc;
+
+	*list = NULL;
+	*n = 0;
+	while (*s) {
+		const char *e = strchr(s, ',');
+		size_t len = e ? (size_t)(e - s) : strlen(s);
+		while (len && isspace((unsigned char)*s)) {
+			s++;
+			len--;
+		}
+		while (len && isspace((unsigned char)s[len - 1]))
+			len--;
+		if (!len || len >= MP_ADDR_STRLEN) {
+			mp_set_init_error("peer list: empty or overlong entry %d", *n);
+			mp_free_list(*list, *n);
+			return -EINVAL;
+		}
+		rc = list_push(list, n, &cap, s, len);
+		if (rc) {
+			mp_free_list(*list, *n);
+			return rc;
+		}
+		s += len;
+		while (*s && *s != ',')
+			s++;
+		if (*s == ',')
+			s++;
+	}
+	return 0;
+}
+
+/*
+ * Hostfile: one "host[:port]" per line in rank order; '#' starts a comment;
+ * "slots=N" after the host (OpenMPI style) repeats the host N times. A
+ * missing port is 29500 plus the number of earlier entries on that host, so
+ * several local ranks on one machine get distinct ports.
+ */
+static int read_hostfile(const char *path, char ***list, int *n)
+{
+	FILE *f = fopen(path, "r");
+	char line[512];
+	int cap = 0, rc = 0, lineno = 0;
+
+	*list = NULL;
+	*n = 0;
+	if (!f) {
+		rc = -errno;
+		mp_set_init_error("hostfile %s: %s", path, strerror(errno));
+		return rc;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char host[MP_ADDR_STRLEN], addr[MP_ADDR_STRLEN + 16];
+		char *p = line, *hash = strchr(line, '#');
+		long slots = 1;
+
+		lineno++;
+		if (hash)
+			*hash = '\0';
+		while (isspace((unsigned char)*p))
+			p++;
+		if (!*p)
+			continue;
+		size_t hl = strcspn(p, " \t\r\n");
+		if (hl >= sizeof(host)) {
+			mp_set_init_error("hostfile %s:%d: host too long", path, lineno);
+			rc = -EINVAL;
+			break;
+		}
+		memcpy(host, p, hl);
+		host[hl] = '\0';
+		char *sl = strstr(p + hl, "slots=");
+		if (sl) {
+			slots = strtol(sl + 6, NULL, 10);
+			if (slots < 1 || slots > 4096) {
+				mp_set_init_error("hostfile %s:%d: bad slots", path, lineno);
+				rc = -EINVAL;
+				break;
+			}
+		}
+		for (long s = 0; s < slots && !rc; s++) {
+			/* A port is present if the text after the last ':' is all digits
+			 * and the host is not a bare IPv6 address. */
+			const char *colon = strrchr(host, ':');
+			int has_port = colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1) &&
+				       (host[0] == '[' || strchr(host, ':') == colon);
+			if (has_port) {
+				/* "host:port slots=N": N ranks on consecutive ports. */
+				long port = strtol(colon + 1, NULL, 10) + s;
+				if (port > 65535) {
+					mp_set_init_error("hostfile %s:%d: port out of range", path, lineno);
+					rc = -EINVAL;
+					break;
+				}
+				snprintf(addr, sizeof(addr), "%.*s:%ld", (int)(colon - host), host, port);
+			} else {
+				int same = 0;
+				for (int i = 0; i < *n; i++)
+					if (!strncmp((*list)[i], host, hl) && (*list)[i][hl] == ':')
+						same++;
+				snprintf(addr, sizeof(addr), "%s:%d", host, MP_DEFAULT_PORT + same);
+			}
+			rc = list_push(list, n, &cap, addr, strlen(addr));
+		}
+		if (rc)
+			break;
+	}
+	fclose(f);
+	if (!rc && *n == 0) {
+		mp_set_init_error("hostfile %s lists no hosts", path);
+		rc = -EINVAL;
+	}
+	if (rc) {
+		mp_free_list(*list, *n);
+		*list = NULL;
+		*n = 0;
+	}
+	return rc;
+}
+
+/* Rank and size from mpirun (OpenMPI, PMI) or srun. */
+static void launcher_env(int *rank, int *size)
+{
+	static const char *pairs[][2] = {
+		{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+		{"PMI_RANK", "PMI_SIZE"},
+		{"SLURM_PROCID", "SLURM_NTASKS"},
+	};
+	for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+		const char *r = getenv(pairs[i][0]), *s = getenv(pairs[i][1]);
+		if (r && s) {
+			*rank = atoi(r);
+			*size = atoi(s);
+			return;
+		}
+	}
+}
+
+int mp_parse_doubles(const char *s, double *out, int n)
+{
+	for (int i = 0; i < n; i++) {
+		char *end;
+		errno = 0;
+		out[i] = strtod(s, &end);
+		if (errno || end == s || !isfinite(out[i]))
+			return -EINVAL;
+		s = end;
+		if (i + 1 < n) {
+			if (*s != ',')
+				return -EINVAL;
+			s++;
+		}
+	}
+	return *s ? -EINVAL : 0;
+}
+
+/*
+ * Turn the user's configuration into a checked one: rank and peer count
+ * settled, peer addresses listed when known (NULL list = set later with
+ * mp_set_peers).
+ */
+int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char ***peer_list,
+		      int *npeers)
+{
+	int rc;
+
+	if (!in || in->size < offsetof(struct mp_config, log_level) + sizeof(int)) {
+		mp_set_init_error("config: not initialised with mp_config_init");
+		return -EINVAL;
+	}
+	/* A caller built against an older, shorter struct gets defaults for
+	 * the fields it does not know. */
+	mp_config_init(out);
+	memcpy(out, in, in->size < sizeof(*out) ? in->size : sizeof(*out));
+	out->size = sizeof(*out);
+	*peer_list = NULL;
+	*npeers = 0;
+	if (!out->rendezvous || (strcmp(out->rendezvous, "static") && strcmp(out->rendezvous, "dht"))) {
+		mp_set_init_error("config: rendezvous \"%s\" is not static or dht",
+				  out->rendezvous ? out->rendezvous : "(null)");
+		return -EINVAL;
+	}
+	if (out->mode < MP_MODE_NORMAL || out->mode > MP_MODE_AUX || !isfinite(out->bandwidth) ||
+	    out->min_group_size < 1 || out->group_size < 0 || out->matchmaking_ms < 1 ||
+	    out->request_timeout_ms < 1 || out->allreduce_timeout_ms < 1 ||
+	    out->record_ttl_ms < 100 || out->join_timeout_ms < 0 || out->dht_port < 0 ||
+	    out->dht_port > 65535) {
+		mp_set_init_error("config: mode, bandwidth, group sizes or a control-plane timeout "
+				  "out of range");
+		return -EINVAL;
+	}
+	if (!strcmp(out->rendezvous, "dht")) {
+		/* Peers find each other: no list, no rank. npeers, when given, is
+		 * how many to wait for before the first round. */
+		if (out->peers || out->hostfile) {
+			mp_set_init_error("config: the dht rendezvous takes no peer list or hostfile "
+					  "(use bootstrap)");
+			return -EINVAL;
+		}
+		if (out->algo != MP_ALGO_MOSHPIT) {
+			mp_set_init_error("config: the dht rendezvous runs the moshpit algorithm only");
+			return -EINVAL;
+		}
+		if (out->npeers < 0) {
+			mp_set_init_error("config: npeers %d < 0", out->npeers);
+			return -EINVAL;
+		}
+		out->rank = 0;
+		goto common;
+	}
+	if (out->mode != MP_MODE_NORMAL) {
+		/* Every member must know every peer's mode: records carry it. */
+		mp_set_init_error("config: client and aux modes need the dht rendezvous");
+		return -EINVAL;
+	}
+	if (out->rank < 0 || out->npeers == 0) {
+		int r = -1, s = 0;
+		launcher_env(&r, &s);
+		if (out->rank < 0)
+			out->rank = r;
+		if (out->npeers == 0)
+			out->npeers = s;
+	}
+	if (out->peers) {
+		rc = split_peers(out->peers, peer_list, npeers);
+		if (rc)
+			return rc;
+	} else if (out->hostfile) {
+		rc = read_hostfile(out->hostfile, peer_list, npeers);
+		if (rc)
+			return rc;
+	}
+	if (*peer_list) {
+		if (out->npeers && out->npeers != *npeers) {
+			mp_set_init_error("config: npeers %d but the peer list has %d entries", out->npeers,
+					  *npeers);
+			goto bad;
+		}
+		out->npeers = *npeers;
+	}
+	if (out->npeers < 1) {
+		mp_set_init_error("config: peer count unknown (set npeers/MP_NPEERS, a peer list, "
+				  "a hostfile, or run under mpirun/srun)");
+		goto bad;
+	}
+	if (out->rank < 0 || out->rank >= out->npeers) {
+		mp_set_init_error("config: rank %d is not in [0, %d) (set rank/MP_RANK)", out->rank,
+				  out->npeers);
+		goto bad;
+	}
+common:
+	if (!out->run_name || !*out->run_name || strlen(out->run_name) > 200) {
+		mp_set_init_error("config: run name must be 1 to 200 characters");
+		goto bad;
+	}
+	if (out->algo < MP_ALGO_MOSHPIT || out->algo > MP_ALGO_BUTTERFLY) {
+		mp_set_init_error("config: unknown algorithm %d", out->algo);
+		goto bad;
+	}
+	if (!mp_codec_by_id((unsigned)out->codec) && out->codec != MP_CODEC_AUTO) {
+		mp_set_init_error("config: unknown codec %d", out->codec);
+		goto bad;
+	}
+	struct mp_codec_params cp;
+	mp_config_codec_params(out, &cp);
+	if (mp_codec_params_check(&cp)) {
+		mp_set_init_error("config: codec parameter out of range (block %u, sigmas %g, "
+				  "topk ratio %g, adacomp bin %u)", cp.block, (double)cp.sigmas,
+				  (double)cp.topk_ratio, cp.bin);
+		goto bad;
+	}
+	if (out->algo == MP_ALGO_RING && out->codec != MP_CODEC_AUTO &&
+	    (mp_codec_by_id((unsigned)out->codec)->flags & MP_CODEC_F_SPARSE)) {
+		/* The ring forwards partial sums: a sparse codec would drop some of
+		 * them on every hop, with nowhere to keep the error feedback. */
+		mp_set_init_error("config: codec %s needs the moshpit or butterfly algorithm, not ring",
+				  mp_codec_by_id((unsigned)out->codec)->name);
+		goto bad;
+	}
+	if (out->chunk_bytes < 4 || out->chunk_bytes > (1u << 28) || out->chunk_bytes % 4) {
+		mp_set_init_error("config: chunk_bytes %zu must be a multiple of 4 in [4, 256 MiB]",
+				  out->chunk_bytes);
+		goto bad;
+	}
+	if (out->window < 1 || out->window > 1024 || out->streams < 0 || out->streams > 64 ||
+	    out->rounds < 0 || out->connect_timeout_ms < 1 || out->round_timeout_ms < 1 ||
+	    out->spin_us < 0 || out->spin_us > 1000000) {
+		mp_set_init_error("config: window, streams, rounds or a timeout out of range");
+		goto bad;
+	}
+	return 0;
+bad:
+	mp_free_list(*peer_list, *npeers);
+	*peer_list = NULL;
+	*npeers = 0;
+	return -EINVAL;
+}

@@ -1,0 +1,1031 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The peer context: configuration, transport, peers, and the progress thread
+ * that runs averaging operations one after another while the caller computes.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clog.h"
+#include "conn.h"
+#include "ctrl.h"
+#include "fault.h"
+#include "mp_kernels.h"
+#include "core.h"
+#include "log.h"
+#include "matchmaker.h"
+#include "stage.h"
+
+static char *dup_or_null(const char *s)
+{
+	return s ? strdup(s) : NULL;
+}
+
+static int choose_grid(struct mp_ctx *ctx)
+{
+	char buf[64];
+	int rc;
+
+	if (ctx->cfg.grid) {
+		rc = mp_grid_parse(ctx->cfg.grid, &ctx->grid);
+		if (rc) {
+			mp_set_init_error("grid \"%s\" is not M1xM2x... with each M >= 1", ctx->cfg.grid);
+			return rc;
+		}
+	} else {
+		mp_grid_auto(ctx->npeers, &ctx->grid);
+	}
+	if (ctx->dynamic) {
+		/* Peers come and go: the grid is a space of cells, not a roster. */
+		if (!ctx->cfg.grid && ctx->npeers < 1) {
+			mp_set_init_error("the dht rendezvous needs a grid (MP_GRID) or npeers");
+			return -EINVAL;
+		}
+		return 0;
+	}
+	if (mp_grid_cells(&ctx->grid) < (uint64_t)ctx->npeers) {
+		mp_grid_format(&ctx->grid, buf, sizeof(buf));
+		mp_set_init_error("grid %s has %llu cells, fewer than the %d peers", buf,
+				  (unsigned long long)mp_grid_cells(&ctx->grid), ctx->npeers);
+		return -EINVAL;
+	}
+	rc = mp_grid_grouping_init(&ctx->grouping_state, &ctx->grid, ctx->npeers);
+	if (rc)
+		return rc;
+	ctx->grouping = &mp_grid_grouping_ops;
+	return 0;
+}
+
+/* Static runs: per-rank bandwidths from MP_BANDWIDTHS. */
+static int static_bandwidths(struct mp_ctx *ctx)
+{
+	int n = ctx->npeers;
+	double *bw;
+
+	if (!ctx->cfg.bandwidths)
+		return 0;
+	bw = malloc((size_t)n * sizeof(double));
+	if (!bw)
+		return -ENOMEM;
+	if (mp_parse_doubles(ctx->cfg.bandwidths, bw, n)) {
+		free(bw);
+		mp_set_init_error("bandwidths \"%s\": expected %d comma-separated numbers",
+				  ctx->cfg.bandwidths, n);
+		return -EINVAL;
+	}
+	for (int i = 0; i < n; i++)
+		ctx->peers[i].bandwidth = bw[i];
+	free(bw);
+	return 0;
+}
+
+static void *progress_main(void *arg);
+
+int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
+{
+	struct mp_config cfg;
+	struct mp_ctx *ctx;
+	char **list = NULL;
+	int nlist = 0, rc;
+
+	mp_log_init();
+	if (!out)
+		return -EINVAL;
+	*out = NULL;
+	rc = mp_config_resolve(cfg_in, &cfg, &list, &nlist);
+	if (rc)
+		return rc;
+	if (cfg.log_level >= 0)
+		mp_log_set_level(cfg.log_level);
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx) {
+		mp_free_list(list, nlist);
+		return -ENOMEM;
+	}
+	ctx->clog_fd = -1; /* before any failure: mp_finalize closes it */
+	ctx->cfg = cfg;
+	ctx->rank = cfg.rank;
+	ctx->npeers = cfg.npeers;
+	mp_log_set_rank(ctx->rank);
+	ctx->run_name = strdup(cfg.run_name);
+	ctx->transport = strdup(cfg.transport ? cfg.transport : "tcp");
+	ctx->listen_addr = dup_or_null(cfg.listen);
+	/* Borrowed strings of the caller must not outlive this call. */
+	ctx->cfg.run_name = ctx->run_name;
+	ctx->cfg.transport = ctx->transport;
+	ctx->cfg.listen = ctx->listen_addr;
+	ctx->cfg.peers = ctx->cfg.hostfile = NULL;
+	ctx->cfg.grid = NULL;
+	pthread_mutex_init(&ctx->mu, NULL);
+	pthread_cond_init(&ctx->cv, NULL);
+	if (!ctx->run_name || !ctx->transport || (cfg.listen && !ctx->listen_addr)) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	ctx->run_id = mp_wire_run_id(ctx->run_name);
+	ctx->mode = cfg.mode;
+	ctx->dynamic = !strcmp(cfg.rendezvous, "dht");
+	ctx->self_id = ctx->dynamic ? cfg.peer_id : (uint64_t)ctx->rank;
+	rc = mp_auth_init(&ctx->auth, ctx->run_name, cfg.run_key, cfg.run_key_file);
+	if (rc) {
+		mp_set_init_error("run key: cannot use %s: %s",
+				  cfg.run_key ? "MP_RUN_KEY" : cfg.run_key_file, mp_strerror(rc));
+		goto fail;
+	}
+	if (ctx->auth.from_name)
+		MP_INFO("no run key (MP_RUN_KEY or MP_RUN_KEY_FILE): the key derives from the run "
+			"name, so anyone who knows \"%s\" can join", ctx->run_name);
+	ctx->cfg.run_key = ctx->cfg.run_key_file = NULL;
+	rc = mp_clog_open(ctx);
+	if (!rc)
+		rc = mp_fault_init(ctx);
+	if (rc)
+		goto fail;
+	ctx->codec_cfg = cfg.codec;
+	mp_config_codec_params(&cfg, &ctx->cparams);
+	ctx->chunk_elems = cfg.chunk_bytes / sizeof(float);
+	ctx->frame_rx_max = mp_frame_rx_max(ctx);
+	ctx->window = cfg.window;
+	ctx->spin_us = cfg.spin_us;
+
+	ctx->ops = mp_driver_find(ctx->transport);
+	if (!ctx->ops) {
+		mp_set_init_error("transport \"%s\" is not built in (have: %s)", ctx->transport,
+				  mp_driver_names());
+		rc = -ENOENT;
+		goto fail;
+	}
+	struct mp_drv_params dp = {.size = sizeof(dp), .run_name = ctx->run_name, .rank = ctx->rank,
+				   .connect_timeout_ms = cfg.connect_timeout_ms};
+	rc = ctx->ops->init(&dp, &ctx->drv);
+	if (rc) {
+		mp_set_init_error("transport %s: initialisation failed: %s", ctx->transport, mp_strerror(rc));
+		goto fail;
+	}
+	ctx->ops->query(ctx->drv, &ctx->caps);
+	ctx->streams = cfg.streams ? cfg.streams : (ctx->caps.default_streams > 0 ? ctx->caps.default_streams : 1);
+	if (cfg.chunk_bytes + 4096 > ctx->caps.max_msg) {
+		mp_set_init_error("chunk of %zu bytes exceeds the %s transport's largest message",
+				  cfg.chunk_bytes, ctx->transport);
+		rc = -EINVAL;
+		goto fail;
+	}
+
+	/* grid */
+	ctx->cfg.grid = cfg.grid;
+	rc = choose_grid(ctx);
+	ctx->cfg.grid = NULL;
+	if (rc)
+		goto fail;
+	ctx->nconn = ctx->streams + 1;
+	rc = mp_peers_init(ctx, ctx->dynamic ? 0 : ctx->npeers);
+	if (!rc && !ctx->dynamic)
+		rc = static_bandwidths(ctx);
+	ctx->cfg.bandwidths = NULL;
+	if (!rc)
+		rc = mp_ctrl_init(ctx);
+	if (rc)
+		goto fail;
+
+	/* listen (client peers are unreachable by definition: they only dial) */
+	const char *bind = ctx->listen_addr;
+	if (!bind && list)
+		bind = list[ctx->rank];
+	if (!bind)
+		bind = strcmp(ctx->transport, "loop") ? "127.0.0.1:0" : "loop:*";
+	if (ctx->mode != MP_MODE_CLIENT) {
+		uint8_t blob[MP_DRV_ADDR_MAX];
+		size_t blen = sizeof(blob);
+		rc = ctx->ops->listen(ctx->drv, bind, blob, &blen, &ctx->listener);
+		if (rc) {
+			mp_set_init_error("cannot listen on %s: %s", bind, mp_strerror(rc));
+			goto fail;
+		}
+		rc = ctx->ops->addr_format(ctx->drv, blob, blen, ctx->local_addr,
+					   sizeof(ctx->local_addr));
+		if (rc)
+			goto fail;
+	}
+	if (ctx->dynamic) {
+		if (!ctx->self_id)
+			while (!ctx->self_id)
+				mp_auth_random(&ctx->self_id, sizeof(ctx->self_id));
+		rc = mp_peer_learn(ctx, ctx->self_id, ctx->local_addr, cfg.bandwidth, ctx->mode);
+		if (rc < 0)
+			goto fail;
+		ctx->rank = rc;
+		ctx->rdv = mp_rdv_dht_ops;
+		rc = mp_dht_start(ctx);
+		if (rc)
+			goto fail;
+		ctx->peers_set = 1;
+	}
+
+	rc = pthread_create(&ctx->thread, NULL, progress_main, ctx);
+	if (rc) {
+		rc = -rc;
+		goto fail;
+	}
+	ctx->thread_started = 1;
+	if (list) {
+		rc = mp_set_peers(ctx, (const char *const *)list, nlist);
+		if (rc) {
+			mp_set_init_error("%s", ctx->err);
+			goto fail;
+		}
+	}
+	mp_free_list(list, nlist);
+	char gbuf[64];
+	mp_grid_format(&ctx->grid, gbuf, sizeof(gbuf));
+	if (ctx->dynamic)
+		MP_INFO("peer %016llx, run %s, rendezvous dht, transport %s, listening on %s, grid %s, "
+			"codec %s, %d stream(s)", (unsigned long long)ctx->self_id, ctx->run_name,
+			ctx->transport, ctx->local_addr[0] ? ctx->local_addr : "(client: none)", gbuf,
+			mp_codec_name(ctx->codec_cfg), ctx->streams);
+	else
+		MP_INFO("rank %d of %d, run %s, transport %s, listening on %s, grid %s, codec %s, "
+			"%d stream(s)", ctx->rank, ctx->npeers, ctx->run_name, ctx->transport,
+			ctx->local_addr, gbuf, mp_codec_name(ctx->codec_cfg), ctx->streams);
+	*out = ctx;
+	return 0;
+fail:
+	mp_free_list(list, nlist);
+	mp_finalize(ctx);
+	return rc;
+}
+
+int mp_local_address(mp_ctx *ctx, char *buf, size_t len)
+{
+	if (!ctx || !buf)
+		return -EINVAL;
+	if (strlen(ctx->local_addr) >= len)
+		return -ENOSPC;
+	strcpy(buf, ctx->local_addr);
+	return 0;
+}
+
+int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n)
+{
+	int rc;
+
+	if (!ctx || !addrs)
+		return -EINVAL;
+	if (ctx->peers_set) {
+		mp_set_error(ctx, "peers already set");
+		return -EBUSY;
+	}
+	if (n != ctx->npeers) {
+		mp_set_error(ctx, "%d peer addresses given for %d peers", n, ctx->npeers);
+		return -EINVAL;
+	}
+	if (ctx->dynamic) {
+		mp_set_error(ctx, "peers come from the dht rendezvous, not a list");
+		return -EINVAL;
+	}
+	for (int i = 0; i < n; i++)
+		if (!addrs[i] || strlen(addrs[i]) >= MP_ADDR_STRLEN) {
+			mp_set_error(ctx, "peer %d: missing or overlong address", i);
+			return -EINVAL;
+		}
+	/* The list goes behind the rendezvous interface like any membership. */
+	struct mp_rdv_params rp = {.run_name = ctx->run_name, .auth = &ctx->auth, .addrs = addrs,
+				   .naddrs = n};
+	struct mp_record *recs = calloc((size_t)n, sizeof(*recs));
+	if (!recs)
+		return -ENOMEM;
+	ctx->rdv = &mp_rdv_static_ops;
+	rc = ctx->rdv->init(&rp, &ctx->rdv_st);
+	if (!rc)
+		rc = ctx->rdv->members(ctx->rdv_st, recs, n) == n ? 0 : -EINVAL;
+	for (int i = 0; i < n && !rc; i++) {
+		rc = mp_peer_learn(ctx, recs[i].id, recs[i].addr, recs[i].bandwidth, recs[i].mode);
+		if (rc < 0)
+			mp_set_error(ctx, "peer %d: \"%s\" is not a %s address", i, recs[i].addr,
+				     ctx->transport);
+		rc = rc < 0 ? -EINVAL : 0;
+	}
+	free(recs);
+	if (rc) {
+		if (ctx->rdv_st)
+			ctx->rdv->fini(ctx->rdv_st);
+		ctx->rdv_st = NULL;
+		ctx->rdv = NULL;
+		return rc;
+	}
+	pthread_mutex_lock(&ctx->mu);
+	ctx->peers_set = 1;
+	pthread_mutex_unlock(&ctx->mu);
+	return 0;
+}
+
+int mp_grid_shape(const char *grid, int npeers, int *dims, int max)
+{
+	struct mp_grid g;
+
+	if (npeers < 1 || !dims || max < 1)
+		return -EINVAL;
+	if (grid ? mp_grid_parse(grid, &g) : mp_grid_auto(npeers, &g))
+		return -EINVAL;
+	if (g.ndims > max || mp_grid_cells(&g) < (uint64_t)npeers)
+		return -EINVAL;
+	memcpy(dims, g.dims, (size_t)g.ndims * sizeof(int));
+	return g.ndims;
+}
+
+int mp_transport_available(const char *name)
+{
+	return name && mp_driver_find(name) != NULL;
+}
+
+uint64_t mp_peer_id(const mp_ctx *ctx)
+{
+	return ctx->self_id;
+}
+
+int mp_dht_address(mp_ctx *ctx, char *buf, size_t len)
+{
+	if (!ctx || !buf)
+		return -EINVAL;
+	if (!ctx->dynamic || !ctx->rdv_st)
+		return -ENOTSUP;
+	return ctx->rdv->address(ctx->rdv_st, buf, len);
+}
+
+/* Tell the others we go; the caller makes sure no operation runs. */
+static void leave_now(struct mp_ctx *ctx)
+{
+	if (ctx->left)
+		return;
+	ctx->left = 1;
+	if (!ctx->dynamic || !ctx->rdv_st)
+		return;
+	mp_ctrl_bye_all(ctx);
+	if (ctx->rdv->leave)
+		ctx->rdv->leave(ctx->rdv_st);
+	MP_INFO("left the run");
+}
+
+int mp_leave(mp_ctx *ctx)
+{
+	if (!ctx)
+		return -EINVAL;
+	pthread_mutex_lock(&ctx->mu);
+	if (ctx->queue.n || ctx->live) {
+		pthread_mutex_unlock(&ctx->mu);
+		mp_set_error(ctx, "mp_leave: operations are still in flight");
+		return -EBUSY;
+	}
+	pthread_mutex_unlock(&ctx->mu);
+	/* The progress thread is idle (waiting for work), so the driver is ours. */
+	leave_now(ctx);
+	return 0;
+}
+
+int mp_rank(const mp_ctx *ctx)
+{
+	return ctx->rank;
+}
+
+int mp_npeers(const mp_ctx *ctx)
+{
+	return ctx->npeers;
+}
+
+/*
+ * CUDA memory. The reducer and the codecs read host memory, so averaging
+ * goes through a pinned host copy of the registration (stage.c) on every
+ * transport. A transport that can move device memory (verbs with GPUDirect
+ * RDMA) registers it as well, through its own ladder (dma-buf, then
+ * nvidia-peermem), and logs which path it took; when it cannot
+ * (-EOPNOTSUPP, or any other refusal), the host copy is all there is. One
+ * INFO line says that the buffer is staged, and why.
+ */
+static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
+{
+	struct mp_mr *mr = calloc(1, sizeof(*mr));
+	char why[160];
+	int rc;
+
+	if (!mr)
+		return -ENOMEM;
+	rc = mp_stage_open(ctx, buf, len, &mr->stage);
+	if (rc) {
+		free(mr);
+		return rc;
+	}
+	if (!(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
+		snprintf(why, sizeof(why), "transport %s cannot move device memory", ctx->transport);
+	} else if ((rc = ctx->ops->reg_mr(ctx->drv, buf, len, MP_MEM_CUDA, &mr->dmr))) {
+		mr->dmr = NULL;
+		snprintf(why, sizeof(why), "transport %s cannot register it (%s)", ctx->transport,
+			 mp_strerror(rc));
+	} else {
+		snprintf(why, sizeof(why), "the reducer reads host memory (transport %s registered "
+			 "the device memory too)", ctx->transport);
+	}
+	MP_INFO("CUDA memory %p (%zu bytes) is staged through host memory: %s", buf, len, why);
+	mr->buf = buf;
+	mr->len = len;
+	mr->kind = MP_MEM_CUDA;
+	*out = mr;
+	return 0;
+}
+
+int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out)
+{
+	struct mp_mr *mr;
+	int rc;
+
+	if (!ctx || !buf || !len || !out)
+		return -EINVAL;
+	if (kind != MP_MEM_HOST && kind != MP_MEM_CUDA && kind != MP_MEM_DMABUF)
+		return -EINVAL;
+	if (kind == MP_MEM_CUDA)
+		return register_cuda(ctx, buf, len, out);
+	if (kind == MP_MEM_DMABUF && !(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
+		/* Staging needs a way to copy out of the memory; a dma-buf is
+		 * only a file descriptor's worth of pages to us. */
+		mp_set_error(ctx, "transport %s cannot move dma-buf memory", ctx->transport);
+		return -ENOTSUP;
+	}
+	mr = calloc(1, sizeof(*mr));
+	if (!mr)
+		return -ENOMEM;
+	rc = ctx->ops->reg_mr(ctx->drv, buf, len, kind, &mr->dmr);
+	if (rc) {
+		free(mr);
+		mp_set_error(ctx, "transport %s cannot register %zu bytes: %s", ctx->transport, len,
+			     mp_strerror(rc));
+		return rc;
+	}
+	mr->buf = buf;
+	mr->len = len;
+	mr->kind = kind;
+	*out = mr;
+	return 0;
+}
+
+int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr)
+{
+	int users;
+
+	if (!ctx || !mr)
+		return 0;
+	pthread_mutex_lock(&ctx->mu);
+	users = mr->users;
+	pthread_mutex_unlock(&ctx->mu);
+	if (users)
+		return -EBUSY;
+	if (mr->dmr)
+		ctx->ops->dereg_mr(ctx->drv, mr->dmr);
+	mp_stage_close(ctx, mr->stage);
+	free(mr);
+	return 0;
+}
+
+/* ---- averaging ---------------------------------------------------------- */
+
+/*
+ * Start dialling every peer this operation will meet, before the first
+ * round. A peer held up in an early round (say, by a dead groupmate) has
+ * then already connected to its later groupmates, who would otherwise give
+ * up on it at their connect timeout and spread one failure down the rounds.
+ */
+static void dial_ahead(struct mp_ctx *ctx, const int *peers, int n)
+{
+	int err;
+
+	for (int i = 0; i < n; i++)
+		for (int s = 0; s < ctx->streams && peers[i] != ctx->rank; s++)
+			mp_conn_get(ctx, peers[i], s, &err);
+}
+
+static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
+{
+	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : ctx->grid.ndims;
+	int *members = malloc((size_t)ctx->npeers * sizeof(int));
+	int rc = 0, ok_rounds = 0;
+
+	if (!members)
+		return -ENOMEM;
+	for (int t = 0; t < rounds && t < ctx->grid.ndims; t++) {
+		struct mp_group g = {.members = members};
+		if (!ctx->grouping->form(&ctx->grouping_state, ctx->round + (uint32_t)t, ctx->rank, &g))
+			dial_ahead(ctx, g.members, g.size);
+	}
+	for (int t = 0; t < rounds; t++) {
+		struct mp_group g = {.members = members};
+		uint32_t round = ctx->round++;
+
+		rc = ctx->grouping->form(&ctx->grouping_state, round, ctx->rank, &g);
+		if (rc)
+			break;
+		MP_TRACE("round %u: group %08x of %d, part %d", round, g.id, g.size, g.my_index);
+		rc = mp_group_allreduce(ctx, &g, round, a);
+		ctx->grouping->after_round(&ctx->grouping_state, round, &g);
+		if (rc == -EHOSTUNREACH) {
+			/* An isolated round leaves our values as they were; other
+			 * rounds' groups may still be reachable. */
+			rc = 0;
+			continue;
+		}
+		if (rc)
+			break;
+		ok_rounds++;
+	}
+	free(members);
+	if (!rc && !ok_rounds && rounds > 0 && ctx->npeers > 1) {
+		mp_set_error(ctx, "no round could reach any group member");
+		rc = -EHOSTUNREACH;
+	}
+	return rc;
+}
+
+static int run_butterfly(struct mp_ctx *ctx, struct mp_avg *a)
+{
+	int *members = malloc((size_t)ctx->npeers * sizeof(int));
+	struct mp_group g = {.members = members, .size = ctx->npeers, .my_index = ctx->rank};
+	uint32_t round = ctx->round++;
+	int rc;
+
+	if (!members)
+		return -ENOMEM;
+	for (int i = 0; i < ctx->npeers; i++)
+		members[i] = i;
+	dial_ahead(ctx, members, ctx->npeers);
+	g.id = round * 2654435761u;
+	rc = mp_group_allreduce(ctx, &g, round, a);
+	free(members);
+	return rc;
+}
+
+static int run_average(struct mp_ctx *ctx, struct mp_request *req)
+{
+	struct mp_stage *s = req->mr->stage;
+	struct mp_avg a = {.x = req->x, .n = req->count, .weight = req->weight,
+			   .dmr = s ? s->dmr : req->mr->dmr, .res = &req->res, .codec = req->codec,
+			   .residue = req->fb ? req->fb->residue : NULL};
+	int rc;
+
+	req->res.codec = req->codec->id;
+	a.influence = 1;
+	switch (ctx->cfg.algo) {
+	case MP_ALGO_RING:
+		rc = mp_ring_allreduce(ctx, ctx->round++, &a);
+		break;
+	case MP_ALGO_BUTTERFLY:
+		rc = run_butterfly(ctx, &a);
+		break;
+	default:
+		rc = ctx->dynamic ? mp_dht_moshpit(ctx, &a) : run_moshpit(ctx, &a);
+		break;
+	}
+	req->res.weight = a.weight;
+	req->res.peers = (int)a.influence;
+	return rc;
+}
+
+/*
+ * Staged CUDA memory is averaged in its registration's host copy: copied in
+ * right before the operation runs, copied back once its result is final.
+ * Both copies run here, on the progress thread, with the memory's own CUDA
+ * context pushed around each (stage.c), rather than in the caller's thread:
+ * mp_average_start then costs what it costs for host memory, so the caller
+ * overlaps the copy in with its compute as it does the averaging itself; a
+ * request completes only once the result is back in device memory, so
+ * mp_test and mp_wait need no CUDA calls and may run on any thread, current
+ * context or not; and the device buffer is written once, with the final
+ * result, and not at all when the operation fails or is cancelled.
+ */
+static int run_request(struct mp_ctx *ctx, struct mp_request *req)
+{
+	struct mp_stage *s = req->mr->stage;
+	size_t off, bytes = req->count * sizeof(float);
+	int rc;
+
+	if (!s)
+		return run_average(ctx, req);
+	off = (size_t)((char *)req->buf - (char *)req->mr->buf);
+	rc = mp_stage_in(ctx, s, off, bytes);
+	if (!rc)
+		rc = run_average(ctx, req);
+	if (!rc)
+		rc = mp_stage_out(ctx, s, off, bytes);
+	return rc;
+}
+
+static void *progress_main(void *arg)
+{
+	struct mp_ctx *ctx = arg;
+
+	mp_log_set_rank(ctx->rank);
+	pthread_mutex_lock(&ctx->mu);
+	for (;;) {
+		struct mp_request *req;
+
+		while (!ctx->queue.n && !ctx->stop)
+			pthread_cond_wait(&ctx->cv, &ctx->mu);
+		if (ctx->stop)
+			break;
+		req = mp_reqq_pop_entry(&ctx->queue, struct mp_request, qlink);
+		req->state = REQ_RUNNING;
+		pthread_mutex_unlock(&ctx->mu);
+
+		int rc = run_request(ctx, req);
+
+		pthread_mutex_lock(&ctx->mu);
+		req->status = rc;
+		req->state = REQ_DONE;
+		pthread_cond_broadcast(&ctx->cv);
+	}
+	/* Finalizing: what never started is cancelled. */
+	for (struct mp_request *r; (r = mp_reqq_pop_entry(&ctx->queue, struct mp_request, qlink));) {
+		r->status = -ECANCELED;
+		r->state = REQ_DONE;
+	}
+	pthread_cond_broadcast(&ctx->cv);
+	pthread_mutex_unlock(&ctx->mu);
+	return NULL;
+}
+
+/* Sizes at or above which "auto" compresses, and more strongly (doc/codecs.md). */
+#define AUTO_FP16_BYTES (64u * 1024)
+#define AUTO_8BIT_BYTES (1024u * 1024)
+
+static const struct mp_codec_ops *resolve_codec(const struct mp_ctx *ctx, size_t count)
+{
+	size_t bytes = count * sizeof(float);
+
+	if (ctx->codec_cfg != MP_CODEC_AUTO)
+		return mp_codec_by_id((unsigned)ctx->codec_cfg);
+	/* Small buffers are latency-bound: compressing them saves nothing. */
+	if (bytes < AUTO_FP16_BYTES)
+		return mp_codec_by_id(MP_CODEC_NONE);
+	if (bytes < AUTO_8BIT_BYTES)
+		return mp_codec_by_id(MP_CODEC_FP16);
+	return mp_codec_by_id(MP_CODEC_BLOCKWISE8);
+}
+
+/* The residue of (@buf, @count); created zeroed if @create. Under ctx->mu. */
+static struct mp_fb *fb_find(struct mp_ctx *ctx, const float *buf, size_t count, int create)
+{
+	struct mp_fb *f;
+
+	for (f = ctx->fbs; f; f = f->next)
+		if (f->buf == buf && f->n == count)
+			return f;
+	if (!create)
+		return NULL;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return NULL;
+	/* Error feedback starts at zero: nothing has been held back yet. */
+	f->residue = calloc(count, sizeof(float));
+	if (!f->residue) {
+		free(f);
+		return NULL;
+	}
+	f->buf = buf;
+	f->n = count;
+	f->next = ctx->fbs;
+	ctx->fbs = f;
+	return f;
+}
+
+static void fb_free(struct mp_fb *f)
+{
+	free(f->residue);
+	free(f);
+}
+
+/*
+ * Queue an average of @buf. @force overrides the configured codec; with
+ * @flush the buffer's residue is first folded into it (once nothing can fail
+ * any more, so an error changes nothing).
+ */
+static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+		    const struct mp_codec_ops *force, int flush, mp_request **out)
+{
+	struct mp_request *req;
+	int rc;
+
+	if (!ctx || !buf || !count || !out || !isfinite(weight) || weight < 0.0f)
+		return -EINVAL;
+	*out = NULL;
+	if (count > (size_t)UINT32_MAX * ctx->chunk_elems || count > SIZE_MAX / sizeof(float)) {
+		mp_set_error(ctx, "%zu values are more than one operation can carry", count);
+		return -EINVAL;
+	}
+	if (mr && ((const char *)buf < (const char *)mr->buf ||
+		   (const char *)(buf + count) > (const char *)mr->buf + mr->len)) {
+		mp_set_error(ctx, "the registration does not cover the buffer");
+		return -EINVAL;
+	}
+	if (!ctx->peers_set) {
+		mp_set_error(ctx, "peers are not set: call mp_set_peers first");
+		return -ENOTCONN;
+	}
+	if (ctx->left) {
+		mp_set_error(ctx, "this peer has left the run");
+		return -ESHUTDOWN;
+	}
+	if (mr && mr->kind != MP_MEM_HOST && !mr->stage) {
+		/* The reducer reads host memory, and only CUDA memory has a host copy. */
+		mp_set_error(ctx, "averaging dma-buf memory needs a device reducer (not built)");
+		return -ENOTSUP;
+	}
+	if (mr && mr->stage && ((const char *)buf - (const char *)mr->buf) % sizeof(float)) {
+		/* The host copy is page-aligned where the registration may not be:
+		 * the buffer's floats would be misaligned in it. */
+		mp_set_error(ctx, "the buffer is not float-aligned within its CUDA registration");
+		return -EINVAL;
+	}
+	req = calloc(1, sizeof(*req));
+	if (!req)
+		return -ENOMEM;
+	req->codec = force ? force : resolve_codec(ctx, count);
+	if (!mr) {
+		rc = mp_mem_register(ctx, buf, count * sizeof(float), MP_MEM_HOST, &mr);
+		if (rc) {
+			free(req);
+			return rc;
+		}
+		req->own_mr = 1;
+	}
+	req->ctx = ctx;
+	req->buf = buf;
+	req->x = mr->stage ? (float *)((char *)mr->stage->host + ((char *)buf - (char *)mr->buf)) : buf;
+	req->count = count;
+	req->weight = weight;
+	req->mr = mr;
+	pthread_mutex_lock(&ctx->mu);
+	if (flush) {
+		struct mp_fb *f = fb_find(ctx, buf, count, 0);
+
+		if (f && f->busy) {
+			rc = -EBUSY;
+			goto undo;
+		}
+		if (f) {
+			mp_k_axpy(buf, f->residue, 1.0f, count);
+			memset(f->residue, 0, count * sizeof(float));
+		}
+	}
+	if (req->codec->flags & MP_CODEC_F_SPARSE) {
+		req->fb = fb_find(ctx, buf, count, 1);
+		if (!req->fb) {
+			rc = -ENOMEM;
+			goto undo;
+		}
+		req->fb->busy++;
+	}
+	mr->users++;
+	req->state = REQ_QUEUED;
+	req->live_next = ctx->live;
+	if (ctx->live)
+		ctx->live->live_prev = req;
+	ctx->live = req;
+	mp_reqq_push(&ctx->queue, &req->qlink);
+	pthread_cond_broadcast(&ctx->cv);
+	pthread_mutex_unlock(&ctx->mu);
+	*out = req;
+	return 0;
+undo:
+	pthread_mutex_unlock(&ctx->mu);
+	if (rc == -EBUSY)
+		mp_set_error(ctx, "flush: an average of this buffer is still in flight");
+	if (req->own_mr)
+		mp_mem_deregister(ctx, mr);
+	free(req);
+	return rc;
+}
+
+int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+		     mp_request **out)
+{
+	return start_op(ctx, buf, count, weight, mr, NULL, 0, out);
+}
+
+/* Called with ctx->mu held and req done: copy out and release. */
+static int finish_request(struct mp_request *req, struct mp_result *res)
+{
+	struct mp_ctx *ctx = req->ctx;
+	int status = req->status;
+
+	if (res)
+		*res = req->res;
+	req->mr->users--;
+	if (req->fb)
+		req->fb->busy--;
+	if (req->live_prev)
+		req->live_prev->live_next = req->live_next;
+	else
+		ctx->live = req->live_next;
+	if (req->live_next)
+		req->live_next->live_prev = req->live_prev;
+	pthread_mutex_unlock(&ctx->mu);
+	if (req->own_mr)
+		mp_mem_deregister(ctx, req->mr);
+	free(req);
+	return status;
+}
+
+int mp_test(mp_request *req, int *done, struct mp_result *res)
+{
+	struct mp_ctx *ctx;
+
+	if (!req || !done)
+		return -EINVAL;
+	ctx = req->ctx;
+	pthread_mutex_lock(&ctx->mu);
+	if (req->state != REQ_DONE) {
+		pthread_mutex_unlock(&ctx->mu);
+		*done = 0;
+		return 0;
+	}
+	*done = 1;
+	return finish_request(req, res);
+}
+
+int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res)
+{
+	struct mp_ctx *ctx;
+	struct timespec dl;
+
+	if (!req)
+		return -EINVAL;
+	ctx = req->ctx;
+	clock_gettime(CLOCK_REALTIME, &dl);
+	if (timeout_ms >= 0) {
+		dl.tv_sec += timeout_ms / 1000;
+		dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+		if (dl.tv_nsec >= 1000000000L) {
+			dl.tv_sec++;
+			dl.tv_nsec -= 1000000000L;
+		}
+	}
+	pthread_mutex_lock(&ctx->mu);
+	while (req->state != REQ_DONE) {
+		if (timeout_ms < 0) {
+			pthread_cond_wait(&ctx->cv, &ctx->mu);
+		} else if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &dl) == ETIMEDOUT &&
+			   req->state != REQ_DONE) {
+			pthread_mutex_unlock(&ctx->mu);
+			return -ETIMEDOUT;
+		}
+	}
+	return finish_request(req, res);
+}
+
+int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res)
+{
+	mp_request *req;
+	int rc = mp_average_start(ctx, buf, count, weight, NULL, &req);
+
+	if (rc)
+		return rc;
+	return mp_wait(req, -1, res);
+}
+
+int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res)
+{
+	mp_request *req;
+	/* Uncompressed, so that nothing is held back again. */
+	int rc = start_op(ctx, buf, count, weight, NULL, mp_codec_by_id(MP_CODEC_NONE), 1, &req);
+
+	if (rc)
+		return rc;
+	return mp_wait(req, -1, res);
+}
+
+int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue)
+{
+	struct mp_fb *f;
+	int rc = 0;
+
+	if (!ctx || !buf || !count || !residue)
+		return -EINVAL;
+	pthread_mutex_lock(&ctx->mu);
+	f = fb_find(ctx, buf, count, 0);
+	if (!f)
+		rc = -ENOENT;
+	else if (f->busy)
+		rc = -EBUSY;
+	else
+		memcpy(residue, f->residue, count * sizeof(float));
+	pthread_mutex_unlock(&ctx->mu);
+	return rc;
+}
+
+int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *residue)
+{
+	struct mp_fb *f;
+	int rc = 0;
+
+	if (!ctx || !buf || !count || !residue)
+		return -EINVAL;
+	for (size_t i = 0; i < count; i++)
+		if (!isfinite(residue[i]))
+			return -EINVAL;
+	pthread_mutex_lock(&ctx->mu);
+	f = fb_find(ctx, buf, count, 1);
+	if (!f)
+		rc = -ENOMEM;
+	else if (f->busy)
+		rc = -EBUSY;
+	else
+		memcpy(f->residue, residue, count * sizeof(float));
+	pthread_mutex_unlock(&ctx->mu);
+	return rc;
+}
+
+int mp_feedback_reset(mp_ctx *ctx, const float *buf)
+{
+	int rc = buf ? -ENOENT : 0;
+
+	if (!ctx)
+		return -EINVAL;
+	pthread_mutex_lock(&ctx->mu);
+	for (struct mp_fb **pp = &ctx->fbs; *pp;) {
+		struct mp_fb *f = *pp;
+		if (buf && f->buf != buf) {
+			pp = &f->next;
+			continue;
+		}
+		if (f->busy) {
+			rc = -EBUSY;
+			pp = &f->next;
+			continue;
+		}
+		*pp = f->next;
+		fb_free(f);
+		if (buf)
+			rc = 0;
+	}
+	pthread_mutex_unlock(&ctx->mu);
+	return rc;
+}
+
+int mp_finalize(mp_ctx *ctx)
+{
+	if (!ctx)
+		return 0;
+	if (ctx->thread_started) {
+		pthread_mutex_lock(&ctx->mu);
+		__atomic_store_n(&ctx->stop, 1, __ATOMIC_RELEASE);
+		pthread_cond_broadcast(&ctx->cv);
+		pthread_mutex_unlock(&ctx->mu);
+		if (ctx->ops && ctx->drv)
+			ctx->ops->wake(ctx->drv);
+		pthread_join(ctx->thread, NULL);
+	}
+	/* Requests the caller never completed are cancelled and released here;
+	 * their handles are invalid from now on. */
+	while (ctx->live) {
+		struct mp_request *req = ctx->live;
+		ctx->live = req->live_next;
+		if (req->own_mr && ctx->ops && ctx->drv)
+			ctx->ops->dereg_mr(ctx->drv, req->mr->dmr);
+		if (req->own_mr)
+			free(req->mr);
+		free(req);
+	}
+	if (ctx->drv && ctx->ctrl)
+		leave_now(ctx);
+	if (ctx->drv) {
+		mp_conn_close_all(ctx);
+		mp_ctrl_fini(ctx);
+		if (ctx->listener)
+			ctx->ops->close_listener(ctx->listener);
+		if (ctx->slab_mr)
+			ctx->ops->dereg_mr(ctx->drv, ctx->slab_mr);
+		ctx->ops->fini(ctx->drv);
+	}
+	free(ctx->slab);
+	for (int i = 0; i < MP_SCR_MAX; i++)
+		free(ctx->scratch[i]);
+	while (ctx->fbs) {
+		struct mp_fb *f = ctx->fbs;
+		ctx->fbs = f->next;
+		fb_free(f);
+	}
+	if (ctx->dynamic)
+		mp_dht_stop(ctx);
+	else if (ctx->rdv_st)
+		ctx->rdv->fini(ctx->rdv_st);
+	free(ctx->pend);
+	mp_peers_free(ctx);
+	pthread_cond_destroy(&ctx->cv);
+	pthread_mutex_destroy(&ctx->mu);
+	free(ctx->run_name);
+	free(ctx->transport);
+	free(ctx->listen_addr);
+	mp_clog_close(ctx);
+	mp_fault_free(ctx);
+	free(ctx);
+	return 0;
+}

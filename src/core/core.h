@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Private to src/core: requests, registrations and configuration helpers. */
+#ifndef MP_CORE_H
+#define MP_CORE_H
+
+#include "ctx.h"
+
+/* Built-in drivers (src/core/driver.c). */
+const struct mp_driver_ops *mp_driver_find(const char *name);
+/* Comma-separated list of built-in driver names, for messages. */
+const char *mp_driver_names(void);
+
+struct mp_stage;
+
+struct mp_mr {
+	void *buf;
+	size_t len;
+	enum mp_mem_kind kind;
+	struct mp_drv_mr *dmr;    /* the transport's registration of buf; NULL for CUDA
+	                             memory the transport cannot move */
+	struct mp_stage *stage;   /* CUDA memory: its pinned host copy (stage.h) */
+	int users;
+};
+
+/* Error-feedback residue of one buffer (sparse codecs), kept across calls. */
+struct mp_fb {
+	const float *buf;
+	size_t n;
+	float *residue;    /* n values */
+	int busy;          /* averages of the buffer in flight (under ctx->mu) */
+	struct mp_fb *next;
+};
+
+struct mp_request {
+	struct mp_ctx *ctx;
+	const struct mp_codec_ops *codec; /* resolved ("auto" chosen, flush forced to none) */
+	struct mp_fb *fb;                 /* sparse codecs: the buffer's residue */
+	float *buf;
+	float *x;                 /* where the operation runs: buf, or its place in
+	                             the registration's host copy (staged CUDA memory) */
+	size_t count;
+	float weight;
+	mp_mr *mr;
+	int own_mr;               /* mr registered for this request only */
+	int state;                /* REQ_QUEUED, REQ_RUNNING, REQ_DONE */
+	int status;
+	struct mp_result res;
+	struct mp_reqq_link qlink;      /* queue of the progress thread */
+	struct mp_request *live_prev, *live_next; /* every request not yet released */
+};
+
+enum { REQ_QUEUED, REQ_RUNNING, REQ_DONE };
+/* Configuration helpers (config.c). */
+int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char ***peer_list,
+		      int *npeers);
+/* The encoder settings of a configuration. */
+void mp_config_codec_params(const struct mp_config *cfg, struct mp_codec_params *p);
+int mp_parse_doubles(const char *s, double *out, int n);
+void mp_free_list(char **list, int n);
+
+#endif

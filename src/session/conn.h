@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Connections between peers (conn.c). A pair of peers has ctx->nconn
+ * connections: data streams 0..streams-1, used by the engine, and the control
+ * connection, index ctx->streams, used by ctrl.c only. Each is authenticated
+ * with the run key before it is handed out, and has a session token.
+ */
+#ifndef MP_CONN_H
+#define MP_CONN_H
+
+#include "ctx.h"
+
+/*
+ * The connection @idx to @peer if it is ready, else NULL. When this side
+ * dials (a client always, else the lower id), it dials and moves the
+ * handshake on here: call it again until it gives a connection. When the
+ * peer dials, NULL until mp_conn_poll has adopted the peer's connection.
+ * *err: the last connection error (0 if none): -ENOTCONN at once when the
+ * two can never connect (both clients) or the peer is gone; -EACCES when the
+ * peer failed authentication (retried after a pause, like a refused dial).
+ */
+struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err);
+/* Session token of connection @idx to @peer (0 while it is not ready). */
+uint32_t mp_conn_token(struct mp_ctx *ctx, int peer, int idx);
+/* Move every handshake on: our own dials (so that they complete while an
+ * exchange waits for other peers) and accepted connections, adopted once
+ * their AUTH checks out. */
+void mp_conn_poll(struct mp_ctx *ctx);
+/* Close one connection (its posted requests are cancelled). */
+void mp_conn_drop(struct mp_ctx *ctx, int peer, int idx);
+void mp_conn_close_all(struct mp_ctx *ctx);
+/* Release a request whose connection was closed (it completes with
+ * -ECANCELED; bounded, in case a driver needs a progress call for it). */
+void mp_reap(struct mp_ctx *ctx, struct mp_drv_req *req);
+
+#endif

@@ -1,0 +1,511 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The transfer engine: runs one exchange (a group all-reduce, a ring pass)
+ * over the driver seam. Each channel (peer, stream) keeps a window of posted
+ * sends and a window of posted receives in registered slab memory; the
+ * algorithm decides what to send next and what a received frame means.
+ *
+ * Every frame is validated (wire.c) before the algorithm sees it, and a peer
+ * whose connection fails, who sends a bad frame, or who stays silent past the
+ * round timeout is dropped for the exchange: its connection is closed so that
+ * nothing stale of it can arrive in a later round.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "conn.h"
+#include "xfer.h"
+#include "log.h"
+
+/* A dht run's exchange reads the control connections this often. */
+#define CTRL_POLL_NS (1000ull * 1000)
+
+struct mp_xslot {
+	uint8_t *buf; /* send: header then encoded payload; receive: whole frame */
+	struct mp_drv_req *req;
+	size_t len;   /* send: frame bytes */
+	uint32_t count; /* send: values the frame carries */
+	struct mp_iov iov[2];
+	int iovcnt;
+};
+
+/* Our own frames: what our encoder settings can produce. */
+static size_t frame_max(const struct mp_xfer *x)
+{
+	return MP_WIRE_HDR_SIZE + x->codec->max_encoded(&x->ctx->cparams, x->ctx->chunk_elems);
+}
+
+/*
+ * Receive room: decoders accept frames of any encoder settings (payloads
+ * describe themselves), so size for the widest settings of every codec this
+ * context can be sent: the configured one, or those "auto" picks, and none
+ * (mp_average_flush).
+ */
+size_t mp_frame_rx_max(const struct mp_ctx *ctx)
+{
+	static const int auto_set[] = {MP_CODEC_FP16, MP_CODEC_BLOCKWISE8};
+	const struct mp_codec_params wide = {.block = 1, .sigmas = 1.0f, .topk_ratio = 1.0f, .bin = 1};
+	int auto_cfg = ctx->codec_cfg == MP_CODEC_AUTO;
+	const int *ids = auto_cfg ? auto_set : &ctx->codec_cfg;
+	size_t nids = auto_cfg ? sizeof(auto_set) / sizeof(auto_set[0]) : 1;
+	size_t m = mp_codec_by_id(MP_CODEC_NONE)->max_encoded(&wide, ctx->chunk_elems);
+
+	for (size_t i = 0; i < nids; i++) {
+		size_t e = mp_codec_by_id((unsigned)ids[i])->max_encoded(&wide, ctx->chunk_elems);
+		m = e > m ? e : m;
+	}
+	return MP_WIRE_HDR_SIZE + m;
+}
+
+/* Codec none sends straight from the user's buffer; others encode into the slot. */
+static int zero_copy(const struct mp_xfer *x)
+{
+	return x->codec->id == MP_CODEC_NONE;
+}
+
+uint8_t *mp_slab(struct mp_ctx *ctx, size_t bytes)
+{
+	if (bytes <= ctx->slab_size)
+		return ctx->slab;
+	if (ctx->slab_mr)
+		ctx->ops->dereg_mr(ctx->drv, ctx->slab_mr);
+	ctx->slab_mr = NULL;
+	free(ctx->slab);
+	ctx->slab_size = 0;
+	bytes = (bytes + 4095) & ~(size_t)4095;
+	ctx->slab = aligned_alloc(4096, bytes);
+	if (!ctx->slab)
+		return NULL;
+	if (ctx->ops->reg_mr(ctx->drv, ctx->slab, bytes, MP_MEM_HOST, &ctx->slab_mr)) {
+		free(ctx->slab);
+		ctx->slab = NULL;
+		return NULL;
+	}
+	ctx->slab_size = bytes;
+	return ctx->slab;
+}
+
+void *mp_scratch(struct mp_ctx *ctx, int which, size_t bytes)
+{
+	if (bytes <= ctx->scratch_size[which] && ctx->scratch[which])
+		return ctx->scratch[which];
+	free(ctx->scratch[which]);
+	ctx->scratch_size[which] = 0;
+	ctx->scratch[which] = aligned_alloc(64, bytes ? (bytes + 63) & ~(size_t)63 : 64);
+	if (ctx->scratch[which])
+		ctx->scratch_size[which] = bytes;
+	return ctx->scratch[which];
+}
+
+static void reap_slots(struct mp_ctx *ctx, struct mp_xslot *sl, int head, int n, int window)
+{
+	for (int i = 0; i < n; i++) {
+		struct mp_xslot *s = &sl[(head + i) % window];
+		mp_reap(ctx, s->req);
+		s->req = NULL;
+	}
+}
+
+static void fail_peer(struct mp_xfer *x, int peer, int err, const char *why)
+{
+	struct mp_ctx *ctx = x->ctx;
+	int first = 1;
+
+	for (int i = 0; i < x->nch; i++) {
+		struct mp_chan *ch = &x->ch[i];
+		if (ch->peer != peer || ch->failed)
+			continue;
+		if (first) {
+			MP_WARN("%s round %u: dropping peer %d (%s): %s (%s)", x->what, x->round, peer,
+				ctx->peers[peer].addr, why, mp_strerror(err));
+			first = 0;
+		}
+		ch->failed = err ? err : -EPROTO;
+		/* Closing cancels what is posted; the slots are then reaped. */
+		mp_conn_drop(ctx, peer, ch->stream);
+		reap_slots(ctx, ch->ss, ch->s_head, ch->s_n, ctx->window);
+		reap_slots(ctx, ch->rs, ch->r_head, ch->r_n, ctx->window);
+		ch->s_n = ch->r_n = 0;
+	}
+	if (!first) {
+		/* The matchmaker stops counting on it for a while (a SIGKILLed
+		 * peer's record outlives it by up to its TTL). */
+		mp_peer_suspect(ctx, peer, NULL);
+		x->res->failed_peers++;
+		x->xops->peer_failed(x->op, peer);
+	}
+}
+
+static void reject(struct mp_xfer *x, struct mp_chan *ch, enum mp_wire_reject why)
+{
+	x->ctx->rejected[why]++;
+	x->res->frames_rejected++;
+	fail_peer(x, ch->peer, -EPROTO, mp_wire_reject_name(why));
+}
+
+/* A frame arrived in slot @s of @ch: validate, then hand it to the algorithm. */
+static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, size_t len)
+{
+	struct mp_ctx *ctx = x->ctx;
+	struct mp_wire_hdr h;
+	enum mp_wire_reject why = MP_REJ_NONE;
+
+	x->res->bytes_received += len;
+	if (mp_wire_decode(s->buf, len, ctx->run_id, mp_codec_count(), &h, &why)) {
+		reject(x, ch, why);
+		return;
+	}
+	if (h.token != mp_conn_token(ctx, ch->peer, ch->stream)) {
+		/* Not of this connection's session: dropped, not held against the
+		 * peer, whose own frames may still come; the receive is reposted. */
+		ctx->rejected[MP_REJ_TOKEN]++;
+		x->res->frames_rejected++;
+		MP_WARN("%s round %u: dropped a frame with a wrong session token on the connection "
+			"to peer %d (%s)", x->what, x->round, ch->peer, ctx->peers[ch->peer].addr);
+		return;
+	}
+	if (h.sender == (uint32_t)ctx->peers[ch->peer].id &&
+	    (h.round < x->round || (h.round == x->round && h.group_id != x->group_id))) {
+		/* The peer sent for an exchange we were not in, or left: a
+		 * roster that named us after we had given up on its leader, or
+		 * one that timed us out. Its frames wait on the connection until
+		 * the next exchange reads them; they are skipped, not held
+		 * against the peer, and the receive is reposted. */
+		ctx->rejected[MP_REJ_STALE]++;
+		x->res->frames_rejected++;
+		MP_TRACE("%s round %u: skipped a frame of round %u (group %08x) from peer %d",
+			 x->what, x->round, h.round, h.group_id, ch->peer);
+		return;
+	}
+	if (h.round != x->round || h.group_id != x->group_id ||
+	    h.sender != (uint32_t)ctx->peers[ch->peer].id || h.codec != x->codec->id) {
+		MP_TRACE("unexpected frame: round %u/%u group %u/%u sender %u/%d codec %u/%u", h.round,
+			 x->round, h.group_id, x->group_id, h.sender, ch->peer, h.codec, x->codec->id);
+		reject(x, ch, MP_REJ_UNEXPECTED);
+		return;
+	}
+	if (x->xops->consume(x->op, ch, &h, s->buf + MP_WIRE_HDR_SIZE)) {
+		reject(x, ch, MP_REJ_UNEXPECTED);
+		return;
+	}
+	ch->received++;
+}
+
+/*
+ * Ask the algorithm for the next message and post it. Returns 1 if posted.
+ * A message refused with -EAGAIN stays staged in its slot and is posted
+ * first next time, since the algorithm has already counted it as produced.
+ */
+static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *conn)
+{
+	struct mp_ctx *ctx = x->ctx;
+	struct mp_xslot *s = &ch->ss[(ch->s_head + ch->s_n) % ctx->window];
+	int rc;
+
+	if (!ch->staged) {
+		struct mp_wire_hdr h;
+		const float *src;
+		size_t plen;
+
+		memset(&h, 0, sizeof(h));
+		int what = x->xops->produce(x->op, ch, &h, &src);
+		if (!what)
+			return 0;
+		h.codec = (uint8_t)x->codec->id;
+		h.run_id = ctx->run_id;
+		h.round = x->round;
+		h.group_id = x->group_id;
+		h.sender = (uint32_t)ctx->self_id;
+		h.token = mp_conn_token(ctx, ch->peer, ch->stream);
+		h.flags = ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
+		if (what == 2) {
+			/* Encoded once by the algorithm (a reducer's result goes to
+			 * every member alike); it fits: same codec, same chunk. */
+			plen = h.length;
+			memcpy(s->buf + MP_WIRE_HDR_SIZE, src, plen);
+			s->iovcnt = 1;
+		} else if (zero_copy(x)) {
+			plen = (size_t)h.count * sizeof(float);
+			s->iov[1].base = src;
+			s->iov[1].len = plen;
+			s->iovcnt = 2;
+		} else {
+			/* Sparse codecs take this peer's error feedback for these
+			 * elements along, and leave what they did not send in it. */
+			rc = x->codec->encode(&ctx->cparams, src,
+					      x->residue ? x->residue + h.offset : NULL, h.count,
+					      s->buf + MP_WIRE_HDR_SIZE, frame_max(x) - MP_WIRE_HDR_SIZE,
+					      &plen, x->enc_scratch);
+			if (rc) {
+				fail_peer(x, ch->peer, rc, "encode failed");
+				return 0;
+			}
+			s->iovcnt = 1;
+		}
+		h.length = (uint32_t)plen;
+		mp_wire_encode(&h, s->buf, s->iovcnt == 2 ? (const void *)src : s->buf + MP_WIRE_HDR_SIZE);
+		s->iov[0].base = s->buf;
+		s->iov[0].len = s->iovcnt == 2 ? MP_WIRE_HDR_SIZE : MP_WIRE_HDR_SIZE + plen;
+		s->len = MP_WIRE_HDR_SIZE + plen;
+		s->count = h.count;
+		ch->staged = 1;
+	}
+	rc = ctx->ops->isend(conn, s->iov, s->iovcnt, s->iovcnt == 2 ? x->user_mr : ctx->slab_mr,
+			     &s->req);
+	if (rc == -EAGAIN)
+		return 0;
+	ch->staged = 0;
+	if (rc) {
+		/* A broken connection: if requests are posted, their completions
+		 * carry the cause (e.g. -EMSGSIZE); otherwise report this one. */
+		if (ch->s_n || ch->r_n)
+			ch->defer_err = rc;
+		else
+			fail_peer(x, ch->peer, rc, "send could not be posted");
+		return 0;
+	}
+	ch->s_n++;
+	ch->send_posted++;
+	return 1;
+}
+
+/* Lays out slots for every channel in the slab. */
+static int setup_slots(struct mp_xfer *x)
+{
+	struct mp_ctx *ctx = x->ctx;
+	size_t fmax = ctx->frame_rx_max;
+	size_t sbytes = zero_copy(x) ? MP_WIRE_HDR_SIZE : frame_max(x);
+	size_t per_ch, slots_bytes;
+	uint8_t *base;
+
+	sbytes = (sbytes + 63) & ~(size_t)63;
+	fmax = (fmax + 63) & ~(size_t)63;
+	per_ch = (size_t)ctx->window * (sbytes + fmax);
+	slots_bytes = (size_t)x->nch * 2 * (size_t)ctx->window * sizeof(struct mp_xslot);
+	base = mp_slab(ctx, per_ch * (size_t)x->nch);
+	if (!base)
+		return -ENOMEM;
+	struct mp_xslot *sl = calloc(1, slots_bytes ? slots_bytes : 1);
+	if (!sl)
+		return -ENOMEM;
+	for (int i = 0; i < x->nch; i++) {
+		struct mp_chan *ch = &x->ch[i];
+		uint8_t *p = base + per_ch * (size_t)i;
+		ch->ss = sl + (size_t)i * 2 * (size_t)ctx->window;
+		ch->rs = ch->ss + ctx->window;
+		for (int w = 0; w < ctx->window; w++) {
+			ch->ss[w].buf = p;
+			p += sbytes;
+			ch->rs[w].buf = p;
+			p += fmax;
+		}
+	}
+	return 0;
+}
+
+int mp_xfer_run(struct mp_xfer *x)
+{
+	struct mp_ctx *ctx = x->ctx;
+	const uint64_t conn_to = (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
+	const uint64_t round_to = (uint64_t)ctx->cfg.round_timeout_ms * 1000000ull;
+	const size_t fmax = ctx->frame_rx_max;
+	uint64_t start = mp_now_ns(), last_move = start, ctrl_at = 0;
+	const uint64_t deadline = x->deadline_ms > 0 ? start + (uint64_t)x->deadline_ms * 1000000ull : 0;
+	const uint64_t spin_ns = (uint64_t)ctx->spin_us * 1000u;
+	uint64_t *last;
+	int rc, *conn_err;
+
+	if (x->nch <= 0)
+		return 0;
+	x->enc_scratch = NULL;
+	if (x->codec->scratch_size) {
+		x->enc_scratch = mp_scratch(ctx, MP_SCR_ENCODE,
+					    x->codec->scratch_size(&ctx->cparams, ctx->chunk_elems));
+		if (!x->enc_scratch)
+			return -ENOMEM;
+	}
+	rc = setup_slots(x);
+	last = calloc((unsigned)x->nch, sizeof(*last) + sizeof(*conn_err));
+	if (rc || !last) {
+		free(last);
+		if (!rc)
+			free(x->ch[0].ss);
+		return -ENOMEM;
+	}
+	conn_err = (int *)(last + x->nch);
+	for (int i = 0; i < x->nch; i++)
+		last[i] = start;
+	ctx->cur_res = x->res;
+
+	for (;;) {
+		int active = 0, moved = 0;
+		uint64_t now = mp_now_ns();
+
+		if (__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+			for (int i = 0; i < x->nch; i++)
+				if (!x->ch[i].failed)
+					fail_peer(x, x->ch[i].peer, -ECANCELED, "context finalizing");
+			rc = -ECANCELED;
+			break;
+		}
+		if (ctx->exchange_hook && now - ctrl_at >= CTRL_POLL_NS) {
+			/* The control plane's progress, which polls the
+			 * connections first (see the connect wait below). */
+			ctx->exchange_hook(ctx);
+			ctrl_at = now;
+		} else {
+			mp_conn_poll(ctx);
+		}
+		for (int i = 0; i < x->nch; i++) {
+			struct mp_chan *ch = &x->ch[i];
+			struct mp_drv_conn *conn;
+			int err = 0, chmoved = 0;
+
+			if (ch->failed)
+				continue;
+			if (x->xops->drop && x->xops->drop(x->op, ch)) {
+				fail_peer(x, ch->peer, -ECONNABORTED, "connection cut (fault injection)");
+				continue;
+			}
+			conn = mp_conn_get(ctx, ch->peer, ch->stream, &err);
+			if (err)
+				conn_err[i] = err;
+			if (!conn) {
+				/* A dht peer listens before it publishes its record,
+				 * so a refusal, or a connection of its seen closed
+				 * lately (by us or by another member), means it is
+				 * gone: no use waiting out the connect timeout. */
+				uint64_t f = ctx->peers[ch->peer].failed_ns;
+				if (ctx->dynamic && (err == -ECONNREFUSED ||
+						     (f && now - f < conn_to))) {
+					fail_peer(x, ch->peer, err ? err : -ECONNRESET,
+						  "gone (refuses connections, or closed them)");
+					continue;
+				}
+				if (now - start > conn_to || (deadline && now > deadline)) {
+					char why[96];
+					snprintf(why, sizeof(why), "not connected after %d ms",
+						 now - start > conn_to ? ctx->cfg.connect_timeout_ms
+								       : x->deadline_ms);
+					fail_peer(x, ch->peer,
+						  conn_err[i] ? conn_err[i] : -ETIMEDOUT, why);
+				} else {
+					active = 1;
+				}
+				continue;
+			}
+			/* Completions, in posting order. */
+			while (ch->s_n) {
+				struct mp_xslot *s = &ch->ss[ch->s_head];
+				int done = 0;
+				rc = ctx->ops->test(s->req, &done, NULL);
+				if (!done)
+					break;
+				s->req = NULL;
+				ch->s_head = (ch->s_head + 1) % ctx->window;
+				ch->s_n--;
+				if (rc) {
+					fail_peer(x, ch->peer, rc, "send failed");
+					break;
+				}
+				ch->sent++;
+				x->res->bytes_sent += s->len;
+				x->res->values_sent += s->count;
+				chmoved = 1;
+			}
+			while (!ch->failed && ch->r_n) {
+				struct mp_xslot *s = &ch->rs[ch->r_head];
+				size_t len = 0;
+				int done = 0;
+				rc = ctx->ops->test(s->req, &done, &len);
+				if (!done)
+					break;
+				s->req = NULL;
+				ch->r_head = (ch->r_head + 1) % ctx->window;
+				ch->r_n--;
+				chmoved = 1;
+				if (rc == -EMSGSIZE) {
+					reject(x, ch, MP_REJ_LENGTH);
+					break;
+				}
+				if (rc) {
+					fail_peer(x, ch->peer, rc, "receive failed");
+					break;
+				}
+				deliver(x, ch, s, len);
+			}
+			if (!ch->failed && ch->defer_err && !ch->s_n && !ch->r_n)
+				fail_peer(x, ch->peer, ch->defer_err, "connection broke");
+			if (ch->failed)
+				continue;
+			if (chmoved)
+				last[i] = now;
+			moved |= chmoved;
+			/* Post more receives and sends, up to the window. */
+			while (ch->r_n < ctx->window && (uint64_t)ch->r_n < x->xops->recv_left(x->op, ch)) {
+				struct mp_xslot *s = &ch->rs[(ch->r_head + ch->r_n) % ctx->window];
+				rc = ctx->ops->irecv(conn, s->buf, fmax, ctx->slab_mr, &s->req);
+				/* With receives posted, their completions say why the
+				 * connection broke (e.g. -EMSGSIZE); let them speak first. */
+				if (rc && rc != -EAGAIN && ch->r_n)
+					ch->defer_err = rc;
+				if (rc == -EAGAIN || (rc && ch->r_n))
+					break;
+				if (rc) {
+					fail_peer(x, ch->peer, rc, "receive could not be posted");
+					break;
+				}
+				ch->r_n++;
+				ch->recv_posted++;
+			}
+			while (!ch->failed && ch->s_n < ctx->window && post_send(x, ch, conn))
+				moved = 1;
+			if (ch->failed)
+				continue;
+			if (ch->s_n || ch->r_n || ch->staged || x->xops->send_left(x->op, ch) ||
+			    x->xops->recv_left(x->op, ch)) {
+				active = 1;
+				/* Silence is the peer's fault only if it owes us
+				 * something it can send on its own: it counts from
+				 * the end of a wait on others. */
+				if (!ch->s_n && !ch->staged && x->xops->waits_on_others &&
+				    x->xops->waits_on_others(x->op, ch))
+					last[i] = now;
+				if (now - last[i] > round_to) {
+					char why[96];
+					snprintf(why, sizeof(why), "silent for %d ms",
+						 ctx->cfg.round_timeout_ms);
+					fail_peer(x, ch->peer, -ETIMEDOUT, why);
+				} else if (deadline && now > deadline) {
+					char why[96];
+					snprintf(why, sizeof(why), "still missing at the %d ms deadline",
+						 x->deadline_ms);
+					fail_peer(x, ch->peer, -ETIMEDOUT, why);
+				}
+			}
+		}
+		if (!active) {
+			rc = 0;
+			break;
+		}
+		/* Poll while things move and for a short spin after (a reply is
+		 * often microseconds away); then sleep in the driver until an
+		 * event, bounded so that timeouts are noticed. */
+		if (moved)
+			last_move = now;
+		rc = ctx->ops->progress(ctx->drv, moved || now - last_move < spin_ns ? 0 : 10);
+		if (rc && rc != -EAGAIN && rc != -EINTR) {
+			MP_WARN("%s: transport progress failed: %s", x->what, mp_strerror(rc));
+			for (int i = 0; i < x->nch; i++)
+				if (!x->ch[i].failed)
+					fail_peer(x, x->ch[i].peer, rc, "transport failure");
+		}
+	}
+	ctx->cur_res = NULL;
+	free(x->ch[0].ss);
+	free(last);
+	return rc;
+}

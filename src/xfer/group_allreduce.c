@@ -1,0 +1,669 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Butterfly all-reduce inside one group of k peers (the Moshpit round and the
+ * `butterfly` baseline). The vector is cut into k parts, sized from the
+ * members' bandwidths by DeDLOC's linear program (mp_balance_parts); member i
+ * reduces part i. Every part streams in chunks:
+ *
+ *   reduce-scatter  each contributing member sends chunk c of part j to
+ *                   member j (SCATTER); the reducer decodes it into that
+ *                   member's own slot
+ *   all-gather      once every contributing member has delivered its whole
+ *                   part or failed, the reducer sums the complete
+ *                   contributions and sends the result back (GATHER)
+ *
+ * Chunk c of any part travels on stream c mod S, so both ends know which
+ * frame comes next on each connection and can check it exactly.
+ *
+ * Parts are atomic under churn. A reducer counts a member only if it
+ * delivered every chunk of the part; the sum then runs in member order, so
+ * the result does not depend on arrival order or timing. A member applies a
+ * part only if every chunk of its result arrived; otherwise the part keeps
+ * this peer's values from the start of the round. No peer ever holds half a
+ * part, and the contribution log (clog.h) names exactly which contributions
+ * each part holds.
+ *
+ * Modes (DeDLOC): a client member reduces nothing (bandwidth 0, no part) but
+ * contributes and takes the results; an aux member reduces a part but
+ * contributes nothing: it sends no SCATTER, receives no GATHER, and leaves
+ * with its buffer and weight unchanged. Every member derives the same plan
+ * from the roster.
+ *
+ * Weights: a part's result is Σ w·x / Σ w over its contributions, and each
+ * member leaves with the mean weight Σ w / contributors of its own part if
+ * it reduced one, else of the lowest part it applied. Averaging the pairs
+ * (w·x, w) like this keeps the totals Σ w·x and Σ w over all peers unchanged,
+ * so repeated rounds converge to the exact weighted global mean on any grid,
+ * and a full grid without failures reaches it after d rounds.
+ *
+ * Memory, beyond the engine's slots (both in mp_scratch, kept between
+ * rounds):
+ *  - MP_SCR_REDUCE: the reducer keeps each other contributor's decoded part
+ *    until the part is complete, (contributors - 1) × its part length: for
+ *    equal parts (k-1)/k of the vector; more for a reducer whose bandwidth
+ *    earns it a larger part.
+ *  - MP_SCR_STAGE: a member decodes the results into staging and copies each
+ *    complete part into the buffer at the end of the round: the vector less
+ *    its own part. Keeping a copy of its own values instead would cost the
+ *    same copy every round, but would write the user's buffer while its
+ *    zero-copy sends may still read it, and need undoing when a round is
+ *    cancelled. Sparse codecs also save the residue of the parts sent (the
+ *    same size again), to restore it for a part that is not applied.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clog.h"
+#include "fault.h"
+#include "xfer.h"
+#include "mp_kernels.h"
+#include "log.h"
+
+struct gchan {
+	int j;                 /* member index of the channel's peer */
+	uint64_t scat_next;    /* next chunk of part j we send (SCATTER) */
+	uint64_t gath_next;    /* next chunk of our part we return (GATHER) */
+	uint64_t rscat_next;   /* next chunk of our part expected from j */
+	uint64_t rgath_next;   /* next chunk of part j expected back from j */
+};
+
+struct gmember {
+	uint64_t off, len, nch; /* its part */
+	uint64_t got;           /* chunks of our part it delivered */
+	uint64_t gotg;          /* chunks of its part's result it returned */
+	float w;                /* the weight its contribution carries */
+	float gw;               /* its result: Σ w ... */
+	uint32_t gn;            /* ... over this many contributions */
+	int slot;               /* its contribution's slot in cbuf, or -1 */
+	uint8_t mode;           /* enum mp_mode, as agreed in the roster */
+	uint8_t failed;
+	uint8_t stalled, cut;   /* fault injection: send nothing more / drop it */
+};
+
+struct gar {
+	struct mp_ctx *ctx;
+	const struct mp_group *g;
+	struct mp_avg *a;
+	uint32_t round;
+	int k, me, S;
+	size_t C;
+	struct gmember *mb;    /* per member */
+	struct gchan *gc;      /* per channel */
+	struct mp_chan *ch;
+	uint32_t ncontributors; /* members that are not aux */
+	/* our part */
+	float *cbuf;           /* slots of len[me] values, one per other contributor */
+	int *who;              /* contributions used, member order */
+	float *whow;           /* ... and their weights */
+	int nused;
+	float wsum;
+	int done;              /* reduced: the results may go */
+	int folded;            /* our residue went into the part (sparse codecs) */
+	uint8_t *enc;          /* lossy codecs: each chunk of the result, encoded once for all */
+	uint32_t *enc_len;
+	size_t enc_cap;
+	float *rtmp;           /* sparse codecs: what the result's encoding held back */
+	/* the others' parts */
+	float *stage;          /* their results, compact (our part left out) */
+	float *esave;          /* sparse codecs: residue of the parts we send, as it was */
+	float *own;            /* aux: our part's values, restored at the end */
+	/* fault injection: frames sent in this round, per phase (scatter, gather) */
+	uint64_t sent[2];
+};
+
+/* Chunks at or after @next on the stream of @next's residue. */
+static uint64_t left_from(uint64_t nch, uint64_t next, int S)
+{
+	return nch > next ? (nch - next + (uint64_t)S - 1) / (uint64_t)S : 0;
+}
+
+static uint32_t chunk_count(const struct gar *r, int member, uint64_t c)
+{
+	uint64_t start = c * r->C;
+	uint64_t n = r->mb[member].len - start;
+	return (uint32_t)(n < r->C ? n : r->C);
+}
+
+static int contributes(const struct gar *r, int m)
+{
+	return r->mb[m].mode != MP_MODE_AUX;
+}
+
+/* We send our values of part j to its reducer j and take its result back. */
+static int sends_to(const struct gar *r, int j)
+{
+	return j != r->me && contributes(r, r->me) && r->mb[j].len > 0;
+}
+
+/* Member m sends us its values of our part and takes our result back. */
+static int serves(const struct gar *r, int m)
+{
+	return m != r->me && contributes(r, m) && r->mb[r->me].len > 0;
+}
+
+/* Where part j sits in the compact staging (everything but our own part). */
+static uint64_t stage_off(const struct gar *r, int j)
+{
+	return r->mb[j].off - (j > r->me ? r->mb[r->me].len : 0);
+}
+
+static uint64_t member_id(const struct gar *r, int m)
+{
+	return m == r->me ? r->ctx->self_id : r->ctx->peers[r->g->members[m]].id;
+}
+
+/* Contribution of member m to our part: our own values, or its slot. */
+static float *contribution(struct gar *r, int m)
+{
+	if (m == r->me)
+		return r->a->x + r->mb[m].off;
+	return r->cbuf + (size_t)r->mb[m].slot * r->mb[r->me].len;
+}
+
+/* The i-th contribution the reducer uses, for mp_k_wmean. */
+static float *used_contribution(void *arg, int i)
+{
+	struct gar *r = arg;
+
+	return contribution(r, r->who[i]);
+}
+
+/*
+ * Every contributor has delivered our whole part or failed: sum the complete
+ * contributions in member order, then divide by Σ w. The sum of one
+ * contribution is its values as they are, and a part with Σ w = 0 keeps our
+ * own values, so a peer nobody reached keeps its values bit for bit.
+ */
+static void reduce_part(struct gar *r)
+{
+	struct mp_ctx *ctx = r->ctx;
+	struct mp_avg *a = r->a;
+	const struct mp_codec_ops *codec = a->codec;
+	const int me = r->me;
+	const uint64_t L = r->mb[me].len, o = r->mb[me].off, nc = r->mb[me].nch;
+	float *x = a->x + o;
+	int recipients = 0;
+
+	r->nused = 0;
+	r->wsum = 0.0f;
+	for (int m = 0; m < r->k; m++) {
+		if (m == me ? !contributes(r, me) : !serves(r, m) || r->mb[m].got < nc)
+			continue;
+		r->who[r->nused] = m;
+		r->whow[r->nused] = m == me ? a->weight : r->mb[m].w;
+		r->wsum += r->whow[r->nused];
+		r->nused++;
+		recipients += m != me && !r->mb[m].failed;
+	}
+	if (r->nused > 1 && a->residue && contributes(r, me)) {
+		/* Our own contribution reaches the result without the wire: it
+		 * carries its held-back residue along in full (mass moves, none
+		 * is lost). */
+		mp_k_axpy(x, a->residue + o, 1.0f, L);
+		memset(a->residue + o, 0, L * sizeof(float));
+		r->folded = 1;
+	}
+	if (r->wsum > 0.0f && r->nused > 1) {
+		/* Accumulate in place in the first contribution (ours is in the
+		 * buffer, which takes the result anyway). */
+		mp_k_wmean(x, r->nused, r->whow, r->wsum, L, used_contribution, r);
+	} else if (r->wsum > 0.0f && r->who[0] != me) {
+		memcpy(x, contribution(r, r->who[0]), L * sizeof(float));
+	}
+	if (codec->id != MP_CODEC_NONE && recipients) {
+		/*
+		 * Members receive the encoded result; the reducer keeps exactly
+		 * what they decode, so the whole group holds identical values.
+		 * Encoded once here and sent to every member as it is.
+		 *
+		 * Sparse codecs: what the result's encoding leaves out is lost to
+		 * all nused members that take it, each with weight wsum/nused.
+		 * The reducer keeps that whole mass in its own residue (nused
+		 * times the difference, at its new weight), so Σ w·(x + residue)
+		 * over all peers is unchanged by the round (doc/codecs.md). An
+		 * aux reducer never sends its residue: that mass is lost.
+		 */
+		void *scr = codec->scratch_size ?
+			mp_scratch(ctx, MP_SCR_ENCODE, codec->scratch_size(&ctx->cparams, ctx->chunk_elems)) :
+			NULL;
+		int refill = (codec->flags & MP_CODEC_F_SPARSE) && a->residue && contributes(r, me);
+
+		for (uint64_t c = 0; c < nc; c++) {
+			uint32_t n = chunk_count(r, me, c);
+			uint8_t *e = r->enc + c * r->enc_cap;
+			float *xc = x + c * r->C, *res = refill ? r->rtmp : NULL;
+			size_t len = 0;
+
+			if (res)
+				memset(res, 0, n * sizeof(float));
+			if ((codec->scratch_size && !scr) ||
+			    codec->encode(&ctx->cparams, xc, res, n, e, r->enc_cap, &len, scr) ||
+			    codec->decode(e, len, xc, n)) {
+				/* Cannot happen with a buffer of max_encoded bytes; if
+				 * it does, members get a frame they will reject, not
+				 * garbage. */
+				MP_WARN("round %u: encoding a reduced chunk failed", r->round);
+				len = 0;
+			}
+			r->enc_len[c] = (uint32_t)len;
+			if (res)
+				mp_k_axpy(a->residue + o + c * r->C, res, (float)r->nused, n);
+		}
+	}
+	/* Logged before the first result can leave. */
+	mp_clog_reduce(ctx, r->round, r->g, o, L, r->wsum, r->nused, r->who, r->whow);
+	r->done = 1;
+}
+
+static void try_reduce(struct gar *r)
+{
+	if (r->done || !r->mb[r->me].len)
+		return;
+	for (int m = 0; m < r->k; m++)
+		if (serves(r, m) && !r->mb[m].failed && r->mb[m].got < r->mb[r->me].nch)
+			return;
+	reduce_part(r);
+}
+
+static struct gchan *gchan_of(struct gar *r, struct mp_chan *ch)
+{
+	return &r->gc[ch - r->ch];
+}
+
+/* Fault injection: apply what is due before a frame of @phase goes out. */
+static void faults_due(struct gar *r, int phase)
+{
+	const struct mp_fault *f;
+
+	if (!r->ctx->faults)
+		return;
+	while ((f = mp_fault_due(r->ctx, r->round, phase, r->sent[phase - MP_FAULT_SCATTER])))
+		for (int m = 0; m < r->k; m++)
+			if (m != r->me && (f->all_peers || member_id(r, m) == f->peer)) {
+				if (f->kind == MP_FAULT_STALL)
+					r->mb[m].stalled = 1;
+				else
+					r->mb[m].cut = 1;
+			}
+}
+
+static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const float **src)
+{
+	struct gar *r = op;
+	struct gchan *gc = gchan_of(r, ch);
+	int me = r->me, j = gc->j;
+	/* Results first: other members are waiting on them. */
+	int gather = r->done && serves(r, j) && gc->gath_next < r->mb[me].nch;
+	int scatter = !gather && sends_to(r, j) && gc->scat_next < r->mb[j].nch;
+	int phase = gather ? MP_FAULT_GATHER : MP_FAULT_SCATTER;
+
+	if (!gather && !scatter)
+		return 0;
+	faults_due(r, phase);
+	if (r->mb[j].stalled || r->mb[j].cut)
+		return 0;
+	r->sent[phase - MP_FAULT_SCATTER]++;
+	if (gather) {
+		uint64_t c = gc->gath_next;
+		h->type = MP_MSG_GATHER;
+		h->part = (uint32_t)me;
+		h->offset = r->mb[me].off + c * r->C;
+		h->count = chunk_count(r, me, c);
+		h->weight = r->wsum;
+		h->aux = (uint32_t)r->nused;
+		gc->gath_next += (uint64_t)r->S;
+		if (r->a->codec->id != MP_CODEC_NONE) {
+			h->length = r->enc_len[c];
+			*src = (const float *)(const void *)(r->enc + c * r->enc_cap);
+			return 2;
+		}
+		*src = r->a->x + h->offset;
+		return 1;
+	}
+	uint64_t c = gc->scat_next;
+	h->type = MP_MSG_SCATTER;
+	h->part = (uint32_t)j;
+	h->offset = r->mb[j].off + c * r->C;
+	h->count = chunk_count(r, j, c);
+	h->weight = r->a->weight;
+	*src = r->a->x + h->offset;
+	gc->scat_next += (uint64_t)r->S;
+	return 1;
+}
+
+static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, const void *payload)
+{
+	struct gar *r = op;
+	struct gchan *gc = gchan_of(r, ch);
+	int me = r->me, j = gc->j;
+	struct gmember *mj = &r->mb[j];
+
+	if (h->type == MP_MSG_SCATTER) {
+		uint64_t c = gc->rscat_next;
+		if (!serves(r, j) || c >= r->mb[me].nch || h->part != (uint32_t)me ||
+		    h->offset != r->mb[me].off + c * r->C || h->count != chunk_count(r, me, c))
+			return -EPROTO;
+		/* A member has one weight in a round: all its chunks carry it. */
+		if (mj->got && h->weight != mj->w)
+			return -EPROTO;
+		if (r->a->codec->decode(payload, h->length, r->cbuf + (size_t)mj->slot * r->mb[me].len + c * r->C,
+					h->count))
+			return -EPROTO;
+		mj->w = h->weight;
+		mj->got++;
+		gc->rscat_next += (uint64_t)r->S;
+		if (mj->got == r->mb[me].nch)
+			try_reduce(r);
+		return 0;
+	}
+	if (h->type == MP_MSG_GATHER) {
+		uint64_t c = gc->rgath_next;
+		if (!sends_to(r, j) || c >= mj->nch || h->part != (uint32_t)j ||
+		    h->offset != mj->off + c * r->C || h->count != chunk_count(r, j, c) || h->aux < 1 ||
+		    h->aux > r->ncontributors)
+			return -EPROTO;
+		/* One result: every chunk carries the same Σ w and count. */
+		if (mj->gotg && (h->weight != mj->gw || h->aux != mj->gn))
+			return -EPROTO;
+		/* Validated; staged until the whole part is in. */
+		if (r->a->codec->decode(payload, h->length, r->stage + stage_off(r, j) + c * r->C, h->count))
+			return -EPROTO;
+		mj->gw = h->weight;
+		mj->gn = h->aux;
+		mj->gotg++;
+		gc->rgath_next += (uint64_t)r->S;
+		return 0;
+	}
+	return -EPROTO;
+}
+
+static uint64_t g_recv_left(void *op, struct mp_chan *ch)
+{
+	struct gar *r = op;
+	struct gchan *gc = gchan_of(r, ch);
+	int j = gc->j;
+
+	return (serves(r, j) ? left_from(r->mb[r->me].nch, gc->rscat_next, r->S) : 0) +
+	       (sends_to(r, j) ? left_from(r->mb[j].nch, gc->rgath_next, r->S) : 0);
+}
+
+static uint64_t g_send_left(void *op, struct mp_chan *ch)
+{
+	struct gar *r = op;
+	struct gchan *gc = gchan_of(r, ch);
+	int j = gc->j;
+
+	return (serves(r, j) ? left_from(r->mb[r->me].nch, gc->gath_next, r->S) : 0) +
+	       (sends_to(r, j) ? left_from(r->mb[j].nch, gc->scat_next, r->S) : 0);
+}
+
+static void g_peer_failed(void *op, int peer)
+{
+	struct gar *r = op;
+
+	for (int m = 0; m < r->k; m++)
+		if (m != r->me && r->g->members[m] == peer)
+			r->mb[m].failed = 1;
+	try_reduce(r);
+}
+
+static int g_drop(void *op, struct mp_chan *ch)
+{
+	struct gar *r = op;
+
+	return r->mb[gchan_of(r, ch)->j].cut;
+}
+
+/*
+ * A result cannot start before every contribution to its part is in, so a
+ * member that owes us only its result (and waits for us to finish ours) may
+ * be waiting on a third, silent member, which the reducer times out first.
+ * What it can send on its own — its contribution, the rest of a result
+ * under way — is due within the silence timeout.
+ */
+static int g_waits_on_others(void *op, struct mp_chan *ch)
+{
+	struct gar *r = op;
+	struct gchan *gc = gchan_of(r, ch);
+	int j = gc->j;
+
+	if (serves(r, j) && gc->rscat_next < r->mb[r->me].nch)
+		return 0;
+	if (sends_to(r, j) && gc->scat_next < r->mb[j].nch)
+		return 0;
+	return !(sends_to(r, j) && r->mb[j].gotg && gc->rgath_next < r->mb[j].nch);
+}
+
+static const struct mp_xfer_ops gar_ops = {
+	.produce = g_produce,
+	.consume = g_consume,
+	.recv_left = g_recv_left,
+	.send_left = g_send_left,
+	.peer_failed = g_peer_failed,
+	.drop = g_drop,
+	.waits_on_others = g_waits_on_others,
+};
+
+/* Part sizes from the roster's bandwidths (clients: none), then offsets. */
+static int plan_parts(struct gar *r)
+{
+	struct mp_ctx *ctx = r->ctx;
+	const struct mp_group *g = r->g;
+	int k = r->k, rc;
+	double *bw = malloc((size_t)k * sizeof(double));
+	uint64_t *len = malloc((size_t)k * sizeof(uint64_t));
+
+	rc = bw && len ? 0 : -ENOMEM;
+	for (int m = 0; !rc && m < k; m++) {
+		r->mb[m].mode = g->mode ? g->mode[m] : MP_MODE_NORMAL;
+		bw[m] = g->bw ? g->bw[m] : ctx->peers[g->members[m]].bandwidth;
+		if (r->mb[m].mode == MP_MODE_CLIENT)
+			bw[m] = 0.0;
+	}
+	if (!rc) {
+		rc = mp_balance_parts(r->a->n, bw, k, ctx->cfg.min_part, len);
+		if (rc)
+			mp_set_error(ctx, "round %u: cannot split %zu values over the group's bandwidths",
+				     r->round, r->a->n);
+	}
+	for (int m = 0; !rc && m < k; m++) {
+		r->mb[m].len = len[m];
+		r->mb[m].off = m ? r->mb[m - 1].off + r->mb[m - 1].len : 0;
+		r->mb[m].nch = (len[m] + r->C - 1) / r->C;
+		r->ncontributors += contributes(r, m);
+	}
+	free(bw);
+	free(len);
+	return rc;
+}
+
+/* The round's scratch memory (see the top comment): 0 or -ENOMEM. */
+static int setup_memory(struct gar *r)
+{
+	struct mp_ctx *ctx = r->ctx;
+	struct mp_avg *a = r->a;
+	const int me = r->me;
+	const uint64_t L = r->mb[me].len, nc = r->mb[me].nch;
+	int lossy = a->codec->id != MP_CODEC_NONE;
+	int sparse = (a->codec->flags & MP_CODEC_F_SPARSE) != 0;
+	int nslots = 0;
+
+	for (int m = 0; m < r->k; m++) {
+		r->mb[m].slot = serves(r, m) ? nslots : -1;
+		nslots += serves(r, m);
+	}
+	/* Layout: cbuf | enc_len | rtmp | who | whow | enc (64-aligned) */
+	r->enc_cap = lossy ? (a->codec->max_encoded(&ctx->cparams, r->C) + 63) & ~(size_t)63 : 0;
+	size_t fixed = (size_t)nslots * L * sizeof(float) + nc * sizeof(uint32_t) +
+		       (sparse ? r->C * sizeof(float) : 0) + (size_t)r->k * (sizeof(int) + sizeof(float));
+	fixed = (fixed + 63) & ~(size_t)63;
+	r->cbuf = mp_scratch(ctx, MP_SCR_REDUCE, fixed + nc * r->enc_cap);
+	if (!r->cbuf)
+		return -ENOMEM;
+	r->enc_len = (uint32_t *)(r->cbuf + (size_t)nslots * L);
+	r->rtmp = (float *)(r->enc_len + nc);
+	r->who = (int *)(r->rtmp + (sparse ? r->C : 0));
+	r->whow = (float *)(r->who + r->k);
+	r->enc = (uint8_t *)r->cbuf + fixed;
+
+	/* Layout: stage | esave | own */
+	uint64_t rest = contributes(r, me) ? a->n - L : 0;
+	uint64_t saved = a->residue ? rest : 0;
+	uint64_t own = contributes(r, me) ? 0 : L;
+	r->stage = mp_scratch(ctx, MP_SCR_STAGE, (rest + saved + own) * sizeof(float));
+	if (!r->stage)
+		return -ENOMEM;
+	r->esave = saved ? r->stage + rest : NULL;
+	r->own = own ? r->stage + rest + saved : NULL;
+	if (r->esave)
+		for (int j = 0; j < r->k; j++)
+			if (sends_to(r, j))
+				memcpy(r->esave + stage_off(r, j), a->residue + r->mb[j].off,
+				       r->mb[j].len * sizeof(float));
+	if (r->own)
+		memcpy(r->own, a->x + r->mb[me].off, L * sizeof(float));
+	return 0;
+}
+
+/*
+ * After the exchange: apply the parts whose results arrived whole, keep our
+ * values (and residue) for the others, settle the weight. Returns whether
+ * any other member's values reached us.
+ */
+static int finish(struct gar *r)
+{
+	struct mp_avg *a = r->a;
+	const int me = r->me;
+	int first = -1, reached = r->done && r->nused > (contributes(r, me) ? 1 : 0);
+
+	for (int j = 0; j < r->k; j++) {
+		if (!sends_to(r, j))
+			continue;
+		const struct gmember *mj = &r->mb[j];
+		int whole = mj->gotg == mj->nch;
+		if (whole) {
+			memcpy(a->x + mj->off, r->stage + stage_off(r, j), mj->len * sizeof(float));
+			if (first < 0)
+				first = j;
+		} else if (r->esave) {
+			/* Not applied: the values stay ours, and so does the
+			 * residue they had, neither lost nor counted twice. */
+			memcpy(a->residue + mj->off, r->esave + stage_off(r, j), mj->len * sizeof(float));
+		}
+		mp_clog_apply(r->ctx, r->round, r->g, j, whole);
+	}
+	reached |= first >= 0;
+	if (r->own) {
+		/* Aux: we reduced for the others, with our buffer as the source
+		 * of the results; it goes back to what it was. */
+		memcpy(a->x + r->mb[me].off, r->own, r->mb[me].len * sizeof(float));
+		return reached;
+	}
+	float wold = a->weight;
+	if (r->done && r->nused)
+		a->weight = r->wsum / (float)r->nused;
+	else if (first >= 0)
+		a->weight = r->mb[first].gw / (float)r->mb[first].gn;
+	if (a->residue && a->weight > 0.0f && a->weight != wold) {
+		/* What the residue holds back counts at this peer's weight: keep
+		 * its mass w·e as the weight changes. Our own part's residue, if
+		 * it went into the part, was refilled at the new weight already. */
+		float f = wold / a->weight;
+		uint64_t o = r->folded ? r->mb[me].off : a->n, l = r->folded ? r->mb[me].len : 0;
+		mp_k_scale(a->residue, a->residue, f, o);
+		mp_k_scale(a->residue + o + l, a->residue + o + l, f, a->n - o - l);
+	}
+	return reached;
+}
+
+int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
+		       struct mp_avg *a)
+{
+	struct gar r = {.ctx = ctx, .g = g, .a = a, .round = round, .k = g->size,
+			.me = g->my_index, .S = ctx->streams, .C = ctx->chunk_elems};
+	struct mp_xfer x = {.ctx = ctx, .xops = &gar_ops, .op = &r, .round = round,
+			    .group_id = g->id, .user_mr = a->dmr, .res = a->res,
+			    .what = "group all-reduce", .codec = a->codec, .residue = a->residue,
+			    .deadline_ms = ctx->cfg.allreduce_timeout_ms};
+	int rc = -ENOMEM, k = g->size;
+
+	a->res->group_size = k;
+	if (k < 2) {
+		/* Alone on its line of the grid (partial grids): nothing to average. */
+		mp_clog_alone(ctx, round);
+		a->res->rounds++;
+		return 0;
+	}
+	r.mb = calloc((size_t)k, sizeof(*r.mb));
+	if (!r.mb)
+		goto out;
+	rc = plan_parts(&r);
+	if (rc)
+		goto out;
+	/* Channels only to the members we exchange anything with (two clients
+	 * have nothing to say to each other, and may not reach each other). */
+	int npair = 0;
+	for (int m = 0; m < k; m++)
+		npair += sends_to(&r, m) || serves(&r, m);
+	x.nch = npair * r.S;
+	x.ch = calloc((size_t)x.nch + 1, sizeof(*x.ch));
+	r.gc = calloc((size_t)x.nch + 1, sizeof(*r.gc));
+	rc = x.ch && r.gc ? setup_memory(&r) : -ENOMEM;
+	if (rc)
+		goto out;
+	r.ch = x.ch;
+	for (int m = 0, i = 0; m < k; m++) {
+		if (!sends_to(&r, m) && !serves(&r, m))
+			continue;
+		for (int s = 0; s < r.S; s++, i++) {
+			x.ch[i].peer = g->members[m];
+			x.ch[i].stream = s;
+			r.gc[i].j = m;
+			r.gc[i].scat_next = r.gc[i].gath_next = (uint64_t)s;
+			r.gc[i].rscat_next = r.gc[i].rgath_next = (uint64_t)s;
+		}
+	}
+	uint8_t *modes = malloc((size_t)k);
+	uint64_t *lens = malloc((size_t)k * sizeof(uint64_t));
+	if (modes && lens) {
+		for (int m = 0; m < k; m++) {
+			modes[m] = r.mb[m].mode;
+			lens[m] = r.mb[m].len;
+		}
+		mp_clog_begin(ctx, round, g, a->weight, lens, modes);
+	}
+	free(modes);
+	free(lens);
+
+	/* A part nobody else contributes to is complete already. */
+	try_reduce(&r);
+	rc = mp_xfer_run(&x);
+	/* Every contributor has delivered or failed now, unless cancelled. */
+	if (!rc)
+		try_reduce(&r);
+	int reached = finish(&r);
+	mp_clog_end(ctx, round, g, a->weight);
+	if (rc)
+		goto out;
+	if (!reached) {
+		mp_set_error(ctx, "round %u: every other member failed: no values reached this peer", round);
+		rc = -EHOSTUNREACH;
+		goto out;
+	}
+	/* Each round on a grid joins disjoint sets, so the sets multiply; the
+	 * count is capped at the number of peers. */
+	uint64_t alive = 1;
+	for (int m = 0; m < k; m++)
+		alive += m != r.me && !r.mb[m].failed && contributes(&r, m);
+	a->influence *= alive;
+	if (a->influence > (uint64_t)ctx->npeers)
+		a->influence = (uint64_t)ctx->npeers;
+	a->res->rounds++;
+out:
+	free(r.gc);
+	free(x.ch);
+	free(r.mb);
+	return rc;
+}

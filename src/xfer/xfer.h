@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The transfer engine and the algorithms that run on it (src/xfer). */
+#ifndef MP_XFER_H
+#define MP_XFER_H
+
+#include "ctx.h"
+
+/* ---- transfer engine (engine.c) ---------------------------------------- */
+
+struct mp_chan;
+
+/* What an algorithm plugs into the engine for one exchange. */
+struct mp_xfer_ops {
+	/* Next message to send on @ch, if one is ready: fill @h (type, part,
+	 * offset, count, weight, aux) and the fp32 source; return 1, else 0.
+	 * Return 2 instead for a payload the algorithm encoded itself: *src then
+	 * points at h->length bytes of it (cast), sent as they are. */
+	int (*produce)(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const float **src);
+	/* A validated frame arrived on @ch: check it is the expected one and apply
+	 * it. Return 0, or -EPROTO for an unexpected frame (counted, peer dropped). */
+	int (*consume)(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, const void *payload);
+	/* Messages still expected on @ch (including those posted). */
+	uint64_t (*recv_left)(void *op, struct mp_chan *ch);
+	/* Messages still to send on @ch (including those in flight). */
+	uint64_t (*send_left)(void *op, struct mp_chan *ch);
+	/* A peer failed (error, bad frame or silence): stop expecting from it. */
+	void (*peer_failed)(void *op, int peer);
+	/* Optional: nonzero to drop @ch's peer now (fault injection: a cut connection). */
+	int (*drop)(void *op, struct mp_chan *ch);
+	/* Optional: nonzero when all that is still expected on @ch waits on
+	 * other peers first (a result needs every contribution): silence there
+	 * is not the peer's fault, and only the exchange's deadline applies. */
+	int (*waits_on_others)(void *op, struct mp_chan *ch);
+};
+
+/* One connection of an exchange: (peer, stream). */
+struct mp_chan {
+	int peer;
+	int stream;
+	int failed;
+	uint64_t sent, received;         /* messages */
+	uint64_t send_posted, recv_posted;
+	void *user;                      /* algorithm's per-channel state */
+	/* engine-private */
+	struct mp_xslot *ss, *rs;        /* window send / receive slots */
+	int s_head, s_n, r_head, r_n;
+	int staged;                      /* a produced message waits in the next send slot */
+	int defer_err;                   /* post failed; completions will tell why */
+};
+
+struct mp_xfer {
+	struct mp_ctx *ctx;
+	const struct mp_xfer_ops *xops;
+	void *op;
+	uint32_t round, group_id;
+	struct mp_chan *ch;
+	int nch;
+	struct mp_drv_mr *user_mr; /* registration of the user's buffer (zero-copy sends) */
+	const struct mp_codec_ops *codec;
+	float *residue;            /* error feedback of the whole buffer (sparse codecs), or NULL */
+	void *enc_scratch;         /* the codec's encoder scratch (engine-private) */
+	struct mp_result *res;
+	const char *what;          /* for messages: "group all-reduce", "ring" */
+	int deadline_ms;           /* the whole exchange; members still missing then are dropped (0 = none) */
+};
+
+/* Largest frame this context must be able to receive (engine.c). */
+size_t mp_frame_rx_max(const struct mp_ctx *ctx);
+
+/* Run an exchange until every channel is done or failed. Returns 0 when the
+ * exchange finished (maybe with failed peers), or a negative errno when the
+ * context is stopping (-ECANCELED). */
+int mp_xfer_run(struct mp_xfer *x);
+
+/* ---- algorithms ---------------------------------------------------------- */
+
+struct mp_avg {
+	float *x;
+	size_t n;
+	float weight;
+	struct mp_drv_mr *dmr;
+	struct mp_result *res;
+	uint64_t influence; /* peers whose values can have reached ours (see mp_result.peers) */
+	const struct mp_codec_ops *codec;
+	float *residue;     /* n values of error feedback (sparse codecs), or NULL */
+};
+
+/* One butterfly all-reduce in group @g (group_allreduce.c). */
+int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
+		       struct mp_avg *a);
+/* Ring all-reduce over all peers (ring.c). */
+int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a);
+
+/* Make sure the slab holds @bytes; returns it or NULL (-ENOMEM). */
+uint8_t *mp_slab(struct mp_ctx *ctx, size_t bytes);
+/* Unregistered scratch memory @which (MP_SCR_*) of at least @bytes, 64-byte
+ * aligned, reused between rounds. */
+void *mp_scratch(struct mp_ctx *ctx, int which, size_t bytes);
+
+#endif
