@@ -112,7 +112,7 @@ static void *peer_main(void *p)
 	memcpy(sh->rejected[r], ctx->rejected, sizeof(sh->rejected[r]));
 	for (int q = 0; q < NP; q++)
 		for (int c = 0; c < ctx->nconn && c < STREAMS + 1; c++) {
-			sh->ready[r][q][c] = ctx->peers[q].conns[c] && ctx->peers[q].ready[c];
+			sh->ready[r][q][c] = mp_conn_ready(ctx, q, c) != NULL;
 			sh->token[r][q][c] = mp_conn_token(ctx, q, c);
 		}
 	/* Nobody leaves before everyone is done: a departure would look like

@@ -30,6 +30,7 @@
 #include <moshpit/moshpit.h>
 
 #include "auth.h"
+#include "conn.h"
 #include "core.h"
 #include "xfer.h"
 #include "wire.h"
@@ -231,7 +232,7 @@ static void observe(mp_ctx *ctx, int fake_rank, struct outcome *o)
 	memcpy(o->rejected, ctx->rejected, sizeof(o->rejected));
 	o->adopted = 0;
 	for (int i = 0; i < ctx->nconn; i++)
-		o->adopted |= ctx->peers[fake_rank].conns[i] != NULL && ctx->peers[fake_rank].ready[i];
+		o->adopted |= mp_conn_ready(ctx, fake_rank, i) != NULL;
 }
 
 static mp_ctx *start_ctx(int rank, const char *fake_addr, struct outcome *o, mp_request **req)

@@ -1017,7 +1017,7 @@ int mp_finalize(mp_ctx *ctx)
 		mp_dht_stop(ctx);
 	else if (ctx->rdv_st)
 		ctx->rdv->fini(ctx->rdv_st);
-	free(ctx->pend);
+	mp_conn_fini(ctx);
 	mp_peers_free(ctx);
 	pthread_cond_destroy(&ctx->cv);
 	pthread_mutex_destroy(&ctx->mu);

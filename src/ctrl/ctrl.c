@@ -169,7 +169,7 @@ static void arrived(struct mp_ctx *ctx, int peer, const uint8_t *buf, size_t len
 		if (in_exchange)
 			ctx->peers[peer].bye_pending = 1;
 		else
-			mp_peer_gone(ctx, peer);
+			mp_conn_peer_gone(ctx, peer);
 		return;
 	}
 	if (c->on[h.type].fn) {
@@ -230,9 +230,9 @@ static void poll_ctrl(struct mp_ctx *ctx, int in_exchange)
 			continue;
 		if (pe->bye_pending && !in_exchange) {
 			pe->bye_pending = 0;
-			mp_peer_gone(ctx, p);
+			mp_conn_peer_gone(ctx, p);
 		}
-		conn = pe->conns[ci] && pe->ready[ci] ? pe->conns[ci] : NULL;
+		conn = mp_conn_ready(ctx, p, ci);
 		if (r->req && r->conn != conn)
 			rx_reset(ctx, r); /* closed or replaced since we posted */
 		while (r->req) {
@@ -255,7 +255,7 @@ static void poll_ctrl(struct mp_ctx *ctx, int in_exchange)
 				break;
 			}
 			arrived(ctx, p, r->buf, len, in_exchange);
-			if (pe->gone || pe->conns[ci] != conn) {
+			if (pe->gone || mp_conn_ready(ctx, p, ci) != conn) {
 				r->conn = NULL;
 				break;
 			}
@@ -263,7 +263,7 @@ static void poll_ctrl(struct mp_ctx *ctx, int in_exchange)
 				r->req = NULL;
 		}
 		/* The loop may have closed the connection (error, BYE): look again. */
-		conn = pe->conns[ci] && pe->ready[ci] ? pe->conns[ci] : NULL;
+		conn = mp_conn_ready(ctx, p, ci);
 		if (!conn || r->req || pe->gone)
 			continue;
 		if (!r->buf && !(r->buf = malloc(FRAME_MAX)))
@@ -351,7 +351,7 @@ void mp_ctrl_bye_all(struct mp_ctx *ctx)
 	for (int p = 0; p < ctx->npeers; p++) {
 		struct mp_wire_hdr h = {.type = MP_MSG_BYE};
 		struct mp_peer *pe = &ctx->peers[p];
-		if (p == ctx->rank || pe->gone || !pe->conns[ci] || !pe->ready[ci])
+		if (p == ctx->rank || pe->gone || !mp_conn_ready(ctx, p, ci))
 			continue;
 		mp_ctrl_send(ctx, p, &h, NULL, 0);
 	}

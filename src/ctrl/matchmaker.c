@@ -364,7 +364,7 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 		for (int i = 0; i < ng; i++) {
 			int idx = mp_peer_find(ctx, gone[i]);
 			if (idx >= 0)
-				mp_peer_gone(ctx, idx);
+				mp_conn_peer_gone(ctx, idx);
 		}
 		if (ng < 64)
 			break;
@@ -1460,7 +1460,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			else if ((!m->accepted && now > m->join_at && now - m->join_at > req_ns) ||
 				 mp_wall_ms() > m->leader_exp + (uint64_t)ctx->cfg.request_timeout_ms ||
 				 (now > m->join_at && now - m->join_at > mm_ns + req_ns) ||
-				 !ctx->peers[m->leader].conns[ctx->streams]) {
+				 !mp_conn_open(ctx, m->leader, ctx->streams)) {
 				MP_TRACE("round %u: no answer from %016" PRIx64, round,
 					 ctx->peers[m->leader].id);
 				give_up(m);

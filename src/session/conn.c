@@ -28,6 +28,49 @@
 
 #define RETRY_NS (100ull * 1000 * 1000)
 
+/* Handshake frames (doc/protocol.md, "Connection handshake"): HELLO carries
+ * a nonce, the dialer's mode, bandwidth and NUL-terminated address; CHALLENGE
+ * a nonce and a MAC; AUTH a MAC. */
+#define MP_HELLO_FIXED (MP_NONCE_BYTES + 1 + 8)
+#define MP_HELLO_MAX (MP_WIRE_HDR_SIZE + MP_HELLO_FIXED + MP_ADDR_STRLEN)
+#define MP_CHALLENGE_LEN (MP_WIRE_HDR_SIZE + MP_NONCE_BYTES + MP_MAC_BYTES)
+#define MP_AUTH_LEN (MP_WIRE_HDR_SIZE + MP_MAC_BYTES)
+
+/* One connection slot to a peer: the connection, its handshake and session. */
+struct mp_link {
+	struct mp_drv_conn *conn;   /* NULL = none; dialer: set while the handshake runs */
+	int ready;                  /* handshake done (token known): usable */
+	uint32_t token;             /* session token once ready (never 0), else 0 */
+	uint64_t since_ns;          /* dialer: when the dial began (handshake deadline) */
+	uint64_t retry_at_ns;       /* dialer: when to dial again after a failure */
+	unsigned auth_fails;        /* dialer: CHALLENGEs refused in a row (log rate) */
+	int err;                    /* dialer: last failure, until mp_conn_get reports it */
+	struct mp_drv_req *sreq;    /* dialer: our HELLO, then our AUTH, in flight */
+	struct mp_drv_req *rreq;    /* dialer: the CHALLENGE's receive */
+	uint8_t nonce_d[MP_NONCE_BYTES];
+	uint8_t sbuf[MP_HELLO_MAX];
+	uint8_t rbuf[MP_CHALLENGE_LEN];
+};
+
+/* An accepted connection in its handshake: waiting for the HELLO, then (our
+ * CHALLENGE sent) for the AUTH. */
+struct mp_pending {
+	struct mp_drv_conn *conn;
+	struct mp_drv_req *req;     /* HELLO, then AUTH, receive */
+	struct mp_drv_req *sreq;    /* CHALLENGE send */
+	uint64_t since_ns;          /* accepted at; the whole handshake has the connect timeout */
+	int got_hello;
+	uint32_t idx;               /* from the HELLO: connection index */
+	uint64_t id;                /* from the HELLO: the dialer's id, unproven until AUTH */
+	int mode;
+	double bandwidth;
+	uint8_t nonce_d[MP_NONCE_BYTES], nonce_a[MP_NONCE_BYTES];
+	char addr[MP_ADDR_STRLEN];
+	/* MP_HELLO_MAX received, then MP_CHALLENGE_LEN sent: allocated apart,
+	 * since the driver writes into it while ctx->pend may be reallocated */
+	uint8_t *buf;
+};
+
 /* The rank in a static run, the 16 hex digits of the id in a dht run. */
 static const char *id_str(const struct mp_ctx *ctx, uint64_t id, char buf[24])
 {
@@ -127,16 +170,56 @@ void mp_reap(struct mp_ctx *ctx, struct mp_drv_req *req)
 	}
 }
 
+/* The slot of (@peer, @idx), or NULL if conn.c never needed one for @peer. */
+static struct mp_link *link_get(const struct mp_ctx *ctx, int peer, int idx)
+{
+	return peer < ctx->nlinks && ctx->links[peer] ? &ctx->links[peer][idx] : NULL;
+}
+
+/* The same, made if missing (the peer table has grown); NULL: no memory. */
+static struct mp_link *link_make(struct mp_ctx *ctx, int peer, int idx)
+{
+	if (peer >= ctx->nlinks) {
+		int n = ctx->nlinks ? ctx->nlinks : 8;
+		struct mp_link **nl;
+
+		while (n <= peer)
+			n *= 2;
+		nl = realloc(ctx->links, (size_t)n * sizeof(*nl));
+		if (!nl)
+			return NULL;
+		memset(nl + ctx->nlinks, 0, (size_t)(n - ctx->nlinks) * sizeof(*nl));
+		ctx->links = nl;
+		ctx->nlinks = n;
+	}
+	if (!ctx->links[peer] && !(ctx->links[peer] = calloc((size_t)ctx->nconn, sizeof(struct mp_link))))
+		return NULL;
+	return &ctx->links[peer][idx];
+}
+
+struct mp_drv_conn *mp_conn_ready(const struct mp_ctx *ctx, int peer, int idx)
+{
+	const struct mp_link *l = link_get(ctx, peer, idx);
+
+	return l && l->conn && l->ready ? l->conn : NULL;
+}
+
+int mp_conn_open(const struct mp_ctx *ctx, int peer, int idx)
+{
+	const struct mp_link *l = link_get(ctx, peer, idx);
+
+	return l && l->conn;
+}
+
 void mp_conn_drop(struct mp_ctx *ctx, int peer, int idx)
 {
-	struct mp_peer *p = &ctx->peers[peer];
-	struct mp_link *l = &p->links[idx];
+	struct mp_link *l = link_get(ctx, peer, idx);
 
-	if (!p->conns[idx])
+	if (!l || !l->conn)
 		return;
-	ctx->ops->close(p->conns[idx]);
-	p->conns[idx] = NULL;
-	p->ready[idx] = 0;
+	ctx->ops->close(l->conn);
+	l->conn = NULL;
+	l->ready = 0;
 	mp_reap(ctx, l->sreq);
 	mp_reap(ctx, l->rreq);
 	l->sreq = l->rreq = NULL;
@@ -145,9 +228,21 @@ void mp_conn_drop(struct mp_ctx *ctx, int peer, int idx)
 
 uint32_t mp_conn_token(struct mp_ctx *ctx, int peer, int idx)
 {
-	const struct mp_peer *p = &ctx->peers[peer];
+	const struct mp_link *l = link_get(ctx, peer, idx);
 
-	return p->ready[idx] ? p->links[idx].token : 0;
+	return l && l->ready ? l->token : 0;
+}
+
+void mp_conn_peer_gone(struct mp_ctx *ctx, int idx)
+{
+	struct mp_peer *p = &ctx->peers[idx];
+
+	if (p->gone || idx == ctx->rank)
+		return;
+	p->gone = 1;
+	for (int s = 0; s < ctx->nconn; s++)
+		mp_conn_drop(ctx, idx, s);
+	MP_INFO("peer %016llx left", (unsigned long long)p->id);
 }
 
 /* 1 if this side dials @p, 0 if @p dials, -ENOTCONN if neither (two clients). */
@@ -186,7 +281,7 @@ static size_t hello_frame(const struct mp_ctx *ctx, int idx, const uint8_t *nonc
 static int dial(struct mp_ctx *ctx, int peer, int idx)
 {
 	struct mp_peer *p = &ctx->peers[peer];
-	struct mp_link *l = &p->links[idx];
+	struct mp_link *l = link_get(ctx, peer, idx);
 	struct mp_drv_conn *c;
 	struct mp_iov iov;
 	char name[24];
@@ -207,8 +302,8 @@ static int dial(struct mp_ctx *ctx, int peer, int idx)
 		l->rreq = NULL;
 		return rc;
 	}
-	p->conns[idx] = c;
-	p->ready[idx] = 0;
+	l->conn = c;
+	l->ready = 0;
 	l->since_ns = mp_now_ns();
 	MP_TRACE("dialing peer %s (%s) connection %d", id_str(ctx, p->id, name), p->addr, idx);
 	return 0;
@@ -223,7 +318,7 @@ static int dial(struct mp_ctx *ctx, int peer, int idx)
 static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 {
 	struct mp_peer *p = &ctx->peers[peer];
-	struct mp_link *l = &p->links[idx];
+	struct mp_link *l = link_get(ctx, peer, idx);
 	const uint8_t *pl = l->rbuf + MP_WIRE_HDR_SIZE;
 	enum mp_wire_reject why = MP_REJ_NONE;
 	struct hs s = {.nonce_d = l->nonce_d, .nonce_a = pl, .dialer = ctx->self_id,
@@ -264,10 +359,10 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 	mp_wire_encode(&h, l->sbuf, l->sbuf + MP_WIRE_HDR_SIZE);
 	iov.base = l->sbuf;
 	iov.len = MP_AUTH_LEN;
-	rc = ctx->ops->isend(p->conns[idx], &iov, 1, NULL, &l->sreq);
+	rc = ctx->ops->isend(l->conn, &iov, 1, NULL, &l->sreq);
 	if (rc)
 		return rc;
-	p->ready[idx] = 1;
+	l->ready = 1;
 	l->auth_fails = 0;
 	MP_INFO("connected to peer %s (%s) connection %d", name, p->addr, idx);
 	return 0;
@@ -278,7 +373,7 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 static void handshake(struct mp_ctx *ctx, int peer, int idx)
 {
 	struct mp_peer *p = &ctx->peers[peer];
-	struct mp_link *l = &p->links[idx];
+	struct mp_link *l = link_get(ctx, peer, idx);
 	size_t len = 0;
 	int rc, done = 0;
 	char name[24];
@@ -333,21 +428,25 @@ failed:
 struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err)
 {
 	struct mp_peer *p = &ctx->peers[peer];
-	struct mp_link *l = &p->links[idx];
+	struct mp_link *l = link_make(ctx, peer, idx);
 	uint64_t now;
 	int rc, done = 0;
 
 	*err = 0;
-	if (p->conns[idx] && p->ready[idx]) {
+	if (!l) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	if (l->conn && l->ready) {
 		if (!l->sreq)
-			return p->conns[idx];
+			return l->conn;
 		/* Our AUTH: once it is out, nothing of the handshake is in flight. */
 		rc = ctx->ops->test(l->sreq, &done, NULL);
 		if (!done)
-			return p->conns[idx];
+			return l->conn;
 		l->sreq = NULL;
 		if (!rc)
-			return p->conns[idx];
+			return l->conn;
 		mp_conn_drop(ctx, peer, idx);
 		l->retry_at_ns = mp_now_ns() + RETRY_NS;
 		*err = rc;
@@ -364,7 +463,7 @@ struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err)
 		return NULL;
 	}
 	now = mp_now_ns();
-	if (p->conns[idx]) {
+	if (l->conn) {
 		handshake(ctx, peer, idx);
 	} else if (now >= l->retry_at_ns && p->blob_len) {
 		/* (Without an address, not learned yet, wait for one.) */
@@ -377,7 +476,7 @@ struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err)
 	/* The last failure, reported once (mp_conn_poll may have met it). */
 	*err = l->err;
 	l->err = 0;
-	return p->conns[idx] && p->ready[idx] ? p->conns[idx] : NULL;
+	return l->conn && l->ready ? l->conn : NULL;
 }
 
 /* ---- acceptor side ----------------------------------------------------- */
@@ -518,6 +617,7 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 		       .acceptor = ctx->self_id, .idx = pd->idx};
 	struct mp_wire_hdr h;
 	struct mp_peer *p;
+	struct mp_link *l;
 	char name[24];
 	int peer;
 
@@ -555,15 +655,21 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 		return;
 	}
 	p = &ctx->peers[peer];
-	if (p->conns[pd->idx]) {
+	l = link_make(ctx, peer, (int)pd->idx);
+	if (!l) {
+		MP_WARN("peer %s authenticated, but no memory for its connection", name);
+		pend_close(ctx, pd);
+		return;
+	}
+	if (l->conn) {
 		/* The peer reconnected (it lost the old connection first), or, a
 		 * client, overtook our own dial. */
 		MP_INFO("peer %s connection %u reconnected", name, pd->idx);
 		mp_conn_drop(ctx, peer, (int)pd->idx);
 	}
-	p->conns[pd->idx] = pd->conn;
-	p->ready[pd->idx] = 1;
-	p->links[pd->idx].token = hs_token(ctx, &s);
+	l->conn = pd->conn;
+	l->ready = 1;
+	l->token = hs_token(ctx, &s);
 	pd->conn = NULL;
 	MP_INFO("accepted peer %s (%s) connection %u", name, p->addr, pd->idx);
 }
@@ -608,9 +714,9 @@ void mp_conn_poll(struct mp_ctx *ctx)
 	 * for them: a peer held up in an early round (by a dead groupmate,
 	 * say) has then finished connecting to the groupmates of its later
 	 * rounds, who would otherwise give up on it at their connect timeout. */
-	for (int i = 0; i < ctx->npeers; i++)
-		for (int k = 0; k < ctx->nconn; k++)
-			if (ctx->peers[i].conns[k] && !ctx->peers[i].ready[k])
+	for (int i = 0; i < ctx->npeers && i < ctx->nlinks; i++)
+		for (int k = 0; k < ctx->nconn && ctx->links[i]; k++)
+			if (ctx->links[i][k].conn && !ctx->links[i][k].ready)
 				handshake(ctx, i, k);
 	if (!ctx->listener)
 		return;
@@ -671,9 +777,20 @@ void mp_conn_close_all(struct mp_ctx *ctx)
 		free(ctx->pend[i].buf);
 		ctx->pend[i].buf = NULL;
 	}
-	if (!ctx->peers)
-		return;
-	for (int p = 0; p < ctx->npeers; p++)
+	for (int p = 0; p < ctx->nlinks; p++)
 		for (int s = 0; s < ctx->nconn; s++)
 			mp_conn_drop(ctx, p, s);
+}
+
+void mp_conn_fini(struct mp_ctx *ctx)
+{
+	mp_conn_close_all(ctx);
+	for (int p = 0; p < ctx->nlinks; p++)
+		free(ctx->links[p]);
+	free(ctx->links);
+	ctx->links = NULL;
+	ctx->nlinks = 0;
+	free(ctx->pend);
+	ctx->pend = NULL;
+	ctx->npend = ctx->pend_cap = 0;
 }

@@ -20,6 +20,10 @@
  * peer failed authentication (retried after a pause, like a refused dial).
  */
 struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err);
+/* The connection @idx to @peer if it is ready, else NULL; never dials. */
+struct mp_drv_conn *mp_conn_ready(const struct mp_ctx *ctx, int peer, int idx);
+/* 1 if connection @idx to @peer exists, ready or still in its handshake. */
+int mp_conn_open(const struct mp_ctx *ctx, int peer, int idx);
 /* Session token of connection @idx to @peer (0 while it is not ready). */
 uint32_t mp_conn_token(struct mp_ctx *ctx, int peer, int idx);
 /* Move every handshake on: our own dials (so that they complete while an
@@ -29,6 +33,11 @@ void mp_conn_poll(struct mp_ctx *ctx);
 /* Close one connection (its posted requests are cancelled). */
 void mp_conn_drop(struct mp_ctx *ctx, int peer, int idx);
 void mp_conn_close_all(struct mp_ctx *ctx);
+/* mp_finalize: close everything and free the connection slots. */
+void mp_conn_fini(struct mp_ctx *ctx);
+/* The peer left or died: mark it gone in the table and close its
+ * connections; it is never dialled again. */
+void mp_conn_peer_gone(struct mp_ctx *ctx, int idx);
 /* Release a request whose connection was closed (it completes with
  * -ECANCELED; bounded, in case a driver needs a progress call for it). */
 void mp_reap(struct mp_ctx *ctx, struct mp_drv_req *req);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * The context as the layers from the session up see it: configuration, the
- * transport instance, the peer table and its connections' handshake state,
- * and the frame memory. Its control-plane state is the control layer's
+ * transport instance, the peer table (who the peers are: peers.c) and the
+ * frame memory. The connections to the peers are conn.c's (conn.h). Its control-plane state is the control layer's
  * (src/ctrl), reached through opaque pointers; the request queue and the
  * progress thread are the core's (src/core), which alone touches them.
  */
@@ -25,31 +25,11 @@ struct mp_ctrl;
 struct mp_fault;
 struct mp_fb;
 struct mp_heard;
+struct mp_link;
+struct mp_pending;
 struct mp_record;
 struct mp_rdv_ops;
 struct mp_request;
-
-/* Handshake frames (doc/protocol.md, "Connection handshake"): HELLO carries
- * a nonce, the dialer's mode, bandwidth and NUL-terminated address; CHALLENGE
- * a nonce and a MAC; AUTH a MAC. */
-#define MP_HELLO_FIXED (MP_NONCE_BYTES + 1 + 8)
-#define MP_HELLO_MAX (MP_WIRE_HDR_SIZE + MP_HELLO_FIXED + MP_ADDR_STRLEN)
-#define MP_CHALLENGE_LEN (MP_WIRE_HDR_SIZE + MP_NONCE_BYTES + MP_MAC_BYTES)
-#define MP_AUTH_LEN (MP_WIRE_HDR_SIZE + MP_MAC_BYTES)
-
-/* Handshake and session of one connection index to a peer (conn.c). */
-struct mp_link {
-	uint32_t token;             /* session token once ready (never 0), else 0 */
-	uint64_t since_ns;          /* dialer: when the dial began (handshake deadline) */
-	uint64_t retry_at_ns;       /* dialer: when to dial again after a failure */
-	unsigned auth_fails;        /* dialer: CHALLENGEs refused in a row (log rate) */
-	int err;                    /* dialer: last failure, until mp_conn_get reports it */
-	struct mp_drv_req *sreq;    /* dialer: our HELLO, then our AUTH, in flight */
-	struct mp_drv_req *rreq;    /* dialer: the CHALLENGE's receive */
-	uint8_t nonce_d[MP_NONCE_BYTES];
-	uint8_t sbuf[MP_HELLO_MAX];
-	uint8_t rbuf[MP_CHALLENGE_LEN];
-};
 
 /* A peer as this context knows it. */
 struct mp_peer {
@@ -63,10 +43,6 @@ struct mp_peer {
 	uint8_t blob[MP_DRV_ADDR_MAX];
 	size_t blob_len;
 	double bandwidth;           /* part-size weight; < 0 unknown, 0 client */
-	/* Per connection index (nconn: the data streams, then control). */
-	struct mp_drv_conn **conns; /* NULL = none; dialer: set while the handshake runs */
-	int *ready;                 /* handshake done (token known): usable */
-	struct mp_link *links;
 };
 
 /* Peer table (peers.c). Static runs: n entries, id = rank, fixed. DHT runs:
@@ -80,31 +56,11 @@ int mp_peer_find(const struct mp_ctx *ctx, uint64_t id);
  * id that is not a rank). Updates address, bandwidth and mode when given
  * (@addr NULL or "" keeps the known one). -EINVAL: @addr does not parse. */
 int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double bandwidth, int mode);
-/* The peer left or died: close its connections; it is never dialled again. */
-void mp_peer_gone(struct mp_ctx *ctx, int idx);
 /* Take peer @idx as dead for now: an exchange dropped it, or (@why, logged)
  * its connection shows the process gone. The matchmaker stops counting on it
  * until a record stamped later, or for a record TTL. */
 void mp_peer_suspect(struct mp_ctx *ctx, int idx, const char *why);
 
-/* An accepted connection in its handshake: waiting for the HELLO, then (our
- * CHALLENGE sent) for the AUTH. */
-struct mp_pending {
-	struct mp_drv_conn *conn;
-	struct mp_drv_req *req;     /* HELLO, then AUTH, receive */
-	struct mp_drv_req *sreq;    /* CHALLENGE send */
-	uint64_t since_ns;          /* accepted at; the whole handshake has the connect timeout */
-	int got_hello;
-	uint32_t idx;               /* from the HELLO: connection index */
-	uint64_t id;                /* from the HELLO: the dialer's id, unproven until AUTH */
-	int mode;
-	double bandwidth;
-	uint8_t nonce_d[MP_NONCE_BYTES], nonce_a[MP_NONCE_BYTES];
-	char addr[MP_ADDR_STRLEN];
-	/* MP_HELLO_MAX received, then MP_CHALLENGE_LEN sent: allocated apart,
-	 * since the driver writes into it while ctx->pend may be reallocated */
-	uint8_t *buf;
-};
 enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_STAGE, MP_SCR_MAX };
 struct mp_ctx {
 	/* configuration, with strings owned */
@@ -172,6 +128,12 @@ struct mp_ctx {
 	int *peer_ix;
 	uint32_t peer_ix_mask;
 	int peers_set;
+
+	/* connections (conn.c): per peer index, its nconn connection slots
+	 * (NULL until conn.c first needs them); accepted connections in their
+	 * handshake */
+	struct mp_link **links;
+	int nlinks;
 	struct mp_pending *pend;
 	int npend, pend_cap;
 

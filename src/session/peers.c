@@ -9,28 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conn.h"
 #include "ctx.h"
 #include "log.h"
-
-static int links_alloc(struct mp_ctx *ctx, struct mp_peer *p)
-{
-	size_t n = (size_t)ctx->nconn;
-
-	p->conns = calloc(n, sizeof(*p->conns));
-	p->ready = calloc(n, sizeof(*p->ready));
-	p->links = calloc(n, sizeof(*p->links));
-	if (!p->conns || !p->ready || !p->links)
-		return -ENOMEM;
-	return 0;
-}
-
-static void links_free(struct mp_peer *p)
-{
-	free(p->conns);
-	free(p->ready);
-	free(p->links);
-}
 
 /* ---- id -> index, for runs whose peers come from the rendezvous ----
  *
@@ -110,9 +90,6 @@ int mp_peers_init(struct mp_ctx *ctx, int n)
 		p->id = (uint64_t)i;
 		p->bandwidth = 1.0;
 		p->mode = MP_MODE_NORMAL;
-		rc = links_alloc(ctx, p);
-		if (rc)
-			return rc;
 	}
 	ctx->npeers = n;
 	return 0;
@@ -122,8 +99,6 @@ void mp_peers_free(struct mp_ctx *ctx)
 {
 	if (!ctx->peers)
 		return;
-	for (int i = 0; i < ctx->peers_cap; i++)
-		links_free(&ctx->peers[i]);
 	free(ctx->peers);
 	ctx->peers = NULL;
 	ctx->peers_cap = 0;
@@ -180,12 +155,6 @@ int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double band
 		p = &ctx->peers[ctx->npeers];
 		memset(p, 0, sizeof(*p));
 		p->id = id;
-		rc = links_alloc(ctx, p);
-		if (rc) {
-			links_free(p);
-			memset(p, 0, sizeof(*p));
-			return rc;
-		}
 		idx = ctx->npeers++;
 		ix_put(ctx, idx);
 		MP_INFO("learned peer %016llx%s%s", (unsigned long long)id, addr && *addr ? " at " : "",
@@ -200,18 +169,6 @@ int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double band
 		p->mode = mode;
 	}
 	return idx;
-}
-
-void mp_peer_gone(struct mp_ctx *ctx, int idx)
-{
-	struct mp_peer *p = &ctx->peers[idx];
-
-	if (p->gone || idx == ctx->rank)
-		return;
-	p->gone = 1;
-	for (int s = 0; s < ctx->nconn; s++)
-		mp_conn_drop(ctx, idx, s);
-	MP_INFO("peer %016llx left", (unsigned long long)p->id);
 }
 
 void mp_peer_suspect(struct mp_ctx *ctx, int idx, const char *why)
