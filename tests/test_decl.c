@@ -95,16 +95,19 @@ static struct mp_ctx *ctx_new(void)
 	ctx->peers[0].id = ME;
 	ctx->peers[1].id = THEM;
 	ctx->peers[2].id = OTHER;
-	ctx->rdv = &fake_rdv;
-	ctx->mm_round = 10;
-	ctx->decl_round = 10;
+	ctx->dht = calloc(1, sizeof(*ctx->dht));
+	assert_non_null(ctx->dht);
+	ctx->dht->rdv = &fake_rdv;
+	ctx->dht->mm_round = 10;
+	ctx->dht->decl_round = 10;
 	memset(&fk, 0, sizeof(fk));
 	return ctx;
 }
 
 static void ctx_free(struct mp_ctx *ctx)
 {
-	free(ctx->heard);
+	free(ctx->dht->heard);
+	free(ctx->dht);
 	free(ctx->peers);
 	free(ctx);
 }
@@ -131,12 +134,12 @@ static int decl(struct mp_ctx *ctx, uint32_t round, uint64_t id, uint8_t mode, i
 /* Nothing learnt, kept, suspected or moved. */
 static void unchanged(const struct mp_ctx *ctx)
 {
-	assert_int_equal(ctx->decl_round, 10);
-	assert_int_equal(ctx->nheard, 0);
+	assert_int_equal(ctx->dht->decl_round, 10);
+	assert_int_equal(ctx->dht->nheard, 0);
 	assert_int_equal(fk.learnt + fk.refused, 0);
 	for (int i = 0; i < ctx->npeers; i++)
 		assert_int_equal(ctx->peers[i].failed_ns, 0);
-	assert_int_equal(ctx->suspects_new, 0);
+	assert_int_equal(ctx->suspects, 0);
 }
 
 static void test_malformed_refused(void **state)
@@ -203,7 +206,7 @@ static void test_absence_of_other_taken(void **state)
 	assert_int_equal(fk.last.id, OTHER);
 	assert_int_equal(fk.last.mode, MP_DECL_ABSENT);
 	/* An absence says nothing of where the run is. */
-	assert_int_equal(ctx->decl_round, 10);
+	assert_int_equal(ctx->dht->decl_round, 10);
 	ctx_free(ctx);
 }
 
@@ -213,7 +216,7 @@ static void test_own_declaration_taken(void **state)
 	struct mp_ctx *ctx = ctx_new();
 
 	(void)state;
-	ctx->mm_round = 11;
+	ctx->dht->mm_round = 11;
 	fk.held[0] = "r11/all";
 	fk.held[1] = "r11/d1/2.*";
 	assert_int_equal(decl(ctx, 11, THEM, MP_MODE_NORMAL, 1, 2), 0);
@@ -224,8 +227,8 @@ static void test_own_declaration_taken(void **state)
 	assert_int_equal(fk.last.coord, 1);
 	assert_int_equal(fk.last.line, 2);
 	assert_int_equal(fk.last.expires_ms, 123456);
-	assert_int_equal(ctx->decl_round, 11);
-	assert_int_equal(ctx->nheard, 0);
+	assert_int_equal(ctx->dht->decl_round, 11);
+	assert_int_equal(ctx->dht->nheard, 0);
 	ctx_free(ctx);
 }
 
@@ -247,8 +250,8 @@ static void test_moved_on_taken(void **state)
 	assert_int_equal(fk.last.id, THEM);
 	assert_int_equal(fk.last.mode, MP_DECL_MOVED);
 	assert_int_equal(ctx->peers[1].failed_ns, 0);
-	assert_int_equal(ctx->suspects_new, 0);
-	assert_int_equal(ctx->decl_round, 10);
+	assert_int_equal(ctx->suspects, 0);
+	assert_int_equal(ctx->dht->decl_round, 10);
 	ctx_free(ctx);
 }
 
@@ -260,23 +263,23 @@ static void test_ahead_kept_once(void **state)
 	(void)state;
 	assert_int_equal(decl(ctx, 12, THEM, MP_MODE_NORMAL, 3, 1), 0);
 	assert_int_equal(decl(ctx, 12, THEM, MP_MODE_NORMAL, 2, 1), 0);
-	assert_int_equal(ctx->nheard, 1);
-	assert_int_equal(ctx->heard[0].round, 12);
-	assert_int_equal(ctx->heard[0].d.coord, 2);
-	assert_int_equal(ctx->decl_round, 12);
+	assert_int_equal(ctx->dht->nheard, 1);
+	assert_int_equal(ctx->dht->heard[0].round, 12);
+	assert_int_equal(ctx->dht->heard[0].d.coord, 2);
+	assert_int_equal(ctx->dht->decl_round, 12);
 	/* A placing peer aims ahead: kept, but it does not move the run. */
 	assert_int_equal(decl(ctx, 20, THEM, MP_DECL_PLACING, 0, UINT32_MAX), 0);
-	assert_int_equal(ctx->nheard, 2);
-	assert_int_equal(ctx->decl_round, 12);
+	assert_int_equal(ctx->dht->nheard, 2);
+	assert_int_equal(ctx->dht->decl_round, 12);
 	/* Rounds we are done with are forgotten. */
 	assert_int_equal(decl(ctx, 9, THEM, MP_MODE_NORMAL, 0, 0), -ESTALE);
-	assert_int_equal(ctx->nheard, 2);
+	assert_int_equal(ctx->dht->nheard, 2);
 	/* Bounded: the oldest goes. */
 	for (uint32_t r = 100; r < 100 + MP_HEARD_MAX; r++)
 		assert_int_equal(decl(ctx, r, THEM, MP_MODE_NORMAL, 0, 0), 0);
-	assert_int_equal(ctx->nheard, MP_HEARD_MAX);
-	assert_int_equal(ctx->heard[0].round, 100);
-	assert_int_equal(ctx->heard[MP_HEARD_MAX - 1].round, 100 + MP_HEARD_MAX - 1);
+	assert_int_equal(ctx->dht->nheard, MP_HEARD_MAX);
+	assert_int_equal(ctx->dht->heard[0].round, 100);
+	assert_int_equal(ctx->dht->heard[MP_HEARD_MAX - 1].round, 100 + MP_HEARD_MAX - 1);
 	assert_int_equal(fk.learnt, 0);
 	ctx_free(ctx);
 }
@@ -297,7 +300,7 @@ static void test_peer_record(void **state)
 	assert_int_equal(mp_mm_on_peer(ctx, &h, rec), -EBADMSG);
 	assert_int_equal(fk.records, 3);
 	/* A rendezvous that cannot take records (static runs). */
-	ctx->rdv = &mp_rdv_static_ops;
+	ctx->dht->rdv = &mp_rdv_static_ops;
 	assert_int_equal(mp_mm_on_peer(ctx, &h, rec), -ENOTSUP);
 	assert_int_equal(fk.records, 3);
 	ctx_free(ctx);

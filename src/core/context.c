@@ -53,10 +53,12 @@ static int choose_grid(struct mp_ctx *ctx)
 				  (unsigned long long)mp_grid_cells(&ctx->grid), ctx->npeers);
 		return -EINVAL;
 	}
-	rc = mp_grid_grouping_init(&ctx->grouping_state, &ctx->grid, ctx->npeers);
+	rc = mp_grid_grouping_init(&ctx->grid_grouping, &ctx->grid, ctx->npeers);
 	if (rc)
 		return rc;
+	/* A dht run's matchmaker takes over in mp_dht_start. */
 	ctx->grouping = &mp_grid_grouping_ops;
+	ctx->grouping_st = &ctx->grid_grouping;
 	return 0;
 }
 
@@ -218,7 +220,6 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		if (rc < 0)
 			goto fail;
 		ctx->rank = rc;
-		ctx->rdv = mp_rdv_dht_ops;
 		rc = mp_dht_start(ctx);
 		if (rc)
 			goto fail;
@@ -297,10 +298,13 @@ int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n)
 	struct mp_record *recs = calloc((size_t)n, sizeof(*recs));
 	if (!recs)
 		return -ENOMEM;
-	ctx->rdv = &mp_rdv_static_ops;
-	rc = ctx->rdv->init(&rp, &ctx->rdv_st);
+	const struct mp_rdv_ops *rdv = &mp_rdv_static_ops;
+	void *rdv_st = NULL;
+	rc = rdv->init(&rp, &rdv_st);
 	if (!rc)
-		rc = ctx->rdv->members(ctx->rdv_st, recs, n) == n ? 0 : -EINVAL;
+		rc = rdv->members(rdv_st, recs, n) == n ? 0 : -EINVAL;
+	if (rdv_st)
+		rdv->fini(rdv_st);
 	for (int i = 0; i < n && !rc; i++) {
 		rc = mp_peer_learn(ctx, recs[i].id, recs[i].addr, recs[i].bandwidth, recs[i].mode);
 		if (rc < 0)
@@ -309,13 +313,8 @@ int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n)
 		rc = rc < 0 ? -EINVAL : 0;
 	}
 	free(recs);
-	if (rc) {
-		if (ctx->rdv_st)
-			ctx->rdv->fini(ctx->rdv_st);
-		ctx->rdv_st = NULL;
-		ctx->rdv = NULL;
+	if (rc)
 		return rc;
-	}
 	pthread_mutex_lock(&ctx->mu);
 	ctx->peers_set = 1;
 	pthread_mutex_unlock(&ctx->mu);
@@ -350,9 +349,9 @@ int mp_dht_address(mp_ctx *ctx, char *buf, size_t len)
 {
 	if (!ctx || !buf)
 		return -EINVAL;
-	if (!ctx->dynamic || !ctx->rdv_st)
+	if (!ctx->dynamic)
 		return -ENOTSUP;
-	return ctx->rdv->address(ctx->rdv_st, buf, len);
+	return mp_mm_address(ctx, buf, len);
 }
 
 /* Tell the others we go; the caller makes sure no operation runs. */
@@ -361,12 +360,8 @@ static void leave_now(struct mp_ctx *ctx)
 	if (ctx->left)
 		return;
 	ctx->left = 1;
-	if (!ctx->dynamic || !ctx->rdv_st)
-		return;
-	mp_ctrl_bye_all(ctx);
-	if (ctx->rdv->leave)
-		ctx->rdv->leave(ctx->rdv_st);
-	MP_INFO("left the run");
+	if (ctx->dynamic)
+		mp_mm_leave(ctx);
 }
 
 int mp_leave(mp_ctx *ctx)
@@ -490,10 +485,11 @@ int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr)
 /* ---- averaging ---------------------------------------------------------- */
 
 /*
- * Start dialling every peer this operation will meet, before the first
- * round. A peer held up in an early round (say, by a dead groupmate) has
- * then already connected to its later groupmates, who would otherwise give
- * up on it at their connect timeout and spread one failure down the rounds.
+ * Start dialling the members of a group. Before the first round, for the
+ * groups of the first rounds when the grouping knows them ahead: a peer held
+ * up in an early round (say, by a dead groupmate) has then already connected
+ * to its later groupmates, who would otherwise give up on it at their
+ * connect timeout and spread one failure down the rounds.
  */
 static void dial_ahead(struct mp_ctx *ctx, const int *peers, int n)
 {
@@ -504,32 +500,54 @@ static void dial_ahead(struct mp_ctx *ctx, const int *peers, int n)
 			mp_conn_get(ctx, peers[i], s, &err);
 }
 
+/*
+ * Moshpit rounds, static and dht alike: the grouping (ctx->grouping, the
+ * grid or the matchmaker) forms each round's group, the group all-reduce
+ * averages in it.
+ */
 static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 {
+	const struct mp_grouping_ops *go = ctx->grouping;
+	void *st = ctx->grouping_st;
 	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : ctx->grid.ndims;
-	int *members = malloc((size_t)ctx->npeers * sizeof(int));
+	int cap = ctx->npeers > MP_MAX_GROUP ? ctx->npeers : MP_MAX_GROUP;
+	int *members = malloc((size_t)cap * sizeof(int));
 	int rc = 0, ok_rounds = 0;
 
 	if (!members)
 		return -ENOMEM;
-	for (int t = 0; t < rounds && t < ctx->grid.ndims; t++) {
+	if (go->begin && (rc = go->begin(st)))
+		goto out;
+	for (int t = 0; go->lookahead && t < rounds && t < ctx->grid.ndims; t++) {
 		struct mp_group g = {.members = members};
-		if (!ctx->grouping->form(&ctx->grouping_state, ctx->round + (uint32_t)t, ctx->rank, &g))
+		if (!go->form(st, ctx->round + (uint32_t)t, ctx->rank, &g))
 			dial_ahead(ctx, g.members, g.size);
 	}
 	for (int t = 0; t < rounds; t++) {
 		struct mp_group g = {.members = members};
-		uint32_t round = ctx->round++;
+		uint32_t round = go->next_round ? go->next_round(st, ctx->round) : ctx->round;
 
-		rc = ctx->grouping->form(&ctx->grouping_state, round, ctx->rank, &g);
+		ctx->round = round + 1;
+		rc = go->form(st, round, ctx->rank, &g);
+		if (rc == -EHOSTUNREACH) {
+			/* No group this round: our values stay as they are. */
+			a->res->rounds_alone++;
+			mp_clog_alone(ctx, round);
+			rc = 0;
+			continue;
+		}
 		if (rc)
 			break;
 		MP_TRACE("round %u: group %08x of %d, part %d", round, g.id, g.size, g.my_index);
+		a->res->group_size = g.size;
+		dial_ahead(ctx, g.members, g.size);
 		rc = mp_group_allreduce(ctx, &g, round, a);
-		ctx->grouping->after_round(&ctx->grouping_state, round, &g);
+		if (go->after_round)
+			go->after_round(st, round, &g);
 		if (rc == -EHOSTUNREACH) {
 			/* An isolated round leaves our values as they were; other
 			 * rounds' groups may still be reachable. */
+			a->res->rounds_alone++;
 			rc = 0;
 			continue;
 		}
@@ -537,11 +555,16 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 			break;
 		ok_rounds++;
 	}
-	free(members);
-	if (!rc && !ok_rounds && rounds > 0 && ctx->npeers > 1) {
+	if (go->end)
+		go->end(st);
+	/* A static peer that reached nobody is cut off from a fixed membership;
+	 * in a dht run, rounds alone are churn, counted in rounds_alone. */
+	if (!rc && !ok_rounds && rounds > 0 && ctx->npeers > 1 && !ctx->dynamic) {
 		mp_set_error(ctx, "no round could reach any group member");
 		rc = -EHOSTUNREACH;
 	}
+out:
+	free(members);
 	return rc;
 }
 
@@ -581,7 +604,7 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 		rc = run_butterfly(ctx, &a);
 		break;
 	default:
-		rc = ctx->dynamic ? mp_dht_moshpit(ctx, &a) : run_moshpit(ctx, &a);
+		rc = run_moshpit(ctx, &a);
 		break;
 	}
 	req->res.weight = a.weight;
@@ -1013,10 +1036,7 @@ int mp_finalize(mp_ctx *ctx)
 		ctx->fbs = f->next;
 		fb_free(f);
 	}
-	if (ctx->dynamic)
-		mp_dht_stop(ctx);
-	else if (ctx->rdv_st)
-		ctx->rdv->fini(ctx->rdv_st);
+	mp_dht_stop(ctx);
 	mp_conn_fini(ctx);
 	mp_peers_free(ctx);
 	pthread_cond_destroy(&ctx->cv);

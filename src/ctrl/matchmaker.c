@@ -202,7 +202,7 @@ static struct entry self_entry(const struct mp_ctx *ctx, int dim)
 {
 	struct entry e = {.id = ctx->self_id, .bw = ctx->mode == MP_MODE_CLIENT ? 0.0 :
 				   ctx->cfg.bandwidth, .mode = ctx->mode,
-			  .coord = dim >= 0 ? ctx->coords[dim] : 0};
+			  .coord = dim >= 0 ? ctx->dht->coords[dim] : 0};
 
 	snprintf(e.addr, sizeof(e.addr), "%s", ctx->mode == MP_MODE_CLIENT ? "" : ctx->local_addr);
 	return e;
@@ -211,16 +211,16 @@ static struct entry self_entry(const struct mp_ctx *ctx, int dim)
 static int publish_self(struct mp_ctx *ctx)
 {
 	/* A joiner names its first round once catch_up found it. */
-	uint32_t round = ctx->cfg.npeers || ctx->synced ? ctx->round : ROUND_JOINING;
+	uint32_t round = ctx->cfg.npeers || ctx->dht->synced ? ctx->round : ROUND_JOINING;
 	struct mp_record r = {.id = ctx->self_id, .round = round, .mode = (uint8_t)ctx->mode,
 			      .ndims = (uint8_t)ctx->grid.ndims,
 			      .bandwidth = ctx->mode == MP_MODE_CLIENT ? 0.0 : ctx->cfg.bandwidth};
 
 	for (int i = 0; i < ctx->grid.ndims; i++)
-		r.coords[i] = (int16_t)ctx->coords[i];
+		r.coords[i] = (int16_t)ctx->dht->coords[i];
 	snprintf(r.transport, sizeof(r.transport), "%s", ctx->transport);
 	snprintf(r.addr, sizeof(r.addr), "%s", ctx->mode == MP_MODE_CLIENT ? "" : ctx->local_addr);
-	return ctx->rdv->publish(ctx->rdv_st, &r);
+	return ctx->dht->rdv->publish(ctx->dht->rdv_st, &r);
 }
 
 /*
@@ -233,10 +233,10 @@ static void publish_round(struct mp_ctx *ctx)
 {
 	uint64_t now = mp_now_ns();
 
-	if (ctx->published_ns &&
-	    now - ctx->published_ns < (uint64_t)ctx->cfg.record_ttl_ms * 1000000ull / 3)
+	if (ctx->dht->published_ns &&
+	    now - ctx->dht->published_ns < (uint64_t)ctx->cfg.record_ttl_ms * 1000000ull / 3)
 		return;
-	ctx->published_ns = now;
+	ctx->dht->published_ns = now;
 	publish_self(ctx);
 }
 
@@ -276,7 +276,7 @@ static uint32_t front_round(const struct mp_record *recs, int n)
  * connections (DECL, PEER); larger ones rely on the DHT alone. */
 static int gossiping(const struct mp_ctx *ctx)
 {
-	return ctx->nrecs <= GOSSIP_MAX_RECORDS;
+	return ctx->dht->nrecs <= GOSSIP_MAX_RECORDS;
 }
 
 /*
@@ -292,7 +292,7 @@ static void relay(struct mp_ctx *ctx, const struct mp_record *r, int idx)
 	uint8_t buf[MP_RECORD_WIRE_MAX];
 	size_t len;
 
-	if (gossiping(ctx) && ctx->rdv->learn_record &&
+	if (gossiping(ctx) && ctx->dht->rdv->learn_record &&
 	    !mp_record_encode(&ctx->auth, ctx->run_name, r, buf, sizeof(buf), &len))
 		mp_ctrl_send_all(ctx, &h, buf, len, idx);
 }
@@ -306,16 +306,16 @@ static void announce(struct mp_ctx *ctx)
 	uint8_t buf[MP_RECORD_WIRE_MAX];
 	size_t len;
 
-	if (gossiping(ctx) && ctx->rdv->self_record &&
-	    !ctx->rdv->self_record(ctx->rdv_st, buf, sizeof(buf), &len))
+	if (gossiping(ctx) && ctx->dht->rdv->self_record &&
+	    !ctx->dht->rdv->self_record(ctx->dht->rdv_st, buf, sizeof(buf), &len))
 		mp_ctrl_send_all(ctx, &h, buf, len, -1);
 }
 
 int mp_mm_on_peer(struct mp_ctx *ctx, const struct mp_wire_hdr *h, const uint8_t *payload)
 {
-	if (!ctx->rdv || !ctx->rdv->learn_record)
+	if (!ctx->dht->rdv || !ctx->dht->rdv->learn_record)
 		return -ENOTSUP;
-	return ctx->rdv->learn_record(ctx->rdv_st, payload, h->length) ? -EBADMSG : 0;
+	return ctx->dht->rdv->learn_record(ctx->dht->rdv_st, payload, h->length) ? -EBADMSG : 0;
 }
 
 /* Bring the peer table up to date with the rendezvous; returns the number of
@@ -326,13 +326,13 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 	uint64_t gone[64];
 	int n, ng;
 
-	n = ctx->rdv->members(ctx->rdv_st, ctx->recs, MAX_RECORDS);
+	n = ctx->dht->rdv->members(ctx->dht->rdv_st, ctx->dht->recs, MAX_RECORDS);
 	if (n < 0)
 		return n;
 	if (front)
-		*front = front_round(ctx->recs, n);
+		*front = front_round(ctx->dht->recs, n);
 	for (int i = 0; i < n; i++) {
-		const struct mp_record *r = &ctx->recs[i];
+		const struct mp_record *r = &ctx->dht->recs[i];
 		if (r->id == ctx->self_id || strcmp(r->transport, ctx->transport))
 			continue;
 		int idx = mp_peer_find(ctx, r->id), err;
@@ -357,10 +357,10 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 		/* Open the control connection to a new peer now when this side
 		 * dials: only the dialer can, and a peer that just joined needs
 		 * one to ask the others which round the run is at. */
-		if (!known && ctx->placed)
+		if (!known && ctx->dht->placed)
 			mp_conn_get(ctx, idx, ctx->streams, &err);
 	}
-	while ((ng = ctx->rdv->departed(ctx->rdv_st, gone, 64)) > 0) {
+	while ((ng = ctx->dht->rdv->departed(ctx->dht->rdv_st, gone, 64)) > 0) {
 		for (int i = 0; i < ng; i++) {
 			int idx = mp_peer_find(ctx, gone[i]);
 			if (idx >= 0)
@@ -369,7 +369,7 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 		if (ng < 64)
 			break;
 	}
-	ctx->nrecs = n;
+	ctx->dht->nrecs = n;
 	return n;
 }
 
@@ -424,8 +424,8 @@ static int missing(const struct mp_ctx *ctx, uint32_t round, struct mp_decl *d, 
 	int miss = 0;
 
 	qsort(d, (size_t)n, sizeof(*d), cmp_decl_id);
-	for (int i = 0; i < ctx->nrecs; i++) {
-		const struct mp_record *r = &ctx->recs[i];
+	for (int i = 0; i < ctx->dht->nrecs; i++) {
+		const struct mp_record *r = &ctx->dht->recs[i];
 		struct mp_decl key = {.id = r->id}, *f;
 		if (r->id == ctx->self_id || !takes_part(ctx, r, round, now))
 			continue;
@@ -444,9 +444,9 @@ static int missing(const struct mp_ctx *ctx, uint32_t round, struct mp_decl *d, 
 		int counted = 0;
 		if (d[i].mode != MP_DECL_PLACING || d[i].id == ctx->self_id)
 			continue;
-		for (int j = 0; j < ctx->nrecs && !counted; j++)
-			counted = ctx->recs[j].id == d[i].id &&
-				  takes_part(ctx, &ctx->recs[j], round, now);
+		for (int j = 0; j < ctx->dht->nrecs && !counted; j++)
+			counted = ctx->dht->recs[j].id == d[i].id &&
+				  takes_part(ctx, &ctx->dht->recs[j], round, now);
 		if (!counted && !dropped(ctx, d[i].id, now)) {
 			if (one)
 				*one = d[i].id;
@@ -476,7 +476,7 @@ static void take_cell(struct mp_ctx *ctx, int n)
 		uint64_t *ids = malloc((size_t)n * sizeof(*ids));
 		if (ids) {
 			for (int i = 0; i < n; i++)
-				ids[i] = ctx->recs[i].id;
+				ids[i] = ctx->dht->recs[i].id;
 			qsort(ids, (size_t)n, sizeof(*ids), cmp_u64);
 			for (int i = 0; i < n; i++)
 				if (ids[i] == ctx->self_id)
@@ -488,7 +488,7 @@ static void take_cell(struct mp_ctx *ctx, int n)
 		cell = ctx->self_id % cells;
 		if (used) {
 			for (int i = 0; i < n; i++) {
-				const struct mp_record *r = &ctx->recs[i];
+				const struct mp_record *r = &ctx->dht->recs[i];
 				int c[MP_MAX_GRID_DIMS] = {0};
 				if (r->id == ctx->self_id || r->ndims != ctx->grid.ndims)
 					continue;
@@ -505,7 +505,7 @@ static void take_cell(struct mp_ctx *ctx, int n)
 			free(used);
 		}
 	}
-	mp_grid_coords(&ctx->grid, cell, ctx->coords);
+	mp_grid_coords(&ctx->grid, cell, ctx->dht->coords);
 }
 
 /* DECL and PEER as they arrive on control connections (ctrl.c). */
@@ -528,10 +528,17 @@ int mp_dht_start(struct mp_ctx *ctx)
 				  .bootstrap = ctx->cfg.bootstrap, .ttl_ms = ctx->cfg.record_ttl_ms};
 	int rc;
 
-	if (!ctx->rdv) {
+	if (!mp_rdv_dht_ops) {
 		mp_set_init_error("this libmoshpit is built without OpenDHT (the dht rendezvous)");
 		return -ENOTSUP;
 	}
+	ctx->dht = calloc(1, sizeof(*ctx->dht));
+	if (!ctx->dht)
+		return -ENOMEM;
+	ctx->dht->ctx = ctx;
+	ctx->dht->rdv = mp_rdv_dht_ops;
+	ctx->grouping = &mp_dht_grouping_ops;
+	ctx->grouping_st = ctx->dht;
 	/* Others bootstrap from the host our data plane listens on. */
 	snprintf(host, sizeof(host), "%s", ctx->local_addr);
 	char *colon = strrchr(host, ':');
@@ -539,12 +546,12 @@ int mp_dht_start(struct mp_ctx *ctx)
 		*colon = 0;
 		p.host = host;
 	}
-	ctx->recs = calloc(MAX_RECORDS, sizeof(*ctx->recs));
-	if (!ctx->recs)
+	ctx->dht->recs = calloc(MAX_RECORDS, sizeof(*ctx->dht->recs));
+	if (!ctx->dht->recs)
 		return -ENOMEM;
 	mp_ctrl_on(ctx, MP_MSG_DECL, on_decl_msg, ctx, "malformed declaration");
 	mp_ctrl_on(ctx, MP_MSG_PEER, on_peer_msg, ctx, "malformed or refused record");
-	rc = ctx->rdv->init(&p, &ctx->rdv_st);
+	rc = ctx->dht->rdv->init(&p, &ctx->dht->rdv_st);
 	if (rc) {
 		mp_set_init_error("dht rendezvous: cannot start a node (port %d, bootstrap %s): %s",
 				  ctx->cfg.dht_port, ctx->cfg.bootstrap ? ctx->cfg.bootstrap : "none",
@@ -574,7 +581,7 @@ static int place(struct mp_ctx *ctx)
 	int n = 0, rc, seen = -1;
 
 	for (;;) {
-		n = ctx->rdv->members(ctx->rdv_st, ctx->recs, MAX_RECORDS);
+		n = ctx->dht->rdv->members(ctx->dht->rdv_st, ctx->dht->recs, MAX_RECORDS);
 		if (n < 0) {
 			mp_set_error(ctx, "dht rendezvous: %s", mp_strerror(n));
 			return n;
@@ -593,9 +600,9 @@ static int place(struct mp_ctx *ctx)
 		 * would place themselves on a grid of two. */
 		int running = 0;
 		for (int i = 0; i < n; i++)
-			running += ctx->recs[i].id != ctx->self_id && ctx->recs[i].round != ROUND_JOINING;
+			running += ctx->dht->recs[i].id != ctx->self_id && ctx->dht->recs[i].round != ROUND_JOINING;
 		/* A welcome brought the members at once: no need to wait. */
-		int welcomed = ctx->rdv->welcomed && ctx->rdv->welcomed(ctx->rdv_st);
+		int welcomed = ctx->dht->rdv->welcomed && ctx->dht->rdv->welcomed(ctx->dht->rdv_st);
 		int learnt = (now - since >= PLACE_STEADY_NS || welcomed) &&
 			     (running > 0 || (!ctx->cfg.bootstrap &&
 					      now - start >= (uint64_t)ctx->cfg.request_timeout_ms * 1000000ull));
@@ -615,31 +622,50 @@ static int place(struct mp_ctx *ctx)
 	uint32_t r = 0;
 	sync_members(ctx, &r);
 	ctx->round = r;
-	ctx->placed = 1;
+	ctx->dht->placed = 1;
 	/* A peer joining a running run learns its round from the others. */
-	ctx->need_probe = ctx->cfg.npeers == 0;
+	ctx->dht->need_probe = ctx->cfg.npeers == 0;
 	rc = publish_self(ctx);
 	if (rc)
 		return rc;
 	char cbuf[64];
 	int len = 0;
 	for (int i = 0; i < ctx->grid.ndims; i++)
-		len += snprintf(cbuf + len, sizeof(cbuf) - (size_t)len, i ? ",%d" : "%d", ctx->coords[i]);
+		len += snprintf(cbuf + len, sizeof(cbuf) - (size_t)len, i ? ",%d" : "%d", ctx->dht->coords[i]);
 	MP_INFO("dht: sees %d peer(s); cell (%s), round %u", n, cbuf, ctx->round);
 	return 0;
 }
 
 void mp_dht_stop(struct mp_ctx *ctx)
 {
-	if (ctx->rdv_st) {
-		ctx->rdv->fini(ctx->rdv_st);
-		ctx->rdv_st = NULL;
+	if (!ctx->dht)
+		return;
+	if (ctx->dht->rdv_st) {
+		ctx->dht->rdv->fini(ctx->dht->rdv_st);
+		ctx->dht->rdv_st = NULL;
 	}
-	free(ctx->recs);
-	ctx->recs = NULL;
-	free(ctx->heard);
-	ctx->heard = NULL;
-	ctx->nheard = 0;
+	free(ctx->dht->recs);
+	ctx->dht->recs = NULL;
+	free(ctx->dht->heard);
+	free(ctx->dht);
+	ctx->dht = NULL;
+}
+
+int mp_mm_address(struct mp_ctx *ctx, char *buf, size_t len)
+{
+	if (!ctx->dht || !ctx->dht->rdv_st)
+		return -ENOTSUP;
+	return ctx->dht->rdv->address(ctx->dht->rdv_st, buf, len);
+}
+
+void mp_mm_leave(struct mp_ctx *ctx)
+{
+	if (!ctx->dht || !ctx->dht->rdv_st)
+		return;
+	mp_ctrl_bye_all(ctx);
+	if (ctx->dht->rdv->leave)
+		ctx->dht->rdv->leave(ctx->dht->rdv_st);
+	MP_INFO("left the run");
 }
 
 /* ---- one round's matchmaking --------------------------------------------- */
@@ -681,7 +707,7 @@ struct mm {
 
 /*
  * Ask a few live peers which round they are at; their answers raise
- * ctx->round_hint while we matchmake. Used by a peer that joined a running
+ * ctx->dht->round_hint while we matchmake. Used by a peer that joined a running
  * run, and by one that found nobody under its key (it has fallen behind, or
  * the others are ahead).
  */
@@ -749,14 +775,14 @@ static uint32_t line_of(const struct mp_ctx *ctx, const int *coords, int dim)
  * of peers that just died. A small run also sends each one over the control
  * connections; the DHT stays the authority and this only brings it sooner.
  * What arrives is taken under the keys it belongs to when this peer holds
- * them (rdv learn), else kept in ctx->heard until the round starts here.
+ * them (rdv learn), else kept in ctx->dht->heard until the round starts here.
  */
 static void gossip(struct mp_ctx *ctx, uint32_t round, const struct mp_decl *d)
 {
 	struct mp_wire_hdr h = {.type = MP_MSG_DECL, .round = round};
 	uint8_t p[DECL_MSG_LEN];
 
-	if (!gossiping(ctx) || !ctx->rdv->learn)
+	if (!gossiping(ctx) || !ctx->dht->rdv->learn)
 		return;
 	mp_le_put64(p, d->id);
 	mp_le_put64(p + 8, d->expires_ms);
@@ -775,12 +801,12 @@ static int learn(struct mp_ctx *ctx, uint32_t round, const struct mp_decl *d)
 	int c[MP_MAX_GRID_DIMS] = {0}, rc;
 
 	round_key(round, key, sizeof(key));
-	rc = ctx->rdv->learn(ctx->rdv_st, key, d);
+	rc = ctx->dht->rdv->learn(ctx->dht->rdv_st, key, d);
 	if (d->mode >= MP_DECL_ABSENT) /* absent, placing or moved on: in no line */
 		return rc;
 	mp_grid_coords(&ctx->grid, d->line, c);
 	group_key(ctx, round, c, key, sizeof(key));
-	return ctx->rdv->learn(ctx->rdv_st, key, d) ? -ENOENT : rc;
+	return ctx->dht->rdv->learn(ctx->dht->rdv_st, key, d) ? -ENOENT : rc;
 }
 
 /* A new round starts here: what was heard for it is taken now that its keys
@@ -789,14 +815,14 @@ static void heard_replay(struct mp_ctx *ctx, uint32_t round)
 {
 	int j = 0;
 
-	ctx->mm_round = round;
-	for (int i = 0; i < ctx->nheard; i++) {
-		if (ctx->heard[i].round == round)
-			learn(ctx, round, &ctx->heard[i].d);
-		if (ctx->heard[i].round > round)
-			ctx->heard[j++] = ctx->heard[i];
+	ctx->dht->mm_round = round;
+	for (int i = 0; i < ctx->dht->nheard; i++) {
+		if (ctx->dht->heard[i].round == round)
+			learn(ctx, round, &ctx->dht->heard[i].d);
+		if (ctx->dht->heard[i].round > round)
+			ctx->dht->heard[j++] = ctx->dht->heard[i];
 	}
-	ctx->nheard = j;
+	ctx->dht->nheard = j;
 }
 
 int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
@@ -832,26 +858,26 @@ int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
 	/* Members declare in their lines as their rounds start: a joiner
 	 * learns where the run is (catch_up) from these as well as from the
 	 * answers to its probes. Not from placing peers: they aim ahead. */
-	if (d.mode < MP_DECL_ABSENT && h->round > ctx->decl_round)
-		ctx->decl_round = h->round;
-	if (!ctx->rdv || !ctx->rdv->learn || h->round < ctx->mm_round)
+	if (d.mode < MP_DECL_ABSENT && h->round > ctx->dht->decl_round)
+		ctx->dht->decl_round = h->round;
+	if (!ctx->dht->rdv || !ctx->dht->rdv->learn || h->round < ctx->dht->mm_round)
 		return -ESTALE; /* a round we are done with: its keys are forgotten */
-	if (h->round == ctx->mm_round && !learn(ctx, h->round, &d))
+	if (h->round == ctx->dht->mm_round && !learn(ctx, h->round, &d))
 		return 0;
 	/* Ahead of us, or a key not held yet: kept for heard_replay. The
 	 * oldest goes when full. */
-	for (int i = 0; i < ctx->nheard; i++)
-		if (ctx->heard[i].round == h->round && ctx->heard[i].d.id == d.id) {
-			ctx->heard[i].d = d;
+	for (int i = 0; i < ctx->dht->nheard; i++)
+		if (ctx->dht->heard[i].round == h->round && ctx->dht->heard[i].d.id == d.id) {
+			ctx->dht->heard[i].d = d;
 			return 0;
 		}
-	if (!ctx->heard && !(ctx->heard = malloc(MP_HEARD_MAX * sizeof(*ctx->heard))))
+	if (!ctx->dht->heard && !(ctx->dht->heard = malloc(MP_HEARD_MAX * sizeof(*ctx->dht->heard))))
 		return -ENOMEM;
-	if (ctx->nheard == MP_HEARD_MAX)
-		memmove(ctx->heard, ctx->heard + 1, (MP_HEARD_MAX - 1) * sizeof(*ctx->heard));
+	if (ctx->dht->nheard == MP_HEARD_MAX)
+		memmove(ctx->dht->heard, ctx->dht->heard + 1, (MP_HEARD_MAX - 1) * sizeof(*ctx->dht->heard));
 	else
-		ctx->nheard++;
-	ctx->heard[ctx->nheard - 1] = (struct mp_heard){.round = h->round, .d = d};
+		ctx->dht->nheard++;
+	ctx->dht->heard[ctx->dht->nheard - 1] = (struct mp_heard){.round = h->round, .d = d};
 	return 0;
 }
 
@@ -860,10 +886,10 @@ static void prewarm(struct mp_ctx *ctx, uint32_t round)
 	char key[160];
 	struct mp_decl d;
 
-	group_key(ctx, round, ctx->coords, key, sizeof(key));
-	ctx->rdv->declared(ctx->rdv_st, key, &d, 1);
+	group_key(ctx, round, ctx->dht->coords, key, sizeof(key));
+	ctx->dht->rdv->declared(ctx->dht->rdv_st, key, &d, 1);
 	round_key(round, key, sizeof(key));
-	ctx->rdv->declared(ctx->rdv_st, key, &d, 1);
+	ctx->dht->rdv->declared(ctx->dht->rdv_st, key, &d, 1);
 }
 
 /*
@@ -964,7 +990,7 @@ static int next_coord(struct mp_ctx *ctx, uint32_t round, const struct entry *ro
 			if (c < MP_MAX_GROUP && taken[c]) {
 				MP_INFO("round %u: our next cell is another member's too; looking for "
 					"a hole before the next round", round);
-				ctx->displaced = 1;
+				ctx->dht->displaced = 1;
 			}
 		}
 		if (c < MP_MAX_GROUP)
@@ -1153,7 +1179,7 @@ static int everyone(struct mm *m, uint64_t now)
 	if (!m->all)
 		return 0;
 	if (!m->round_at || now - m->round_at >= ROUND_READ_NS) {
-		int n = ctx->rdv->declared(ctx->rdv_st, m->rkey, m->all, MAX_RECORDS);
+		int n = ctx->dht->rdv->declared(ctx->dht->rdv_st, m->rkey, m->all, MAX_RECORDS);
 		if (n >= 0) {
 			m->nround = n;
 			m->nmissing = missing(ctx, m->round, m->all, n, &m->missing_id, 0, NULL);
@@ -1176,7 +1202,7 @@ static void declare_absent(struct mm *m, uint64_t expires_ms)
 				    .line = UINT32_MAX};
 		if (i == ctx->rank || pe->gone || !pe->failed_ns || now - pe->failed_ns >= ttl_ns)
 			continue;
-		ctx->rdv->declare(ctx->rdv_st, m->rkey, &d);
+		ctx->dht->rdv->declare(ctx->dht->rdv_st, m->rkey, &d);
 		gossip(ctx, m->round, &d);
 	}
 }
@@ -1189,7 +1215,7 @@ static void declare_absent(struct mm *m, uint64_t expires_ms)
 static int line_decls(struct mm *m, uint64_t now)
 {
 	struct mp_ctx *ctx = m->ctx;
-	int n = ctx->rdv->declared(ctx->rdv_st, m->key, m->decls, MAX_DECLS), k;
+	int n = ctx->dht->rdv->declared(ctx->dht->rdv_st, m->key, m->decls, MAX_DECLS), k;
 
 	if (n < 0)
 		n = 0;
@@ -1312,12 +1338,12 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 	if (m->target > MP_MAX_GROUP)
 		m->target = MP_MAX_GROUP;
 	m->minsz = ctx->cfg.min_group_size < m->target ? ctx->cfg.min_group_size : m->target;
-	group_key(ctx, round, ctx->coords, m->key, sizeof(m->key));
+	group_key(ctx, round, ctx->dht->coords, m->key, sizeof(m->key));
 	struct mp_decl self = {.id = ctx->self_id, .expires_ms = wall + (uint64_t)ctx->cfg.matchmaking_ms,
-			       .mode = (uint8_t)ctx->mode, .coord = (int16_t)ctx->coords[m->dim],
-			       .line = line_of(ctx, ctx->coords, m->dim)};
+			       .mode = (uint8_t)ctx->mode, .coord = (int16_t)ctx->dht->coords[m->dim],
+			       .line = line_of(ctx, ctx->dht->coords, m->dim)};
 	m->self = self;
-	rc = ctx->rdv->declare(ctx->rdv_st, m->key, &self);
+	rc = ctx->dht->rdv->declare(ctx->dht->rdv_st, m->key, &self);
 	if (rc) {
 		MP_WARN("round %u: cannot declare under %s: %s", round, m->key, mp_strerror(rc));
 		free(m);
@@ -1328,7 +1354,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 	round_key(round, m->rkey, sizeof(m->rkey));
 	m->line = self.line;
 	m->all = malloc(MAX_RECORDS * sizeof(*m->all));
-	if (m->all && (rc = ctx->rdv->declare(ctx->rdv_st, m->rkey, &self))) {
+	if (m->all && (rc = ctx->dht->rdv->declare(ctx->dht->rdv_st, m->rkey, &self))) {
 		MP_WARN("round %u: cannot declare under %s: %s", round, m->rkey, mp_strerror(rc));
 		free(m->all);
 		m->all = NULL;
@@ -1337,18 +1363,18 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 		declare_absent(m, self.expires_ms);
 	/* take_hole kept its round's key for us; one of a round skipped since
 	 * is of no use. */
-	if (ctx->kept_round && ctx->kept_round - 1 != round) {
+	if (ctx->dht->kept_round && ctx->dht->kept_round - 1 != round) {
 		char kept[32];
-		round_key(ctx->kept_round - 1, kept, sizeof(kept));
-		ctx->rdv->forget(ctx->rdv_st, kept);
+		round_key(ctx->dht->kept_round - 1, kept, sizeof(kept));
+		ctx->dht->rdv->forget(ctx->dht->rdv_st, kept);
 	}
-	ctx->kept_round = 0;
+	ctx->dht->kept_round = 0;
 	heard_replay(ctx, round);
 	gossip(ctx, round, &self);
 	rc = -EHOSTUNREACH;
 	MP_TRACE("round %u: looking for a group under %s (target %d, min %d)", round, m->key,
 		 m->target, m->minsz);
-	uint64_t probe_at = ctx->need_probe ? start : UINT64_MAX;
+	uint64_t probe_at = ctx->dht->need_probe ? start : UINT64_MAX;
 	for (;;) {
 		uint64_t now = mp_now_ns();
 		struct mp_ctrl_msg *msg;
@@ -1359,10 +1385,10 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			break;
 		}
 		mp_ctrl_poll(ctx);
-		if (ctx->suspects_new && m->all) {
+		if (ctx->suspects != ctx->dht->suspects_seen && m->all) {
 			/* A connection showed a peer dead: tell the round now,
 			 * not at the next one. */
-			ctx->suspects_new = 0;
+			ctx->dht->suspects_seen = ctx->suspects;
 			declare_absent(m, m->self.expires_ms);
 		}
 		if (now - last_sync > SYNC_NS) {
@@ -1374,8 +1400,8 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			probe(ctx);
 			probe_at = now + SYNC_NS * 4;
 		}
-		if (ctx->round_hint > round && !m->nfol) {
-			MP_INFO("round %u: the run is at round %u; catching up", round, ctx->round_hint);
+		if (ctx->dht->round_hint > round && !m->nfol) {
+			MP_INFO("round %u: the run is at round %u; catching up", round, ctx->dht->round_hint);
 			if (m->state == FOLLOW)
 				give_up(m);
 			break;
@@ -1393,8 +1419,8 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			}
 			if (msg->h.type == MP_MSG_REJECT && msg->h.aux == REJ_STALE) {
 				/* We are behind: the answer says where the run is. */
-				if (msg->h.round > ctx->round_hint)
-					ctx->round_hint = msg->h.round;
+				if (msg->h.round > ctx->dht->round_hint)
+					ctx->dht->round_hint = msg->h.round;
 				if (m->state == FOLLOW && msg->peer == m->leader) {
 					exclude(m, ctx->peers[m->leader].id);
 					m->state = SEEK;
@@ -1518,11 +1544,11 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 		mp_ctrl_requeue(ctx, msg);
 	if (!rc)
 		*next = m->next;
-	ctx->rdv->forget(ctx->rdv_st, m->key);
-	ctx->rdv->forget(ctx->rdv_st, m->rkey);
+	ctx->dht->rdv->forget(ctx->dht->rdv_st, m->key);
+	ctx->dht->rdv->forget(ctx->dht->rdv_st, m->rkey);
 	free(m->all);
 	/* Alone under the key: probably behind the others, or they ahead. */
-	ctx->need_probe = rc == -EHOSTUNREACH && !m->company;
+	ctx->dht->need_probe = rc == -EHOSTUNREACH && !m->company;
 	free(m);
 	return rc;
 }
@@ -1542,13 +1568,13 @@ static void catch_up(struct mp_ctx *ctx)
 	struct mp_ctrl_msg *msg;
 	uint32_t at = 0;
 
-	while (!ctx->round_hint && mp_now_ns() - start < limit &&
+	while (!ctx->dht->round_hint && mp_now_ns() - start < limit &&
 	       !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t now = mp_now_ns();
 		/* Declarations of a round say the run is at it, as an answer
 		 * would. */
-		if (ctx->decl_round) {
-			ctx->round_hint = ctx->decl_round;
+		if (ctx->dht->decl_round) {
+			ctx->dht->round_hint = ctx->dht->decl_round;
 			break;
 		}
 		if (now - last > SYNC_NS) {
@@ -1559,8 +1585,8 @@ static void catch_up(struct mp_ctx *ctx)
 		mp_ctrl_poll(ctx);
 		while ((msg = mp_ctrl_take(ctx))) {
 			if (msg->h.type == MP_MSG_REJECT && msg->h.aux == REJ_STALE) {
-				if (msg->h.round > ctx->round_hint)
-					ctx->round_hint = msg->h.round;
+				if (msg->h.round > ctx->dht->round_hint)
+					ctx->dht->round_hint = msg->h.round;
 				mp_ctrl_msg_free(msg);
 				continue;
 			}
@@ -1570,24 +1596,24 @@ static void catch_up(struct mp_ctx *ctx)
 	}
 	while ((msg = mp_reqq_pop_entry(&keep, struct mp_ctrl_msg, link)))
 		mp_ctrl_requeue(ctx, msg);
-	if (!ctx->round_hint && at > ctx->round_hint) {
+	if (!ctx->dht->round_hint && at > ctx->dht->round_hint) {
 		/* Nobody answered: the records' rounds, which lag by up to a
 		 * refresh period, are the best guess. */
 		MP_INFO("no peer said which round the run is at; the records say %u", at);
-		ctx->round_hint = at;
+		ctx->dht->round_hint = at;
 	}
-	if (ctx->round_hint >= ctx->round) {
+	if (ctx->dht->round_hint >= ctx->round) {
 		/* That round's groups are forming as we hear of it and would be
 		 * gone by the time we declare: the next one (take_hole starts the
 		 * search for its key now). Aiming two rounds ahead, to give a new
 		 * DHT node's search more time, lost a round for every joiner: a
 		 * replacement of a death late in a run never mixed in (and it
 		 * made the others skip a round, see front_round). */
-		MP_INFO("the run is at round %u; joining at %u", ctx->round_hint, ctx->round_hint + 1);
-		ctx->round = ctx->round_hint + 1;
+		MP_INFO("the run is at round %u; joining at %u", ctx->dht->round_hint, ctx->dht->round_hint + 1);
+		ctx->round = ctx->dht->round_hint + 1;
 	}
-	ctx->need_probe = 0;
-	ctx->synced = 1;
+	ctx->dht->need_probe = 0;
+	ctx->dht->synced = 1;
 }
 
 /* Emptiest line first, then by line and coordinate: an order every placer
@@ -1650,10 +1676,10 @@ static void moved_on(struct mp_ctx *ctx, uint32_t round, const char *key, const 
 	int rc;
 
 	moved.mode = MP_DECL_MOVED;
-	if ((rc = ctx->rdv->declare(ctx->rdv_st, key, &moved)))
+	if ((rc = ctx->dht->rdv->declare(ctx->dht->rdv_st, key, &moved)))
 		MP_WARN("round %u: cannot say we place ourselves later: %s", round, mp_strerror(rc));
 	gossip(ctx, round, &moved);
-	ctx->rdv->forget(ctx->rdv_st, key);
+	ctx->dht->rdv->forget(ctx->dht->rdv_st, key);
 }
 
 /*
@@ -1677,7 +1703,7 @@ static void take_hole(struct mp_ctx *ctx)
 	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) * 1000000ull;
 	int seen = -1, steady = 0, whole = 0, nlast = -1, n = 0, rc, mlast = -2, retargets = 0;
 	/* A welcome brought the members at once: their count need not settle. */
-	int settle = ctx->rdv->welcomed && ctx->rdv->welcomed(ctx->rdv_st) ? 1 : STEADY_SYNCS;
+	int settle = ctx->dht->rdv->welcomed && ctx->dht->rdv->welcomed(ctx->dht->rdv_st) ? 1 : STEADY_SYNCS;
 	uint64_t nsince = start;
 	struct mp_decl *all = malloc(MAX_RECORDS * sizeof(*all));
 	uint32_t *count = calloc((size_t)cells, sizeof(*count));
@@ -1691,23 +1717,23 @@ static void take_hole(struct mp_ctx *ctx)
 		goto out;
 again:
 	round_key(round, key, sizeof(key));
-	if ((rc = ctx->rdv->declare(ctx->rdv_st, key, &pd)))
+	if ((rc = ctx->dht->rdv->declare(ctx->dht->rdv_st, key, &pd)))
 		MP_WARN("round %u: cannot say we are placing ourselves: %s", round, mp_strerror(rc));
 	heard_replay(ctx, round);
 	gossip(ctx, round, &pd);
 	while (mp_now_ns() - start < limit && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t now = mp_now_ns();
 		mp_ctrl_poll(ctx); /* declarations come over control connections too */
-		if (ctx->decl_round > round && retargets < MAX_RETARGETS) {
+		if (ctx->dht->decl_round > round && retargets < MAX_RETARGETS) {
 			/* Others declare for a later round: this one's groups
 			 * have formed without us, and its holes, read now, would
 			 * be no holes at all. Place in the next one; not for
 			 * ever, when rounds are shorter than our reads. */
 			retargets++;
 			MP_INFO("round %u: the run is at round %u; placing in %u", round,
-				ctx->decl_round, ctx->decl_round + 1);
+				ctx->dht->decl_round, ctx->dht->decl_round + 1);
 			moved_on(ctx, round, key, &pd);
-			round = ctx->round = ctx->decl_round + 1;
+			round = ctx->round = ctx->dht->decl_round + 1;
 			dim = (int)(round % (uint32_t)ctx->grid.ndims);
 			steady = 0;
 			seen = nlast = -1;
@@ -1722,7 +1748,7 @@ again:
 			seen = k;
 			last = now;
 		}
-		n = ctx->rdv->declared(ctx->rdv_st, key, all, MAX_RECORDS);
+		n = ctx->dht->rdv->declared(ctx->dht->rdv_st, key, all, MAX_RECORDS);
 		if (n != nlast)
 			nsince = now;
 		nlast = n;
@@ -1773,118 +1799,111 @@ again:
 	MP_INFO("round %u: taking cell %d of line %u (%u member(s) declared there, %d free cell(s), "
 		"%d placer(s), %d declaration(s) in the round)", round, h->coord, h->line, h->count,
 		nh, placers, n);
-	memcpy(ctx->coords, c, sizeof(c));
+	memcpy(ctx->dht->coords, c, sizeof(c));
 out:
 	/* match() reads the round's key next, with what it holds by then. */
-	ctx->kept_round = round + 1;
+	ctx->dht->kept_round = round + 1;
 	free(holes);
 	free(used);
 	free(count);
 	free(all);
 }
 
-static void dial_group(struct mp_ctx *ctx, const struct mp_group *g)
+/* ---- the matchmaker as the context's grouping -------------------------- */
+
+/* Before an operation's rounds: a place on the grid, and for a joiner the
+ * run's round. */
+static int dht_begin(void *state)
 {
-	int err;
+	struct mp_ctx *ctx = ((struct mp_dht *)state)->ctx;
+	int rc;
 
-	for (int i = 0; i < g->size; i++)
-		for (int s = 0; s < ctx->streams && g->members[i] != ctx->rank; s++)
-			mp_conn_get(ctx, g->members[i], s, &err);
-}
-
-int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
-{
-	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : ctx->grid.ndims;
-	int *members = malloc(MP_MAX_GROUP * sizeof(int));
-	double *bw = malloc(MP_MAX_GROUP * sizeof(double));
-	uint8_t *mode = malloc(MP_MAX_GROUP);
-	uint32_t at = 0;
-	int rc = 0;
-
-	if (!members || !bw || !mode) {
-		rc = -ENOMEM;
-		goto out;
-	}
 	if (ctx->left) {
 		mp_set_error(ctx, "this peer has left the run");
-		rc = -ESHUTDOWN;
-		goto out;
+		return -ESHUTDOWN;
 	}
-	if (!ctx->placed && (rc = place(ctx)))
-		goto out;
-	if (!ctx->cfg.npeers && !ctx->synced) {
+	if (!ctx->dht->placed && (rc = place(ctx)))
+		return rc;
+	if (!ctx->cfg.npeers && !ctx->dht->synced) {
 		catch_up(ctx);
 		take_hole(ctx);
 		/* Only now does our record name the round: leaders would wait for
 		 * us meanwhile, and take_hole can take seconds on a new DHT node.
 		 * If they start just before it reaches them, we miss one round. */
-		ctx->published_ns = mp_now_ns();
+		ctx->dht->published_ns = mp_now_ns();
 		if (!publish_self(ctx))
 			announce(ctx);
 	}
-	for (int t = 0; t < rounds; t++) {
-		struct mp_group g = {.members = members};
+	return 0;
+}
 
-		/* Catch up with the run. Peers drift by one round (a fast group
-		 * starts the next round while a slow one finishes), so only a peer
-		 * two or more rounds behind (it sat rounds out, or its view was
-		 * stale) jumps, to one behind the front. */
-		if (sync_members(ctx, &at) > 0 && at > ctx->round + 1)
-			ctx->round = at - 1;
-		if (ctx->round_hint > ctx->round) {
-			/* The hinted round is being matched as we hear of it.
-			 * Having jumped to such a round once and found the run
-			 * gone on again, we would keep arriving late: wait at the
-			 * round after it instead. */
-			uint32_t r = ctx->round_hint;
-			if (ctx->jumped_to && ctx->jumped_to == ctx->round) {
-				MP_INFO("round %u: behind again; waiting for the run at round %u",
-					ctx->round, r + 1);
-				r++;
-			}
-			ctx->round = ctx->jumped_to = r;
-		} else {
-			ctx->jumped_to = 0;
+/* The round to match next: the context's, or the run's when we fell behind. */
+static uint32_t dht_next_round(void *state, uint32_t round)
+{
+	struct mp_ctx *ctx = ((struct mp_dht *)state)->ctx;
+	uint32_t at = 0;
+
+	ctx->round = round;
+	/* Catch up with the run. Peers drift by one round (a fast group
+	 * starts the next round while a slow one finishes), so only a peer
+	 * two or more rounds behind (it sat rounds out, or its view was
+	 * stale) jumps, to one behind the front. */
+	if (sync_members(ctx, &at) > 0 && at > ctx->round + 1)
+		ctx->round = at - 1;
+	if (ctx->dht->round_hint > ctx->round) {
+		/* The hinted round is being matched as we hear of it.
+		 * Having jumped to such a round once and found the run
+		 * gone on again, we would keep arriving late: wait at the
+		 * round after it instead. */
+		uint32_t r = ctx->dht->round_hint;
+		if (ctx->dht->jumped_to && ctx->dht->jumped_to == ctx->round) {
+			MP_INFO("round %u: behind again; waiting for the run at round %u",
+				ctx->round, r + 1);
+			r++;
 		}
-		uint32_t round = ctx->round;
-		if (ctx->displaced) {
-			ctx->displaced = 0;
-			take_hole(ctx);
-		}
-		publish_round(ctx);
-		ctx->round++;
-		mp_fault_match(ctx, round);
-		int next = 0;
-		rc = match(ctx, round, &g, bw, mode, &next);
-		if (rc == -EHOSTUNREACH) {
-			a->res->rounds_alone++;
-			mp_clog_alone(ctx, round);
-			rc = 0;
-			continue;
-		}
-		if (rc)
-			break;
-		MP_TRACE("round %u: group %08x of %d, part %d", round, g.id, g.size, g.my_index);
-		a->res->group_size = g.size;
-		/* The next coordinate depends on the roster alone, so our next
-		 * key is known now: listen to it while the all-reduce runs, since
-		 * a new key costs the DHT a search. */
-		ctx->coords[round % (uint32_t)ctx->grid.ndims] = next;
-		prewarm(ctx, round + 1);
-		dial_group(ctx, &g);
-		rc = mp_group_allreduce(ctx, &g, round, a);
-		if (rc == -EHOSTUNREACH) {
-			a->res->rounds_alone++;
-			rc = 0;
-			continue;
-		}
-		if (rc)
-			break;
+		ctx->round = ctx->dht->jumped_to = r;
+	} else {
+		ctx->dht->jumped_to = 0;
+	}
+	if (ctx->dht->displaced) {
+		ctx->dht->displaced = 0;
+		take_hole(ctx);
 	}
 	publish_round(ctx);
-out:
-	free(members);
-	free(bw);
-	free(mode);
-	return rc;
+	return ctx->round;
 }
+
+/* Matchmake @round's group; -EHOSTUNREACH when none formed. */
+static int dht_form(void *state, uint32_t round, int rank, struct mp_group *g)
+{
+	struct mp_dht *d = state;
+	struct mp_ctx *ctx = d->ctx;
+	int next = 0, rc;
+
+	(void)rank;
+	mp_fault_match(ctx, round);
+	rc = match(ctx, round, g, d->bw, d->mode, &next);
+	if (rc)
+		return rc;
+	/* The next coordinate depends on the roster alone, so our next
+	 * key is known now: listen to it while the all-reduce runs, since
+	 * a new key costs the DHT a search. */
+	ctx->dht->coords[round % (uint32_t)ctx->grid.ndims] = next;
+	prewarm(ctx, round + 1);
+	return 0;
+}
+
+static void dht_end(void *state)
+{
+	publish_round(((struct mp_dht *)state)->ctx);
+}
+
+/* Groups are matchmade round by round (no lookahead), and the cell moves
+ * in form() already, from the roster. */
+const struct mp_grouping_ops mp_dht_grouping_ops = {
+	.name = "dht",
+	.begin = dht_begin,
+	.next_round = dht_next_round,
+	.form = dht_form,
+	.end = dht_end,
+};

@@ -9,29 +9,63 @@
 #include "rdv.h"
 #include "xfer.h"
 
-/* Largest group a roster can describe. */
-#define MP_MAX_GROUP 64
-
-/* mp_init, dht runs: start the rendezvous and publish this peer. The first
- * average then waits for cfg.npeers peers, when set, and takes a cell. */
-int mp_dht_start(struct mp_ctx *ctx);
-/* mp_finalize: leave (if not yet) and stop the rendezvous. */
-void mp_dht_stop(struct mp_ctx *ctx);
-/* cfg.rounds Moshpit rounds of @a, each matchmade (the first call places
- * the peer on the grid first). */
-int mp_dht_moshpit(struct mp_ctx *ctx, struct mp_avg *a);
-/* A DECL control message from @peer (ctrl.c): its own declaration for
- * h->round, taken as if read under that round's key. Malformed ones, and
- * those of rounds past, are dropped (-EBADMSG, -ESTALE). */
-int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
-		  const uint8_t *payload);
-/* Declarations heard of rounds not started here yet (ctx->heard): at most
+/* Declarations heard of rounds not started here yet (mp_dht.heard): at most
  * MP_HEARD_MAX, the oldest dropped first. */
 #define MP_HEARD_MAX 256
 struct mp_heard {
 	uint32_t round;
 	struct mp_decl d;
 };
+
+/*
+ * The state of a dht run, the control plane's own (ctx->dht): the
+ * rendezvous, this peer's cell, and what the matchmaker carries from round
+ * to round. Only src/ctrl and the core see inside it.
+ */
+struct mp_dht {
+	struct mp_ctx *ctx;
+	const struct mp_rdv_ops *rdv;
+	void *rdv_st;
+	int coords[MP_MAX_GRID_DIMS]; /* this peer's grid cell */
+	struct mp_record *recs;       /* scratch for the rendezvous' member list */
+	int nrecs;                    /* records in recs (the last sync) */
+	uint64_t published_ns;        /* when the record was last republished */
+	int placed;                   /* has a grid cell (after the starting set) */
+	int need_probe;               /* ask peers for the run's round */
+	int synced;                   /* a joiner asked before its first round */
+	int displaced;                /* shares its cell; looks for a hole next round */
+	uint32_t round_hint;          /* the largest round a peer said it is at */
+	uint32_t mm_round;            /* the round being matched or placed in; older
+	                                 declarations over control connections are dropped */
+	struct mp_heard *heard;       /* declarations of rounds not started here yet */
+	int nheard;
+	uint32_t kept_round;          /* 1 + the round whose key take_hole kept, or 0 */
+	uint32_t decl_round;          /* the largest round a DECL was heard for */
+	uint32_t jumped_to;           /* the round a round hint last moved us to */
+	uint64_t suspects_seen;       /* ctx->suspects when the round was last told */
+	double bw[MP_MAX_GROUP];      /* the roster of the group formed last */
+	uint8_t mode[MP_MAX_GROUP];
+};
+
+/* The matchmaker as the context's grouping (ctx->grouping, state ctx->dht):
+ * each round's group is matchmade through the rendezvous. */
+extern const struct mp_grouping_ops mp_dht_grouping_ops;
+
+/* mp_init, dht runs: start the rendezvous, publish this peer and make the
+ * matchmaker the context's grouping. The first average then waits for
+ * cfg.npeers peers, when set, and takes a cell. */
+int mp_dht_start(struct mp_ctx *ctx);
+/* mp_finalize: stop the rendezvous and free ctx->dht. */
+void mp_dht_stop(struct mp_ctx *ctx);
+/* The address others bootstrap from (mp_dht_address); -ENOTSUP if none. */
+int mp_mm_address(struct mp_ctx *ctx, char *buf, size_t len);
+/* mp_leave: say BYE to every peer and withdraw our record. */
+void mp_mm_leave(struct mp_ctx *ctx);
+/* A DECL control message from @peer (ctrl.c): its own declaration for
+ * h->round, taken as if read under that round's key. Malformed ones, and
+ * those of rounds past, are dropped (-EBADMSG, -ESTALE). */
+int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
+		  const uint8_t *payload);
 /* A PEER control message (ctrl.c): a record passed on by a peer that just
  * learnt it, taken as if read from the rendezvous (-EBADMSG when it does
  * not verify). */

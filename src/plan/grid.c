@@ -247,6 +247,7 @@ static void grid_after_round(void *state, uint32_t round, const struct mp_group 
 const struct mp_grouping_ops mp_grid_grouping_ops = {
 	.name = "grid",
 	.form = grid_form,
+	.lookahead = 1,
 	.after_round = grid_after_round,
 };
 

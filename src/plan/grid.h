@@ -51,12 +51,33 @@ struct mp_group {
 	const uint8_t *mode;  /* size entries, enum mp_mode */
 };
 
+/* Largest group a roster can describe. */
+#define MP_MAX_GROUP 64
+
+/*
+ * How a context forms its groups, round after round (src/core's round loop
+ * serves static and dht runs alike): the static grid below, or the dht
+ * matchmaker (src/ctrl/matchmaker.c). Optional entries may be NULL.
+ */
 struct mp_grouping_ops {
 	const char *name;
-	/* Form the group of @rank for global round @round. Returns 0 or negative errno. */
+	/* Optional: before an operation's rounds; a negative errno fails it. */
+	int (*begin)(void *state);
+	/* Optional: the global round to run next, given the context's count
+	 * @round (a matchmaker that fell behind moves to the run's round). */
+	uint32_t (*next_round)(void *state, uint32_t round);
+	/* Form the group of @rank for global round @round into @out (whose
+	 * members have room for max(npeers, MP_MAX_GROUP)). Returns 0,
+	 * -EHOSTUNREACH when no group formed (the round is sat out, values
+	 * kept), or another negative errno, which fails the operation. */
 	int (*form)(void *state, uint32_t round, int rank, struct mp_group *out);
-	/* Told after each round; a dynamic matchmaker derives the next coordinate. */
+	/* Nonzero when form() of later rounds may be called ahead, with no
+	 * side effect, so that the context dials their members early. */
+	int lookahead;
+	/* Optional: told after each round's all-reduce. */
 	void (*after_round)(void *state, uint32_t round, const struct mp_group *g);
+	/* Optional: after an operation's rounds. */
+	void (*end)(void *state);
 };
 
 /*

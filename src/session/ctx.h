@@ -24,11 +24,9 @@
 struct mp_ctrl;
 struct mp_fault;
 struct mp_fb;
-struct mp_heard;
+struct mp_dht;
 struct mp_link;
 struct mp_pending;
-struct mp_record;
-struct mp_rdv_ops;
 struct mp_request;
 
 /* A peer as this context knows it. */
@@ -76,40 +74,29 @@ struct mp_ctx {
 	size_t frame_rx_max;               /* largest frame any peer's settings can produce */
 	struct mp_fb *fbs;                 /* error-feedback residues (under mu) */
 	struct mp_grid grid;
-	struct mp_grid_grouping grouping_state;
+	struct mp_grid_grouping grid_grouping; /* the static grouping's state */
 
-	/* control plane */
+	/* identity and session */
 	struct mp_auth auth;
 	uint64_t self_id;
 	int mode;                          /* own enum mp_mode */
 	int dynamic;                       /* dht rendezvous: peers come and go */
 	int nconn;                         /* connections per peer: streams, then control */
 	int peers_cap;                     /* allocated entries of peers */
-	const struct mp_rdv_ops *rdv;
-	void *rdv_st;
-	int coords[MP_MAX_GRID_DIMS];      /* dht: this peer's grid cell */
+	uint64_t suspects;                 /* peers taken as suspects so far (mp_peer_suspect):
+	                                      the matchmaker tells its round when this moves */
 	int left;                          /* mp_leave was called */
-	struct mp_ctrl *ctrl;              /* control messages (ctrl.c) */
-	struct mp_record *recs;            /* dht: scratch for the rendezvous' member list */
-	uint64_t published_ns;             /* dht: when the record was last republished */
-	int placed;                        /* dht: has a grid cell (after the starting set) */
-	int need_probe;                    /* dht: ask peers for the run's round */
-	int synced;                        /* dht: a joiner asked before its first round */
-	int displaced;                     /* dht: shares its cell; looks for a hole next round */
-	uint32_t round_hint;               /* dht: the largest round a peer said it is at */
-	uint32_t mm_round;                 /* dht: the round being matched or placed in; older
-	                                      declarations over control connections are dropped */
-	struct mp_heard *heard;            /* dht: declarations of rounds not started here yet */
-	int nheard;
-	uint32_t kept_round;               /* dht: 1 + the round whose key take_hole kept, or 0 */
-	uint32_t decl_round;               /* dht: the largest round a DECL was heard for */
-	uint32_t jumped_to;                /* dht: the round a round hint last moved us to */
-	int suspects_new;                  /* dht: a connection showed a peer dead since the
-	                                      matchmaker last told the round */
-	int nrecs;                         /* dht: records in recs (the last sync) */
+
+	/* The control plane's state (src/ctrl), opaque below it: control
+	 * messages (ctrl.c) and, in a dht run, the rendezvous and the
+	 * matchmaker (matchmaker.h). */
+	struct mp_ctrl *ctrl;
+	struct mp_dht *dht;
+
 	int clog_fd;                       /* contribution log, or -1 */
 	struct mp_fault *faults;           /* MP_FAULT actions (fault.c) */
-	const struct mp_grouping_ops *grouping;
+	const struct mp_grouping_ops *grouping; /* the grid, or the dht matchmaker */
+	void *grouping_st;
 	/* Progress of the control plane that an exchange makes as it waits
 	 * (ctrl.c registers it in dht runs), or NULL. */
 	void (*exchange_hook)(struct mp_ctx *ctx);

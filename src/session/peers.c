@@ -180,7 +180,7 @@ void mp_peer_suspect(struct mp_ctx *ctx, int idx, const char *why)
 	if (why && !p->failed_ns) {
 		MP_INFO("peer %016llx (%s) %s: taken as gone until a newer record",
 			(unsigned long long)p->id, p->addr, why);
-		ctx->suspects_new = 1;
+		ctx->suspects++;
 	}
 	p->failed_ns = mp_now_ns();
 	p->failed_wall_ms = mp_wall_ms();
