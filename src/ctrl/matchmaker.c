@@ -82,7 +82,7 @@ enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT 
 /* A DECL's payload: id, expires_ms, mode, coord, line. */
 #define DECL_MSG_LEN 23
 
-/* ---- little-endian payload helpers -------------------------------------- */
+/* ---- bounded cursors over little-endian payloads (le.h's byte order) ---- */
 
 struct wbuf {
 	uint8_t *p;
@@ -100,11 +100,12 @@ static void put_bytes(struct wbuf *w, const void *src, size_t n)
 	w->len += n;
 }
 
+/* The low @n bytes of @v: little endian puts them first. */
 static void put_u(struct wbuf *w, uint64_t v, int n)
 {
 	uint8_t b[8];
-	for (int i = 0; i < n; i++)
-		b[i] = (uint8_t)(v >> (8 * i));
+
+	mp_le_put64(b, v);
 	put_bytes(w, b, (size_t)n);
 }
 
@@ -134,15 +135,15 @@ struct rbuf {
 
 static uint64_t get_u(struct rbuf *r, int n)
 {
-	uint64_t v = 0;
+	uint8_t b[8] = {0};
+
 	if (r->off + (size_t)n > r->len) {
 		r->err = 1;
 		return 0;
 	}
-	for (int i = 0; i < n; i++)
-		v |= (uint64_t)r->p[r->off + (size_t)i] << (8 * i);
+	memcpy(b, r->p + r->off, (size_t)n);
 	r->off += (size_t)n;
-	return v;
+	return mp_le_get64(b);
 }
 
 static double get_f64(struct rbuf *r)
