@@ -3075,7 +3075,6 @@ static void usage(FILE *f)
 		"Exit status: 0 ok, 1 wrong results or a failure, 2 bad usage.\n");
 }
 
-__attribute__((format(printf, 1, 2), noreturn))
 enum {
 	OPT_TRANSPORT = 256,
 	OPT_PEERS,
