@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include <mpi.h>
-#include "size_arg.h"
+#include "size.h" /* src/common: the library's size grammar, header-only */
 
 #define PROG "mpi_allreduce_ref"
 
@@ -55,7 +55,7 @@ static uint64_t parse_size(const char *what, const char *s)
 {
 	uint64_t v;
 
-	if (mp_size_arg(s, &v))
+	if (mp_parse_size(s, &v))
 		bad_usage(what, s);
 	return v;
 }
