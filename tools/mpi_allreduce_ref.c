@@ -38,7 +38,8 @@ static void usage(FILE *f)
 		"  -f F     multiply the size by F each step (default 2)\n"
 		"  -n N     timed iterations per size (default 5)\n"
 		"  -w N     untimed iterations per size (default 1)\n"
-		"SIZE takes K, M or G (powers of 1024) and must be a multiple of 4.\n");
+		"SIZE: digits, then optionally K, M or G (powers of 1024) and B, as in\n"
+		"4096, 64K or 1MB; a multiple of 4.\n");
 }
 
 static void bad_usage(const char *what, const char *val)
