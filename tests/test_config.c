@@ -14,6 +14,7 @@
 
 #include "core.h"
 #include "xfer.h"
+#include "size.h"
 
 static void clear_env(void)
 {
@@ -22,6 +23,7 @@ static void clear_env(void)
 				     "MP_ROUNDS", "MP_CODEC", "MP_CHUNK_BYTES", "MP_NSTREAMS", "MP_WINDOW",
 				     "MP_CONNECT_TIMEOUT_MS", "MP_ROUND_TIMEOUT_MS", "MP_CHECKSUM",
 				     "MP_CODEC_BLOCK", "MP_CODEC_SIGMAS", "MP_TOPK_RATIO", "MP_ADACOMP_BIN",
+				     "MP_MIN_PART",
 				     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
 				     "SLURM_PROCID", "SLURM_NTASKS"};
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
@@ -109,6 +111,169 @@ static void bad_env_values(void **s)
 		mp_config_init(&c);
 		if (mp_config_from_env(&c) != -EINVAL)
 			fail_msg("%s=%s accepted", cases[i][0], cases[i][1]);
+	}
+	clear_env();
+}
+
+/* The size grammar itself (src/common/size.h), shared with the tools. */
+static void size_grammar(void **s)
+{
+	static const struct {
+		const char *text;
+		uint64_t want;
+	} ok[] = {
+		{"0", 0}, {"4096", 4096}, {"0064", 64}, {"64K", 64 << 10}, {"64k", 64 << 10},
+		{"1M", 1 << 20}, {"1MB", 1 << 20}, {"1mb", 1 << 20}, {"1G", 1 << 30},
+		{"4096B", 4096}, {"18446744073709551615", UINT64_MAX},
+		{"17179869183G", 17179869183ULL << 30},
+	};
+	/* Not the grammar: -EINVAL, whatever the digits. */
+	static const char *syntax[] = {"", "K", "B", "-1", "-0", "+1", " 1", "1 ", "1 K", "1.5M",
+				       "0x10", "1KK", "1BB", "1KiB", "1T", "12Q", "64K\n",
+				       "99999999999999999999Q"};
+	/* The grammar, but more than 2^64 - 1 bytes: -ERANGE, never wrapped. */
+	static const char *range[] = {"18446744073709551616", "99999999999999999999",
+				      "17179869184G", "99999999999999999G", "9223372036854775807K",
+				      "18014398509482048K"};
+	uint64_t v;
+
+	(void)s;
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		v = 7;
+		if (mp_parse_size(ok[i].text, &v) != 0 || v != ok[i].want)
+			fail_msg("\"%s\" gave %llu", ok[i].text, (unsigned long long)v);
+	}
+	for (size_t i = 0; i < sizeof(syntax) / sizeof(syntax[0]); i++) {
+		v = 7;
+		if (mp_parse_size(syntax[i], &v) != -EINVAL || v != 7)
+			fail_msg("\"%s\" not refused as a syntax error", syntax[i]);
+	}
+	for (size_t i = 0; i < sizeof(range) / sizeof(range[0]); i++) {
+		v = 7;
+		if (mp_parse_size(range[i], &v) != -ERANGE || v != 7)
+			fail_msg("\"%s\" not refused as too large", range[i]);
+	}
+	assert_int_equal(mp_parse_size(NULL, &v), -EINVAL);
+}
+
+/* mp_config_from_env into @c with @name=@value set: its result, and in @log
+ * what it logged (on stderr, where warnings go). */
+static int from_env_logged(struct mp_config *c, const char *name, const char *value, char *log,
+			   size_t len)
+{
+	FILE *tmp = tmpfile();
+	int saved = dup(2), rc;
+	size_t n;
+
+	assert_non_null(tmp);
+	assert_true(saved >= 0);
+	setenv(name, value, 1);
+	fflush(stderr);
+	assert_true(dup2(fileno(tmp), 2) >= 0);
+	rc = mp_config_from_env(c);
+	fflush(stderr);
+	assert_true(dup2(saved, 2) >= 0);
+	close(saved);
+	unsetenv(name);
+	rewind(tmp);
+	n = fread(log, 1, len - 1, tmp);
+	log[n] = '\0';
+	fclose(tmp);
+	return rc;
+}
+
+/* Every numeric variable takes the size grammar. */
+static void size_values(void **s)
+{
+	static const struct {
+		const char *var, *val;
+		uint64_t want;
+	} ok[] = {
+		{"MP_CHUNK_BYTES", "4096", 4096}, {"MP_CHUNK_BYTES", "64K", 64 << 10},
+		{"MP_CHUNK_BYTES", "64k", 64 << 10}, {"MP_CHUNK_BYTES", "1M", 1 << 20},
+		{"MP_CHUNK_BYTES", "1MB", 1 << 20}, {"MP_CHUNK_BYTES", "4096B", 4096},
+		{"MP_CHUNK_BYTES", "4", 4}, {"MP_CHUNK_BYTES", "256M", 256 << 20},
+		{"MP_MIN_PART", "0", 0}, {"MP_MIN_PART", "1024G", 1ULL << 40},
+	};
+	struct mp_config c, unset;
+	char log[1024];
+
+	(void)s;
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		uint64_t got;
+
+		clear_env();
+		mp_config_init(&c);
+		if (from_env_logged(&c, ok[i].var, ok[i].val, log, sizeof(log)) != 0 || log[0])
+			fail_msg("%s=%s refused: %s", ok[i].var, ok[i].val, log);
+		got = strcmp(ok[i].var, "MP_MIN_PART") ? (uint64_t)c.chunk_bytes : c.min_part;
+		if (got != ok[i].want)
+			fail_msg("%s=%s gave %llu", ok[i].var, ok[i].val, (unsigned long long)got);
+	}
+	/* Empty is unset, as for every MP_* variable; the grammar has no "". */
+	clear_env();
+	mp_config_init(&unset);
+	assert_int_equal(mp_config_from_env(&unset), 0);
+	mp_config_init(&c);
+	assert_int_equal(from_env_logged(&c, "MP_CHUNK_BYTES", "", log, sizeof(log)), 0);
+	assert_string_equal(log, "");
+	assert_memory_equal(&c, &unset, sizeof(c));
+}
+
+/*
+ * Values refused with a warning that names the variable and says why,
+ * changing nothing. The library used to multiply by the suffix in a signed
+ * long long before its range check, which overflowed (undefined behaviour):
+ * 18014398509482048K wrapped to 64K and 17179869185G to 1G, and both were
+ * taken.
+ */
+static void size_rejects(void **s)
+{
+	static const struct {
+		const char *var, *val, *why;
+	} bad[] = {
+		{"MP_CHUNK_BYTES", "18014398509482048K", "out of range"},
+		{"MP_MIN_PART", "17179869185G", "out of range"},
+		{"MP_CHUNK_BYTES", "99999999999999999G", "out of range"},
+		{"MP_CHUNK_BYTES", "9223372036854775807K", "out of range"},
+		{"MP_CHUNK_BYTES", "18446744073709551616", "out of range"},
+		{"MP_CHUNK_BYTES", "257M", "out of range"},
+		{"MP_CHUNK_BYTES", "2", "out of range"},
+		{"MP_MIN_PART", "1025G", "out of range"},
+		{"MP_CHUNK_BYTES", "12Q", "expected a whole number"},
+		{"MP_CHUNK_BYTES", "-1", "expected a whole number"},
+		{"MP_CHUNK_BYTES", "-64K", "expected a whole number"},
+		{"MP_CHUNK_BYTES", "+64K", "expected a whole number"},
+		{"MP_CHUNK_BYTES", " 64K", "expected a whole number"},
+		{"MP_CHUNK_BYTES", "1.5M", "expected a whole number"},
+		{"MP_CHUNK_BYTES", "0x100", "expected a whole number"},
+		{"MP_CHUNK_BYTES", "64KiB", "expected a whole number"},
+		/* No variable read here is signed: no sign, even where 0 is allowed. */
+		{"MP_NSTREAMS", "-1", "expected a whole number"},
+		{"MP_RANK", "-1", "expected a whole number"},
+		{"MP_MIN_PART", "-0", "expected a whole number"},
+	};
+	struct mp_config c, unset;
+	char log[1024];
+
+	(void)s;
+	/* Warnings are what this checks, whatever MP_DEBUG says. */
+	mp_log_set_level(MP_LOG_WARN);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char head[160];
+
+		clear_env();
+		mp_config_init(&unset);
+		assert_int_equal(mp_config_from_env(&unset), 0);
+		mp_config_init(&c);
+		if (from_env_logged(&c, bad[i].var, bad[i].val, log, sizeof(log)) != -EINVAL)
+			fail_msg("%s=%s accepted", bad[i].var, bad[i].val);
+		snprintf(head, sizeof(head), "%s=%s", bad[i].var, bad[i].val);
+		if (!strstr(log, head) || !strstr(log, bad[i].why))
+			fail_msg("%s: warning \"%s\", want one naming it with \"%s\"", head, log,
+				 bad[i].why);
+		if (memcmp(&c, &unset, sizeof(c)))
+			fail_msg("%s changed the config", head);
 	}
 	clear_env();
 }
@@ -304,6 +469,9 @@ int main(void)
 		cmocka_unit_test(defaults),
 		cmocka_unit_test(every_field_from_env),
 		cmocka_unit_test(bad_env_values),
+		cmocka_unit_test(size_grammar),
+		cmocka_unit_test(size_values),
+		cmocka_unit_test(size_rejects),
 		cmocka_unit_test(hostfile_and_launcher),
 		cmocka_unit_test(resolve_rejects),
 		cmocka_unit_test(codec_specs),

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * mpbench's contribution-log replay (tools/replay.c) on hand-written logs:
- * 4 peers over 2 rounds with a weighted member, an excluded contributor and
- * a reducer killed mid-round; client, aux and joining members; logs that
+ * mpbench's contribution-log replay (tools/mpbench/replay.c) on hand-written
+ * logs: 4 peers over 2 rounds with a weighted member, an excluded contributor
+ * and a reducer killed mid-round; client, aux and joining members; logs that
  * contradict each other or the values the peers report.
  */
 #include <errno.h>

@@ -843,9 +843,20 @@ static void test_bad_sockbuf_env(void **state)
 	struct mp_drv *d = NULL;
 
 	(void)state;
-	setenv("MP_TCP_SOCKBUF", "lots", 1);
-	assert_int_equal(ops->init(&prm, &d), -EINVAL);
+	/* The size grammar (src/common/size.h), up to INT_MAX / 2. 2^64 (as
+	 * 17179869184G) and 2^64 + 4M (as 18014398509486080K) used to wrap
+	 * to 0 and 4M in a shift, and be taken. */
+	static const char *bad[] = {"lots", "-1", "1.5M", "1G", "17179869184G",
+				    "18014398509486080K", "18446744073709551616"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		setenv("MP_TCP_SOCKBUF", bad[i], 1);
+		if (ops->init(&prm, &d) != -EINVAL)
+			fail_msg("MP_TCP_SOCKBUF=%s accepted", bad[i]);
+	}
 	setenv("MP_TCP_SOCKBUF", "1M", 1);
+	assert_int_equal(ops->init(&prm, &d), 0);
+	ops->fini(d);
+	setenv("MP_TCP_SOCKBUF", "256KB", 1);
 	assert_int_equal(ops->init(&prm, &d), 0);
 	ops->fini(d);
 	setenv("MP_TCP_SOCKBUF", "0", 1);

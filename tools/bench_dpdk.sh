@@ -54,8 +54,8 @@ sizes=(-b 1M -e 16M -f 4 -n 10 -w 10)
 tag=mpbd$$
 # The zero-copy receiver's memif arguments for LEN-byte frames (stream and
 # testpmd alike): rings of about 2 MiB, 256 slots up to jumbo frames; the
-# rule mpbench's own memif pair follows (tools/dpdk_seg.c), so mpbench gets
-# the same rings without being told.
+# rule mpbench's own memif pair follows (tools/mpbench/dpdk_seg.c), so
+# mpbench gets the same rings without being told.
 zcargs() {
 	local bs=$((($1 + 127) / 128 * 128)) rsize=8
 	while [ "$rsize" -gt 5 ] && [ $(((1 << rsize) * bs)) -gt $((3 << 20)) ]; do

@@ -73,11 +73,12 @@ ref=${MPI_REF:-}
 if [ -z "$ref" ]; then
 	ref=$build/mpi_allreduce_ref
 	src=$root/tools/mpi_allreduce_ref.c
-	if [ ! -x "$ref" ] || [ "$src" -nt "$ref" ]; then
+	hdr=$root/src/common/size.h
+	if [ ! -x "$ref" ] || [ "$src" -nt "$ref" ] || [ "$hdr" -nt "$ref" ]; then
 		command -v mpicc >/dev/null 2>&1 ||
 			die "mpicc not found in PATH (install libopenmpi-dev) to build $ref"
 		echo "$prog: compiling $ref" >&2
-		mpicc -std=c11 -O2 -o "$ref" "$src" || die "mpicc failed on $src"
+		mpicc -std=c11 -O2 -I"$root/src/common" -o "$ref" "$src" || die "mpicc failed on $src"
 	fi
 fi
 [ -x "$ref" ] || die "MPI reference '$ref' is not executable"

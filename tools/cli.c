@@ -7,7 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 
-#include "size_arg.h"
+#include "size.h"
 
 static const char *cli_prog = "moshpit";
 static void (*cli_usage)(FILE *f);
@@ -80,10 +80,13 @@ uint64_t parse_u64(const char *opt, const char *s)
 uint64_t parse_size(const char *opt, const char *s, uint64_t lo, uint64_t hi)
 {
 	uint64_t v;
+	int rc = mp_parse_size(s, &v);
 
-	if (mp_size_arg(s, &v))
-		usage_error("bad size '%s' for %s (a number with K, M or G)", s, opt);
-	if (v < lo || v > hi)
+	if (rc == -EINVAL)
+		usage_error("bad size '%s' for %s (a whole number, optionally followed by K, M "
+			    "or G and B)", s, opt);
+	/* -ERANGE: beyond 2^64 - 1 bytes, hence beyond @hi too. */
+	if (rc || v < lo || v > hi)
 		usage_error("bad size '%s' for %s (from %llu to %llu bytes)", s, opt,
 			    (unsigned long long)lo, (unsigned long long)hi);
 	return v;

@@ -27,7 +27,8 @@ double parse_real(const char *opt, const char *s, double lo, double hi);
 /* A non-negative integer, decimal or 0x hexadecimal (seeds, ids). */
 uint64_t parse_u64(const char *opt, const char *s);
 
-/* A byte count ("4096", "64K", "16M", "1G": powers of 1024) in [@lo, @hi]. */
+/* A byte count in [@lo, @hi], in the grammar of src/common/size.h ("4096",
+ * "64K", "16M", "1GB": powers of 1024). */
 uint64_t parse_size(const char *opt, const char *s, uint64_t lo, uint64_t hi);
 
 #endif

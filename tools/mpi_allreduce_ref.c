@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include <mpi.h>
-#include "size_arg.h"
+#include "size.h" /* src/common: the library's size grammar, header-only */
 
 #define PROG "mpi_allreduce_ref"
 
@@ -38,7 +38,8 @@ static void usage(FILE *f)
 		"  -f F     multiply the size by F each step (default 2)\n"
 		"  -n N     timed iterations per size (default 5)\n"
 		"  -w N     untimed iterations per size (default 1)\n"
-		"SIZE takes K, M or G (powers of 1024) and must be a multiple of 4.\n");
+		"SIZE: digits, then optionally K, M or G (powers of 1024) and B, as in\n"
+		"4096, 64K or 1MB; a multiple of 4.\n");
 }
 
 static void bad_usage(const char *what, const char *val)
@@ -55,7 +56,7 @@ static uint64_t parse_size(const char *what, const char *s)
 {
 	uint64_t v;
 
-	if (mp_size_arg(s, &v))
+	if (mp_parse_size(s, &v))
 		bad_usage(what, s);
 	return v;
 }

@@ -46,6 +46,7 @@
 #include "le.h"
 #include "log.h"
 #include "reqq.h"
+#include "size.h"
 #include "sockconn.h"
 
 extern const struct mp_driver_ops mp_tcp_driver_ops;
@@ -238,30 +239,12 @@ static int tcp_sockbuf_config(struct tcp_drv *d)
 	long rmax, wmax;
 
 	if (s && *s) {
-		char *end;
+		uint64_t x;
 
-		errno = 0;
-		v = strtoull(s, &end, 10);
-		if (errno || end == s || *s == '-')
+		/* The library's size grammar (size.h), which never wraps. */
+		if (mp_parse_size(s, &x) || x > INT_MAX / 2)
 			goto bad;
-		switch (*end) {
-		case 'k': case 'K':
-			v <<= 10;
-			end++;
-			break;
-		case 'm': case 'M':
-			v <<= 20;
-			end++;
-			break;
-		case 'g': case 'G':
-			v <<= 30;
-			end++;
-			break;
-		default:
-			break;
-		}
-		if (*end || v > INT_MAX / 2)
-			goto bad;
+		v = x;
 	}
 	if (!v) {
 		MP_INFO("tcp: MP_TCP_SOCKBUF=0, socket buffers left to the kernel");
@@ -282,7 +265,8 @@ static int tcp_sockbuf_config(struct tcp_drv *d)
 			!d->rcvbuf && !d->sndbuf ? "both" : !d->rcvbuf ? "SO_RCVBUF" : "SO_SNDBUF");
 	return 0;
 bad:
-	MP_WARN("tcp: MP_TCP_SOCKBUF=%s not understood (bytes, optional K/M/G suffix)", s);
+	MP_WARN("tcp: MP_TCP_SOCKBUF=%s not understood (bytes up to %d, optionally followed by "
+		"K, M or G and B)", s, INT_MAX / 2);
 	return -EINVAL;
 }
 

@@ -10,6 +10,7 @@
 
 #include "core.h"
 #include "log.h"
+#include "size.h"
 
 #define MP_DEFAULT_PORT 29500
 
@@ -179,40 +180,33 @@ int mp_algo_from_name(const char *s)
 	return -EINVAL;
 }
 
-/* Parses a whole decimal integer with an optional K/M/G suffix (powers of 1024). */
-static int parse_size(const char *s, long long min, long long max, long long *out)
-{
-	char *end;
-	long long v;
-
-	if (!s || !*s)
-		return -EINVAL;
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno || end == s)
-		return -EINVAL;
-	switch (toupper((unsigned char)*end)) {
-	case 'K': v *= 1024LL; end++; break;
-	case 'M': v *= 1024LL * 1024; end++; break;
-	case 'G': v *= 1024LL * 1024 * 1024; end++; break;
-	default: break;
-	}
-	if (*end || v < min || v > max)
-		return -EINVAL;
-	*out = v;
-	return 0;
-}
-
-static int env_int(const char *name, long long min, long long max, long long *out)
+/*
+ * A number in [@min, @max] in the size grammar (size.h: digits, then
+ * optionally K, M or G and B), for every numeric variable read here: 1 with
+ * *@out set, 0 when the variable is unset or empty, -EINVAL with a warning
+ * otherwise. None of them takes a negative value, so no sign is accepted.
+ */
+static int env_int(const char *name, uint64_t min, uint64_t max, uint64_t *out)
 {
 	const char *v = getenv(name);
+	uint64_t x;
+	int rc;
 
 	if (!v || !*v)
 		return 0;
-	if (parse_size(v, min, max, out)) {
-		MP_WARN("%s=%s is not a number in [%lld, %lld]", name, v, min, max);
+	rc = mp_parse_size(v, &x);
+	if (rc == -EINVAL) {
+		MP_WARN("%s=%s: expected a whole number in [%llu, %llu], optionally followed by "
+			"K, M or G (powers of 1024) and B", name, v, (unsigned long long)min,
+			(unsigned long long)max);
 		return -EINVAL;
 	}
+	if (rc || x < min || x > max) {
+		MP_WARN("%s=%s is out of range [%llu, %llu]", name, v, (unsigned long long)min,
+			(unsigned long long)max);
+		return -EINVAL;
+	}
+	*out = x;
 	return 1;
 }
 
@@ -225,7 +219,7 @@ static const char *env_str(const char *name)
 
 int mp_config_from_env(struct mp_config *cfg)
 {
-	long long v;
+	uint64_t v;
 	const char *s;
 	int rc, bad = 0;
 

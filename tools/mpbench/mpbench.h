@@ -1,0 +1,323 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * What the files of mpbench share; everything else in them is static.
+ *
+ *   mpbench.c   main: the mode, from the environment and the options
+ *   options.c   the command line, and the settings that follow from it
+ *   chan.c      messages between the peers and their coordinator
+ *   launch.c    local peers as processes or threads; a multi-host peer
+ *   peer.c      one peer: the timed averages and the check of the results
+ *   churn.c     followed runs: rendezvous, churn, faults, joiners, intruders
+ *   report.c    the table, the JSON file and the exit status
+ *   replay.c    replay of the contribution logs (replay.h)
+ *   dpdk_seg.c  the virtual segment of --transport=dpdk (dpdk_seg.h)
+ */
+#ifndef MPBENCH_H
+#define MPBENCH_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <moshpit/moshpit.h>
+#include "cli.h"
+
+#define PROG "mpbench"
+
+/* Exit statuses. */
+#define EXIT_OK 0
+#define EXIT_FAIL 1
+#define EXIT_USAGE CLI_EXIT_USAGE
+
+/* Messages between a peer and the coordinator (parent process or main thread). */
+enum {
+	MSG_ADDR = 1,      /* peer -> coord: listening address (text) */
+	MSG_PEERS = 2,     /* coord -> peer: every address, '\n'-separated, rank order */
+	MSG_RESULT = 3,    /* peer -> coord: struct size_result */
+	MSG_HEARTBEAT = 4, /* peer -> coord: still busy */
+	MSG_ERROR = 5,     /* peer -> coord: what went wrong (text); the peer stops */
+	MSG_DONE = 6,      /* peer -> coord: finished and finalized */
+	MSG_EOF = 7,       /* made up by the coordinator: the peer's pipe closed */
+	/* Followed runs (dht rendezvous, churn) only: */
+	MSG_HELLO = 8,     /* peer -> coord: struct hello, after mp_init */
+	MSG_ROUND = 9,     /* peer -> coord: struct round_report, after each round */
+	MSG_VECTOR = 10,   /* peer -> coord: its final values (--check) */
+	MSG_SUMMARY = 11,  /* peer -> coord: struct summary, before MSG_DONE */
+	MSG_STOP = 12,     /* coord -> peer: the run is over, stop averaging */
+};
+
+struct msg {
+	uint32_t type;
+	int rank;
+	uint32_t len;
+	char *data; /* len bytes plus a NUL; malloc'd, NULL when len is 0 */
+};
+
+/* One peer's measurement of one size, and (combined) one table row. */
+struct size_result {
+	uint32_t size_idx;
+	int32_t rounds;       /* rounds completed (min over peers) */
+	int32_t peers;        /* contributions that reached the result (min over peers) */
+	int32_t failed_peers; /* peers dropped (max over iterations and peers) */
+	int64_t wrong;        /* elements beyond the tolerance; -1 = not counted */
+	int64_t checked;      /* elements compared with the exact mean (per peer) */
+	double time_us;       /* mean time per timed iteration (max over peers) */
+	double max_err;       /* max |out - exact|; < 0 = not checked */
+	double rms_err;       /* rms of out - exact; < 0 = not checked */
+	double bytes_sent;    /* per operation (summed over peers) */
+	double bytes_received;
+	double values_sent;   /* fp32 values carried per operation (summed over peers) */
+	int32_t codec;        /* codec the library used ("auto" resolved) */
+	int32_t flushed;      /* checked after mp_average_flush (sparse codecs) */
+	int32_t lost;         /* followed runs: peers that died */
+	int32_t joined;       /* followed runs: peers that joined later and took part */
+	int32_t client_reduces; /* --clients: parts client peers reduced (0 is right) */
+};
+
+struct gridinfo {
+	int ndims;
+	int dims[MP_MAX_GRID_DIMS];
+	uint64_t cells;
+	int given; /* from --grid / MP_GRID, not guessed */
+};
+
+/* Settings, fixed before any peer starts (children and threads only read it). */
+struct bench {
+	struct mp_config cfg; /* after MP_* environment and options */
+	uint64_t *sizes;
+	int nsizes;
+	uint64_t minbytes, maxbytes, stepfactor;
+	int iters, warmup, check, weighted;
+	uint64_t seed;
+	double tol;
+	int tol_set;
+	const char *json;
+	const char *transport;
+	const char *run;
+	char run_buf[64];
+	int multi;  /* multi-host mode */
+	int loop;   /* local mode with threads */
+	int npeers; /* local mode: peers to start; multi-host: known after mp_init */
+	/* Derived by bench_derive once npeers is known. */
+	struct gridinfo grid;
+	int rounds_eff; /* Moshpit rounds per average */
+	int exact;      /* the result must equal the exact weighted mean */
+	char inexact_why[128];
+	double bus_factor;
+	int op_cap_ms;  /* safety limit on one average */
+	int silence_ms; /* longest silence the coordinator tolerates from a peer */
+	/* Control plane: rendezvous, churn, faults, joiners, intruders. */
+	int dht;            /* --rendezvous=dht */
+	int rdv_static;     /* --rendezvous=static given explicitly */
+	double churn;       /* probability that a peer dies in a round */
+	int join;           /* replace peers that died (-1: default) */
+	int late;           /* peers that start after round 1 */
+	int intruders;      /* peers with another run key */
+	int clients, aux;   /* DeDLOC modes: the last initial peers (aux last) */
+	struct fault_opt {
+		int index;
+		const char *spec;
+	} *faults;
+	int nfaults;
+	double max_rms;     /* fail when rms_err exceeds it (< 0: no limit) */
+	const char *logdir; /* --logs: keep the contribution logs here */
+	int follow;         /* local peers followed round by round */
+	int size_given;     /* -b or -e was given */
+	char grid_buf[96];  /* followed runs: the grid every peer is given */
+	int total_rounds;   /* followed runs: rounds of the run, warmup included */
+	int churn_end;      /* --churn: deaths fall in rounds [0, churn_end) */
+	int compute_ms;     /* followed runs: a peer's pause between its rounds */
+	/* --transport=dpdk (dpdk_seg.c builds the local segment) */
+	const char *dpdk_args; /* --dpdk-args: EAL arguments instead of a made-up segment */
+	double inject_loss;    /* --inject-loss: fraction of received frames dropped */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Test data: a cheap counter-based generator                                */
+
+static inline uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* Key of the input of peer @rank in iteration @it. */
+static inline uint64_t stream_key(uint64_t seed, int rank, int it)
+{
+	uint64_t k = ((uint64_t)(uint32_t)rank << 32) | (uint32_t)it;
+
+	return mix64(seed ^ mix64(k + 0x9e3779b97f4a7c15ULL));
+}
+
+/* Element @i of a stream: a float in [-1, 1), exact in fp32 (24-bit grid). */
+static inline float gen_value(uint64_t key, uint64_t i)
+{
+	uint64_t h = mix64(key + (i + 1) * 0x9e3779b97f4a7c15ULL);
+
+	return (float)(int32_t)(h >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+
+static inline float peer_weight(const struct bench *b, int rank)
+{
+	return b->weighted ? (float)(rank + 1) : 1.0f;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Messages between the peers and their coordinator (chan.c)                 */
+
+/* In-memory message queues (loop transport: peers are threads). */
+struct qmsg;
+
+struct mq {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct qmsg *head, *tail;
+};
+
+/* A one-way channel: a pipe end (fd >= 0) or a queue. */
+struct chan {
+	int fd;
+	struct mq *q;
+};
+
+int set_nonblock(int fd);
+int fd_send_msg(int fd, uint32_t type, int rank, const void *data, uint32_t len,
+		int timeout_ms);
+int fd_recv_msg(int fd, struct msg *m, int timeout_ms);
+int msg_copy(const struct msg *m, void *out, size_t len);
+int mq_init(struct mq *q);
+int mq_get(struct mq *q, struct msg *m, int timeout_ms);
+int chan_send(const struct chan *c, uint32_t type, int rank, const void *data,
+	      uint32_t len, int timeout_ms);
+int chan_recv(const struct chan *c, struct msg *m, int timeout_ms);
+
+/* ------------------------------------------------------------------------ */
+/* Output (report.c)                                                         */
+
+struct agg {
+	const struct bench *b;
+	int nrep;   /* reports per size */
+	int print;  /* this process prints the table */
+	struct size_result *rows;
+	int *count;
+	double *algbw, *busbw;
+	int next;   /* next row to print */
+	double busbw_sum;
+	int nrows;
+	int64_t wrong_total;
+	int counted; /* rows whose wrong values were counted */
+	double rms_worst; /* largest rms_err of the rows; < 0 when one was not measured */
+	/* Followed runs: what the footer and JSON add. */
+	int intruders_refused;
+	int64_t replay_problems;
+};
+
+void agg_init(struct agg *a, const struct bench *b, int nrep, int print);
+void agg_free(struct agg *a);
+void progress(const struct agg *a);
+void print_header(const struct bench *b, const char *mode);
+void print_row(struct agg *a, int s);
+void agg_add(struct agg *a, const struct size_result *in);
+int finish(struct agg *a, const char *mode, int rank, int failed);
+
+/* ------------------------------------------------------------------------ */
+/* One peer (peer.c)                                                         */
+
+struct peer {
+	const struct bench *b;
+	int rank, npeers;
+	mp_ctx *ctx;
+	const struct chan *up;   /* to the coordinator; NULL in multi-host mode */
+	const struct chan *down; /* from the coordinator */
+	struct agg *agg;         /* multi-host mode: results go here directly */
+	double last_hb;
+};
+
+int peer_bench(struct peer *p);
+int peer_main(const struct bench *b, int rank, const struct chan *up,
+	      const struct chan *down);
+
+/* ------------------------------------------------------------------------ */
+/* Followed runs: the peers (peer.c) and their coordinator (churn.c)         */
+
+enum { ROLE_INITIAL, ROLE_LATE, ROLE_INTRUDER, ROLE_REPLACEMENT };
+
+struct hello {
+	uint64_t id;
+	char dht[MP_ADDR_STRLEN]; /* "" in static runs */
+};
+
+struct round_report {
+	int64_t round;
+	int32_t grouped; /* a group formed */
+	int32_t group_size;
+	int32_t failed;
+	int32_t rc;
+};
+
+struct summary {
+	int32_t init_rc; /* intruders: mp_init's refusal, else 0 */
+	int32_t grouped; /* rounds spent in a group */
+	int32_t errors;  /* calls that failed (intruders; -EHOSTUNREACH) */
+	int32_t calls;
+};
+
+/* What a peer of a followed run is, fixed before it is forked. */
+struct fspec {
+	int idx, role;
+	uint64_t id;
+	int npeers;    /* dht: peers mp_init waits for; 0 joins a running run */
+	int dht_port;  /* dht: 0 = any */
+	int kill;      /* a kill is planned: its death is a loss, not a failure */
+	int mode;      /* enum mp_mode */
+	char bootstrap[MP_ADDR_STRLEN];
+	char fault[1024];
+	char log[PATH_MAX];
+};
+
+uint64_t peer_id_of(uint64_t seed, int idx);
+void follow_fill(const struct bench *b, const struct fspec *s, float *x, size_t count);
+int follow_peer(const struct bench *b, const struct fspec *s, const struct chan *up,
+		const struct chan *down);
+int run_follow(struct bench *b);
+
+/* ------------------------------------------------------------------------ */
+/* Settings (options.c)                                                      */
+
+const char *algo_name(int a);
+const char *codec_name(int c);
+int codec_sparse(int c);
+int follow_exact(const struct bench *b);
+double replay_rtol(const struct bench *b);
+double replay_atol(const struct bench *b);
+void grid_format(const struct gridinfo *g, char *buf, size_t len);
+void bench_derive(struct bench *b, int npeers);
+int launcher_env(int *rank, int *size, const char **name);
+void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
+		   int *peers_opt);
+void follow_options(struct bench *b);
+void follow_grid(struct bench *b);
+void make_sizes(struct bench *b);
+
+/* ------------------------------------------------------------------------ */
+/* Launching (launch.c)                                                      */
+
+void describe_status(int status, char *buf, size_t len);
+pid_t fork_peer(const char *what, int fds[2]);
+int run_local(struct bench *b);
+int run_multi(struct bench *b, const char *how);
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers (mpbench.c)                                                 */
+
+double now_s(void);
+int64_t now_ms(void);
+void die_oom(void);
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t sz);
+int clamp_ms(int64_t ms);
+
+#endif

@@ -1,0 +1,639 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * mpbench's settings: the command line over the MP_* environment, and what
+ * follows from them once the number of peers is known (grid, exactness,
+ * tolerances, bus bandwidth factor, safety limits).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpbench.h"
+
+static const char *const algo_names[] = { "moshpit", "ring", "butterfly" };
+static const char *const codec_names[] = { "none", "fp16", "bf16", "uniform8", "blockwise8",
+					   "topk", "adacomp" };
+#define NCODEC_NAMES ((int)(sizeof(codec_names) / sizeof(codec_names[0])))
+
+const char *algo_name(int a)
+{
+	return a >= 0 && a < 3 ? algo_names[a] : "?";
+}
+
+const char *codec_name(int c)
+{
+	if (c == MP_CODEC_AUTO)
+		return "auto";
+	return c >= 0 && c < NCODEC_NAMES ? codec_names[c] : "?";
+}
+
+/* Sparse codecs hold values back (error feedback): checked after a flush. */
+int codec_sparse(int c)
+{
+	return c == MP_CODEC_TOPK || c == MP_CODEC_ADACOMP;
+}
+
+/*
+ * Largest error of one encoding of data in [-1, 1) (doc/codecs.md):
+ * fp16 half an ulp at 1 (2^-11), bf16 2^-8, blockwise8 half a step of
+ * absmax/127, uniform8 one bucket (mean +- 6 sd of U(-1,1) over 256 buckets:
+ * 12 * 0.577 / 256 = 0.027; the bucket mean can sit anywhere in the bucket).
+ * Sparse codecs are checked after mp_average_flush, where only fp32
+ * rounding remains.
+ */
+static double codec_step_err(int c)
+{
+	switch (c) {
+	case MP_CODEC_FP16: return 1.0 / 2048;
+	case MP_CODEC_BF16: return 1.0 / 256;
+	case MP_CODEC_BLOCKWISE8: return 1.0 / 254;
+	case MP_CODEC_UNIFORM8: return 0.028;
+	default: return 0.0;
+	}
+}
+
+/* Followed runs where the exact mean is due as well: no churn, no faults,
+ * no late peers, on a full grid (bench_derive's exact). */
+int follow_exact(const struct bench *b)
+{
+	return b->follow && b->exact && b->churn <= 0 && b->nfaults == 0 && b->late == 0;
+}
+
+/*
+ * Tolerance of the replay check of followed runs: an element is wrong when it
+ * lies further than max(atol, rtol * |replay|) from the replay. The library
+ * sums in fp32 and the replay in double: rtol is 1e-5 per round of the run,
+ * atol 1e-6 for data in [-1, 1), plus two codec steps per round for a lossy
+ * codec (each value is encoded on its way to the reducer and back).
+ */
+double replay_rtol(const struct bench *b)
+{
+	return 1e-5 * (b->total_rounds > 0 ? b->total_rounds : 1);
+}
+
+double replay_atol(const struct bench *b)
+{
+	int c = b->cfg.codec == MP_CODEC_AUTO ? MP_CODEC_BLOCKWISE8 : b->cfg.codec;
+
+	return 1e-6 + 2.0 * codec_step_err(c) * b->total_rounds;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Grid, exactness and bus bandwidth                                         */
+
+/* The grid the library will use: the one given, or its automatic choice. */
+static int grid_from_library(const char *spec, int n, struct gridinfo *g)
+{
+	int nd;
+
+	memset(g, 0, sizeof(*g));
+	nd = mp_grid_shape(spec, n, g->dims, MP_MAX_GRID_DIMS);
+	if (nd < 0)
+		return -1;
+	g->ndims = nd;
+	g->given = spec != NULL;
+	g->cells = 1;
+	for (int i = 0; i < nd; i++)
+		g->cells *= (uint64_t)g->dims[i];
+	return 0;
+}
+
+void grid_format(const struct gridinfo *g, char *buf, size_t len)
+{
+	size_t off = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < g->ndims && off < len; i++)
+		off += (size_t)snprintf(buf + off, len - off, "%s%d", i ? "x" : "", g->dims[i]);
+}
+
+/*
+ * Everything that depends on the peer count: the grid, whether the result
+ * must be the exact weighted mean, the bus bandwidth factor, the tolerance
+ * and the safety limits. All knowledge of the library's grid choice is here.
+ *
+ * Exact: ring and butterfly always; Moshpit when every grid cell holds a
+ * peer (no partial grid) and it runs at least one round per dimension. The
+ * grid comes from the library (mp_grid_shape), so tool and library agree.
+ */
+void bench_derive(struct bench *b, int npeers)
+{
+	const struct mp_config *c = &b->cfg;
+	int64_t cto = c->connect_timeout_ms > 0 ? c->connect_timeout_ms : 10000;
+	int64_t rto = c->round_timeout_ms > 0 ? c->round_timeout_ms : 10000;
+	int64_t cap;
+
+	b->npeers = npeers;
+	if (grid_from_library(c->grid, npeers, &b->grid) < 0)
+		usage_error("grid %s has fewer cells than the %d peers", c->grid, npeers);
+	b->rounds_eff = c->rounds > 0 ? c->rounds : b->grid.ndims;
+	if (c->algo == MP_ALGO_RING && codec_sparse(c->codec))
+		usage_error("--codec=%s needs --algo=moshpit or butterfly (the ring forwards "
+			    "partial sums, with no place for error feedback)", codec_name(c->codec));
+
+	b->exact = 1;
+	b->inexact_why[0] = '\0';
+	if (c->algo != MP_ALGO_MOSHPIT) {
+		/* ring and butterfly reduce over every peer */
+	} else if (b->grid.cells != (uint64_t)npeers) {
+		b->exact = 0;
+		snprintf(b->inexact_why, sizeof(b->inexact_why),
+			 "partial grid, %d peers on %" PRIu64 " cells", npeers, b->grid.cells);
+	} else if (b->rounds_eff < b->grid.ndims) {
+		b->exact = 0;
+		snprintf(b->inexact_why, sizeof(b->inexact_why),
+			 "%d round(s) on a %d-dimensional grid", b->rounds_eff, b->grid.ndims);
+	}
+
+	b->bus_factor = 0.0;
+	if (c->algo == MP_ALGO_MOSHPIT) {
+		for (int t = 0; t < b->rounds_eff; t++) {
+			int k = b->grid.dims[t % b->grid.ndims];
+
+			b->bus_factor += 2.0 * (k - 1) / k;
+		}
+	} else if (npeers > 0) {
+		b->bus_factor = 2.0 * (npeers - 1) / npeers;
+	}
+
+	if (!b->tol_set) {
+		/* Each value is encoded twice per group all-reduce (to the reducer
+		 * and back), once per ring hop; errors add up at worst. "auto"
+		 * may pick blockwise8, the coarsest of its codecs. */
+		int cc = c->codec == MP_CODEC_AUTO ? MP_CODEC_BLOCKWISE8 : c->codec;
+		double encodes = c->algo == MP_ALGO_RING ? npeers + 1.0 :
+				 c->algo == MP_ALGO_BUTTERFLY ? 2.0 : 2.0 * b->rounds_eff;
+		double e = codec_step_err(cc) * encodes;
+
+		b->tol = e > 0 ? e : codec_sparse(cc) ? 1e-4 : 1e-5;
+	}
+
+	/* Safety net only: the library's deadlines should fire long before. */
+	cap = 30000 + cto + rto * (int64_t)(b->rounds_eff + 4) + (int64_t)(b->maxbytes / 1000);
+	if (b->dht)
+		cap += (int64_t)(b->rounds_eff + 1) *
+		       ((c->matchmaking_ms > 0 ? c->matchmaking_ms : 5000) +
+			(c->request_timeout_ms > 0 ? c->request_timeout_ms : 3000) +
+			(c->allreduce_timeout_ms > 0 ? c->allreduce_timeout_ms : 60000));
+	b->op_cap_ms = clamp_ms(cap);
+	b->silence_ms = clamp_ms(cap + 30000);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Options                                                                   */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: " PROG " [OPTIONS]\n"
+		"Benchmark Moshpit All-Reduce (libmoshpit) in the style of nccl-tests.\n"
+		"\n"
+		"Sizes and iterations:\n"
+		"  -b, --minbytes=SIZE      smallest message (default 64K)\n"
+		"  -e, --maxbytes=SIZE      largest message (default 16M)\n"
+		"  -f, --stepfactor=F       multiply the size by F each step (default 2)\n"
+		"  -n, --iters=N            timed iterations per size (default 5)\n"
+		"  -w, --warmup_iters=N     untimed iterations per size (default 1)\n"
+		"  -c, --check=0|1          compare with the exact mean (default 1)\n"
+		"      --tol=X              error above which an element is wrong\n"
+		"                           (default: 1e-5, or the codec's bound; see mpbench(1))\n"
+		"  SIZE: digits, then optionally K, M or G (powers of 1024) and B, as in\n"
+		"  4096, 64K or 1MB; a multiple of 4.\n"
+		"\n"
+		"Averaging:\n"
+		"      --algo=NAME          moshpit (default), ring or butterfly\n"
+		"      --grid=MxNx...       Moshpit grid (default: the library's choice)\n"
+		"      --rounds=R           Moshpit rounds per average (0 = grid dimensions)\n"
+		"      --codec=NAME[:P]     none (default), fp16, bf16, uniform8[:SIGMAS],\n"
+		"                           blockwise8[:BLOCK], topk[:FRACTION],\n"
+		"                           adacomp[:conv|fc|BIN] or auto\n"
+		"      --weighted           peer r averages with weight r+1 instead of 1\n"
+		"      --seed=S             seed of the test data (default 42)\n"
+		"      --chunk=SIZE         bytes per streamed chunk\n"
+		"      --streams=N          connections per peer pair (0 = transport default)\n"
+		"      --timeout=MS         connect and round timeouts in milliseconds\n"
+		"\n"
+		"Peers:\n"
+		"      --transport=NAME     tcp (default), loop (threads of one process), dpdk,\n"
+		"                           ofi (libfabric) or verbs (RDMA verbs)\n"
+		"      --peers=N            number of peers (default 8 when run locally)\n"
+		"      --run=NAME           run name (default mpbench-<pid> locally)\n"
+		"      --hostfile=FILE      multi-host: one host[:port] per line, rank order\n"
+		"      --rank=R             multi-host: this process's rank (else from\n"
+		"                           MP_RANK, mpirun, PMI or srun)\n"
+		"      --dpdk-args=ARGS     dpdk: EAL arguments (MP_DPDK_EAL); locally\n"
+		"                           \"{rank}\" becomes each peer's rank. Without it\n"
+		"                           local peers get a memif pair (2 peers) or a\n"
+		"                           bridge of veths in namespaces (3-64 peers)\n"
+		"      --inject-loss=P      dpdk: drop a fraction P of received frames\n"
+		"\n"
+		"Control plane (local peers are then followed round by round):\n"
+		"      --rendezvous=NAME    static (default: a peer list) or dht (OpenDHT)\n"
+		"      --bootstrap=H:P      dht across hosts: a running peer's DHT node; this\n"
+		"                           process is peer --rank of --peers\n"
+		"      --dht-port=P         dht across hosts: UDP port of this peer's DHT node\n"
+		"      --churn=P            each peer dies (SIGKILL mid-round) with probability\n"
+		"                           P in each round of the first part of the run\n"
+		"      --join=0|1           replace peers that died (default 1 with --churn)\n"
+		"      --compute-ms=MS      followed runs: each peer pauses MS between its rounds,\n"
+		"                           as a training step's compute would (default 0)\n"
+		"      --fault=I:SPEC       MP_FAULT SPEC for the peer of spawn index I\n"
+		"                           (repeatable), e.g. 3:kill:round=1:phase=gather\n"
+		"      --late=K             K more peers start once the others finished round 1\n"
+		"      --intruders=K        K more peers with another run key try to join\n"
+		"      --clients=K          dht: the last K initial peers are clients (no inbound\n"
+		"                           connections, they reduce nothing)\n"
+		"      --aux=K              dht: the last K initial peers are auxiliary (they\n"
+		"                           reduce but contribute weight 0)\n"
+		"      --max-rms=X          fail if rms_err exceeds X\n"
+		"      --logs=DIR           keep the contribution logs in DIR\n"
+		"\n"
+		"Output:\n"
+		"      --json=FILE          also write settings and results as JSON\n"
+		"  -h, --help               show this help\n"
+		"\n"
+		"Every MP_* variable of libmoshpit applies; options override them.\n"
+		"Exit status: 0 ok, 1 wrong results or a failure, 2 bad usage.\n");
+}
+
+enum {
+	OPT_TRANSPORT = 256,
+	OPT_PEERS,
+	OPT_ALGO,
+	OPT_GRID,
+	OPT_ROUNDS,
+	OPT_CODEC,
+	OPT_JSON,
+	OPT_HOSTFILE,
+	OPT_RANK,
+	OPT_RUN,
+	OPT_CHUNK,
+	OPT_STREAMS,
+	OPT_TIMEOUT,
+	OPT_WEIGHTED,
+	OPT_SEED,
+	OPT_TOL,
+	OPT_RENDEZVOUS,
+	OPT_BOOTSTRAP,
+	OPT_DHT_PORT,
+	OPT_CHURN,
+	OPT_JOIN,
+	OPT_FAULT,
+	OPT_LATE,
+	OPT_INTRUDERS,
+	OPT_CLIENTS,
+	OPT_AUX,
+	OPT_MAX_RMS,
+	OPT_COMPUTE_MS,
+	OPT_LOGS,
+	OPT_DPDK_ARGS,
+	OPT_INJECT_LOSS,
+};
+
+static const struct option long_opts[] = {
+	{ "minbytes", required_argument, NULL, 'b' },
+	{ "maxbytes", required_argument, NULL, 'e' },
+	{ "stepfactor", required_argument, NULL, 'f' },
+	{ "iters", required_argument, NULL, 'n' },
+	{ "warmup_iters", required_argument, NULL, 'w' },
+	{ "check", required_argument, NULL, 'c' },
+	{ "transport", required_argument, NULL, OPT_TRANSPORT },
+	{ "peers", required_argument, NULL, OPT_PEERS },
+	{ "algo", required_argument, NULL, OPT_ALGO },
+	{ "grid", required_argument, NULL, OPT_GRID },
+	{ "rounds", required_argument, NULL, OPT_ROUNDS },
+	{ "codec", required_argument, NULL, OPT_CODEC },
+	{ "json", required_argument, NULL, OPT_JSON },
+	{ "hostfile", required_argument, NULL, OPT_HOSTFILE },
+	{ "rank", required_argument, NULL, OPT_RANK },
+	{ "run", required_argument, NULL, OPT_RUN },
+	{ "chunk", required_argument, NULL, OPT_CHUNK },
+	{ "streams", required_argument, NULL, OPT_STREAMS },
+	{ "timeout", required_argument, NULL, OPT_TIMEOUT },
+	{ "weighted", no_argument, NULL, OPT_WEIGHTED },
+	{ "seed", required_argument, NULL, OPT_SEED },
+	{ "tol", required_argument, NULL, OPT_TOL },
+	{ "rendezvous", required_argument, NULL, OPT_RENDEZVOUS },
+	{ "bootstrap", required_argument, NULL, OPT_BOOTSTRAP },
+	{ "dht-port", required_argument, NULL, OPT_DHT_PORT },
+	{ "churn", required_argument, NULL, OPT_CHURN },
+	{ "join", required_argument, NULL, OPT_JOIN },
+	{ "fault", required_argument, NULL, OPT_FAULT },
+	{ "late", required_argument, NULL, OPT_LATE },
+	{ "intruders", required_argument, NULL, OPT_INTRUDERS },
+	{ "clients", required_argument, NULL, OPT_CLIENTS },
+	{ "aux", required_argument, NULL, OPT_AUX },
+	{ "max-rms", required_argument, NULL, OPT_MAX_RMS },
+	{ "compute-ms", required_argument, NULL, OPT_COMPUTE_MS },
+	{ "logs", required_argument, NULL, OPT_LOGS },
+	{ "dpdk-args", required_argument, NULL, OPT_DPDK_ARGS },
+	{ "inject-loss", required_argument, NULL, OPT_INJECT_LOSS },
+	{ "help", no_argument, NULL, 'h' },
+	{ NULL, 0, NULL, 0 },
+};
+
+/* Launcher environment: 1 with rank and size when run by mpirun, PMI or srun. */
+int launcher_env(int *rank, int *size, const char **name)
+{
+	static const char *const vars[][3] = {
+		{ "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun" },
+		{ "PMI_RANK", "PMI_SIZE", "PMI" },
+		{ "SLURM_PROCID", "SLURM_NTASKS", "srun" },
+	};
+
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *r = getenv(vars[i][0]), *s = getenv(vars[i][1]);
+		char *e1, *e2;
+		long rv, sv;
+
+		if (!r || !s)
+			continue;
+		rv = strtol(r, &e1, 10);
+		sv = strtol(s, &e2, 10);
+		if (*r && *s && !*e1 && !*e2 && rv >= 0 && sv > rv && sv <= INT_MAX) {
+			*rank = (int)rv;
+			*size = (int)sv;
+			*name = vars[i][2];
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* An option whose value is only checked, then stored in its variable. */
+struct field_opt {
+	int opt;
+	const char *name; /* in messages */
+	enum { FIELD_INT, FIELD_REAL, FIELD_TEXT } kind;
+	void *field;      /* an int, a double or a const char * (not empty) */
+	double lo, hi;    /* the range of FIELD_INT (exact in a double) and FIELD_REAL */
+};
+
+/* 1 when @o is in @f (its value stored), 0 when it is not. */
+static int set_field_opt(const struct field_opt *f, size_t n, int o, const char *arg)
+{
+	for (; n > 0; f++, n--) {
+		if (f->opt != o)
+			continue;
+		switch (f->kind) {
+		case FIELD_INT:
+			*(int *)f->field = (int)parse_int(f->name, arg, (int64_t)f->lo,
+							  (int64_t)f->hi);
+			break;
+		case FIELD_REAL:
+			*(double *)f->field = parse_real(f->name, arg, f->lo, f->hi);
+			break;
+		case FIELD_TEXT:
+			if (!*arg)
+				usage_error("empty %s", f->name);
+			*(const char **)f->field = arg;
+			break;
+		}
+		return 1;
+	}
+	return 0;
+}
+
+void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
+			  int *peers_opt)
+{
+	struct mp_config *c = &b->cfg;
+	const struct field_opt fields[] = {
+		{ 'n', "--iters", FIELD_INT, &b->iters, 1, INT_MAX / 2 },
+		{ 'w', "--warmup_iters", FIELD_INT, &b->warmup, 0, INT_MAX / 2 },
+		{ 'c', "--check", FIELD_INT, &b->check, 0, 1 },
+		{ OPT_PEERS, "--peers", FIELD_INT, peers_opt, 1, 1 << 20 },
+		{ OPT_RANK, "--rank", FIELD_INT, rank_opt, 0, INT_MAX - 1 },
+		{ OPT_ROUNDS, "--rounds", FIELD_INT, &c->rounds, 0, 1 << 16 },
+		{ OPT_STREAMS, "--streams", FIELD_INT, &c->streams, 0, 1024 },
+		{ OPT_DHT_PORT, "--dht-port", FIELD_INT, &c->dht_port, 0, 65535 },
+		{ OPT_JOIN, "--join", FIELD_INT, &b->join, 0, 1 },
+		{ OPT_LATE, "--late", FIELD_INT, &b->late, 0, 1024 },
+		{ OPT_INTRUDERS, "--intruders", FIELD_INT, &b->intruders, 0, 1024 },
+		{ OPT_CLIENTS, "--clients", FIELD_INT, &b->clients, 0, 1024 },
+		{ OPT_AUX, "--aux", FIELD_INT, &b->aux, 0, 1024 },
+		{ OPT_COMPUTE_MS, "--compute-ms", FIELD_INT, &b->compute_ms, 0, 60000 },
+		{ OPT_INJECT_LOSS, "--inject-loss", FIELD_REAL, &b->inject_loss, 0.0, 0.5 },
+		{ OPT_CHURN, "--churn", FIELD_REAL, &b->churn, 0.0, 0.5 },
+		{ OPT_MAX_RMS, "--max-rms", FIELD_REAL, &b->max_rms, 0.0, HUGE_VAL },
+		{ OPT_JSON, "--json", FIELD_TEXT, &b->json, 0, 0 },
+		{ OPT_HOSTFILE, "--hostfile", FIELD_TEXT, &c->hostfile, 0, 0 },
+		{ OPT_RUN, "--run", FIELD_TEXT, &b->run, 0, 0 },
+		{ OPT_LOGS, "--logs", FIELD_TEXT, &b->logdir, 0, 0 },
+	};
+	int o;
+
+	cli_init(PROG, usage);
+	*rank_opt = -1;
+	*peers_opt = 0;
+	opterr = 0;
+	while ((o = getopt_long(argc, argv, ":b:e:f:n:w:c:h", long_opts, NULL)) != -1) {
+		const char *name = optind > 0 && optind <= argc ? argv[optind - 1] : "option";
+
+		if (set_field_opt(fields, sizeof(fields) / sizeof(fields[0]), o, optarg))
+			continue;
+		switch (o) {
+		case 'b':
+			b->minbytes = parse_size("--minbytes", optarg, 0, UINT64_MAX);
+			b->size_given |= 1;
+			break;
+		case 'e':
+			b->maxbytes = parse_size("--maxbytes", optarg, 0, UINT64_MAX);
+			b->size_given |= 2;
+			break;
+		case 'f':
+			b->stepfactor = (uint64_t)parse_int("--stepfactor", optarg, 2, 1 << 20);
+			break;
+		case OPT_TRANSPORT:
+			if (!mp_transport_available(optarg))
+				usage_error("--transport=%s: not built into this library", optarg);
+			b->transport = optarg;
+			break;
+		case OPT_DPDK_ARGS:
+			b->dpdk_args = optarg;
+			break;
+		case OPT_ALGO: {
+			int v = mp_algo_from_name(optarg);
+
+			if (v < 0)
+				usage_error("unknown --algo '%s' (moshpit, ring or butterfly)",
+					    optarg);
+			c->algo = v;
+			break;
+		}
+		case OPT_GRID: {
+			struct gridinfo g;
+
+			/* Syntax only here: the cell count is checked once the
+			 * number of peers is known. */
+			if (grid_from_library(optarg, 1, &g) < 0)
+				usage_error("bad --grid '%s' (like 4x4 or 2x2x2, at most %d "
+					    "dimensions)", optarg, MP_MAX_GRID_DIMS);
+			c->grid = optarg;
+			break;
+		}
+		case OPT_CODEC: {
+			if (mp_codec_parse(optarg, c))
+				usage_error("bad --codec '%s' (none, fp16, bf16, uniform8[:SIGMAS], "
+					    "blockwise8[:BLOCK], topk[:FRACTION], "
+					    "adacomp[:conv|fc|BIN] or auto)", optarg);
+			break;
+		}
+		case OPT_CHUNK: {
+			uint64_t v = parse_size("--chunk", optarg, 0, UINT64_MAX);
+
+			if (v == 0 || v % 4 || v > SIZE_MAX / 2)
+				usage_error("bad --chunk '%s' (a positive multiple of 4 bytes)",
+					    optarg);
+			c->chunk_bytes = (size_t)v;
+			break;
+		}
+		case OPT_TIMEOUT: {
+			int v = (int)parse_int("--timeout", optarg, 1, INT_MAX / 64);
+
+			c->connect_timeout_ms = v;
+			c->round_timeout_ms = v;
+			break;
+		}
+		case OPT_WEIGHTED:
+			b->weighted = 1;
+			break;
+		case OPT_SEED:
+			b->seed = parse_u64("--seed", optarg);
+			break;
+		case OPT_TOL: {
+			char *end;
+			double v;
+
+			errno = 0;
+			v = strtod(optarg, &end);
+			if (errno || end == optarg || *end || !(v >= 0) || !isfinite(v))
+				usage_error("bad --tol '%s' (a non-negative number)", optarg);
+			b->tol = v;
+			b->tol_set = 1;
+			break;
+		}
+		case OPT_RENDEZVOUS:
+			if (strcmp(optarg, "dht") == 0)
+				b->dht = 1;
+			else if (strcmp(optarg, "static") == 0)
+				b->rdv_static = 1;
+			else
+				usage_error("unknown --rendezvous '%s' (static or dht)", optarg);
+			if (b->dht && b->rdv_static)
+				usage_error("--rendezvous given as both static and dht");
+			break;
+		case OPT_BOOTSTRAP:
+			if (!*optarg || !strchr(optarg, ':'))
+				usage_error("bad --bootstrap '%s' (host:port[,host:port...])", optarg);
+			c->bootstrap = optarg;
+			break;
+		case OPT_FAULT: {
+			char *end;
+			long idx;
+
+			errno = 0;
+			idx = strtol(optarg, &end, 10);
+			if (errno || end == optarg || *end != ':' || !end[1] || idx < 0 ||
+			    idx > INT_MAX)
+				usage_error("bad --fault '%s' (INDEX:SPEC, e.g. "
+					    "3:kill:round=1:phase=gather)", optarg);
+			b->faults = realloc(b->faults, (size_t)(b->nfaults + 1) * sizeof(*b->faults));
+			if (!b->faults)
+				die_oom();
+			b->faults[b->nfaults].index = (int)idx;
+			b->faults[b->nfaults].spec = end + 1;
+			b->nfaults++;
+			break;
+		}
+		case 'h':
+			usage(stdout);
+			exit(EXIT_OK);
+		case ':':
+			usage_error("%s needs a value", name);
+		case '?':
+		default:
+			usage_error("unknown or malformed option '%s'", name);
+		}
+	}
+	if (optind < argc)
+		usage_error("unexpected argument '%s'", argv[optind]);
+}
+
+/*
+ * Followed runs: one vector size for the whole run (a joiner's buffer must
+ * match the others' at whatever round it arrives), one process per peer
+ * (tcp, ofi, verbs: a fault kills its process), and the codecs the replay
+ * can follow.
+ */
+void follow_options(struct bench *b)
+{
+	if (b->loop)
+		usage_error("--rendezvous=dht, --churn and --fault need a process per peer: "
+			    "--transport=tcp, ofi or verbs (a fault kills its whole process)");
+	if (b->cfg.algo != MP_ALGO_MOSHPIT)
+		usage_error("--rendezvous=dht, --churn and --fault need --algo=moshpit");
+	if (codec_sparse(b->cfg.codec))
+		usage_error("--codec=%s holds values back (error feedback), which the replay "
+			    "of the logs cannot follow", codec_name(b->cfg.codec));
+	if (b->size_given == 3 && b->minbytes != b->maxbytes)
+		usage_error("--rendezvous=dht, --churn and --fault run one size: give -b or -e");
+	if (b->size_given == 1)
+		b->maxbytes = b->minbytes;
+	else if (b->size_given == 2)
+		b->minbytes = b->maxbytes;
+	else
+		b->minbytes = b->maxbytes = 256u << 10;
+}
+
+/* Every peer of a followed run, joiners included, gets the same grid: the
+ * one given, or the library's choice for the peers and the late peers. */
+void follow_grid(struct bench *b)
+{
+	struct gridinfo g;
+
+	if (b->cfg.grid)
+		return;
+	if (grid_from_library(NULL, b->npeers + b->late, &g) < 0)
+		usage_error("no grid for %d peers", b->npeers + b->late);
+	grid_format(&g, b->grid_buf, sizeof(b->grid_buf));
+	b->cfg.grid = b->grid_buf;
+}
+
+/* Sizes from min to max, multiplying by the step factor. */
+void make_sizes(struct bench *b)
+{
+	int cap = 0;
+
+	if (b->minbytes == 0 || b->minbytes % 4)
+		usage_error("--minbytes %" PRIu64 " is not a positive multiple of 4 bytes (fp32)",
+			    b->minbytes);
+	if (b->maxbytes == 0 || b->maxbytes % 4)
+		usage_error("--maxbytes %" PRIu64 " is not a positive multiple of 4 bytes (fp32)",
+			    b->maxbytes);
+	if (b->minbytes > b->maxbytes)
+		usage_error("--minbytes %" PRIu64 " is larger than --maxbytes %" PRIu64,
+			    b->minbytes, b->maxbytes);
+	if (b->maxbytes > SIZE_MAX / 2)
+		usage_error("--maxbytes %" PRIu64 " is too large", b->maxbytes);
+	for (uint64_t s = b->minbytes; s <= b->maxbytes; s *= b->stepfactor) {
+		if (b->nsizes == cap) {
+			cap = cap ? cap * 2 : 16;
+			b->sizes = realloc(b->sizes, (size_t)cap * sizeof(*b->sizes));
+			if (!b->sizes)
+				die_oom();
+		}
+		b->sizes[b->nsizes++] = s;
+		if (s > UINT64_MAX / b->stepfactor)
+			break;
+	}
+}

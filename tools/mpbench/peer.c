@@ -1,0 +1,620 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * One mpbench peer: initialise the library, exchange addresses, average every
+ * size with timing, and check the results against the exact weighted mean.
+ * A peer of a followed run (churn.c) instead averages one round per call and
+ * reports each round.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mpbench.h"
+#include "dpdk_seg.h"
+
+#define HEARTBEAT_S 1.0
+/* Values generated per peer to check one size; above it every k-th element
+ * is checked instead of all, so the check stays bounded. */
+#ifndef CHECK_BUDGET
+#define CHECK_BUDGET (1ULL << 28)
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* One peer: initialise, exchange addresses, benchmark every size            */
+
+static void peer_heartbeat(struct peer *p)
+{
+	double t;
+
+	if (!p->up)
+		return;
+	t = now_s();
+	if (t - p->last_hb < HEARTBEAT_S)
+		return;
+	p->last_hb = t;
+	chan_send(p->up, MSG_HEARTBEAT, p->rank, NULL, 0, p->b->silence_ms);
+}
+
+__attribute__((format(printf, 2, 3)))
+static void peer_fail(struct peer *p, const char *fmt, ...)
+{
+	char text[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	if (p->up)
+		chan_send(p->up, MSG_ERROR, p->rank, text, (uint32_t)strlen(text),
+			  p->b->silence_ms);
+	else
+		fprintf(stderr, PROG ": rank %d: %s\n", p->rank, text);
+}
+
+static void fill(struct peer *p, float *buf, size_t count, uint64_t key)
+{
+	const size_t block = (size_t)1 << 20;
+
+	for (size_t i0 = 0; i0 < count; i0 += block) {
+		size_t i1 = i0 + block < count ? i0 + block : count;
+
+		for (size_t i = i0; i < i1; i++)
+			buf[i] = gen_value(key, i);
+		peer_heartbeat(p);
+	}
+}
+
+/* Compare @out with the exact weighted mean of every peer's input of @it. */
+static void verify(struct peer *p, const float *out, size_t count, int it,
+		   struct size_result *r)
+{
+	const struct bench *b = p->b;
+	const size_t block = (size_t)1 << 18;
+	int n = p->npeers;
+	uint64_t work = (uint64_t)count * (uint64_t)n;
+	size_t stride = work > CHECK_BUDGET ? (size_t)((work + CHECK_BUDGET - 1) / CHECK_BUDGET) : 1;
+	int64_t checked = 0;
+	uint64_t *keys = xmalloc((size_t)n * sizeof(*keys));
+	double *w = xmalloc((size_t)n * sizeof(*w));
+	double wsum = 0.0, maxe = 0.0, sumsq = 0.0;
+	int64_t wrong = 0;
+
+	for (int q = 0; q < n; q++) {
+		keys[q] = stream_key(b->seed, q, it);
+		w[q] = peer_weight(b, q);
+		wsum += w[q];
+	}
+	for (size_t i0 = 0; i0 < count; i0 += block) {
+		size_t i1 = i0 + block < count ? i0 + block : count;
+
+		size_t first = (i0 + stride - 1) / stride * stride;
+
+		for (size_t i = first; i < i1; i += stride) {
+			double e = 0.0, d;
+
+			for (int q = 0; q < n; q++)
+				e += w[q] * gen_value(keys[q], i);
+			e /= wsum;
+			d = fabs((double)out[i] - e);
+			if (isnan(d))
+				d = INFINITY;
+			if (!(d <= b->tol))
+				wrong++;
+			if (d > maxe)
+				maxe = d;
+			sumsq += d * d;
+			checked++;
+		}
+		peer_heartbeat(p);
+	}
+	r->max_err = maxe;
+	r->rms_err = checked ? sqrt(sumsq / (double)checked) : 0.0;
+	r->checked = checked;
+	r->wrong = b->exact ? wrong : -1;
+	free(keys);
+	free(w);
+}
+
+/* One average, bounded by the library's deadlines and our safety limit. */
+static int peer_average(struct peer *p, float *buf, size_t count, float weight, mp_mr *mr,
+			struct mp_result *res, char *why, size_t whylen)
+{
+	mp_request *req = NULL;
+	double t0;
+	int rc;
+
+	rc = mp_average_start(p->ctx, buf, count, weight, mr, &req);
+	if (rc) {
+		snprintf(why, whylen, "mp_average_start: %s: %s", mp_strerror(rc),
+			 mp_last_error(p->ctx));
+		return rc;
+	}
+	t0 = now_s();
+	rc = mp_wait(req, p->b->op_cap_ms, res);
+	if (rc == -ETIMEDOUT && now_s() - t0 >= p->b->op_cap_ms * 1e-3 - 0.05) {
+		snprintf(why, whylen, "no completion within the safety limit of %d s "
+			 "(the library's own deadlines did not fire)", p->b->op_cap_ms / 1000);
+		return rc;
+	}
+	if (rc)
+		snprintf(why, whylen, "mp_wait: %s: %s", mp_strerror(rc), mp_last_error(p->ctx));
+	return rc;
+}
+
+static void peer_report(struct peer *p, const struct size_result *r)
+{
+	if (p->up)
+		chan_send(p->up, MSG_RESULT, p->rank, r, sizeof(*r), p->b->silence_ms);
+	else
+		agg_add(p->agg, r);
+}
+
+int peer_bench(struct peer *p)
+{
+	const struct bench *b = p->b;
+	uint64_t maxb = b->sizes[b->nsizes - 1];
+	size_t alloc = (size_t)((maxb + 4095) & ~(uint64_t)4095);
+	float *buf = aligned_alloc(4096, alloc);
+	float w = peer_weight(b, p->rank);
+	mp_mr *mr = NULL;
+	int rc = 0;
+
+	if (!buf) {
+		peer_fail(p, "cannot allocate %" PRIu64 " bytes", maxb);
+		return -1;
+	}
+	memset(buf, 0, alloc);
+	rc = mp_mem_register(p->ctx, buf, (size_t)maxb, MP_MEM_HOST, &mr);
+	if (rc) {
+		if (p->rank == 0)
+			fprintf(stderr, PROG ": warning: mp_mem_register: %s: %s (averaging "
+				"unregistered memory)\n", mp_strerror(rc), mp_last_error(p->ctx));
+		mr = NULL;
+		rc = 0;
+	}
+
+	for (int s = 0; s < b->nsizes && rc == 0; s++) {
+		uint64_t bytes = b->sizes[s];
+		size_t count = (size_t)(bytes / 4);
+		int total = b->warmup + b->iters;
+		struct size_result r;
+		double tsum = 0.0, sent = 0.0, recvd = 0.0, vals = 0.0;
+
+		memset(&r, 0, sizeof(r));
+		r.size_idx = (uint32_t)s;
+		r.max_err = -1.0;
+		r.rms_err = -1.0;
+		r.wrong = -1;
+		for (int it = 0; it < total; it++) {
+			struct mp_result res;
+			char why[768];
+			double t0, t1;
+
+			memset(&res, 0, sizeof(res));
+			fill(p, buf, count, stream_key(b->seed, p->rank, it));
+			if (b->check && it == total - 1 && codec_sparse(b->cfg.codec)) {
+				/* The checked iteration starts with no residue, so
+				 * that after the flush below the exact mean is due. */
+				int e = mp_feedback_reset(p->ctx, buf);
+				if (e && e != -ENOENT) {
+					peer_fail(p, "mp_feedback_reset: %s", mp_strerror(e));
+					rc = e;
+					break;
+				}
+			}
+			t0 = now_s();
+			rc = peer_average(p, buf, count, w, mr, &res, why, sizeof(why));
+			t1 = now_s();
+			if (rc) {
+				peer_fail(p, "size %" PRIu64 " B, iteration %d: %s", bytes, it, why);
+				break;
+			}
+			peer_heartbeat(p);
+			if (it >= b->warmup) {
+				tsum += t1 - t0;
+				sent += (double)res.bytes_sent;
+				recvd += (double)res.bytes_received;
+				vals += (double)res.values_sent;
+			}
+			r.codec = res.codec;
+			if (res.failed_peers > r.failed_peers)
+				r.failed_peers = res.failed_peers;
+			r.rounds = res.rounds;
+			r.peers = res.peers;
+		}
+		if (rc)
+			break;
+		r.time_us = tsum / b->iters * 1e6;
+		r.bytes_sent = sent / b->iters;
+		r.bytes_received = recvd / b->iters;
+		r.values_sent = vals / b->iters;
+		if (b->check && codec_sparse(b->cfg.codec)) {
+			/* Deliver what error feedback held back: Σ w·(x + residue)
+			 * is what every round conserves. */
+			char why[768];
+			struct mp_result fres;
+			int e = mp_average_flush(p->ctx, buf, count, w, &fres);
+
+			if (e) {
+				snprintf(why, sizeof(why), "%s: %s", mp_strerror(e),
+					 mp_last_error(p->ctx));
+				peer_fail(p, "size %" PRIu64 " B, mp_average_flush: %s", bytes, why);
+				rc = e;
+				break;
+			}
+			r.flushed = 1;
+		}
+		if (b->check)
+			verify(p, buf, count, total - 1, &r);
+		peer_report(p, &r);
+	}
+	if (mr)
+		mp_mem_deregister(p->ctx, mr);
+	free(buf);
+	return rc ? -1 : 0;
+}
+
+/* Split "a\nb\nc" in place into @n strings. */
+static int split_lines(char *text, const char **out, int n)
+{
+	int k = 0;
+	char *s = text;
+
+	while (s && *s && k < n) {
+		char *nl = strchr(s, '\n');
+
+		if (nl)
+			*nl = '\0';
+		out[k++] = s;
+		s = nl ? nl + 1 : NULL;
+	}
+	return k == n && (!s || !*s) ? 0 : -1;
+}
+
+/* A static local peer: send our address up, set every peer's address from
+ * the list that comes back. 0, or negative after peer_fail. */
+static int peer_exchange(struct peer *p)
+{
+	const struct bench *b = p->b;
+	char addr[MP_ADDR_STRLEN];
+	const char **addrs = NULL;
+	struct msg m = { 0 };
+	int rc;
+
+	rc = mp_local_address(p->ctx, addr, sizeof(addr));
+	if (rc) {
+		peer_fail(p, "mp_local_address: %s: %s", mp_strerror(rc), mp_last_error(p->ctx));
+		goto out;
+	}
+	rc = chan_send(p->up, MSG_ADDR, p->rank, addr, (uint32_t)strlen(addr), b->silence_ms);
+	if (rc)
+		goto out;
+	p->last_hb = now_s();
+
+	rc = chan_recv(p->down, &m, clamp_ms((int64_t)b->silence_ms * 2));
+	if (rc <= 0 || m.type != MSG_PEERS || !m.data) {
+		peer_fail(p, "no peer list from the launcher (%s)",
+			  rc == 0 ? "timed out" : rc < 0 ? strerror(-rc) : "unexpected message");
+		rc = -1;
+		goto out;
+	}
+	addrs = xcalloc((size_t)b->npeers, sizeof(*addrs));
+	if (split_lines(m.data, addrs, b->npeers) < 0) {
+		peer_fail(p, "malformed peer list from the launcher");
+		rc = -1;
+		goto out;
+	}
+	rc = mp_set_peers(p->ctx, addrs, b->npeers);
+	if (rc)
+		peer_fail(p, "mp_set_peers: %s: %s", mp_strerror(rc), mp_last_error(p->ctx));
+out:
+	free(addrs);
+	free(m.data);
+	return rc;
+}
+
+/* A local peer (child process or thread). 0 on success. */
+int peer_main(const struct bench *b, int rank, const struct chan *up,
+		     const struct chan *down)
+{
+	struct peer p = { .b = b, .rank = rank, .npeers = b->npeers, .up = up, .down = down };
+	struct mp_config cfg = b->cfg;
+	int rc;
+
+	cfg.rank = rank;
+	cfg.npeers = b->npeers;
+	cfg.peers = NULL;
+	cfg.hostfile = NULL;
+	cfg.transport = b->transport;
+	cfg.run_name = b->run;
+	if (b->loop)
+		cfg.listen = "loop:*";
+	else if (strcmp(b->transport, "tcp") == 0)
+		cfg.listen = "127.0.0.1:0";
+	else
+		cfg.listen = NULL;
+	char dlisten[64];
+	if (strcmp(b->transport, "dpdk") == 0) {
+		if (dseg_enter(rank, dlisten, sizeof(dlisten))) {
+			peer_fail(&p, "cannot join the dpdk segment");
+			return -1;
+		}
+		cfg.listen = dlisten;
+	}
+
+	rc = mp_init(&cfg, &p.ctx);
+	if (rc) {
+		peer_fail(&p, "mp_init: %s: %s", mp_strerror(rc), mp_last_error(NULL));
+		return -1;
+	}
+	rc = peer_exchange(&p);
+	if (rc == 0)
+		rc = peer_bench(&p);
+	mp_finalize(p.ctx);
+	if (rc == 0)
+		chan_send(up, MSG_DONE, rank, NULL, 0, b->silence_ms);
+	return rc ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* A peer of a followed run (see churn.c)                                    */
+
+/* Peer ids of a dht run, from the seed and the spawn index: distinct (mix64
+ * is a bijection) and never 0, so data and logs can be keyed by id. */
+uint64_t peer_id_of(uint64_t seed, int idx)
+{
+	uint64_t id = mix64(seed ^ mix64(0x6d6f736870697421ULL + (uint64_t)(uint32_t)idx));
+
+	return id ? id : 1;
+}
+
+/* A peer's values at the start: iteration 0's data of its spawn index;
+ * intruders' are far off, so that any contribution of theirs shows. */
+void follow_fill(const struct bench *b, const struct fspec *s, float *x, size_t count)
+{
+	uint64_t key = stream_key(b->seed, s->idx, 0);
+	float shift = s->role == ROLE_INTRUDER ? 1000.0f : 0.0f;
+
+	for (size_t i = 0; i < count; i++)
+		x[i] = gen_value(key, i) + shift;
+}
+
+/* The peer's own contribution log, read as it grows. */
+struct clog_tail {
+	int fd;
+	size_t len;
+	char line[256]; /* the start of the line being read: "kind round=R ..." */
+};
+
+/* Highest round among the complete lines appended since the last call, or
+ * -1 if none (no log yet, or a library that writes none). */
+static int64_t clog_tail_round(struct clog_tail *t, const char *path)
+{
+	char buf[4096];
+	int64_t best = -1;
+
+	if (t->fd < 0)
+		t->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (t->fd < 0)
+		return -1;
+	for (;;) {
+		ssize_t n = read(t->fd, buf, sizeof(buf));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		for (ssize_t i = 0; i < n; i++) {
+			const char *r;
+
+			if (buf[i] != '\n') {
+				if (t->len < sizeof(t->line) - 1)
+					t->line[t->len++] = buf[i];
+				continue;
+			}
+			t->line[t->len] = '\0';
+			r = strstr(t->line, " round=");
+			if (r) {
+				long long v = strtoll(r + 7, NULL, 10);
+
+				if (v > best)
+					best = v;
+			}
+			t->len = 0;
+		}
+	}
+	return best;
+}
+
+/* Whether the coordinator said stop (or is gone). */
+static int stop_requested(const struct peer *p)
+{
+	struct msg m = { 0 };
+	int rc = chan_recv(p->down, &m, 0);
+
+	free(m.data);
+	return rc < 0 || (rc > 0 && m.type == MSG_STOP);
+}
+
+/* Average round after round until the run's last one; report each. */
+static int follow_rounds(struct peer *p, const struct fspec *s, struct summary *sum)
+{
+	const struct bench *b = p->b;
+	size_t count = (size_t)(b->sizes[0] / 4);
+	float *buf = xmalloc(count * sizeof(float));
+	float w = s->role == ROLE_INTRUDER ? 1.0f : peer_weight(b, s->idx);
+	int R = b->rounds_eff, T = b->total_rounds, timed = 0;
+	int64_t last = -1;
+	struct clog_tail tail = { .fd = -1 };
+	struct size_result r;
+	double tsum = 0.0, sent = 0.0, recvd = 0.0, vals = 0.0;
+	int rc = 0;
+
+	memset(&r, 0, sizeof(r));
+	r.max_err = -1.0;
+	r.rms_err = -1.0;
+	r.wrong = -1;
+	r.time_us = -1.0;
+	follow_fill(b, s, buf, count);
+	/* Bounded: every call moves the round on by at least one. */
+	for (int calls = 0; last < T - 1 && calls < T + R; calls++) {
+		struct mp_result res;
+		struct round_report rr = { 0 };
+		char why[768];
+		double t0, t1;
+		int64_t g;
+
+		if (stop_requested(p))
+			break;
+		memset(&res, 0, sizeof(res));
+		t0 = now_s();
+		rc = peer_average(p, buf, count, w, NULL, &res, why, sizeof(why));
+		t1 = now_s();
+		/* A round whose whole group failed is not the end of the run;
+		 * an intruder's refusals are what it is here for. */
+		if (rc && rc != -EHOSTUNREACH && s->role != ROLE_INTRUDER) {
+			peer_fail(p, "after round %lld: %s", (long long)last, why);
+			break;
+		}
+		sum->calls++;
+		g = clog_tail_round(&tail, s->log);
+		if (g <= last)
+			g = last + 1;
+		rr.round = g;
+		rr.rc = rc;
+		rr.grouped = rc == 0 && res.rounds_alone == 0;
+		rr.group_size = res.group_size;
+		rr.failed = res.failed_peers;
+		if (rc)
+			sum->errors++;
+		rc = 0;
+		if (rr.grouped) {
+			sum->grouped++;
+			/* One round per call: carry the weight the round left us
+			 * with into the next, as one call of R rounds would. */
+			if (isfinite(res.weight) && res.weight >= 0)
+				w = res.weight;
+			if (g >= T - R)
+				r.rounds++;
+		}
+		if (g >= (int64_t)b->warmup * R && g < T) {
+			timed++;
+			tsum += t1 - t0;
+			sent += (double)res.bytes_sent;
+			recvd += (double)res.bytes_received;
+			vals += (double)res.values_sent;
+		}
+		r.codec = res.codec;
+		r.peers = res.peers;
+		if (res.failed_peers > r.failed_peers)
+			r.failed_peers = res.failed_peers;
+		last = g;
+		if (chan_send(p->up, MSG_ROUND, p->rank, &rr, sizeof(rr), b->silence_ms))
+			break;
+		if (b->compute_ms > 0 && last < T - 1) {
+			struct timespec ts = { b->compute_ms / 1000, (b->compute_ms % 1000) * 1000000L };
+
+			while (nanosleep(&ts, &ts) && errno == EINTR)
+				;
+		}
+	}
+	if (tail.fd >= 0)
+		close(tail.fd);
+	if (rc == 0 && s->role != ROLE_INTRUDER) {
+		/* Per average of R rounds, from the rounds timed. */
+		if (timed) {
+			r.time_us = tsum / timed * R * 1e6;
+			r.bytes_sent = sent / timed * R;
+			r.bytes_received = recvd / timed * R;
+			r.values_sent = vals / timed * R;
+		}
+		if (b->check)
+			rc = chan_send(p->up, MSG_VECTOR, p->rank, buf,
+				       (uint32_t)(count * sizeof(float)), b->silence_ms);
+		if (rc == 0)
+			rc = chan_send(p->up, MSG_RESULT, p->rank, &r, sizeof(r), b->silence_ms);
+	}
+	free(buf);
+	return rc ? -1 : 0;
+}
+
+/* A peer of a followed run (a child process). 0 on success. */
+int follow_peer(const struct bench *b, const struct fspec *s, const struct chan *up,
+		       const struct chan *down)
+{
+	struct peer p = { .b = b, .rank = s->idx, .npeers = b->npeers, .up = up, .down = down };
+	struct mp_config cfg = b->cfg;
+	struct summary sum = { 0 };
+	struct hello h = { 0 };
+	char key[160];
+	int rc;
+
+	cfg.rounds = 1;
+	cfg.transport = b->transport;
+	cfg.listen = "127.0.0.1:0";
+	cfg.run_name = b->run;
+	cfg.peers = NULL;
+	cfg.hostfile = NULL;
+	cfg.grid = b->cfg.grid;
+	/* Faults and logs are per peer: MP_FAULT or MP_CONTRIB_LOG from the
+	 * environment would hit every peer alike. */
+	cfg.fault = s->fault[0] ? s->fault : NULL;
+	cfg.contrib_log = s->log;
+	cfg.mode = s->mode;
+	if (s->role == ROLE_INTRUDER) {
+		snprintf(key, sizeof(key), "not the key of %s", b->run);
+		cfg.run_key = key;
+		cfg.run_key_file = NULL;
+	}
+	if (b->dht) {
+		cfg.rendezvous = "dht";
+		cfg.bootstrap = s->bootstrap[0] ? s->bootstrap : NULL;
+		cfg.dht_port = s->dht_port;
+		cfg.npeers = s->npeers;
+		cfg.peer_id = s->id;
+		cfg.rank = -1;
+	} else {
+		cfg.rendezvous = "static";
+		cfg.rank = s->idx;
+		cfg.npeers = b->npeers;
+	}
+	rc = mp_init(&cfg, &p.ctx);
+	if (rc && s->role == ROLE_INTRUDER) {
+		sum.init_rc = rc;
+		chan_send(up, MSG_SUMMARY, p.rank, &sum, sizeof(sum), b->silence_ms);
+		chan_send(up, MSG_DONE, p.rank, NULL, 0, b->silence_ms);
+		return 0;
+	}
+	if (rc) {
+		peer_fail(&p, "mp_init: %s: %s", mp_strerror(rc), mp_last_error(NULL));
+		return -1;
+	}
+	p.last_hb = now_s();
+	if (!b->dht)
+		rc = peer_exchange(&p);
+	if (rc == 0) {
+		h.id = mp_peer_id(p.ctx);
+		if (b->dht && mp_dht_address(p.ctx, h.dht, sizeof(h.dht)))
+			h.dht[0] = '\0';
+		rc = chan_send(up, MSG_HELLO, p.rank, &h, sizeof(h), b->silence_ms);
+	}
+	if (rc == 0)
+		rc = follow_rounds(&p, s, &sum);
+	mp_finalize(p.ctx);
+	if (rc == 0) {
+		chan_send(up, MSG_SUMMARY, p.rank, &sum, sizeof(sum), b->silence_ms);
+		chan_send(up, MSG_DONE, p.rank, NULL, 0, b->silence_ms);
+	}
+	return rc ? -1 : 0;
+}

@@ -1,0 +1,409 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * mpbench's output: the nccl-tests style table (header, one row per size as
+ * its reports come in, footer), progress lines, the JSON file, and the exit
+ * status the results call for.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpbench.h"
+#include "dpdk_seg.h"
+
+void agg_init(struct agg *a, const struct bench *b, int nrep, int print)
+{
+	memset(a, 0, sizeof(*a));
+	a->b = b;
+	a->nrep = nrep;
+	a->print = print;
+	a->rows = xcalloc((size_t)b->nsizes, sizeof(*a->rows));
+	a->count = xcalloc((size_t)b->nsizes, sizeof(*a->count));
+	a->algbw = xcalloc((size_t)b->nsizes, sizeof(double));
+	a->busbw = xcalloc((size_t)b->nsizes, sizeof(double));
+	a->rms_worst = 0.0;
+}
+
+void agg_free(struct agg *a)
+{
+	free(a->rows);
+	free(a->count);
+	free(a->algbw);
+	free(a->busbw);
+}
+
+void progress(const struct agg *a)
+{
+	if (!a->print || a->next >= a->b->nsizes)
+		return;
+	fprintf(stderr, PROG ": size %" PRIu64 " (%d/%d) ...\n", a->b->sizes[a->next],
+		a->next + 1, a->b->nsizes);
+}
+
+void print_header(const struct bench *b, const char *mode)
+{
+	const struct mp_config *c = &b->cfg;
+	char g[96], gdesc[128];
+
+	grid_format(&b->grid, g, sizeof(g));
+	if (c->algo != MP_ALGO_MOSHPIT)
+		snprintf(gdesc, sizeof(gdesc), "-  rounds -");
+	else if (b->grid.given)
+		snprintf(gdesc, sizeof(gdesc), "%s  rounds %d", g, b->rounds_eff);
+	else
+		snprintf(gdesc, sizeof(gdesc), "auto (%s)  rounds %d", g, b->rounds_eff);
+	printf("# " PROG " %d.%d.%d: %s\n", MP_VERSION_MAJOR, MP_VERSION_MINOR,
+	       MP_VERSION_PATCH, mode);
+	printf("# transport %s  peers %d  algo %s  grid %s  codec %s\n", b->transport,
+	       b->npeers, algo_name(c->algo), gdesc, codec_name(c->codec));
+	printf("# minBytes %" PRIu64 "  maxBytes %" PRIu64 "  step %" PRIu64
+	       " (factor)  iters %d  warmup %d  check %d  weighted %d  seed %" PRIu64 "\n",
+	       b->minbytes, b->maxbytes, b->stepfactor, b->iters, b->warmup, b->check,
+	       b->weighted, b->seed);
+	printf("# chunk %zu  streams %d  timeouts %d/%d ms (connect/round)  run %s\n",
+	       c->chunk_bytes, c->streams, c->connect_timeout_ms, c->round_timeout_ms,
+	       b->run ? b->run : "(default)");
+	if (strcmp(b->transport, "dpdk") == 0)
+		printf("# dpdk segment: %s  injected loss %g of received frames\n",
+		       b->multi ? "this host's (MP_DPDK_*)" : dseg_describe(), b->inject_loss);
+	if (b->follow) {
+		printf("# rendezvous %s  one round per call, %d rounds in all, %d ms between  late %d  "
+		       "intruders %d  faults %d  clients %d  aux %d\n", b->dht ? "dht" : "static",
+		       b->total_rounds, b->compute_ms, b->late, b->intruders, b->nfaults, b->clients,
+		       b->aux);
+		if (b->churn > 0)
+			printf("# churn %g per peer and round, deaths in rounds 0..%d, then %d "
+			       "rounds to converge  join %d\n", b->churn, b->churn_end - 1,
+			       b->total_rounds - b->churn_end, b->join);
+	}
+	if (!b->check)
+		printf("# check off: max_err and #wrong are not computed\n");
+	else if (b->exact && codec_sparse(c->codec))
+		printf("# check: exact weighted mean after mp_average_flush (error feedback), "
+		       "tolerance %g\n", b->tol);
+	else if (follow_exact(b))
+		printf("# check: replay of the contribution logs, tolerance max(%g, %g |x|); "
+		       "and the exact weighted mean, tolerance %g\n", replay_atol(b),
+		       replay_rtol(b), b->tol);
+	else if (b->follow)
+		printf("# check: replay of the contribution logs, tolerance max(%g, %g |x|)\n",
+		       replay_atol(b), replay_rtol(b));
+	else if (b->exact)
+		printf("# check: exact weighted mean, tolerance %g\n", b->tol);
+	else
+		printf("# check: approximate by design (%s): errors shown, #wrong n/a\n",
+		       b->inexact_why);
+	printf("#\n");
+	printf("# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s %5s %6s "
+	       "%9s\n", "size", "count", "type", "codec", "algo", "peers", "rounds", "time",
+	       "algbw", "busbw", "wire_bytes", "ratio", "max_err", "#wrong", "lost", "joined",
+	       "rms_err");
+	printf("# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s %5s %6s "
+	       "%9s\n", "(B)", "(elements)", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)",
+	       "(B/peer)", "", "", "", "", "", "");
+	fflush(stdout);
+}
+
+/* Bytes one peer put on the wire per operation (mean over the peers). */
+static double row_wire_bytes(const struct agg *a, const struct size_result *r)
+{
+	return a->nrep > 0 ? r->bytes_sent / a->nrep : 0.0;
+}
+
+/* fp32 bytes the frames carried over the bytes sent, headers included. */
+static double row_ratio(const struct size_result *r)
+{
+	return r->bytes_sent > 0 ? 4.0 * r->values_sent / r->bytes_sent : 0.0;
+}
+
+void print_row(struct agg *a, int s)
+{
+	const struct bench *b = a->b;
+	const struct size_result *r = &a->rows[s];
+	uint64_t bytes = b->sizes[s];
+	double algbw = r->time_us > 0 ? (double)bytes / r->time_us / 1e3 : 0.0;
+	double busbw = algbw * b->bus_factor;
+	char err[32], wrong[32], rms[32];
+
+	a->algbw[s] = algbw;
+	a->busbw[s] = busbw;
+	a->busbw_sum += busbw;
+	a->nrows++;
+	if (r->wrong >= 0) {
+		a->wrong_total += r->wrong;
+		a->counted++;
+	}
+	if (r->rms_err < 0 || a->rms_worst < 0)
+		a->rms_worst = -1.0;
+	else if (r->rms_err > a->rms_worst)
+		a->rms_worst = r->rms_err;
+	if (!a->print)
+		return;
+	if (r->max_err >= 0)
+		snprintf(err, sizeof(err), "%9.2e", r->max_err);
+	else
+		snprintf(err, sizeof(err), "%9s", "n/a");
+	if (r->wrong >= 0)
+		snprintf(wrong, sizeof(wrong), "%7" PRId64, r->wrong);
+	else
+		snprintf(wrong, sizeof(wrong), "%7s", "n/a");
+	if (r->rms_err >= 0)
+		snprintf(rms, sizeof(rms), "%9.2e", r->rms_err);
+	else
+		snprintf(rms, sizeof(rms), "%9s", "n/a");
+	printf("  %10" PRIu64 " %12" PRIu64 " %6s %10s %10s %6d %6d %10.1f %8.3f %8.3f %12.0f "
+	       "%6.2f %s %s %5d %6d %s\n",
+	       bytes, bytes / 4, "float", codec_name(r->codec), algo_name(b->cfg.algo),
+	       b->npeers, r->rounds, r->time_us, algbw, busbw, row_wire_bytes(a, r),
+	       row_ratio(r), err, wrong, r->lost, r->joined, rms);
+	fflush(stdout);
+	if (r->failed_peers > 0)
+		fprintf(stderr, PROG ": warning: size %" PRIu64 ": %d peer(s) dropped during the "
+			"averages\n", bytes, r->failed_peers);
+}
+
+/* Fold one peer's report of one size in; print rows as they complete. */
+void agg_add(struct agg *a, const struct size_result *in)
+{
+	uint32_t s = in->size_idx;
+	struct size_result *r;
+
+	if (s >= (uint32_t)a->b->nsizes)
+		return;
+	r = &a->rows[s];
+	if (a->count[s]++ == 0) {
+		*r = *in;
+	} else {
+		if (in->time_us > r->time_us)
+			r->time_us = in->time_us;
+		if (in->max_err > r->max_err)
+			r->max_err = in->max_err;
+		if (in->rms_err > r->rms_err)
+			r->rms_err = in->rms_err;
+		if (in->wrong < 0 || r->wrong < 0)
+			r->wrong = -1;
+		else
+			r->wrong += in->wrong;
+		if (in->rounds < r->rounds)
+			r->rounds = in->rounds;
+		if (in->peers < r->peers)
+			r->peers = in->peers;
+		if (in->failed_peers > r->failed_peers)
+			r->failed_peers = in->failed_peers;
+		if (in->checked > r->checked)
+			r->checked = in->checked;
+		r->bytes_sent += in->bytes_sent;
+		r->bytes_received += in->bytes_received;
+		r->values_sent += in->values_sent;
+	}
+	while (a->next < a->b->nsizes && a->count[a->next] == a->nrep) {
+		print_row(a, a->next);
+		a->next++;
+		progress(a);
+	}
+}
+
+static void print_footer(const struct agg *a)
+{
+	printf("# Avg bus bandwidth : %g\n", a->nrows ? a->busbw_sum / a->nrows : 0.0);
+	if (!a->counted)
+		printf("# Out of bounds values : n/a\n");
+	else
+		printf("# Out of bounds values : %" PRId64 " %s\n", a->wrong_total,
+		       a->wrong_total ? "FAILED" : "OK");
+	if (a->b->follow && a->b->intruders)
+		printf("# Intruders refused : %d of %d %s\n", a->intruders_refused,
+		       a->b->intruders, a->intruders_refused == a->b->intruders ? "OK" : "FAILED");
+	if (a->b->follow && a->b->check)
+		printf("# Log inconsistencies : %" PRId64 "\n", a->replay_problems);
+	printf("#\n");
+	fflush(stdout);
+}
+
+static void json_str(FILE *f, const char *s)
+{
+	/* The characters with a short escape, and the letter each takes after '\\'. */
+	static const char esc_from[] = "\"\\\n\r\t", esc_to[] = "\"\\nrt";
+
+	if (!s) {
+		fputs("null", f);
+		return;
+	}
+	fputc('"', f);
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+		const char *e = strchr(esc_from, ch);
+
+		if (e) {
+			fputc('\\', f);
+			fputc(esc_to[e - esc_from], f);
+		} else if (ch < 0x20) {
+			fprintf(f, "\\u%04x", ch);
+		} else {
+			fputc(ch, f);
+		}
+	}
+	fputc('"', f);
+}
+
+static void json_num(FILE *f, double v)
+{
+	if (isfinite(v))
+		fprintf(f, "%.6g", v);
+	else
+		fputs("null", f);
+}
+
+/* Results are written one object per line (bench_vs_mpi.sh relies on it). */
+static int write_json(const struct agg *a, const char *mode, int rank)
+{
+	const struct bench *b = a->b;
+	const struct mp_config *c = &b->cfg;
+	char g[96];
+	FILE *f = fopen(b->json, "w");
+
+	if (!f) {
+		fprintf(stderr, PROG ": cannot write %s: %s\n", b->json, strerror(errno));
+		return -1;
+	}
+	grid_format(&b->grid, g, sizeof(g));
+	fprintf(f, "{\n  \"settings\": {\n");
+	fprintf(f, "    \"version\": \"%d.%d.%d\",\n", MP_VERSION_MAJOR, MP_VERSION_MINOR,
+		MP_VERSION_PATCH);
+	fprintf(f, "    \"mode\": ");
+	json_str(f, mode);
+	fprintf(f, ",\n    \"rank\": %d,\n    \"transport\": ", rank);
+	json_str(f, b->transport);
+	fprintf(f, ",\n    \"peers\": %d,\n    \"algo\": ", b->npeers);
+	json_str(f, algo_name(c->algo));
+	fprintf(f, ",\n    \"grid\": ");
+	json_str(f, b->grid.given ? c->grid : NULL);
+	fprintf(f, ",\n    \"grid_assumed\": ");
+	json_str(f, g);
+	fprintf(f, ",\n    \"rounds\": %d,\n    \"rounds_effective\": %d,\n    \"codec\": ",
+		c->rounds, c->algo == MP_ALGO_MOSHPIT ? b->rounds_eff : 0);
+	json_str(f, codec_name(c->codec));
+	fprintf(f, ",\n    \"minbytes\": %" PRIu64 ",\n    \"maxbytes\": %" PRIu64
+		",\n    \"stepfactor\": %" PRIu64 ",\n", b->minbytes, b->maxbytes, b->stepfactor);
+	fprintf(f, "    \"iters\": %d,\n    \"warmup_iters\": %d,\n    \"check\": %d,\n",
+		b->iters, b->warmup, b->check);
+	fprintf(f, "    \"weighted\": %s,\n    \"seed\": %" PRIu64 ",\n    \"run\": ",
+		b->weighted ? "true" : "false", b->seed);
+	json_str(f, b->run);
+	fprintf(f, ",\n    \"hostfile\": ");
+	json_str(f, c->hostfile);
+	fprintf(f, ",\n    \"chunk_bytes\": %zu,\n    \"streams\": %d,\n", c->chunk_bytes,
+		c->streams);
+	fprintf(f, "    \"connect_timeout_ms\": %d,\n    \"round_timeout_ms\": %d,\n",
+		c->connect_timeout_ms, c->round_timeout_ms);
+	fprintf(f, "    \"exact\": %s,\n    \"tolerance\": ", b->exact ? "true" : "false");
+	json_num(f, b->tol);
+	fprintf(f, ",\n    \"rendezvous\": \"%s\",\n    \"followed\": %s,\n",
+		b->dht ? "dht" : "static", b->follow ? "true" : "false");
+	fprintf(f, "    \"total_rounds\": %d,\n    \"churn\": ", b->follow ? b->total_rounds : 0);
+	json_num(f, b->churn);
+	fprintf(f, ",\n    \"churn_end\": %d,\n    \"join\": %d,\n    \"late\": %d,\n"
+		"    \"intruders\": %d,\n    \"clients\": %d,\n    \"aux\": %d,\n"
+		"    \"faults\": [", b->churn > 0 ? b->churn_end : 0, b->join > 0, b->late,
+		b->intruders, b->clients, b->aux);
+	for (int k = 0; k < b->nfaults; k++) {
+		char spec[640];
+
+		snprintf(spec, sizeof(spec), "%d:%s", b->faults[k].index, b->faults[k].spec);
+		fprintf(f, "%s", k ? ", " : "");
+		json_str(f, spec);
+	}
+	fprintf(f, "],\n    \"max_rms\": ");
+	json_num(f, b->max_rms >= 0 ? b->max_rms : NAN);
+	if (b->follow)
+		fprintf(f, ",\n    \"replay_rtol\": %g,\n    \"replay_atol\": %g", replay_rtol(b),
+			replay_atol(b));
+	fprintf(f, "\n  },\n  \"results\": [\n");
+	for (int s = 0; s < a->nrows; s++) {
+		const struct size_result *r = &a->rows[s];
+
+		fprintf(f, "    {\"bytes\": %" PRIu64 ", \"count\": %" PRIu64 ", \"codec\": ",
+			b->sizes[s], b->sizes[s] / 4);
+		json_str(f, codec_name(r->codec));
+		fprintf(f, ", \"algo\": ");
+		json_str(f, algo_name(c->algo));
+		fprintf(f, ", \"peers\": %d, \"rounds\": %d, \"time_us\": ", b->npeers, r->rounds);
+		json_num(f, r->time_us);
+		fprintf(f, ", \"algbw_gbs\": ");
+		json_num(f, a->algbw[s]);
+		fprintf(f, ", \"busbw_gbs\": ");
+		json_num(f, a->busbw[s]);
+		fprintf(f, ", \"max_err\": ");
+		json_num(f, r->max_err >= 0 ? r->max_err : NAN);
+		fprintf(f, ", \"rms_err\": ");
+		json_num(f, r->rms_err >= 0 ? r->rms_err : NAN);
+		if (r->wrong >= 0)
+			fprintf(f, ", \"wrong\": %" PRId64, r->wrong);
+		else
+			fprintf(f, ", \"wrong\": null");
+		fprintf(f, ", \"bytes_sent\": ");
+		json_num(f, r->bytes_sent);
+		fprintf(f, ", \"bytes_received\": ");
+		json_num(f, r->bytes_received);
+		fprintf(f, ", \"wire_bytes\": ");
+		json_num(f, row_wire_bytes(a, r));
+		fprintf(f, ", \"ratio\": ");
+		json_num(f, row_ratio(r));
+		fprintf(f, ", \"checked\": %" PRId64 ", \"checked_after_flush\": %s", r->checked,
+			r->flushed ? "true" : "false");
+		fprintf(f, ", \"failed_peers\": %d, \"peers_lost\": %d, \"peers_joined\": %d, "
+			"\"client_reduces\": %d}%s\n", r->failed_peers, r->lost, r->joined,
+			r->client_reduces, s + 1 < a->nrows ? "," : "");
+	}
+	fprintf(f, "  ],\n  \"avg_busbw_gbs\": ");
+	json_num(f, a->nrows ? a->busbw_sum / a->nrows : 0.0);
+	if (b->follow)
+		fprintf(f, ",\n  \"intruders_refused\": %d,\n  \"log_inconsistencies\": %" PRId64,
+			a->intruders_refused, a->replay_problems);
+	if (a->counted)
+		fprintf(f, ",\n  \"out_of_bounds\": %" PRId64 "\n}\n", a->wrong_total);
+	else
+		fprintf(f, ",\n  \"out_of_bounds\": null\n}\n");
+	if (fclose(f) != 0) {
+		fprintf(stderr, PROG ": cannot write %s: %s\n", b->json, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int finish(struct agg *a, const char *mode, int rank, int failed)
+{
+	const struct bench *b = a->b;
+	int rc = failed ? EXIT_FAIL : EXIT_OK;
+
+	if (a->print && !failed) {
+		print_footer(a);
+		if (b->json && write_json(a, mode, rank) < 0)
+			rc = EXIT_FAIL;
+	}
+	if (b->max_rms >= 0 && a->nrows > 0 && !(a->rms_worst >= 0 && a->rms_worst <= b->max_rms)) {
+		if (a->rms_worst < 0)
+			fprintf(stderr, PROG ": rms_err was not measured (--max-rms needs --check=1)\n");
+		else
+			fprintf(stderr, PROG ": rms_err %g exceeds --max-rms=%g\n", a->rms_worst,
+				b->max_rms);
+		rc = EXIT_FAIL;
+	}
+	if (a->wrong_total > 0) {
+		if (a->print)
+			fprintf(stderr, PROG ": %" PRId64 " value(s) out of bounds (tolerance %g)\n",
+				a->wrong_total, b->tol);
+		else
+			fprintf(stderr, PROG ": rank %d: %" PRId64 " value(s) out of bounds "
+				"(tolerance %g)\n", rank, a->wrong_total, b->tol);
+		rc = EXIT_FAIL;
+	}
+	return rc;
+}
