@@ -41,6 +41,7 @@
 
 #include "codec.h"
 #include "cli.h"
+#include "clock.h"
 #include "mp_kernels.h"
 
 #define PROG "codecbench"
@@ -114,14 +115,6 @@ struct row {
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                             */
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /*
  * Tells the compiler that memory behind @p is read and written here, so a
@@ -358,7 +351,7 @@ static double time_memcpy(struct bench *b, const float *x)
 	double best = INFINITY;
 
 	for (int it = 0; it < b->o->warmup + b->o->iters; it++) {
-		double t0 = now_s(), t;
+		double t0 = mp_now_s(), t;
 
 		for (size_t i = 0; i < b->nchunks; i++) {
 			size_t first = i * b->per;
@@ -366,7 +359,7 @@ static double time_memcpy(struct bench *b, const float *x)
 			memcpy(b->out + first, x + first, chunk_count(b, i) * sizeof(float));
 		}
 		clobber(b->out);
-		t = now_s() - t0;
+		t = mp_now_s() - t0;
 		if (it >= b->o->warmup && t < best)
 			best = t;
 	}
@@ -419,10 +412,10 @@ static int measure(struct bench *b, const struct mp_codec_ops *c, int kind, stru
 
 		if (sparse)
 			memset(b->residue, 0, b->count * sizeof(float));
-		t0 = now_s();
+		t0 = mp_now_s();
 		if (encode_all(b, c, x, sparse ? b->residue : NULL) < 0)
 			return -1;
-		t = now_s() - t0;
+		t = mp_now_s() - t0;
 		if (it >= o->warmup && t < best)
 			best = t;
 	}
@@ -434,10 +427,10 @@ static int measure(struct bench *b, const struct mp_codec_ops *c, int kind, stru
 		double t0, t;
 
 		memset(b->out, 0, b->count * sizeof(float));
-		t0 = now_s();
+		t0 = mp_now_s();
 		if (decode_all(b, c, 1) < 0)
 			return -1;
-		t = now_s() - t0;
+		t = mp_now_s() - t0;
 		if (it >= o->warmup && t < best)
 			best = t;
 	}

@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "mpsim_core.h"
 
 #define PROG "mpsim"
@@ -286,14 +287,6 @@ static void make_cfg(const struct opts *o, int algo, int peers, double fail, str
 			    "on a cell of its own", peers, grid, (unsigned long long)cells);
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Largest |a - b| over @n values. */
 static double max_diff(const double *a, const double *b, size_t n)
 {
@@ -496,7 +489,7 @@ int main(int argc, char **argv)
 	       o.len, o.len == 1 ? "" : "s", o.coords == MPSIM_COORDS_FIXED ? "fixed" : "matchmaker");
 	printf("# %8s %9s %10s %6s %7s %12s %11s %7s %10s %10s\n", "algo", "peers", "grid", "group",
 	       "fail", "mean_rounds", "std_rounds", "capped", "rate", "theory");
-	t0 = now_s();
+	t0 = mp_now_s();
 	for (int i = 0; i < n; i++) {
 		rc = run_config(&o, &res[i], csv);
 		if (rc) {
@@ -512,7 +505,7 @@ int main(int argc, char **argv)
 		       "# round of r random groups, (r-1)/(N-1) without failures, else\n"
 		       "# p + (sum_g (1-p^M_g) - 1 + p)/(N-1) (moshpit: the grid's lines along\n"
 		       "# each dim as the groups, geometric mean over the dims)\n");
-		printf("# %d configuration%s in %.2f s\n", n, n == 1 ? "" : "s", now_s() - t0);
+		printf("# %d configuration%s in %.2f s\n", n, n == 1 ? "" : "s", mp_now_s() - t0);
 	}
 	if (csv && fclose(csv) != 0 && !rc) {
 		fprintf(stderr, PROG ": cannot write %s: %s\n", o.csv, strerror(errno));

@@ -19,6 +19,17 @@ static inline uint64_t mp_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The same in milliseconds, and in seconds (for the tools' rates). */
+static inline uint64_t mp_now_ms(void)
+{
+	return mp_now_ns() / 1000000u;
+}
+
+static inline double mp_now_s(void)
+{
+	return (double)mp_now_ns() * 1e-9;
+}
+
 /*
  * Wall-clock milliseconds since the epoch: only for what peers compare
  * across machines (record stamps), never for a timeout.

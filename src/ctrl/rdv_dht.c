@@ -63,6 +63,7 @@
 
 #include <opendht/opendht_c.h>
 
+#include "clock.h"
 #include "le.h"
 #include "log.h"
 #include "rdv.h"
@@ -152,14 +153,6 @@ struct rdv_dht {
 	uint64_t last_warn_ms;
 	uint64_t unlogged;       /* refusals since the last warning line */
 };
-
-static uint64_t mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* Wait on st->cv for at most @ms; the mutex is held. */
 static void wait_ms(struct rdv_dht *st, uint64_t ms)
@@ -698,12 +691,12 @@ static int welcome_take(struct rdv_dht *st, const uint8_t *p, size_t len)
  * same, only later. */
 static void welcome_ask(struct rdv_dht *st, const char *list, const uint8_t *give, size_t glen)
 {
-	uint64_t start = mono_ms();
+	uint64_t start = mp_now_ms();
 	char *copy = strdup(list), *save = NULL;
 
 	if (!copy)
 		return;
-	for (char *tok = strtok_r(copy, ", ", &save); tok && mono_ms() - start < WELCOME_TOTAL_MS;
+	for (char *tok = strtok_r(copy, ", ", &save); tok && mp_now_ms() - start < WELCOME_TOTAL_MS;
 	     tok = strtok_r(NULL, ", ", &save)) {
 		uint8_t *p;
 		size_t len;
@@ -745,7 +738,7 @@ static void dht_fini(void *arg)
 		pthread_join(st->refresher, NULL);
 	}
 	if (st->runner) {
-		uint64_t deadline = mono_ms() + SHUTDOWN_WAIT_MS;
+		uint64_t deadline = mp_now_ms() + SHUTDOWN_WAIT_MS;
 
 		pthread_mutex_lock(&st->mu);
 		ls[0] = st->ep[0];
@@ -766,7 +759,7 @@ static void dht_fini(void *arg)
 		dht_runner_shutdown(st->runner, on_shutdown, st);
 		pthread_mutex_lock(&st->mu);
 		while (!st->shut_done && st->byes_in_flight > 0) {
-			uint64_t now = mono_ms();
+			uint64_t now = mp_now_ms();
 
 			if (now >= deadline)
 				break;

@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "inet.h"
 #include "le.h"
 #include "log.h"
@@ -64,14 +65,6 @@ struct mp_welcome {
 	uint8_t *buf;      /* the answer: header then payload */
 };
 
-static uint64_t mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Move all @len bytes (send with @out, else receive) by @deadline. 0,
  * -ETIMEDOUT, -ECONNRESET (the other side closed), or a socket error. */
 static int xfer(int fd, void *buf, size_t len, uint64_t deadline, int out)
@@ -94,7 +87,7 @@ static int xfer(int fd, void *buf, size_t len, uint64_t deadline, int out)
 			continue;
 		if (errno != EAGAIN && errno != EWOULDBLOCK)
 			return -errno;
-		now = mono_ms();
+		now = mp_now_ms();
 		if (now >= deadline)
 			return -ETIMEDOUT;
 		if (poll(&pfd, 1, (int)(deadline - now)) < 0 && errno != EINTR)
@@ -127,7 +120,7 @@ static int step_mac(const struct mp_auth *a, enum mp_auth_domain d, const uint8_
 
 static void refuse(struct mp_welcome *w, const struct sockaddr_storage *ss, const char *why)
 {
-	uint64_t n = __atomic_add_fetch(&w->refused, 1, __ATOMIC_RELAXED), now = mono_ms();
+	uint64_t n = __atomic_add_fetch(&w->refused, 1, __ATOMIC_RELAXED), now = mp_now_ms();
 	char name[MP_ADDR_STRLEN];
 
 	if (now - w->last_warn_ms < WARN_EVERY_MS && w->last_warn_ms)
@@ -139,7 +132,7 @@ static void refuse(struct mp_welcome *w, const struct sockaddr_storage *ss, cons
 
 static void serve(struct mp_welcome *w, int fd, const struct sockaddr_storage *ss)
 {
-	uint64_t deadline = mono_ms() + SERVE_MS;
+	uint64_t deadline = mp_now_ms() + SERVE_MS;
 	uint8_t hello[HELLO_LEN], ask[ASK_LEN], gift[MP_WELCOME_GIVE_MAX], *nonce_s = hello + 5;
 	size_t len, glen;
 	int rc;
@@ -283,7 +276,7 @@ static int dial(const char *addr, uint64_t deadline, int *out)
 	}
 	for (;;) {
 		struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-		uint64_t now = mono_ms();
+		uint64_t now = mp_now_ms();
 		int err = 0;
 		socklen_t el = sizeof(err);
 
@@ -305,7 +298,7 @@ static int dial(const char *addr, uint64_t deadline, int *out)
 int mp_welcome_ask(const struct mp_auth *a, uint64_t run_id, const char *addr, int timeout_ms,
 		   const uint8_t *give, size_t give_len, uint8_t **payload, size_t *len)
 {
-	uint64_t deadline = mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
+	uint64_t deadline = mp_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
 	uint8_t hello[HELLO_LEN], ask[ASK_LEN], hdr[GIVE_HDR_LEN], *buf = NULL;
 	size_t n;
 	int fd = -1, rc;

@@ -43,7 +43,7 @@ int set_nonblock(int fd)
 static int fd_write_all(int fd, const void *buf, size_t len, int timeout_ms)
 {
 	const char *p = buf;
-	int64_t deadline = now_ms() + timeout_ms;
+	int64_t deadline = (int64_t)mp_now_ms() + timeout_ms;
 
 	while (len > 0) {
 		ssize_t n = write(fd, p, len);
@@ -58,7 +58,7 @@ static int fd_write_all(int fd, const void *buf, size_t len, int timeout_ms)
 		if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
 			return -errno;
 
-		int64_t left = deadline - now_ms();
+		int64_t left = deadline - (int64_t)mp_now_ms();
 		struct pollfd pfd = { .fd = fd, .events = POLLOUT };
 
 		if (left <= 0)
@@ -79,10 +79,10 @@ static int fd_read_all(int fd, void *buf, size_t len, int timeout_ms)
 {
 	char *p = buf;
 	size_t got = 0;
-	int64_t deadline = now_ms() + timeout_ms;
+	int64_t deadline = (int64_t)mp_now_ms() + timeout_ms;
 
 	while (got < len) {
-		int64_t left = deadline - now_ms();
+		int64_t left = deadline - (int64_t)mp_now_ms();
 		struct pollfd pfd = { .fd = fd, .events = POLLIN };
 		int rc = poll(&pfd, 1, clamp_ms(left));
 

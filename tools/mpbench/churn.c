@@ -172,7 +172,7 @@ static int fspawn(struct fcoord *fc, int role, int npeers, const char *bootstrap
 		 (unsigned long long)fp->s.id);
 	unlink(fp->s.log); /* a kept directory from an earlier run */
 	fp->id = fp->s.id;
-	fp->seen = now_ms();
+	fp->seen = (int64_t)mp_now_ms();
 
 	snprintf(what, sizeof(what), "%s %d", role_names[role], fp->s.idx);
 	pid = fork_peer(what, fds);
@@ -245,7 +245,7 @@ out:
 /* Wait up to @ms for the peer to exit; 1 with its status, else 0. */
 static int freap(struct fpeer *fp, int ms, int *status)
 {
-	int64_t deadline = now_ms() + ms;
+	int64_t deadline = (int64_t)mp_now_ms() + ms;
 
 	while (fp->pid > 0) {
 		pid_t w = waitpid(fp->pid, status, WNOHANG);
@@ -254,7 +254,7 @@ static int freap(struct fpeer *fp, int ms, int *status)
 			fp->pid = 0;
 			return 1;
 		}
-		if ((w < 0 && errno != EINTR) || now_ms() > deadline)
+		if ((w < 0 && errno != EINTR) || (int64_t)mp_now_ms() > deadline)
 			return 0;
 		usleep(2000);
 	}
@@ -394,7 +394,7 @@ static int fhandle(struct fcoord *fc, struct fpeer *fp, struct msg *m)
 	size_t vbytes = (size_t)(b->sizes[0] / 4) * sizeof(float);
 	char name[160];
 
-	fp->seen = now_ms();
+	fp->seen = (int64_t)mp_now_ms();
 	fpeer_name(fp, name, sizeof(name));
 	switch (m->type) {
 	case MSG_ADDR:
@@ -499,8 +499,8 @@ static int fdrive(struct fcoord *fc)
 			return -1;
 		/* The others bootstrap from peer 0's node: wait until it is up
 		 * (bounded; they retry bootstrapping anyway). */
-		deadline = now_ms() + 5000;
-		while (!udp_port_bound(port) && now_ms() < deadline) {
+		deadline = (int64_t)mp_now_ms() + 5000;
+		while (!udp_port_bound(port) && (int64_t)mp_now_ms() < deadline) {
 			if (freap(&fc->p[0], 0, &status)) {
 				fprintf(stderr, PROG ": peer 0 exited before its DHT node was up\n");
 				return -1;
@@ -520,7 +520,7 @@ static int fdrive(struct fcoord *fc)
 		struct msg m = { 0 };
 		int got = frecv(fc, &m, 200), running = 0, initial_running = 0, started = 1,
 		    past1 = 1, any_done = 0;
-		int64_t t = now_ms();
+		int64_t t = (int64_t)mp_now_ms();
 
 		if (got < 0) {
 			fprintf(stderr, PROG ": waiting for peers: %s\n", strerror(-got));

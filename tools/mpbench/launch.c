@@ -115,12 +115,12 @@ static void coord_kill_all(struct coord *c)
 	for (int r = 0; r < c->n; r++)
 		if (c->pid[r] > 0)
 			kill(c->pid[r], SIGKILL);
-	deadline = now_ms() + 5000;
+	deadline = (int64_t)mp_now_ms() + 5000;
 	for (int r = 0; r < c->n; r++) {
 		while (c->pid[r] > 0) {
 			pid_t w = waitpid(c->pid[r], NULL, WNOHANG);
 
-			if (w == c->pid[r] || (w < 0 && errno != EINTR) || now_ms() > deadline) {
+			if (w == c->pid[r] || (w < 0 && errno != EINTR) || (int64_t)mp_now_ms() > deadline) {
 				c->pid[r] = 0;
 				break;
 			}
@@ -134,13 +134,13 @@ static void report_eof(struct coord *c, int r)
 {
 	char name[64], how[96];
 	int status = 0;
-	int64_t deadline = now_ms() + 2000;
+	int64_t deadline = (int64_t)mp_now_ms() + 2000;
 	pid_t w = 0;
 
 	peer_name(c, r, name, sizeof(name));
 	while (c->pid && c->pid[r] > 0) {
 		w = waitpid(c->pid[r], &status, WNOHANG);
-		if (w != 0 || now_ms() > deadline)
+		if (w != 0 || (int64_t)mp_now_ms() > deadline)
 			break;
 		usleep(2000);
 	}
@@ -169,11 +169,11 @@ static int coordinate(const struct bench *b, struct coord *c, struct agg *a)
 	char name[64];
 
 	for (int r = 0; r < n; r++)
-		seen[r] = now_ms();
+		seen[r] = (int64_t)mp_now_ms();
 	while (ndone < n) {
 		struct msg m = { 0 };
 		int got = coord_recv(c, &m, 1000);
-		int64_t t = now_ms();
+		int64_t t = (int64_t)mp_now_ms();
 
 		if (got < 0) {
 			fprintf(stderr, PROG ": waiting for peers: %s\n", strerror(-got));
@@ -276,7 +276,7 @@ out:
 /* Reap children that said they are done; 0 if all exited cleanly. */
 static int reap_children(const struct bench *b, struct coord *c)
 {
-	int64_t deadline = now_ms() + 10000 + (b->cfg.connect_timeout_ms > 0 ?
+	int64_t deadline = (int64_t)mp_now_ms() + 10000 + (b->cfg.connect_timeout_ms > 0 ?
 					     b->cfg.connect_timeout_ms : 10000);
 	int rc = 0;
 
@@ -301,7 +301,7 @@ static int reap_children(const struct bench *b, struct coord *c)
 				c->pid[r] = 0;
 				break;
 			}
-			if (now_ms() > deadline) {
+			if ((int64_t)mp_now_ms() > deadline) {
 				fprintf(stderr, PROG ": %s did not exit after finishing; killing it\n",
 					name);
 				rc = -1;

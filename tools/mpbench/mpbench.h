@@ -23,6 +23,7 @@
 
 #include <moshpit/moshpit.h>
 #include "cli.h"
+#include "clock.h"
 
 #define PROG "mpbench"
 
@@ -313,8 +314,6 @@ int run_multi(struct bench *b, const char *how);
 /* ------------------------------------------------------------------------ */
 /* Small helpers (mpbench.c)                                                 */
 
-double now_s(void);
-int64_t now_ms(void);
 void die_oom(void);
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t sz);

@@ -39,7 +39,7 @@ static void peer_heartbeat(struct peer *p)
 
 	if (!p->up)
 		return;
-	t = now_s();
+	t = mp_now_s();
 	if (t - p->last_hb < HEARTBEAT_S)
 		return;
 	p->last_hb = t;
@@ -140,9 +140,9 @@ static int peer_average(struct peer *p, float *buf, size_t count, float weight, 
 			 mp_last_error(p->ctx));
 		return rc;
 	}
-	t0 = now_s();
+	t0 = mp_now_s();
 	rc = mp_wait(req, p->b->op_cap_ms, res);
-	if (rc == -ETIMEDOUT && now_s() - t0 >= p->b->op_cap_ms * 1e-3 - 0.05) {
+	if (rc == -ETIMEDOUT && mp_now_s() - t0 >= p->b->op_cap_ms * 1e-3 - 0.05) {
 		snprintf(why, whylen, "no completion within the safety limit of %d s "
 			 "(the library's own deadlines did not fire)", p->b->op_cap_ms / 1000);
 		return rc;
@@ -213,9 +213,9 @@ int peer_bench(struct peer *p)
 					break;
 				}
 			}
-			t0 = now_s();
+			t0 = mp_now_s();
 			rc = peer_average(p, buf, count, w, mr, &res, why, sizeof(why));
-			t1 = now_s();
+			t1 = mp_now_s();
 			if (rc) {
 				peer_fail(p, "size %" PRIu64 " B, iteration %d: %s", bytes, it, why);
 				break;
@@ -300,7 +300,7 @@ static int peer_exchange(struct peer *p)
 	rc = chan_send(p->up, MSG_ADDR, p->rank, addr, (uint32_t)strlen(addr), b->silence_ms);
 	if (rc)
 		goto out;
-	p->last_hb = now_s();
+	p->last_hb = mp_now_s();
 
 	rc = chan_recv(p->down, &m, clamp_ms((int64_t)b->silence_ms * 2));
 	if (rc <= 0 || m.type != MSG_PEERS || !m.data) {
@@ -478,9 +478,9 @@ static int follow_rounds(struct peer *p, const struct fspec *s, struct summary *
 		if (stop_requested(p))
 			break;
 		memset(&res, 0, sizeof(res));
-		t0 = now_s();
+		t0 = mp_now_s();
 		rc = peer_average(p, buf, count, w, NULL, &res, why, sizeof(why));
-		t1 = now_s();
+		t1 = mp_now_s();
 		/* A round whose whole group failed is not the end of the run;
 		 * an intruder's refusals are what it is here for. */
 		if (rc && rc != -EHOSTUNREACH && s->role != ROLE_INTRUDER) {
@@ -600,7 +600,7 @@ int follow_peer(const struct bench *b, const struct fspec *s, const struct chan 
 		peer_fail(&p, "mp_init: %s: %s", mp_strerror(rc), mp_last_error(NULL));
 		return -1;
 	}
-	p.last_hb = now_s();
+	p.last_hb = mp_now_s();
 	if (!b->dht)
 		rc = peer_exchange(&p);
 	if (rc == 0) {
