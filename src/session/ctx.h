@@ -2,9 +2,10 @@
 /*
  * The context as the layers from the session up see it: configuration, the
  * transport instance, the peer table (who the peers are: peers.c) and the
- * frame memory. The connections to the peers are conn.c's (conn.h). Its control-plane state is the control layer's
- * (src/ctrl), reached through opaque pointers; the request queue and the
- * progress thread are the core's (src/core), which alone touches them.
+ * frame memory. The connections to the peers are conn.c's (conn.h). The
+ * control plane's state is the control layer's (src/ctrl), reached through
+ * opaque pointers; the request queue and the progress thread are the
+ * core's (src/core), which alone touches them.
  */
 #ifndef MP_CTX_H
 #define MP_CTX_H
@@ -60,6 +61,7 @@ int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double band
 void mp_peer_suspect(struct mp_ctx *ctx, int idx, const char *why);
 
 enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_STAGE, MP_SCR_MAX };
+
 struct mp_ctx {
 	/* configuration, with strings owned */
 	struct mp_config cfg;
