@@ -975,7 +975,7 @@ static void log_capture(void)
 	assert_true(fd >= 0);
 	fflush(stderr);
 	/* A hello cut short is churn as much as an attack: logged at INFO. */
-	log_level_saved = mp_log_level;
+	log_level_saved = mp_log_get_level();
 	mp_log_set_level(MP_LOG_INFO);
 	log_saved = dup(2);
 	assert_true(log_saved >= 0);

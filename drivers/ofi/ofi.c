@@ -59,7 +59,8 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
-#include "log.h"
+#include <moshpit/driver_sdk.h>
+
 #include "mp_build_config.h"
 #include "../rdma/prov.h"
 

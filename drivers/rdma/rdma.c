@@ -54,12 +54,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <moshpit/driver_sdk.h>
+
 #include "inet.h"
-#include "le.h"
-#include "log.h"
 #include "mp_build_config.h"
 #include "rdma.h"
-#include "reqq.h"
 #include "sockconn.h"
 
 #define RDMA_QDEPTH 64                 /* posted requests per direction; CTS ring slots */
@@ -91,9 +90,6 @@
 /* magic, version, blob length, provider, ring address, ring key, blob */
 #define RDMA_HELLO_LEN (4 + 2 + 2 + RDMA_PROV_NAME + 8 + 8 + MP_RDMA_EP_BLOB_MAX)
 #define RDMA_ACK_LEN 4
-
-#define rdma_container_of(ptr, type, member) \
-	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 _Static_assert(RDMA_MAX_MSG <= RDMA_IMM_LEN, "lengths must fit the immediate");
 
@@ -229,7 +225,7 @@ struct rdma_drv {
 
 static inline struct rdma_drv *rdma_drv_of(struct mp_drv *d)
 {
-	return rdma_container_of(d, struct rdma_drv, base);
+	return mp_container_of(d, struct rdma_drv, base);
 }
 
 static inline struct rdma_conn *rdma_conn_of(struct mp_drv_conn *c)
@@ -240,26 +236,13 @@ static inline struct rdma_conn *rdma_conn_of(struct mp_drv_conn *c)
 /* The connection at @l of d->sp.conns; NULL at the end. */
 static inline struct rdma_conn *conn_at(struct mp_sock_link *l)
 {
-	return l ? rdma_container_of(l, struct rdma_conn, sk.link) : NULL;
+	return l ? mp_container_of(l, struct rdma_conn, sk.link) : NULL;
 }
 
 static void conn_fail(struct rdma_conn *c, int err);
 static void conn_pump(struct rdma_conn *c);
 
 /* ---- little helpers ---------------------------------------------------- */
-
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int64_t now_ms(void)
-{
-	return now_ns() / 1000000;
-}
 
 /* a was before b, modulo 2^32 */
 static int seq_before(uint32_t a, uint32_t b)
@@ -757,7 +740,7 @@ static void conn_io(struct rdma_conn *c)
 				mp_sock_close(&c->drv->sp, &c->sk);
 				if (c->state == RDMA_OPEN &&
 				    (c->rcts.n || c->rq.n || c->sq.n || c->sfly.n))
-					c->deadline = now_ms() + RDMA_EOF_GRACE_MS;
+					c->deadline = (int64_t)mp_now_ms() + RDMA_EOF_GRACE_MS;
 				else
 					conn_fail(c, -ECONNRESET);
 			}
@@ -816,7 +799,7 @@ static struct rdma_conn *conn_new(struct rdma_drv *d, int fd, const struct socka
 	c->drv = d;
 	c->state = RDMA_CONNECTING;
 	c->id = ++d->next_id ? d->next_id : ++d->next_id; /* 0 names nothing */
-	c->deadline = now_ms() + d->timeout_ms;
+	c->deadline = (int64_t)mp_now_ms() + d->timeout_ms;
 	/* registered from the start so errors are seen */
 	if (mp_sock_add(&d->sp, &c->sk, fd, EPOLLOUT, peer)) {
 		free(c);
@@ -1270,10 +1253,10 @@ static int drain_events(struct rdma_drv *d)
 			mp_sock_wake_ack(&d->sp);
 			break;
 		case MP_SOCK_LISTENER:
-			listener_drain(rdma_container_of(ev, struct rdma_listener, sk.ep));
+			listener_drain(mp_container_of(ev, struct rdma_listener, sk.ep));
 			break;
 		case MP_SOCK_CONN:
-			conn_event(rdma_container_of(ev, struct rdma_conn, sk.ep), evs[i].events);
+			conn_event(mp_container_of(ev, struct rdma_conn, sk.ep), evs[i].events);
 			break;
 		}
 	}
@@ -1282,7 +1265,7 @@ static int drain_events(struct rdma_drv *d)
 
 static void check_deadlines(struct rdma_drv *d)
 {
-	int64_t now = now_ms();
+	int64_t now = (int64_t)mp_now_ms();
 	struct rdma_conn *c, *next;
 
 	for (c = conn_at(d->sp.conns); c; c = next) {
@@ -1315,7 +1298,7 @@ static void check_deadlines(struct rdma_drv *d)
 static int rdma_progress(struct mp_drv *dp, int timeout_ms)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
-	int64_t start = now_ns();
+	int64_t start = (int64_t)mp_now_ns();
 	int64_t end = timeout_ms < 0 ? INT64_MAX : start + (int64_t)timeout_ms * 1000000;
 	int64_t step = 20000;
 
@@ -1330,7 +1313,7 @@ static int rdma_progress(struct mp_drv *dp, int timeout_ms)
 				conn_pump(c);
 		n += drain_events(d);
 		check_deadlines(d);
-		now = now_ns();
+		now = (int64_t)mp_now_ns();
 		if (n || now >= end)
 			return 0;
 		if (now - start >= RDMA_SPIN_NS) {
@@ -1423,7 +1406,6 @@ int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops
 
 	if (!out || !self || !prov)
 		return -EINVAL;
-	mp_log_init();
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;
@@ -1474,7 +1456,7 @@ static void rdma_fini(struct mp_drv *dp)
 		conn_free(conn_at(d->sp.conns));
 	while (d->sp.listeners) {
 		struct rdma_listener *l =
-			rdma_container_of(d->sp.listeners, struct rdma_listener, sk.link);
+			mp_container_of(d->sp.listeners, struct rdma_listener, sk.link);
 
 		rdma_close_listener((struct mp_drv_listener *)(void *)l);
 	}

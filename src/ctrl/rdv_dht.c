@@ -62,8 +62,8 @@
 #include <time.h>
 
 #include <opendht/opendht_c.h>
+#include <moshpit/sdk/le.h>
 
-#include "le.h"
 #include "log.h"
 #include "rdv.h"
 #include "welcome.h"

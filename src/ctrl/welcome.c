@@ -32,9 +32,9 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <moshpit/sdk/le.h>
 
 #include "inet.h"
-#include "le.h"
 #include "log.h"
 #include "welcome.h"
 
