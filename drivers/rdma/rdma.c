@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * The clear-to-send protocol over an RDMA provider (prov.h), written once
- * and exported as the "verbs" and "ofi" transports (doc/protocol.md,
- * "RDMA: clear to send").
+ * (doc/protocol.md, "RDMA: clear to send"). Each provider makes a transport
+ * of it with a driver table of its own (rdma.h: MP_RDMA_DRIVER_OPS, and an
+ * init that hands mp_rdma_init its provider table): verbs, ofi, a test's
+ * fake. Nothing here names them.
  *
  * Set-up: listen opens a TCP side channel; its "host:port" is the address.
  * connect dials it and both sides swap a hello { magic, version, provider
@@ -57,7 +59,6 @@
 #include <moshpit/driver_sdk.h>
 
 #include "inet.h"
-#include "mp_build_config.h"
 #include "rdma.h"
 #include "sockconn.h"
 
@@ -820,7 +821,7 @@ static void conn_free(struct rdma_conn *c)
 	free(c);
 }
 
-static int rdma_connect(struct mp_drv *dp, const void *blob, size_t len, struct mp_drv_conn **out)
+int mp_rdma_connect(struct mp_drv *dp, const void *blob, size_t len, struct mp_drv_conn **out)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 	unsigned char eblob[MP_RDMA_EP_BLOB_MAX];
@@ -860,7 +861,7 @@ static int rdma_connect(struct mp_drv *dp, const void *blob, size_t len, struct 
 	return 0;
 }
 
-static void rdma_close(struct mp_drv_conn *cp)
+void mp_rdma_close(struct mp_drv_conn *cp)
 {
 	struct rdma_conn *c = rdma_conn_of(cp);
 
@@ -872,8 +873,8 @@ static void rdma_close(struct mp_drv_conn *cp)
 
 /* ---- listeners --------------------------------------------------------- */
 
-static int rdma_listen(struct mp_drv *dp, const char *bind_text, void *blob, size_t *len,
-		       struct mp_drv_listener **out)
+int mp_rdma_listen(struct mp_drv *dp, const char *bind_text, void *blob, size_t *len,
+		   struct mp_drv_listener **out)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 	struct rdma_listener *l;
@@ -928,7 +929,7 @@ static void listener_drain(struct rdma_listener *l)
 	}
 }
 
-static int rdma_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
+int mp_rdma_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
 {
 	struct rdma_listener *l = (struct rdma_listener *)(void *)lp;
 	struct rdma_conn *c;
@@ -944,7 +945,7 @@ static int rdma_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
 	return 0;
 }
 
-static void rdma_close_listener(struct mp_drv_listener *lp)
+void mp_rdma_close_listener(struct mp_drv_listener *lp)
 {
 	struct rdma_listener *l = (struct rdma_listener *)(void *)lp;
 	struct rdma_drv *d;
@@ -965,8 +966,8 @@ static void rdma_close_listener(struct mp_drv_listener *lp)
 
 /* ---- posting ----------------------------------------------------------- */
 
-static int rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovcnt,
-		      struct mp_drv_mr *mr, struct mp_drv_req **out)
+int mp_rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovcnt,
+		  struct mp_drv_mr *mr, struct mp_drv_req **out)
 {
 	struct rdma_conn *c = rdma_conn_of(cp);
 	struct rdma_drv *d;
@@ -1031,8 +1032,8 @@ static int rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovc
 	return 0;
 }
 
-static int rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_drv_mr *mr,
-		      struct mp_drv_req **out)
+int mp_rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_drv_mr *mr,
+		  struct mp_drv_req **out)
 {
 	struct rdma_conn *c = rdma_conn_of(cp);
 	struct rdma_drv *d;
@@ -1071,7 +1072,7 @@ static int rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_d
 	return 0;
 }
 
-static int rdma_test(struct mp_drv_req *rp, int *done, size_t *nbytes)
+int mp_rdma_test(struct mp_drv_req *rp, int *done, size_t *nbytes)
 {
 	struct rdma_req *r = (struct rdma_req *)(void *)rp;
 
@@ -1295,7 +1296,7 @@ static void check_deadlines(struct rdma_drv *d)
  * CQ, spinning RDMA_SPIN_NS and then sleeping in growing steps of at most
  * RDMA_SLEEP_MAX_NS on the epoll set; a wake or socket event ends a sleep.
  */
-static int rdma_progress(struct mp_drv *dp, int timeout_ms)
+int mp_rdma_progress(struct mp_drv *dp, int timeout_ms)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 	int64_t start = (int64_t)mp_now_ns();
@@ -1332,15 +1333,15 @@ static int rdma_progress(struct mp_drv *dp, int timeout_ms)
 	}
 }
 
-static void rdma_wake(struct mp_drv *dp)
+void mp_rdma_wake(struct mp_drv *dp)
 {
 	mp_sock_wake(&rdma_drv_of(dp)->sp);
 }
 
 /* ---- memory ------------------------------------------------------------ */
 
-static int rdma_reg_mr(struct mp_drv *dp, void *buf, size_t len, enum mp_mem_kind kind,
-		       struct mp_drv_mr **out)
+int mp_rdma_reg_mr(struct mp_drv *dp, void *buf, size_t len, enum mp_mem_kind kind,
+		   struct mp_drv_mr **out)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 	struct rdma_mr *w;
@@ -1365,7 +1366,7 @@ static int rdma_reg_mr(struct mp_drv *dp, void *buf, size_t len, enum mp_mem_kin
 	return 0;
 }
 
-static void rdma_dereg_mr(struct mp_drv *dp, struct mp_drv_mr *mr)
+void mp_rdma_dereg_mr(struct mp_drv *dp, struct mp_drv_mr *mr)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 	struct rdma_mr *w = (struct rdma_mr *)(void *)mr;
@@ -1384,7 +1385,7 @@ static void rdma_dereg_mr(struct mp_drv *dp, struct mp_drv_mr *mr)
 
 /* ---- instance ---------------------------------------------------------- */
 
-static int rdma_query(struct mp_drv *dp, struct mp_drv_caps *caps)
+int mp_rdma_query(struct mp_drv *dp, struct mp_drv_caps *caps)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 
@@ -1445,7 +1446,7 @@ err_free:
 	return rc;
 }
 
-static void rdma_fini(struct mp_drv *dp)
+void mp_rdma_fini(struct mp_drv *dp)
 {
 	struct rdma_drv *d;
 
@@ -1458,10 +1459,10 @@ static void rdma_fini(struct mp_drv *dp)
 		struct rdma_listener *l =
 			mp_container_of(d->sp.listeners, struct rdma_listener, sk.link);
 
-		rdma_close_listener((struct mp_drv_listener *)(void *)l);
+		mp_rdma_close_listener((struct mp_drv_listener *)(void *)l);
 	}
 	while (d->mrs)
-		rdma_dereg_mr(dp, (struct mp_drv_mr *)(void *)d->mrs);
+		mp_rdma_dereg_mr(dp, (struct mp_drv_mr *)(void *)d->mrs);
 	while (d->bounce_free) {
 		struct rdma_bounce *b = d->bounce_free;
 
@@ -1475,61 +1476,3 @@ static void rdma_fini(struct mp_drv *dp)
 	free(d);
 }
 
-#define RDMA_OPS_COMMON                          \
-	.size = sizeof(struct mp_driver_ops),    \
-	.abi = MP_DRIVER_ABI,                    \
-	.fini = rdma_fini,                       \
-	.query = rdma_query,                     \
-	.addr_parse = mp_inet_addr_parse,           \
-	.addr_format = mp_inet_addr_format,         \
-	.listen = rdma_listen,                   \
-	.accept = rdma_accept,                   \
-	.close_listener = rdma_close_listener,   \
-	.connect = rdma_connect,                 \
-	.close = rdma_close,                     \
-	.reg_mr = rdma_reg_mr,                   \
-	.dereg_mr = rdma_dereg_mr,               \
-	.isend = rdma_isend,                     \
-	.irecv = rdma_irecv,                     \
-	.test = rdma_test,                       \
-	.progress = rdma_progress,               \
-	.wake = rdma_wake
-
-const struct mp_driver_ops mp_rdma_base_ops = {
-	RDMA_OPS_COMMON,
-};
-
-#ifdef MP_HAVE_VERBS
-extern const struct mp_driver_ops mp_verbs_driver_ops;
-
-static int verbs_init(const struct mp_drv_params *p, struct mp_drv **out)
-{
-	/* GPUDirect: the verbs provider registers CUDA memory when built with CUDA. */
-#ifdef MP_HAVE_CUDA
-	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, MP_DRV_CAP_DEVICE_MEM, p, out);
-#else
-	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, 0, p, out);
-#endif
-}
-
-const struct mp_driver_ops mp_verbs_driver_ops = {
-	RDMA_OPS_COMMON,
-	.name = "verbs",
-	.init = verbs_init,
-};
-#endif
-
-#ifdef MP_HAVE_OFI
-extern const struct mp_driver_ops mp_ofi_driver_ops;
-
-static int ofi_init(const struct mp_drv_params *p, struct mp_drv **out)
-{
-	return mp_rdma_init(&mp_ofi_driver_ops, &mp_rdma_ofi_prov, 0, p, out);
-}
-
-const struct mp_driver_ops mp_ofi_driver_ops = {
-	RDMA_OPS_COMMON,
-	.name = "ofi",
-	.init = ofi_init,
-};
-#endif

@@ -58,7 +58,7 @@
 #include <moshpit/driver_sdk.h>
 
 #include "mp_build_config.h"
-#include "../rdma/prov.h"
+#include "../rdma/rdma.h"
 #include "ibv.h"
 
 #define VB_BLOB_MAGIC 0x56 /* 'V' */
@@ -1300,4 +1300,24 @@ const struct mp_rdma_prov_ops mp_rdma_verbs_prov = {
 	.write = vb_write,
 	.max_inline = vb_max_inline,
 	.poll = vb_poll,
+};
+
+/*
+ * The verbs transport: the clear-to-send protocol on this provider. With
+ * CUDA it registers device memory too (GPUDirect), which the core learns
+ * from the capabilities.
+ */
+static int verbs_init(const struct mp_drv_params *p, struct mp_drv **out)
+{
+#ifdef MP_HAVE_CUDA
+	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, MP_DRV_CAP_DEVICE_MEM, p, out);
+#else
+	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, 0, p, out);
+#endif
+}
+
+const struct mp_driver_ops mp_verbs_driver_ops = {
+	MP_RDMA_DRIVER_OPS,
+	.name = "verbs",
+	.init = verbs_init,
 };
