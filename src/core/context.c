@@ -154,8 +154,11 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 
 	ctx->ops = mp_driver_find(ctx->transport);
 	if (!ctx->ops) {
-		mp_set_init_error("transport \"%s\" is not built in (have: %s)", ctx->transport,
-				  mp_driver_names());
+		char names[256];
+
+		mp_driver_names(names, sizeof(names));
+		mp_set_init_error("transport \"%s\" is neither built in nor registered (have: %s)",
+				  ctx->transport, names);
 		rc = -ENOENT;
 		goto fail;
 	}
