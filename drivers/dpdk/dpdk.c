@@ -2150,4 +2150,6 @@ const struct mp_driver_ops mp_dpdk_driver_ops = {
 	.test = dpdk_test,
 	.progress = dpdk_progress,
 	.wake = dpdk_wake,
+	/* No address of its own: the IP comes from MP_DPDK_IP (parse_bind). */
+	.default_listen = "0.0.0.0:0",
 };

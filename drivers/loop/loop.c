@@ -931,4 +931,6 @@ const struct mp_driver_ops mp_loop_driver_ops = {
 	.test = loop_test,
 	.progress = loop_progress,
 	.wake = loop_wake,
+	/* A unique name in this process's registry. */
+	.default_listen = LOOP_PREFIX "*",
 };

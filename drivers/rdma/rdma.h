@@ -56,7 +56,10 @@ int mp_rdma_test(struct mp_drv_req *r, int *done, size_t *nbytes);
 int mp_rdma_progress(struct mp_drv *d, int timeout_ms);
 void mp_rdma_wake(struct mp_drv *d);
 
-/* Every entry of a provider's table but name and init. */
+/*
+ * Every entry of a provider's table but name and init. The address is the
+ * TCP side channel's "host:port", so the default is tcp's.
+ */
 #define MP_RDMA_DRIVER_OPS                             \
 	.size = sizeof(struct mp_driver_ops),          \
 	.abi = MP_DRIVER_ABI,                          \
@@ -75,6 +78,7 @@ void mp_rdma_wake(struct mp_drv *d);
 	.irecv = mp_rdma_irecv,                        \
 	.test = mp_rdma_test,                          \
 	.progress = mp_rdma_progress,                  \
-	.wake = mp_rdma_wake
+	.wake = mp_rdma_wake,                          \
+	.default_listen = "127.0.0.1:0"
 
 #endif /* MP_RDMA_H */

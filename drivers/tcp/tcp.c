@@ -925,4 +925,5 @@ const struct mp_driver_ops mp_tcp_driver_ops = {
 	.test = tcp_test,
 	.progress = tcp_progress,
 	.wake = tcp_wake,
+	.default_listen = "127.0.0.1:0",
 };

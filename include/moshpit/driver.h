@@ -152,6 +152,15 @@ struct mp_driver_ops {
 	int (*progress)(struct mp_drv *d, int timeout_ms);
 	/** Wake a thread blocked in progress (may be called from any thread). */
 	void (*wake)(struct mp_drv *d);
+
+	/* Optional entries from here on: read only when `size` covers them. */
+
+	/**
+	 * What ::mp_init listens on when the configuration names no address
+	 * (text for `listen`, e.g. "127.0.0.1:0"). NULL: such a transport
+	 * needs MP_LISTEN, or a peer list that gives this peer's address.
+	 */
+	const char *default_listen;
 };
 
 /** Longest driver name, without its NUL. */

@@ -199,8 +199,14 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	if (!bind && list)
 		bind = list[ctx->rank];
 	if (!bind)
-		bind = strcmp(ctx->transport, "loop") ? "127.0.0.1:0" : "loop:*";
+		bind = mp_driver_default_listen(ctx->ops);
 	if (ctx->mode != MP_MODE_CLIENT) {
+		if (!bind) {
+			mp_set_init_error("transport %s has no default address to listen on: set "
+					  "MP_LISTEN", ctx->transport);
+			rc = -EINVAL;
+			goto fail;
+		}
 		uint8_t blob[MP_DRV_ADDR_MAX];
 		size_t blen = sizeof(blob);
 		rc = ctx->ops->listen(ctx->drv, bind, blob, &blen, &ctx->listener);

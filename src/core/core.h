@@ -10,6 +10,8 @@
 const struct mp_driver_ops *mp_driver_find(const char *name);
 /* The names of the usable drivers, comma-separated, for messages. */
 void mp_driver_names(char *buf, size_t cap);
+/* What @o listens on by default (its optional default_listen), or NULL. */
+const char *mp_driver_default_listen(const struct mp_driver_ops *o);
 
 struct mp_stage;
 

@@ -77,8 +77,8 @@ static void plugins_loaded(void)
 /*
  * Why the core cannot use @o: NULL when it can, else the reason, and *err
  * the error. ABI 1 calls every entry up to wake, so all of them must be
- * there and set; entries appended after wake will be optional (read only
- * where size covers them).
+ * there and set; entries after wake are optional (read through
+ * mp_driver_default_listen and the like, which check size).
  */
 static const char *unusable(const struct mp_driver_ops *o, int *err, char *why, size_t cap)
 {
@@ -296,4 +296,9 @@ void mp_driver_names(char *buf, size_t cap)
 		n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", o->name);
 	}
 	pthread_mutex_unlock(&reg_lock);
+}
+
+const char *mp_driver_default_listen(const struct mp_driver_ops *o)
+{
+	return o->size >= OPS_END(default_listen) ? o->default_listen : NULL;
 }
