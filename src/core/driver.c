@@ -179,8 +179,9 @@ static int add(const struct mp_driver_ops *ops, const char *source)
 
 	bad = unusable(ops, &err, why, sizeof(why));
 	if (bad) {
-		mp_set_init_error("%s: driver %s refused: %s", source,
-				  ops && ops->size >= OPS_END(name) && ops->name ? ops->name : "(unnamed)",
+		int named = ops && ops->size >= OPS_END(name) && ops->name && *ops->name;
+
+		mp_set_init_error("%s: driver %s refused: %s", source, named ? ops->name : "(unnamed)",
 				  bad);
 		return err;
 	}
