@@ -121,9 +121,12 @@ struct mp_config {
 	const char *peers;      /**< MP_PEERS: comma-separated addresses in rank order ("host:port,...") */
 	const char *hostfile;   /**< MP_HOSTFILE: file with one "host[:port]" per line, in rank order */
 	const char *listen;     /**< MP_LISTEN: address to listen on; NULL = own entry of the list, or
-	                             "127.0.0.1:0" when there is none */
+	                             the transport's default when there is none ("127.0.0.1:0"
+	                             for tcp, "loop:*" for loop) */
 	const char *run_name;   /**< MP_RUN: run name; peers of another run are rejected */
-	const char *transport;  /**< MP_TRANSPORT: "tcp" (default) or "loop" */
+	const char *transport;  /**< MP_TRANSPORT: "tcp" (default), "loop", another built-in
+	                             transport, or a driver registered or loaded from
+	                             MP_DRIVER_PATH (moshpit/driver.h) */
 	const char *grid;       /**< MP_GRID: "M1xM2x...", NULL = chosen from npeers */
 	const char *bandwidths; /**< MP_BANDWIDTHS: comma-separated per-rank part weights; NULL = equal */
 	int algo;               /**< MP_ALGO: ::mp_algo ("moshpit", "ring", "butterfly") */
@@ -419,7 +422,8 @@ MP_API const char *mp_strerror(int err);
 
 /**
  * The context's last error message in words (empty if none).
- * @param ctx context, or NULL for the calling thread's last mp_init failure
+ * @param ctx context, or NULL for the calling thread's last failure of
+ *            ::mp_init (or of mp_driver_register)
  * @return string valid until the next call on @p ctx
  */
 MP_API const char *mp_last_error(const mp_ctx *ctx);
@@ -444,7 +448,8 @@ MP_API void mp_log_set_level(int level);
 MP_API int mp_grid_shape(const char *grid, int npeers, int *dims, int max);
 
 /**
- * Whether a transport is built into this library.
+ * Whether a transport can be used: built into this library, registered
+ * with mp_driver_register (moshpit/driver.h), or loaded from MP_DRIVER_PATH.
  * @param name "tcp", "loop", ...
  * @return 1 if available, 0 if not
  */
