@@ -470,7 +470,8 @@ static int eal_up(uint16_t mtu, unsigned mbufs)
 			 "--log-level=%s%s%s",
 			 lc, huge ? "--in-memory" : "--no-huge", one_file ? " --single-file-segments" : "",
 			 mem_mb, (long)getpid(),
-			 mp_log_get_level() >= MP_LOG_TRACE ? "info" : "warning", vdev && *vdev ? " --vdev=" : "",
+			 mp_log_get_level() >= MP_LOG_TRACE ? "info" : "warning",
+			 vdev && *vdev ? " --vdev=" : "",
 			 vdev && *vdev ? vdev : "");
 	}
 	argv = split_args(args, &argc);

@@ -894,7 +894,8 @@ static void tcp_fini(struct mp_drv *dp)
 	while (d->sp.conns)
 		tcp_close((struct mp_drv_conn *)(void *)tcp_conn_at(d->sp.conns));
 	while (d->sp.listeners) {
-		struct tcp_listener *l = mp_container_of(d->sp.listeners, struct tcp_listener, sk.link);
+		struct tcp_listener *l =
+			mp_container_of(d->sp.listeners, struct tcp_listener, sk.link);
 
 		tcp_close_listener((struct mp_drv_listener *)(void *)l);
 	}

@@ -513,7 +513,8 @@ MP_API int mp_feedback_reset(mp_ctx *ctx, const float *buf);
  * it for the same operation, like ::mp_average.
  * @return as ::mp_average; -EBUSY while another average of @p buf is in flight
  */
-MP_API int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res);
+MP_API int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight,
+			    struct mp_result *res);
 
 #ifdef __cplusplus
 }

@@ -96,8 +96,8 @@ static const char *unusable(const struct mp_driver_ops *o, int *err, char *why, 
 		return why;
 	}
 	if (o->size < OPS_END(wake)) {
-		snprintf(why, cap, "a table of %zu bytes lacks entries of ABI %d (%zu bytes)", o->size,
-			 MP_DRIVER_ABI, OPS_END(wake));
+		snprintf(why, cap, "a table of %zu bytes lacks entries of ABI %d (%zu bytes)",
+			 o->size, MP_DRIVER_ABI, OPS_END(wake));
 		return why;
 	}
 	if (!o->name || !*o->name)

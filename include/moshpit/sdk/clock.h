@@ -18,7 +18,8 @@
 #include <time.h>
 
 #ifndef CLOCK_MONOTONIC
-#error "moshpit/sdk/clock.h needs POSIX clocks: define _POSIX_C_SOURCE as 200809L (or _GNU_SOURCE) before the first system header"
+/* Said here rather than as an undeclared clock_gettime further down. */
+#error "moshpit/sdk/clock.h: define _GNU_SOURCE or _POSIX_C_SOURCE=200809L first"
 #endif
 
 /** Nanoseconds since an arbitrary start (CLOCK_MONOTONIC). */

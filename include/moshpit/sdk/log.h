@@ -43,7 +43,7 @@ MP_API int mp_log_get_level(void);
  */
 MP_API void mp_log(int level, const char *file, int line, const char *fmt, ...) MP_PRINTF_(4, 5);
 
-/** Log at @p lvl when the level lets it through; the arguments are a printf format and its values. */
+/** Log at @p lvl when the level lets it through; then a printf format and its values. */
 #define MP_LOG(lvl, ...)                                                  \
 	do {                                                              \
 		if ((lvl) <= mp_log_get_level())                          \
