@@ -23,11 +23,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <moshpit/sdk/le.h>
 
 #include "grid.h"
 #include "core.h"
 #include "xfer.h"
-#include "le.h"
 #include "matchmaker.h"
 #include "rdv.h"
 #include "wire.h"

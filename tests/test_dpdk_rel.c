@@ -25,9 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <moshpit/sdk/le.h>
 
 #include "drivers/dpdk/rel.h"
-#include "le.h"
 
 #define NI 3             /* instances */
 #define MSS 1000         /* test mss: a 1 MiB message is 1049 segments */

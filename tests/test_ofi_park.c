@@ -24,7 +24,7 @@
 #include <time.h>
 
 #include "mp_build_config.h"
-#include "drivers/rdma/prov.h"
+#include "drivers/ofi/ofi.h"
 #include "log.h"
 
 #define WAIT_MS 5000

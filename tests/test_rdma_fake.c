@@ -410,8 +410,14 @@ static const struct mp_rdma_prov_ops fk_ops = {
 
 /* ---- the protocol on the fake ------------------------------------------ */
 
-/* rdma.c's table with the fake bound in (name and init are ours). */
-static struct mp_driver_ops fake_drv_ops;
+static int fake_init(const struct mp_drv_params *p, struct mp_drv **out);
+
+/* The protocol's table with the fake bound in, as a provider makes one (rdma.h). */
+static const struct mp_driver_ops fake_drv_ops = {
+	MP_RDMA_DRIVER_OPS,
+	.name = "rfake",
+	.init = fake_init,
+};
 
 static int fake_init(const struct mp_drv_params *p, struct mp_drv **out)
 {
@@ -498,9 +504,6 @@ static int wait_req(struct mp_drv_req *r, size_t *n)
 static int setup(void **state)
 {
 	(void)state;
-	fake_drv_ops = mp_rdma_base_ops;
-	fake_drv_ops.name = "rfake";
-	fake_drv_ops.init = fake_init;
 	npeers = 0;
 	fk_late_writes = 0;
 	return 0;
@@ -975,7 +978,7 @@ static void log_capture(void)
 	assert_true(fd >= 0);
 	fflush(stderr);
 	/* A hello cut short is churn as much as an attack: logged at INFO. */
-	log_level_saved = mp_log_level;
+	log_level_saved = mp_log_get_level();
 	mp_log_set_level(MP_LOG_INFO);
 	log_saved = dup(2);
 	assert_true(log_saved >= 0);

@@ -87,7 +87,10 @@ def main() -> int:
         cand = os.path.normpath(os.path.join(here, name))
         if (root / cand).is_file():
             return cand
-        hits = [h for h in by_name.get(os.path.basename(name), []) if h.endswith("/" + name)]
+        # A quoted name is looked up in the folders on the include paths;
+        # the installed headers are reached as <moshpit/...> only.
+        hits = [h for h in by_name.get(os.path.basename(name), [])
+                if h.endswith("/" + name) and not h.startswith("include/")]
         if len(hits) == 1:
             return hits[0]
         return None
@@ -107,7 +110,8 @@ def main() -> int:
                 continue
             dst_file = resolve(rel, kind, name)
             if dst_file is None:
-                if kind == '"' and len(by_name.get(os.path.basename(name), [])) > 1:
+                if kind == '"' and len([h for h in by_name.get(os.path.basename(name), [])
+                                        if not h.startswith("include/")]) > 1:
                     errors.append(f"{rel}:{no}: \"{name}\" is ambiguous: "
                                   f"{', '.join(by_name[os.path.basename(name)])}")
                 continue  # a system or third-party header

@@ -31,7 +31,7 @@
 #include <time.h>
 
 #include "cli.h"
-#include "clock.h"
+#include <moshpit/sdk/clock.h>
 #include "mpsim_core.h"
 
 #define PROG "mpsim"

@@ -13,9 +13,9 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <moshpit/sdk/log.h>
 
 #include "inet.h"
-#include "log.h"
 
 int mp_sock_poll_open(struct mp_sock_poll *p, const char *tname)
 {

@@ -78,12 +78,11 @@
 #include <rte_ring.h>
 #include <rte_ticketlock.h>
 
-#include <moshpit/driver.h>
+#include <moshpit/driver_sdk.h>
 
 #include "frame.h"
 #include "gpu.h"
 #include "mp_kernels.h"
-#include "log.h"
 #include "mp_build_config.h"
 #include "rel.h"
 
@@ -269,14 +268,6 @@ static double env_prob(const char *name)
 	return v;
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /*
  * rel reads the clock for every segment it takes in and every poll: the
  * TSC (a few cycles) instead of clock_gettime (tens of ns, 5% of a core at
@@ -292,14 +283,14 @@ static void clock_setup(void)
 	uint64_t hz = rte_get_tsc_hz();
 
 	clk.tsc0 = rte_get_tsc_cycles();
-	clk.ns0 = now_ns();
+	clk.ns0 = mp_now_ns();
 	clk.ns_per_tsc = hz ? 1e9 / (double)hz : 0;
 }
 
 static uint64_t fast_ns(void)
 {
 	if (clk.ns_per_tsc == 0)
-		return now_ns();
+		return mp_now_ns();
 	return clk.ns0 + (uint64_t)((double)(rte_get_tsc_cycles() - clk.tsc0) * clk.ns_per_tsc);
 }
 
@@ -479,7 +470,8 @@ static int eal_up(uint16_t mtu, unsigned mbufs)
 			 "--log-level=%s%s%s",
 			 lc, huge ? "--in-memory" : "--no-huge", one_file ? " --single-file-segments" : "",
 			 mem_mb, (long)getpid(),
-			 mp_log_level >= MP_LOG_TRACE ? "info" : "warning", vdev && *vdev ? " --vdev=" : "",
+			 mp_log_get_level() >= MP_LOG_TRACE ? "info" : "warning",
+			 vdev && *vdev ? " --vdev=" : "",
 			 vdev && *vdev ? vdev : "");
 	}
 	argv = split_args(args, &argc);
@@ -633,7 +625,7 @@ static bool port_link_up(void)
 /* Start the port and wait (bounded) for its link: memif has none until its peer came. */
 static int port_start(int wait_ms)
 {
-	uint64_t until = now_ns() + (uint64_t)wait_ms * 1000000u;
+	uint64_t until = mp_now_ns() + (uint64_t)wait_ms * 1000000u;
 	int rc;
 
 	if (!g.started) {
@@ -658,17 +650,17 @@ static int port_start(int wait_ms)
 				fclose(f);
 		}
 	}
-	for (uint64_t redial = now_ns() + 500000000u;;) {
+	for (uint64_t redial = mp_now_ns() + 500000000u;;) {
 		if (port_link_raw())
 			return 0;
-		if (now_ns() >= until)
+		if (mp_now_ns() >= until)
 			break;
 		/*
 		 * A memif client that dialled before its server was ready is not
 		 * retried by the PMD: restarting the port dials again.
 		 */
-		if (g.dials && now_ns() >= redial) {
-			redial = now_ns() + 500000000u;
+		if (g.dials && mp_now_ns() >= redial) {
+			redial = mp_now_ns() + 500000000u;
 			if (rte_eth_dev_stop(g.port) == 0 && rte_eth_dev_start(g.port) != 0)
 				MP_TRACE("dpdk: memif server not there yet");
 		}
@@ -1039,7 +1031,7 @@ static void bye_note(const struct dpdk_drv *d, const char *how)
 static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigned n)
 {
 	long ms = env_long("MP_DPDK_BYE_MS", 1000, 0, 600000);
-	uint64_t t0 = now_ns(), until = t0 + (uint64_t)ms * 1000000u;
+	uint64_t t0 = mp_now_ns(), until = t0 + (uint64_t)ms * 1000000u;
 	const char *how;
 	bool yielded = false, acked = false;
 	uint32_t mine;
@@ -1053,7 +1045,7 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 		 * answer, and stopping our port would unmap the rings under it.
 		 * It stops first; then our link goes down.
 		 */
-		while (port_link_raw() && now_ns() < until)
+		while (port_link_raw() && mp_now_ns() < until)
 			usleep(100);
 		bye_note(d, port_link_raw() ? "timeout" : "peer left first");
 		return;
@@ -1069,7 +1061,7 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 	mine = (uint32_t)rte_rand() | 1u; /* its ACK echoes it */
 	for (unsigned i = 0; i < n; i++)
 		sent += bye_send(0, &d->self, &to[i], MP_BYE, mine) == 0;
-	while (sent && !acked && now_ns() < until && port_link_raw()) {
+	while (sent && !acked && mp_now_ns() < until && port_link_raw()) {
 		struct rte_mbuf *b[DPDK_BURST];
 
 		if (yielded) {
@@ -1109,7 +1101,7 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 	      yielded ? "yielded" : "peer gone";
 	if (!timeout)
 		MP_INFO("dpdk: BYE to the memif peer: %s after %.1f ms", how,
-			(double)(now_ns() - t0) / 1e6);
+			(double)(mp_now_ns() - t0) / 1e6);
 	else
 		MP_WARN("dpdk: the memif peer did not answer BYE within %ld ms (MP_DPDK_BYE_MS); "
 			"leaving anyway: if it polls now, DPDK's memif may crash it", ms);
@@ -1567,7 +1559,6 @@ static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
 
 	if (!out)
 		return -EINVAL;
-	mp_log_init();
 	if (p && p->size >= offsetof(struct mp_drv_params, connect_timeout_ms) +
 				    sizeof(p->connect_timeout_ms) && p->connect_timeout_ms > 0)
 		timeout = p->connect_timeout_ms;
@@ -2160,4 +2151,6 @@ const struct mp_driver_ops mp_dpdk_driver_ops = {
 	.test = dpdk_test,
 	.progress = dpdk_progress,
 	.wake = dpdk_wake,
+	/* No address of its own: the IP comes from MP_DPDK_IP (parse_bind). */
+	.default_listen = "0.0.0.0:0",
 };

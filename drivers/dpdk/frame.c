@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "le.h"
+#include <moshpit/sdk/le.h>
 
 #define ETHERTYPE_IPV4 0x0800
 #define ETHERTYPE_ARP 0x0806

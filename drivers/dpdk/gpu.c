@@ -12,9 +12,9 @@
 #include <rte_errno.h>
 #include <rte_gpudev.h>
 #include <rte_memory.h>
+#include <moshpit/sdk/log.h>
 
 #include "gpu.h"
-#include "log.h"
 
 const struct mp_dpdk_gpu_ops mp_dpdk_gpu_real = {
 	.find_next = rte_gpu_find_next,

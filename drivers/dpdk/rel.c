@@ -20,13 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <moshpit/driver_sdk.h>
 
 #include "rel.h"
 
 #include "mp_kernels.h"
-#include "le.h"
-#include "log.h"
-#include "reqq.h"
 
 #define REL_MAGIC 0x524Du /* bytes "MR" on the wire */
 #define REL_VERSION 1
@@ -204,8 +202,6 @@ static uint64_t tw_next(const struct tw *w)
 
 /* ---- state --------------------------------------------------------------- */
 
-#define container_of(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
-
 struct mp_rel_req {
 	struct mp_reqq_req base; /* link: free list only; nbytes: message length */
 	struct mp_rel *owner;
@@ -312,13 +308,11 @@ struct mp_rel {
 	struct mp_rel_stats st;
 };
 
+/* The default clock (the SDK's) behind the user-data signature of mp_rel_params.now_ns. */
 static uint64_t clock_now(void *user)
 {
-	struct timespec ts;
-
 	(void)user;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return mp_now_ns();
 }
 
 static inline uint64_t rel_clock(struct mp_rel *rel)
@@ -1202,7 +1196,7 @@ static uint64_t probe_interval(const struct mp_rel_conn *c)
 static void rel_fire(struct mp_rel *rel, struct tw_node *n)
 {
 	if (n->kind == TK_RTO) {
-		struct mp_rel_conn *c = container_of(n, struct mp_rel_conn, t_rto);
+		struct mp_rel_conn *c = mp_container_of(n, struct mp_rel_conn, t_rto);
 		struct txseg *s = c->t_head;
 
 		if (!s)
@@ -1238,12 +1232,12 @@ static void rel_fire(struct mp_rel *rel, struct tw_node *n)
 			tw_add(&rel->wheel, &c->t_rto,
 			       c->t_head->due > c->hold_until ? c->t_head->due : c->hold_until);
 	} else if (n->kind == TK_DACK) {
-		struct mp_rel_conn *c = container_of(n, struct mp_rel_conn, t_dack);
+		struct mp_rel_conn *c = mp_container_of(n, struct mp_rel_conn, t_dack);
 
 		c->ack_now = true;
 		conn_ready(c);
 	} else {
-		struct mp_rel_conn *c = container_of(n, struct mp_rel_conn, t_ctl);
+		struct mp_rel_conn *c = mp_container_of(n, struct mp_rel_conn, t_ctl);
 
 		if (c->state == C_SYN_SENT) {
 			uint64_t to = rel->p.connect_timeout_ns;

@@ -33,10 +33,7 @@
  * receiver's receive queue) is non-empty, because any pair is matched as
  * soon as it exists.
  */
-#include <moshpit/driver.h>
-
-#include "log.h"
-#include "reqq.h"
+#include <moshpit/driver_sdk.h>
 
 #include <errno.h>
 #include <pthread.h>
@@ -62,7 +59,6 @@ struct dl {
 };
 
 #define DL_INIT(h) { &(h), &(h) }
-#define dl_entry(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
 
 static void dl_init(struct dl *h)
 {
@@ -188,14 +184,6 @@ static inline struct loop_req *req_of(struct mp_drv_req *r)
 	return (struct loop_req *)r;
 }
 
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* ---- requests (g_lock held) ---- */
 
 /* The request a queue link belongs to; NULL for NULL. */
@@ -314,7 +302,7 @@ static void pump(struct loop_conn *c, bool as_sender)
 static struct loop_listener *find_listener(const char *name, size_t len)
 {
 	for (struct dl *n = g_listeners.next; n != &g_listeners; n = n->next) {
-		struct loop_listener *l = dl_entry(n, struct loop_listener, node);
+		struct loop_listener *l = mp_container_of(n, struct loop_listener, node);
 
 		if (l->name_len == len && !memcmp(l->name, name, len))
 			return l;
@@ -371,10 +359,10 @@ static void expire_connecting(struct loop_drv *d)
 {
 	if (!d->nconnecting)
 		return;
-	int64_t now = now_ns();
+	int64_t now = (int64_t)mp_now_ns();
 
 	for (struct dl *n = d->conns.next; n != &d->conns;) {
-		struct loop_conn *c = dl_entry(n, struct loop_conn, node);
+		struct loop_conn *c = mp_container_of(n, struct loop_conn, node);
 
 		n = n->next;
 		if (c->state == CONN_CONNECTING && now >= c->deadline_ns) {
@@ -393,7 +381,7 @@ static int64_t next_deadline(struct loop_drv *d)
 	if (!d->nconnecting)
 		return t;
 	for (struct dl *n = d->conns.next; n != &d->conns; n = n->next) {
-		struct loop_conn *c = dl_entry(n, struct loop_conn, node);
+		struct loop_conn *c = mp_container_of(n, struct loop_conn, node);
 
 		if (c->state == CONN_CONNECTING && c->deadline_ns < t)
 			t = c->deadline_ns;
@@ -434,7 +422,7 @@ static void listener_destroy(struct loop_listener *l)
 	dl_del(&l->dnode);
 	/* Endpoints nobody accepted: their connectors see a reset. */
 	while (!dl_empty(&l->backlog))
-		conn_destroy(dl_entry(l->backlog.next, struct loop_conn, node));
+		conn_destroy(mp_container_of(l->backlog.next, struct loop_conn, node));
 	free(l);
 }
 
@@ -471,7 +459,6 @@ static int loop_init(const struct mp_drv_params *p, struct mp_drv **out)
 
 	if (!out)
 		return -EINVAL;
-	mp_log_init();
 	/* Fields beyond what the caller's struct holds keep their defaults. */
 	if (p) {
 		if (p->size >= offsetof(struct mp_drv_params, run_name) + sizeof(p->run_name) &&
@@ -518,9 +505,9 @@ static void loop_fini(struct mp_drv *dd)
 		return;
 	pthread_mutex_lock(&g_lock);
 	while (!dl_empty(&d->listeners))
-		listener_destroy(dl_entry(d->listeners.next, struct loop_listener, dnode));
+		listener_destroy(mp_container_of(d->listeners.next, struct loop_listener, dnode));
 	while (!dl_empty(&d->conns))
-		conn_destroy(dl_entry(d->conns.next, struct loop_conn, node));
+		conn_destroy(mp_container_of(d->conns.next, struct loop_conn, node));
 	pthread_mutex_unlock(&g_lock);
 	/*
 	 * Nothing refers to d now: its endpoints and listeners are gone. Their
@@ -633,7 +620,7 @@ static int loop_listen(struct mp_drv *dd, const char *bind, void *blob, size_t *
 
 	/* Connections that were made before this name was taken find it now. */
 	for (struct dl *p = g_connecting.next; p != &g_connecting;) {
-		struct loop_conn *c = dl_entry(p, struct loop_conn, cnode);
+		struct loop_conn *c = mp_container_of(p, struct loop_conn, cnode);
 
 		p = p->next;
 		if (c->target_len == l->name_len && !memcmp(c->target, l->name, l->name_len)) {
@@ -669,7 +656,7 @@ static int loop_accept(struct mp_drv_listener *ll, struct mp_drv_conn **out)
 		pthread_mutex_unlock(&g_lock);
 		return -EAGAIN;
 	}
-	c = dl_entry(l->backlog.next, struct loop_conn, node);
+	c = mp_container_of(l->backlog.next, struct loop_conn, node);
 	dl_del(&c->node);
 	dl_add_tail(&c->d->conns, &c->node);
 	pthread_mutex_unlock(&g_lock);
@@ -704,7 +691,7 @@ static int loop_connect(struct mp_drv *dd, const void *blob, size_t len, struct 
 		rc = attach(c, l);
 	} else if (d->connect_timeout_ms > 0) {
 		c->state = CONN_CONNECTING;
-		c->deadline_ns = now_ns() + (int64_t)d->connect_timeout_ms * 1000000;
+		c->deadline_ns = (int64_t)mp_now_ns() + (int64_t)d->connect_timeout_ms * 1000000;
 		memcpy(c->target, blob, len);
 		c->target_len = len;
 		dl_add_tail(&g_connecting, &c->cnode);
@@ -839,7 +826,7 @@ static int loop_progress(struct mp_drv *dd, int timeout_ms)
 	if (!d)
 		return -EINVAL;
 	if (timeout_ms > 0)
-		until = now_ns() + (int64_t)timeout_ms * 1000000;
+		until = (int64_t)mp_now_ns() + (int64_t)timeout_ms * 1000000;
 	pthread_mutex_lock(&g_lock);
 	expire_connecting(d);
 	while (!d->events && timeout_ms != 0) {
@@ -856,7 +843,7 @@ static int loop_progress(struct mp_drv *dd, int timeout_ms)
 			pthread_cond_timedwait(&d->cv, &g_lock, &ts);
 		}
 		expire_connecting(d);
-		now = now_ns();
+		now = (int64_t)mp_now_ns();
 		if (now >= until)
 			break;
 	}
@@ -944,4 +931,6 @@ const struct mp_driver_ops mp_loop_driver_ops = {
 	.test = loop_test,
 	.progress = loop_progress,
 	.wake = loop_wake,
+	/* A unique name in this process's registry. */
+	.default_listen = LOOP_PREFIX "*",
 };

@@ -59,9 +59,11 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
-#include "log.h"
+#include <moshpit/driver_sdk.h>
+
 #include "mp_build_config.h"
-#include "../rdma/prov.h"
+#include "../rdma/rdma.h"
+#include "ofi.h"
 
 #define OFI_DEFAULT_PROVIDER "tcp;ofi_rxm"
 #define OFI_CQ_SIZE 1024
@@ -581,4 +583,16 @@ const struct mp_rdma_prov_ops mp_rdma_ofi_prov = {
 	.write = ofi_write,
 	.max_inline = ofi_max_inline,
 	.poll = ofi_poll,
+};
+
+/* The ofi transport: the clear-to-send protocol on this provider. */
+static int ofi_init(const struct mp_drv_params *p, struct mp_drv **out)
+{
+	return mp_rdma_init(&mp_ofi_driver_ops, &mp_rdma_ofi_prov, 0, p, out);
+}
+
+const struct mp_driver_ops mp_ofi_driver_ops = {
+	MP_RDMA_DRIVER_OPS,
+	.name = "ofi",
+	.init = ofi_init,
 };

@@ -7,7 +7,8 @@
  * immediate, failure of a peer on a completion error - is written once,
  * against this table. Two providers fill it: ibverbs (drivers/verbs/, RC
  * queue pairs) and libfabric (drivers/ofi/, FI_EP_RDM endpoints with
- * fi_writedata). Tests fill it a third time with an in-process fake.
+ * fi_writedata). Tests fill it a third time with an in-process fake. Each
+ * declares its own table and passes it to the protocol (rdma.h).
  *
  * Model:
  *  - A provider instance owns one device/domain, one protection domain and
@@ -124,12 +125,5 @@ struct mp_rdma_prov_ops {
 	/** Reap up to @p max completions; returns how many (0 = none), or a negative errno. */
 	int (*poll)(struct mp_rdma_prov *pv, struct mp_rdma_cqe *out, int max);
 };
-
-#ifdef MP_HAVE_VERBS
-extern const struct mp_rdma_prov_ops mp_rdma_verbs_prov;
-#endif
-#ifdef MP_HAVE_OFI
-extern const struct mp_rdma_prov_ops mp_rdma_ofi_prov;
-#endif
 
 #endif /* MP_RDMA_PROV_H */

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * The clear-to-send protocol over an RDMA provider (prov.h), written once
- * and exported as the "verbs" and "ofi" transports (doc/protocol.md,
- * "RDMA: clear to send").
+ * (doc/protocol.md, "RDMA: clear to send"). Each provider makes a transport
+ * of it with a driver table of its own (rdma.h: MP_RDMA_DRIVER_OPS, and an
+ * init that hands mp_rdma_init its provider table): verbs, ofi, a test's
+ * fake. Nothing here names them.
  *
  * Set-up: listen opens a TCP side channel; its "host:port" is the address.
  * connect dials it and both sides swap a hello { magic, version, provider
@@ -54,12 +56,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <moshpit/driver_sdk.h>
+
 #include "inet.h"
-#include "le.h"
-#include "log.h"
-#include "mp_build_config.h"
 #include "rdma.h"
-#include "reqq.h"
 #include "sockconn.h"
 
 #define RDMA_QDEPTH 64                 /* posted requests per direction; CTS ring slots */
@@ -91,9 +91,6 @@
 /* magic, version, blob length, provider, ring address, ring key, blob */
 #define RDMA_HELLO_LEN (4 + 2 + 2 + RDMA_PROV_NAME + 8 + 8 + MP_RDMA_EP_BLOB_MAX)
 #define RDMA_ACK_LEN 4
-
-#define rdma_container_of(ptr, type, member) \
-	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 _Static_assert(RDMA_MAX_MSG <= RDMA_IMM_LEN, "lengths must fit the immediate");
 
@@ -229,7 +226,7 @@ struct rdma_drv {
 
 static inline struct rdma_drv *rdma_drv_of(struct mp_drv *d)
 {
-	return rdma_container_of(d, struct rdma_drv, base);
+	return mp_container_of(d, struct rdma_drv, base);
 }
 
 static inline struct rdma_conn *rdma_conn_of(struct mp_drv_conn *c)
@@ -240,26 +237,13 @@ static inline struct rdma_conn *rdma_conn_of(struct mp_drv_conn *c)
 /* The connection at @l of d->sp.conns; NULL at the end. */
 static inline struct rdma_conn *conn_at(struct mp_sock_link *l)
 {
-	return l ? rdma_container_of(l, struct rdma_conn, sk.link) : NULL;
+	return l ? mp_container_of(l, struct rdma_conn, sk.link) : NULL;
 }
 
 static void conn_fail(struct rdma_conn *c, int err);
 static void conn_pump(struct rdma_conn *c);
 
 /* ---- little helpers ---------------------------------------------------- */
-
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int64_t now_ms(void)
-{
-	return now_ns() / 1000000;
-}
 
 /* a was before b, modulo 2^32 */
 static int seq_before(uint32_t a, uint32_t b)
@@ -757,7 +741,7 @@ static void conn_io(struct rdma_conn *c)
 				mp_sock_close(&c->drv->sp, &c->sk);
 				if (c->state == RDMA_OPEN &&
 				    (c->rcts.n || c->rq.n || c->sq.n || c->sfly.n))
-					c->deadline = now_ms() + RDMA_EOF_GRACE_MS;
+					c->deadline = (int64_t)mp_now_ms() + RDMA_EOF_GRACE_MS;
 				else
 					conn_fail(c, -ECONNRESET);
 			}
@@ -816,7 +800,7 @@ static struct rdma_conn *conn_new(struct rdma_drv *d, int fd, const struct socka
 	c->drv = d;
 	c->state = RDMA_CONNECTING;
 	c->id = ++d->next_id ? d->next_id : ++d->next_id; /* 0 names nothing */
-	c->deadline = now_ms() + d->timeout_ms;
+	c->deadline = (int64_t)mp_now_ms() + d->timeout_ms;
 	/* registered from the start so errors are seen */
 	if (mp_sock_add(&d->sp, &c->sk, fd, EPOLLOUT, peer)) {
 		free(c);
@@ -837,7 +821,7 @@ static void conn_free(struct rdma_conn *c)
 	free(c);
 }
 
-static int rdma_connect(struct mp_drv *dp, const void *blob, size_t len, struct mp_drv_conn **out)
+int mp_rdma_connect(struct mp_drv *dp, const void *blob, size_t len, struct mp_drv_conn **out)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 	unsigned char eblob[MP_RDMA_EP_BLOB_MAX];
@@ -877,7 +861,7 @@ static int rdma_connect(struct mp_drv *dp, const void *blob, size_t len, struct 
 	return 0;
 }
 
-static void rdma_close(struct mp_drv_conn *cp)
+void mp_rdma_close(struct mp_drv_conn *cp)
 {
 	struct rdma_conn *c = rdma_conn_of(cp);
 
@@ -889,8 +873,8 @@ static void rdma_close(struct mp_drv_conn *cp)
 
 /* ---- listeners --------------------------------------------------------- */
 
-static int rdma_listen(struct mp_drv *dp, const char *bind_text, void *blob, size_t *len,
-		       struct mp_drv_listener **out)
+int mp_rdma_listen(struct mp_drv *dp, const char *bind_text, void *blob, size_t *len,
+		   struct mp_drv_listener **out)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 	struct rdma_listener *l;
@@ -945,7 +929,7 @@ static void listener_drain(struct rdma_listener *l)
 	}
 }
 
-static int rdma_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
+int mp_rdma_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
 {
 	struct rdma_listener *l = (struct rdma_listener *)(void *)lp;
 	struct rdma_conn *c;
@@ -961,7 +945,7 @@ static int rdma_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
 	return 0;
 }
 
-static void rdma_close_listener(struct mp_drv_listener *lp)
+void mp_rdma_close_listener(struct mp_drv_listener *lp)
 {
 	struct rdma_listener *l = (struct rdma_listener *)(void *)lp;
 	struct rdma_drv *d;
@@ -982,8 +966,8 @@ static void rdma_close_listener(struct mp_drv_listener *lp)
 
 /* ---- posting ----------------------------------------------------------- */
 
-static int rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovcnt,
-		      struct mp_drv_mr *mr, struct mp_drv_req **out)
+int mp_rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovcnt,
+		  struct mp_drv_mr *mr, struct mp_drv_req **out)
 {
 	struct rdma_conn *c = rdma_conn_of(cp);
 	struct rdma_drv *d;
@@ -1048,8 +1032,8 @@ static int rdma_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovc
 	return 0;
 }
 
-static int rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_drv_mr *mr,
-		      struct mp_drv_req **out)
+int mp_rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_drv_mr *mr,
+		  struct mp_drv_req **out)
 {
 	struct rdma_conn *c = rdma_conn_of(cp);
 	struct rdma_drv *d;
@@ -1088,7 +1072,7 @@ static int rdma_irecv(struct mp_drv_conn *cp, void *buf, size_t cap, struct mp_d
 	return 0;
 }
 
-static int rdma_test(struct mp_drv_req *rp, int *done, size_t *nbytes)
+int mp_rdma_test(struct mp_drv_req *rp, int *done, size_t *nbytes)
 {
 	struct rdma_req *r = (struct rdma_req *)(void *)rp;
 
@@ -1270,10 +1254,10 @@ static int drain_events(struct rdma_drv *d)
 			mp_sock_wake_ack(&d->sp);
 			break;
 		case MP_SOCK_LISTENER:
-			listener_drain(rdma_container_of(ev, struct rdma_listener, sk.ep));
+			listener_drain(mp_container_of(ev, struct rdma_listener, sk.ep));
 			break;
 		case MP_SOCK_CONN:
-			conn_event(rdma_container_of(ev, struct rdma_conn, sk.ep), evs[i].events);
+			conn_event(mp_container_of(ev, struct rdma_conn, sk.ep), evs[i].events);
 			break;
 		}
 	}
@@ -1282,7 +1266,7 @@ static int drain_events(struct rdma_drv *d)
 
 static void check_deadlines(struct rdma_drv *d)
 {
-	int64_t now = now_ms();
+	int64_t now = (int64_t)mp_now_ms();
 	struct rdma_conn *c, *next;
 
 	for (c = conn_at(d->sp.conns); c; c = next) {
@@ -1312,10 +1296,10 @@ static void check_deadlines(struct rdma_drv *d)
  * CQ, spinning RDMA_SPIN_NS and then sleeping in growing steps of at most
  * RDMA_SLEEP_MAX_NS on the epoll set; a wake or socket event ends a sleep.
  */
-static int rdma_progress(struct mp_drv *dp, int timeout_ms)
+int mp_rdma_progress(struct mp_drv *dp, int timeout_ms)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
-	int64_t start = now_ns();
+	int64_t start = (int64_t)mp_now_ns();
 	int64_t end = timeout_ms < 0 ? INT64_MAX : start + (int64_t)timeout_ms * 1000000;
 	int64_t step = 20000;
 
@@ -1330,7 +1314,7 @@ static int rdma_progress(struct mp_drv *dp, int timeout_ms)
 				conn_pump(c);
 		n += drain_events(d);
 		check_deadlines(d);
-		now = now_ns();
+		now = (int64_t)mp_now_ns();
 		if (n || now >= end)
 			return 0;
 		if (now - start >= RDMA_SPIN_NS) {
@@ -1349,15 +1333,15 @@ static int rdma_progress(struct mp_drv *dp, int timeout_ms)
 	}
 }
 
-static void rdma_wake(struct mp_drv *dp)
+void mp_rdma_wake(struct mp_drv *dp)
 {
 	mp_sock_wake(&rdma_drv_of(dp)->sp);
 }
 
 /* ---- memory ------------------------------------------------------------ */
 
-static int rdma_reg_mr(struct mp_drv *dp, void *buf, size_t len, enum mp_mem_kind kind,
-		       struct mp_drv_mr **out)
+int mp_rdma_reg_mr(struct mp_drv *dp, void *buf, size_t len, enum mp_mem_kind kind,
+		   struct mp_drv_mr **out)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 	struct rdma_mr *w;
@@ -1382,7 +1366,7 @@ static int rdma_reg_mr(struct mp_drv *dp, void *buf, size_t len, enum mp_mem_kin
 	return 0;
 }
 
-static void rdma_dereg_mr(struct mp_drv *dp, struct mp_drv_mr *mr)
+void mp_rdma_dereg_mr(struct mp_drv *dp, struct mp_drv_mr *mr)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 	struct rdma_mr *w = (struct rdma_mr *)(void *)mr;
@@ -1401,7 +1385,7 @@ static void rdma_dereg_mr(struct mp_drv *dp, struct mp_drv_mr *mr)
 
 /* ---- instance ---------------------------------------------------------- */
 
-static int rdma_query(struct mp_drv *dp, struct mp_drv_caps *caps)
+int mp_rdma_query(struct mp_drv *dp, struct mp_drv_caps *caps)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);
 
@@ -1423,7 +1407,6 @@ int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops
 
 	if (!out || !self || !prov)
 		return -EINVAL;
-	mp_log_init();
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;
@@ -1463,7 +1446,7 @@ err_free:
 	return rc;
 }
 
-static void rdma_fini(struct mp_drv *dp)
+void mp_rdma_fini(struct mp_drv *dp)
 {
 	struct rdma_drv *d;
 
@@ -1474,12 +1457,12 @@ static void rdma_fini(struct mp_drv *dp)
 		conn_free(conn_at(d->sp.conns));
 	while (d->sp.listeners) {
 		struct rdma_listener *l =
-			rdma_container_of(d->sp.listeners, struct rdma_listener, sk.link);
+			mp_container_of(d->sp.listeners, struct rdma_listener, sk.link);
 
-		rdma_close_listener((struct mp_drv_listener *)(void *)l);
+		mp_rdma_close_listener((struct mp_drv_listener *)(void *)l);
 	}
 	while (d->mrs)
-		rdma_dereg_mr(dp, (struct mp_drv_mr *)(void *)d->mrs);
+		mp_rdma_dereg_mr(dp, (struct mp_drv_mr *)(void *)d->mrs);
 	while (d->bounce_free) {
 		struct rdma_bounce *b = d->bounce_free;
 
@@ -1493,61 +1476,3 @@ static void rdma_fini(struct mp_drv *dp)
 	free(d);
 }
 
-#define RDMA_OPS_COMMON                          \
-	.size = sizeof(struct mp_driver_ops),    \
-	.abi = MP_DRIVER_ABI,                    \
-	.fini = rdma_fini,                       \
-	.query = rdma_query,                     \
-	.addr_parse = mp_inet_addr_parse,           \
-	.addr_format = mp_inet_addr_format,         \
-	.listen = rdma_listen,                   \
-	.accept = rdma_accept,                   \
-	.close_listener = rdma_close_listener,   \
-	.connect = rdma_connect,                 \
-	.close = rdma_close,                     \
-	.reg_mr = rdma_reg_mr,                   \
-	.dereg_mr = rdma_dereg_mr,               \
-	.isend = rdma_isend,                     \
-	.irecv = rdma_irecv,                     \
-	.test = rdma_test,                       \
-	.progress = rdma_progress,               \
-	.wake = rdma_wake
-
-const struct mp_driver_ops mp_rdma_base_ops = {
-	RDMA_OPS_COMMON,
-};
-
-#ifdef MP_HAVE_VERBS
-extern const struct mp_driver_ops mp_verbs_driver_ops;
-
-static int verbs_init(const struct mp_drv_params *p, struct mp_drv **out)
-{
-	/* GPUDirect: the verbs provider registers CUDA memory when built with CUDA. */
-#ifdef MP_HAVE_CUDA
-	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, MP_DRV_CAP_DEVICE_MEM, p, out);
-#else
-	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, 0, p, out);
-#endif
-}
-
-const struct mp_driver_ops mp_verbs_driver_ops = {
-	RDMA_OPS_COMMON,
-	.name = "verbs",
-	.init = verbs_init,
-};
-#endif
-
-#ifdef MP_HAVE_OFI
-extern const struct mp_driver_ops mp_ofi_driver_ops;
-
-static int ofi_init(const struct mp_drv_params *p, struct mp_drv **out)
-{
-	return mp_rdma_init(&mp_ofi_driver_ops, &mp_rdma_ofi_prov, 0, p, out);
-}
-
-const struct mp_driver_ops mp_ofi_driver_ops = {
-	RDMA_OPS_COMMON,
-	.name = "ofi",
-	.init = ofi_init,
-};
-#endif

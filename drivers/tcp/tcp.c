@@ -40,12 +40,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <moshpit/driver.h>
+#include <moshpit/driver_sdk.h>
 
 #include "inet.h"
-#include "le.h"
-#include "log.h"
-#include "reqq.h"
 #include "size.h"
 #include "sockconn.h"
 
@@ -60,9 +57,6 @@ extern const struct mp_driver_ops mp_tcp_driver_ops;
 #define TCP_EVENTS 64         /* epoll events taken per wait */
 #define TCP_BACKLOG 1024
 #define TCP_SOCKBUF_DEFAULT (4 << 20)
-
-#define tcp_container_of(ptr, type, member) \
-	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 /* Address blob (inet.h): moved between hosts, so every field is a byte array. */
 _Static_assert(sizeof(struct mp_inet_addr) <= MP_DRV_ADDR_MAX, "address blob too large");
@@ -132,7 +126,7 @@ struct tcp_drv {
 
 static inline struct tcp_drv *tcp_drv_of(struct mp_drv *d)
 {
-	return tcp_container_of(d, struct tcp_drv, base);
+	return mp_container_of(d, struct tcp_drv, base);
 }
 
 static inline struct tcp_conn *tcp_conn_of(struct mp_drv_conn *c)
@@ -143,7 +137,7 @@ static inline struct tcp_conn *tcp_conn_of(struct mp_drv_conn *c)
 /* The connection at @l of d->sp.conns; NULL at the end. */
 static inline struct tcp_conn *tcp_conn_at(struct mp_sock_link *l)
 {
-	return l ? tcp_container_of(l, struct tcp_conn, sk.link) : NULL;
+	return l ? mp_container_of(l, struct tcp_conn, sk.link) : NULL;
 }
 
 static inline struct tcp_listener *tcp_listener_of(struct mp_drv_listener *l)
@@ -154,14 +148,6 @@ static inline struct tcp_listener *tcp_listener_of(struct mp_drv_listener *l)
 static inline struct tcp_req *tcp_req_of(struct mp_drv_req *r)
 {
 	return (struct tcp_req *)(void *)r;
-}
-
-static int64_t tcp_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ---- requests ---------------------------------------------------------- */
@@ -536,7 +522,7 @@ static int tcp_conn_new(struct tcp_drv *d, int fd, enum tcp_conn_state state,
 	if (state == TCP_CONNECTING) {
 		d->nconnecting++;
 		if (d->connect_timeout_ms > 0)
-			c->deadline = tcp_now_ms() + d->connect_timeout_ms;
+			c->deadline = (int64_t)mp_now_ms() + d->connect_timeout_ms;
 	}
 	*out = c;
 	return 0;
@@ -733,7 +719,7 @@ static int tcp_test(struct mp_drv_req *rp, int *done, size_t *nbytes)
 
 static void tcp_check_deadlines(struct tcp_drv *d)
 {
-	int64_t now = tcp_now_ms();
+	int64_t now = (int64_t)mp_now_ms();
 
 	for (struct tcp_conn *c = tcp_conn_at(d->sp.conns); c; c = tcp_conn_at(c->sk.link.next)) {
 		if (c->state != TCP_CONNECTING || !c->deadline || now < c->deadline)
@@ -754,7 +740,7 @@ static int tcp_clip_timeout(struct tcp_drv *d, int timeout_ms)
 			first = c->deadline;
 	if (!first)
 		return timeout_ms;
-	now = tcp_now_ms();
+	now = (int64_t)mp_now_ms();
 	if (first <= now)
 		return 0;
 	if (timeout_ms < 0 || first - now < timeout_ms)
@@ -791,7 +777,7 @@ static int tcp_progress(struct mp_drv *dp, int timeout_ms)
 			/* accept() picks the connection up; the wait just ends. */
 			break;
 		case MP_SOCK_CONN:
-			tcp_conn_event(tcp_container_of(ep, struct tcp_conn, sk.ep), evs[i].events);
+			tcp_conn_event(mp_container_of(ep, struct tcp_conn, sk.ep), evs[i].events);
 			break;
 		}
 	}
@@ -852,7 +838,6 @@ static int tcp_init(const struct mp_drv_params *p, struct mp_drv **out)
 
 	if (!out)
 		return -EINVAL;
-	mp_log_init();
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;
@@ -893,7 +878,8 @@ static void tcp_fini(struct mp_drv *dp)
 	while (d->sp.conns)
 		tcp_close((struct mp_drv_conn *)(void *)tcp_conn_at(d->sp.conns));
 	while (d->sp.listeners) {
-		struct tcp_listener *l = tcp_container_of(d->sp.listeners, struct tcp_listener, sk.link);
+		struct tcp_listener *l =
+			mp_container_of(d->sp.listeners, struct tcp_listener, sk.link);
 
 		tcp_close_listener((struct mp_drv_listener *)(void *)l);
 	}
@@ -924,4 +910,5 @@ const struct mp_driver_ops mp_tcp_driver_ops = {
 	.test = tcp_test,
 	.progress = tcp_progress,
 	.wake = tcp_wake,
+	.default_listen = "127.0.0.1:0",
 };

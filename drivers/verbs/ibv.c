@@ -14,7 +14,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <cuda.h>
-#include "log.h"
+#include <moshpit/sdk/log.h>
 #endif
 
 static struct ibv_device **real_get_device_list(int *num)

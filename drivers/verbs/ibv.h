@@ -29,6 +29,9 @@
 
 #include "mp_build_config.h"
 
+struct mp_driver_ops;
+struct mp_rdma_prov_ops;
+
 struct mp_verbs_ibv {
 	struct ibv_device **(*get_device_list)(int *num);
 	void (*free_device_list)(struct ibv_device **list);
@@ -69,6 +72,10 @@ struct mp_verbs_ibv {
 	int (*cuda_dmabuf_fd)(void *base, size_t len, int *fd);
 #endif
 };
+
+/* The provider (verbs.c), and the transport made of it with the RDMA protocol. */
+extern const struct mp_rdma_prov_ops mp_rdma_verbs_prov;
+extern const struct mp_driver_ops mp_verbs_driver_ops;
 
 /* libibverbs itself (and the CUDA driver, loaded on first use). */
 extern const struct mp_verbs_ibv mp_verbs_ibv_real;

@@ -55,11 +55,11 @@
 #include <time.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
+#include <moshpit/driver_sdk.h>
 
 #include "mp_build_config.h"
-#include "../rdma/prov.h"
+#include "../rdma/rdma.h"
 #include "ibv.h"
-#include "log.h"
 
 #define VB_BLOB_MAGIC 0x56 /* 'V' */
 #define VB_BLOB_VERSION 1
@@ -463,7 +463,6 @@ static void vb_close(struct mp_rdma_prov *p);
 
 static int vb_open(const struct mp_rdma_params *p, struct mp_rdma_prov **out)
 {
-	mp_log_init();
 	struct vb_cfg cfg;
 	int rc = vb_read_env(&cfg);
 	if (rc)
@@ -718,13 +717,6 @@ static int vb_backlog_push(struct vb_prov *pv, const struct mp_rdma_cqe *c)
 	return 0;
 }
 
-static int64_t vb_now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /*
  * Moves the queue pair to the error state, which flushes its outstanding
  * writes, and reaps the CQ until a marker posted behind them comes back:
@@ -761,7 +753,7 @@ static void vb_drain(struct vb_ep *ep)
 	}
 	ep->sq_posted++;
 	ep->draining = true;
-	int64_t deadline = vb_now_ms() + VB_DRAIN_MS;
+	uint64_t deadline = mp_now_ms() + VB_DRAIN_MS;
 	while (ep->draining) {
 		struct ibv_wc wc[VB_POLL_BATCH];
 		int got = pv->ibv->poll_cq(pv->cq, VB_POLL_BATCH, wc);
@@ -772,7 +764,7 @@ static void vb_drain(struct vb_ep *ep)
 			if (vb_wc(pv, &wc[i], &c) && vb_backlog_push(pv, &c) != 0)
 				MP_WARN("verbs: out of memory: a completion was lost");
 		}
-		if (got == 0 && vb_now_ms() > deadline) {
+		if (got == 0 && mp_now_ms() > deadline) {
 			MP_WARN("verbs: QP 0x%x did not flush within %d ms; its writes are dropped",
 				ep->qp->qp_num, VB_DRAIN_MS);
 			break;
@@ -797,28 +789,6 @@ static void vb_ep_free(struct vb_ep *ep)
 }
 
 /* ---- endpoints --------------------------------------------------------- */
-
-static void put_le16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_le32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_le16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t get_le32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 /* A random first PSN, so that a stale packet of an earlier QP with the same number is refused. */
 static uint32_t vb_psn(uint32_t slot)
@@ -945,9 +915,9 @@ static int vb_ep_create(struct mp_rdma_prov *p, void *blob, size_t *len, struct 
 	b[1] = VB_BLOB_VERSION;
 	b[2] = pv->link_layer;
 	b[3] = (uint8_t)pv->mtu;
-	put_le32(b + 4, ep->qp->qp_num);
-	put_le32(b + 8, ep->psn);
-	put_le16(b + 12, pv->lid);
+	mp_le_put32(b + 4, ep->qp->qp_num);
+	mp_le_put32(b + 8, ep->psn);
+	mp_le_put16(b + 12, pv->lid);
 	b[14] = pv->port;
 	b[15] = pv->gid_index;
 	memcpy(b + 16, pv->gid.raw, 16);
@@ -976,9 +946,9 @@ static int vb_ep_connect(struct mp_rdma_ep *e, const void *blob, size_t len)
 		return -EINVAL;
 	}
 	enum ibv_mtu rmtu = (enum ibv_mtu)b[3];
-	uint32_t rqpn = get_le32(b + 4) & 0xffffff;
-	uint32_t rpsn = get_le32(b + 8) & 0xffffff;
-	uint16_t rlid = get_le16(b + 12);
+	uint32_t rqpn = mp_le_get32(b + 4) & 0xffffff;
+	uint32_t rpsn = mp_le_get32(b + 8) & 0xffffff;
+	uint16_t rlid = mp_le_get16(b + 12);
 	union ibv_gid rgid;
 	memcpy(rgid.raw, b + 16, 16);
 	if (rmtu < IBV_MTU_256 || rmtu > IBV_MTU_4096) {
@@ -1330,4 +1300,25 @@ const struct mp_rdma_prov_ops mp_rdma_verbs_prov = {
 	.write = vb_write,
 	.max_inline = vb_max_inline,
 	.poll = vb_poll,
+};
+
+/*
+ * The verbs transport: the clear-to-send protocol on this provider. With
+ * CUDA it registers device memory too (GPUDirect), which the core learns
+ * from the capabilities.
+ */
+static int verbs_init(const struct mp_drv_params *p, struct mp_drv **out)
+{
+#ifdef MP_HAVE_CUDA
+	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, MP_DRV_CAP_DEVICE_MEM, p,
+			    out);
+#else
+	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, 0, p, out);
+#endif
+}
+
+const struct mp_driver_ops mp_verbs_driver_ops = {
+	MP_RDMA_DRIVER_OPS,
+	.name = "verbs",
+	.init = verbs_init,
 };

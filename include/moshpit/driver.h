@@ -3,14 +3,20 @@
  * @file driver.h
  * @brief Driver SDK: the seam every moshpit transport fills.
  *
- * This header is for transport drivers (drivers/<name>/), not for
- * applications. A driver fills one `static const struct mp_driver_ops` with
- * designated initializers. The table starts with its own size and ABI so
- * that entries can be appended without breaking drivers built against an
- * older header. In ABI 1 every entry is mandatory: the core refuses a table
- * of another ABI, one smaller than it needs, or one with a NULL entry.
- * Entries appended later will be optional: one beyond `size`, or NULL, will
- * count as not implemented (-ENOTSUP).
+ * This header is for transport drivers, in the tree (drivers/<name>/) or
+ * out of it, not for applications; <moshpit/driver_sdk.h> adds the helpers
+ * a driver needs (log, clock, request pool, little-endian fields). A driver
+ * fills one `static const struct mp_driver_ops` with designated
+ * initializers. The table starts with its own size and ABI so that entries
+ * can be appended without breaking drivers built against an older header.
+ * The entries of ABI 1 up to `wake` are mandatory: the core refuses a table
+ * of another ABI, one smaller than they need, or one with a NULL among
+ * them. Entries appended after them are optional: one beyond `size`, or
+ * NULL, counts as not implemented.
+ *
+ * The core finds drivers by name: its built-in ones, those registered with
+ * ::mp_driver_register, and those of the plugins that MP_DRIVER_PATH names
+ * (see ::MP_DRIVER_PLUGIN).
  *
  * The model is non-blocking and completion based, like NCCL's net plugins:
  *
@@ -146,7 +152,69 @@ struct mp_driver_ops {
 	int (*progress)(struct mp_drv *d, int timeout_ms);
 	/** Wake a thread blocked in progress (may be called from any thread). */
 	void (*wake)(struct mp_drv *d);
+
+	/* Optional entries from here on: read only when `size` covers them. */
+
+	/**
+	 * What ::mp_init listens on when the configuration names no address
+	 * (text for `listen`, e.g. "127.0.0.1:0"). NULL: such a transport
+	 * needs MP_LISTEN, or a peer list that gives this peer's address.
+	 */
+	const char *default_listen;
 };
+
+/** Longest driver name, without its NUL. */
+#define MP_DRIVER_NAME_MAX 31
+
+/**
+ * Make a driver available by its name: ::mp_init then uses it when
+ * mp_config::transport (MP_TRANSPORT) names it, and
+ * ::mp_transport_available knows it. The table is checked first:
+ *
+ *  - -EINVAL: @p ops is NULL, `size` is too short for the ABI field or for
+ *    the mandatory entries, the name is empty, longer than
+ *    ::MP_DRIVER_NAME_MAX or not made of [A-Za-z0-9_-], or a mandatory
+ *    entry is NULL;
+ *  - -EPROTO: `abi` is not this library's ::MP_DRIVER_ABI;
+ *  - -EEXIST: a built-in or registered driver has the name already;
+ *  - -ENOSPC: the registry is full.
+ *
+ * A refused table changes nothing, and ::mp_last_error (NULL) says why.
+ * The library keeps the pointer, not a copy: the table must live as long
+ * as the process (a `static const` of the driver). Drivers cannot be
+ * unregistered. Thread-safe.
+ * @param ops the driver's table
+ * @return 0 or a negative errno
+ */
+MP_API int mp_driver_register(const struct mp_driver_ops *ops);
+
+/**
+ * The function a driver plugin exports, named ::MP_DRIVER_PLUGIN_SYMBOL.
+ * Every shared object that MP_DRIVER_PATH lists (colon-separated, as given
+ * to dlopen) is loaded the first time the library looks for a driver, and
+ * the table this function returns is registered as by
+ * ::mp_driver_register; a plugin that cannot be loaded, or whose table is
+ * refused, is skipped with a warning. The function may return NULL to
+ * decline (no device on this host). A plugin needs the shared libmoshpit
+ * for the SDK's functions: a program linked with libmoshpit.a registers its
+ * drivers with ::mp_driver_register instead.
+ */
+typedef const struct mp_driver_ops *(*mp_driver_plugin_fn)(void);
+
+/** The name of a plugin's ::mp_driver_plugin_fn. */
+#define MP_DRIVER_PLUGIN_SYMBOL "mp_driver_plugin"
+
+/**
+ * Define a plugin's entry point, exported even from an object built with
+ * hidden visibility: `MP_DRIVER_PLUGIN(my_ops)` at file scope, where
+ * my_ops is the driver's `static const struct mp_driver_ops`.
+ */
+#define MP_DRIVER_PLUGIN(table)                                       \
+	MP_API const struct mp_driver_ops *mp_driver_plugin(void);    \
+	MP_API const struct mp_driver_ops *mp_driver_plugin(void)     \
+	{                                                             \
+		return &(table);                                      \
+	}
 
 #ifdef __cplusplus
 }

@@ -31,6 +31,21 @@
 extern "C" {
 #endif
 
+/**
+ * Marks a function that libmoshpit.so exports. The library is built with
+ * hidden visibility, so only what a public header declares with MP_API
+ * leaves the shared object; src/libmoshpit.map then gives each a version
+ * node, as liburing's and DPDK's version scripts do. (A version script
+ * alone would hide the rest at link time too, but the compiler would still
+ * have to treat every internal function as interposable and call it
+ * through the PLT; hidden by default lets it bind them directly.)
+ */
+#if defined(__GNUC__) || defined(__clang__)
+#define MP_API __attribute__((visibility("default")))
+#else
+#define MP_API
+#endif
+
 /** Library version, major part. */
 #define MP_VERSION_MAJOR 0
 /** Library version, minor part. */
@@ -106,9 +121,12 @@ struct mp_config {
 	const char *peers;      /**< MP_PEERS: comma-separated addresses in rank order ("host:port,...") */
 	const char *hostfile;   /**< MP_HOSTFILE: file with one "host[:port]" per line, in rank order */
 	const char *listen;     /**< MP_LISTEN: address to listen on; NULL = own entry of the list, or
-	                             "127.0.0.1:0" when there is none */
+	                             the transport's default when there is none ("127.0.0.1:0"
+	                             for tcp, "loop:*" for loop) */
 	const char *run_name;   /**< MP_RUN: run name; peers of another run are rejected */
-	const char *transport;  /**< MP_TRANSPORT: "tcp" (default) or "loop" */
+	const char *transport;  /**< MP_TRANSPORT: "tcp" (default), "loop", another built-in
+	                             transport, or a driver registered or loaded from
+	                             MP_DRIVER_PATH (moshpit/driver.h) */
 	const char *grid;       /**< MP_GRID: "M1xM2x...", NULL = chosen from npeers */
 	const char *bandwidths; /**< MP_BANDWIDTHS: comma-separated per-rank part weights; NULL = equal */
 	int algo;               /**< MP_ALGO: ::mp_algo ("moshpit", "ring", "butterfly") */
@@ -191,7 +209,7 @@ struct mp_result {
  * rank -1, run "moshpit", 256 KiB chunks, 10 s timeouts.
  * @param cfg configuration to initialise (not NULL)
  */
-void mp_config_init(struct mp_config *cfg);
+MP_API void mp_config_init(struct mp_config *cfg);
 
 /**
  * Override fields of @p cfg from MP_* environment variables that are set.
@@ -199,7 +217,7 @@ void mp_config_init(struct mp_config *cfg);
  * @param cfg configuration initialised by ::mp_config_init
  * @return 0, or -EINVAL if a variable has an unparsable value (named in the log)
  */
-int mp_config_from_env(struct mp_config *cfg);
+MP_API int mp_config_from_env(struct mp_config *cfg);
 
 /**
  * Create a peer context: checks the configuration, starts the transport and
@@ -211,7 +229,7 @@ int mp_config_from_env(struct mp_config *cfg);
  * @return 0; -EINVAL for a bad configuration; -ENOENT for an unknown transport;
  *         -EADDRINUSE / other negative errno from the transport; -ENOMEM
  */
-int mp_init(const struct mp_config *cfg, mp_ctx **out);
+MP_API int mp_init(const struct mp_config *cfg, mp_ctx **out);
 
 /**
  * This peer's listening address as text, to hand to the other peers out of
@@ -221,7 +239,7 @@ int mp_init(const struct mp_config *cfg, mp_ctx **out);
  * @param len size of @p buf; ::MP_ADDR_STRLEN always suffices
  * @return 0, or -ENOSPC if @p buf is too small
  */
-int mp_local_address(mp_ctx *ctx, char *buf, size_t len);
+MP_API int mp_local_address(mp_ctx *ctx, char *buf, size_t len);
 
 /**
  * Set the addresses of all peers, in rank order (this peer's own entry included).
@@ -231,12 +249,12 @@ int mp_local_address(mp_ctx *ctx, char *buf, size_t len);
  * @param n number of peers; must equal the configured npeers when that was set
  * @return 0; -EINVAL (bad count or address); -EBUSY if already set
  */
-int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n);
+MP_API int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n);
 
 /** This peer's rank. @param ctx context @return rank (>= 0) */
-int mp_rank(const mp_ctx *ctx);
+MP_API int mp_rank(const mp_ctx *ctx);
 /** Number of peers. @param ctx context @return peer count (>= 1) */
-int mp_npeers(const mp_ctx *ctx);
+MP_API int mp_npeers(const mp_ctx *ctx);
 
 /**
  * Stop the progress thread, close connections, free everything. Operations
@@ -245,7 +263,7 @@ int mp_npeers(const mp_ctx *ctx);
  * @param ctx context, or NULL (no-op)
  * @return 0
  */
-int mp_finalize(mp_ctx *ctx);
+MP_API int mp_finalize(mp_ctx *ctx);
 
 /**
  * Register a buffer with the transport (pins, or creates an RDMA memory
@@ -273,7 +291,7 @@ int mp_finalize(mp_ctx *ctx);
  *         today); -ENOMEM (also: no pinned memory for the host copy). On
  *         failure ::mp_last_error says why.
  */
-int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out);
+MP_API int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out);
 
 /**
  * Release a registration. The buffer must not be in use by an operation.
@@ -281,7 +299,7 @@ int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, m
  * @param mr handle from ::mp_mem_register, or NULL (no-op)
  * @return 0, or -EBUSY while an operation uses it
  */
-int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
+MP_API int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
 
 /**
  * Start averaging @p count fp32 values in place with weight @p weight. All
@@ -310,8 +328,8 @@ int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
  *         registration); -ENOTCONN if peers are not set; -ENOTSUP for a
  *         dma-buf registration (no device reducer); -ENOMEM
  */
-int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
-		     mp_request **req);
+MP_API int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+			    mp_request **req);
 
 /**
  * Check a request without blocking. When it is done the request is released
@@ -323,7 +341,7 @@ int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr 
  *         failed (-ETIMEDOUT, -ECONNREFUSED, -EPROTO, -ECANCELED, -EIO when a
  *         copy of staged CUDA memory failed, ...)
  */
-int mp_test(mp_request *req, int *done, struct mp_result *res);
+MP_API int mp_test(mp_request *req, int *done, struct mp_result *res);
 
 /**
  * Wait for a request to complete, then release it.
@@ -335,7 +353,7 @@ int mp_test(mp_request *req, int *done, struct mp_result *res);
  *         out is dropped and counted in mp_result::failed_peers); or the
  *         operation's negative errno
  */
-int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
+MP_API int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
 
 /**
  * Blocking convenience: ::mp_average_start then ::mp_wait, for host memory
@@ -347,7 +365,7 @@ int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
  * @param[out] res counters (may be NULL)
  * @return as ::mp_average_start and ::mp_wait
  */
-int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res);
+MP_API int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res);
 
 /**
  * Split @p total values into parts for @p n reducers by bandwidth, as
@@ -365,21 +383,21 @@ int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_re
  * @return 0; -EINVAL (bad arguments, NaN or infinite bandwidth, or every
  *         peer a client while @p total > 0); -ENOMEM
  */
-int mp_balance_parts(uint64_t total, const double *bandwidth, int n, uint64_t min_part,
-		     uint64_t *parts);
+MP_API int mp_balance_parts(uint64_t total, const double *bandwidth, int n, uint64_t min_part,
+			    uint64_t *parts);
 
 /**
  * This peer's id: the rank in a static run, random (or MP_PEER_ID) with the
  * DHT rendezvous. @param ctx context @return id
  */
-uint64_t mp_peer_id(const mp_ctx *ctx);
+MP_API uint64_t mp_peer_id(const mp_ctx *ctx);
 
 /**
  * Address of this peer's DHT node, "host:port", for other peers'
  * --bootstrap / MP_BOOTSTRAP.
  * @return 0; -ENOTSUP without the dht rendezvous; -ENOSPC if @p len is too small
  */
-int mp_dht_address(mp_ctx *ctx, char *buf, size_t len);
+MP_API int mp_dht_address(mp_ctx *ctx, char *buf, size_t len);
 
 /**
  * Leave the run in an orderly way: tell connected peers (BYE) and the
@@ -387,33 +405,34 @@ int mp_dht_address(mp_ctx *ctx, char *buf, size_t len);
  * afterwards fails with -ESHUTDOWN; ::mp_finalize calls it if needed.
  * @return 0
  */
-int mp_leave(mp_ctx *ctx);
+MP_API int mp_leave(mp_ctx *ctx);
 
 /**
  * Parse a mode name. @param s "normal", "client" or "aux"
  * @return ::mp_mode value, or -EINVAL
  */
-int mp_mode_from_name(const char *s);
+MP_API int mp_mode_from_name(const char *s);
 
 /**
  * Name of a negative errno returned by this library.
  * @param err negative errno
  * @return static string
  */
-const char *mp_strerror(int err);
+MP_API const char *mp_strerror(int err);
 
 /**
  * The context's last error message in words (empty if none).
- * @param ctx context, or NULL for the calling thread's last mp_init failure
+ * @param ctx context, or NULL for the calling thread's last failure of
+ *            ::mp_init (or of mp_driver_register)
  * @return string valid until the next call on @p ctx
  */
-const char *mp_last_error(const mp_ctx *ctx);
+MP_API const char *mp_last_error(const mp_ctx *ctx);
 
 /**
  * Set process-wide logging (also read once from MP_DEBUG and MP_DEBUG_FILE).
  * @param level ::mp_log_level
  */
-void mp_log_set_level(int level);
+MP_API void mp_log_set_level(int level);
 
 /**
  * The grid a context would use: @p grid parsed, or when NULL the automatic
@@ -426,27 +445,28 @@ void mp_log_set_level(int level);
  * @return number of dimensions, or -EINVAL (malformed, too few cells for
  *         @p npeers, or more than @p max dimensions)
  */
-int mp_grid_shape(const char *grid, int npeers, int *dims, int max);
+MP_API int mp_grid_shape(const char *grid, int npeers, int *dims, int max);
 
 /**
- * Whether a transport is built into this library.
+ * Whether a transport can be used: built into this library, registered
+ * with mp_driver_register (moshpit/driver.h), or loaded from MP_DRIVER_PATH.
  * @param name "tcp", "loop", ...
  * @return 1 if available, 0 if not
  */
-int mp_transport_available(const char *name);
+MP_API int mp_transport_available(const char *name);
 
 /**
  * Parse an algorithm name. @param s "moshpit", "ring" or "butterfly"
  * @return ::mp_algo value, or -EINVAL
  */
-int mp_algo_from_name(const char *s);
+MP_API int mp_algo_from_name(const char *s);
 
 /**
  * Parse a codec name.
  * @param s "none", "fp16", "bf16", "uniform8", "blockwise8", "topk", "adacomp" or "auto"
  * @return ::mp_codec value, or -EINVAL
  */
-int mp_codec_from_name(const char *s);
+MP_API int mp_codec_from_name(const char *s);
 
 /**
  * Set the codec and, optionally, its parameter from "name[:param]":
@@ -458,7 +478,7 @@ int mp_codec_from_name(const char *s);
  * @return 0, or -EINVAL (unknown codec, a parameter out of range, or a
  *         parameter for a codec that takes none)
  */
-int mp_codec_parse(const char *spec, struct mp_config *cfg);
+MP_API int mp_codec_parse(const char *spec, struct mp_config *cfg);
 
 /**
  * Error feedback. Sparse codecs (topk, adacomp) keep, per averaged buffer
@@ -473,19 +493,19 @@ int mp_codec_parse(const char *spec, struct mp_config *cfg);
  * @return 0, -ENOENT if the buffer has none, -EBUSY while an average of it
  *         is in flight, -EINVAL on bad arguments
  */
-int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue);
+MP_API int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue);
 
 /**
  * Set (restore) the residue of buffer @p buf from @p residue.
  * @return 0, -EBUSY while an average of it is in flight, -ENOMEM, -EINVAL
  */
-int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *residue);
+MP_API int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *residue);
 
 /**
  * Drop the residue of @p buf (NULL: of every buffer).
  * @return 0, -ENOENT if @p buf has none, -EBUSY while an average of it is in flight
  */
-int mp_feedback_reset(mp_ctx *ctx, const float *buf);
+MP_API int mp_feedback_reset(mp_ctx *ctx, const float *buf);
 
 /**
  * Average @p buf plus its residue uncompressed (codec none) and clear the
@@ -493,7 +513,8 @@ int mp_feedback_reset(mp_ctx *ctx, const float *buf);
  * it for the same operation, like ::mp_average.
  * @return as ::mp_average; -EBUSY while another average of @p buf is in flight
  */
-int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res);
+MP_API int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight,
+			    struct mp_result *res);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-int mp_log_level = MP_LOG_WARN;
+static int log_level = MP_LOG_WARN;
 
 static FILE *log_file;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
@@ -39,7 +39,7 @@ static void log_setup(void)
 	int l = parse_level(lvl);
 
 	if (l >= 0)
-		mp_log_level = l;
+		log_level = l;
 	else if (lvl && *lvl)
 		fprintf(stderr, "[moshpit] WARN MP_DEBUG=%s not understood (NONE, WARN, INFO, TRACE)\n", lvl);
 
@@ -80,7 +80,13 @@ void mp_log_set_level(int level)
 {
 	mp_log_init();
 	if (level >= MP_LOG_NONE && level <= MP_LOG_TRACE)
-		mp_log_level = level;
+		log_level = level;
+}
+
+int mp_log_get_level(void)
+{
+	mp_log_init();
+	return log_level;
 }
 
 void mp_log_set_rank(int rank)
@@ -88,7 +94,7 @@ void mp_log_set_rank(int rank)
 	log_rank = rank;
 }
 
-void mp_log_emit(int level, const char *file, int line, const char *fmt, ...)
+void mp_log(int level, const char *file, int line, const char *fmt, ...)
 {
 	static const char *names[] = {"NONE", "WARN", "INFO", "TRACE"};
 	char msg[1024];
@@ -96,6 +102,13 @@ void mp_log_emit(int level, const char *file, int line, const char *fmt, ...)
 	FILE *out;
 	int n;
 
+	/* Drivers out of the tree call this too: a level out of range is named, not indexed. */
+	if (level < MP_LOG_WARN)
+		level = MP_LOG_WARN;
+	else if (level > MP_LOG_TRACE)
+		level = MP_LOG_TRACE;
+	if (!file)
+		file = "?";
 	mp_log_init();
 	out = log_file ? log_file : stderr;
 	n = 0;

@@ -156,8 +156,11 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 
 	ctx->ops = mp_driver_find(ctx->transport);
 	if (!ctx->ops) {
-		mp_set_init_error("transport \"%s\" is not built in (have: %s)", ctx->transport,
-				  mp_driver_names());
+		char names[256];
+
+		mp_driver_names(names, sizeof(names));
+		mp_set_init_error("transport \"%s\" is neither built in nor registered (have: %s)",
+				  ctx->transport, names);
 		rc = -ENOENT;
 		goto fail;
 	}
@@ -198,8 +201,14 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	if (!bind && list)
 		bind = list[ctx->rank];
 	if (!bind)
-		bind = strcmp(ctx->transport, "loop") ? "127.0.0.1:0" : "loop:*";
+		bind = mp_driver_default_listen(ctx->ops);
 	if (ctx->mode != MP_MODE_CLIENT) {
+		if (!bind) {
+			mp_set_init_error("transport %s has no default address to listen on: set "
+					  "MP_LISTEN", ctx->transport);
+			rc = -EINVAL;
+			goto fail;
+		}
 		uint8_t blob[MP_DRV_ADDR_MAX];
 		size_t blen = sizeof(blob);
 		rc = ctx->ops->listen(ctx->drv, bind, blob, &blen, &ctx->listener);

@@ -5,10 +5,13 @@
 
 #include "ctx.h"
 
-/* Built-in drivers (src/core/driver.c). */
+/* The drivers (src/core/driver.c): built in, registered, or from MP_DRIVER_PATH. */
+/* The usable driver named @name, or NULL (a broken built-in one says why in the log). */
 const struct mp_driver_ops *mp_driver_find(const char *name);
-/* Comma-separated list of built-in driver names, for messages. */
-const char *mp_driver_names(void);
+/* The names of the usable drivers, comma-separated, for messages. */
+void mp_driver_names(char *buf, size_t cap);
+/* What @o listens on by default (its optional default_listen), or NULL. */
+const char *mp_driver_default_listen(const struct mp_driver_ops *o);
 
 struct mp_stage;
 

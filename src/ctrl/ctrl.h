@@ -10,8 +10,9 @@
 #ifndef MP_CTRL_H
 #define MP_CTRL_H
 
+#include <moshpit/sdk/reqq.h>
+
 #include "ctx.h"
-#include "reqq.h"
 
 #define MP_CTRL_PAYLOAD_MAX 16384
 

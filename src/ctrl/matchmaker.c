@@ -31,12 +31,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <moshpit/sdk/le.h>
 
 #include "clog.h"
 #include "conn.h"
 #include "ctrl.h"
 #include "fault.h"
-#include "le.h"
 #include "log.h"
 #include "matchmaker.h"
 

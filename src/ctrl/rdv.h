@@ -20,10 +20,10 @@
 #ifndef MP_RDV_H
 #define MP_RDV_H
 
-#include "clock.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <moshpit/moshpit.h>
+#include <moshpit/sdk/clock.h>
 
 #include "auth.h"
 

@@ -62,9 +62,9 @@
 #include <time.h>
 
 #include <opendht/opendht_c.h>
+#include <moshpit/sdk/clock.h>
+#include <moshpit/sdk/le.h>
 
-#include "clock.h"
-#include "le.h"
 #include "log.h"
 #include "rdv.h"
 #include "welcome.h"

@@ -45,8 +45,8 @@
 #include <math.h>
 #include <string.h>
 #include <time.h>
+#include <moshpit/sdk/le.h>
 
-#include "le.h"
 #include "mp_build_config.h"
 #include "rdv.h"
 #include "wire.h"

@@ -32,10 +32,10 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <moshpit/sdk/le.h>
 
-#include "clock.h"
+#include <moshpit/sdk/clock.h>
 #include "inet.h"
-#include "le.h"
 #include "log.h"
 #include "welcome.h"
 

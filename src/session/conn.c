@@ -21,9 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <moshpit/sdk/le.h>
 
 #include "conn.h"
-#include "le.h"
 #include "log.h"
 
 #define RETRY_NS (100ull * 1000 * 1000)

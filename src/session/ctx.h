@@ -14,12 +14,12 @@
 #include <stdint.h>
 #include <moshpit/moshpit.h>
 #include <moshpit/driver.h>
+#include <moshpit/sdk/clock.h>
+#include <moshpit/sdk/reqq.h>
 
 #include "auth.h"
-#include "clock.h"
 #include "codec.h"
 #include "grid.h"
-#include "reqq.h"
 #include "wire.h"
 
 struct mp_ctrl;

@@ -5,11 +5,11 @@
  * endianness, alignment or struct padding.
  */
 #include "wire.h"
-#include "le.h"
 
 #include <errno.h>
 #include <math.h>
 #include <string.h>
+#include <moshpit/sdk/le.h>
 
 /* Byte offsets within the header. */
 enum {

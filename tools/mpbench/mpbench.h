@@ -23,7 +23,7 @@
 
 #include <moshpit/moshpit.h>
 #include "cli.h"
-#include "clock.h"
+#include <moshpit/sdk/clock.h>
 
 #define PROG "mpbench"
 

@@ -455,7 +455,8 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			break;
 		case OPT_TRANSPORT:
 			if (!mp_transport_available(optarg))
-				usage_error("--transport=%s: not built into this library", optarg);
+				usage_error("--transport=%s: not built into this library, registered "
+					    "or in MP_DRIVER_PATH", optarg);
 			b->transport = optarg;
 			break;
 		case OPT_DPDK_ARGS:

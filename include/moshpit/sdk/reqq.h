@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/*
+/**
+ * @file reqq.h
+ * @brief Driver SDK: request pool and FIFO queues of posted requests.
+ *
  * Request bookkeeping shared by the drivers: a pool of request objects and
  * FIFO queues of posted requests, both threaded through one link embedded
  * in the driver's own request struct (intrusive, container_of style). The
@@ -25,26 +28,32 @@
  *
  * Locking is the caller's: the drivers serialise on their own (one thread
  * per instance, or the loop driver's global lock).
+ *
+ * Header only (static inline and macros): nothing here is part of
+ * libmoshpit's ABI, so a driver built out of the tree carries its own copy
+ * of the code and only the layout of its own structs matters. C11
+ * (_Generic, max_align_t).
  */
-#ifndef MP_REQQ_H
-#define MP_REQQ_H
+#ifndef MOSHPIT_SDK_REQQ_H
+#define MOSHPIT_SDK_REQQ_H
 
 #include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>
 
+/** The link a driver embeds in each request (or connection) it queues. */
 struct mp_reqq_link {
-	struct mp_reqq_link *next; /* NULL when last, or on no list */
+	struct mp_reqq_link *next; /**< NULL when last, or on no list */
 };
 
-/* A FIFO of requests; zero-initialised is empty. */
+/** A FIFO of requests; zero-initialised is empty. */
 struct mp_reqq {
 	struct mp_reqq_link *head;
 	struct mp_reqq_link *tail;
-	int n; /* length: drivers bound what a connection may have posted */
+	int n; /**< length: drivers bound what a connection may have posted */
 };
 
-/*
+/**
  * The object around @link, NULL for NULL. @off is the link's offset in it;
  * callers go through mp_reqq_entry(), which computes and checks it.
  */
@@ -53,23 +62,24 @@ static inline void *mp_reqq_obj_(struct mp_reqq_link *link, size_t off)
 	return link ? (void *)((char *)link - off) : NULL;
 }
 
-/* Offset of @member in @type; a compile error unless it is a struct mp_reqq_link. */
+/** Offset of @member in @type; a compile error unless it is a struct mp_reqq_link. */
 #define MP_REQQ_OFF_(type, member) \
 	(offsetof(type, member) + _Generic(((type *)0)->member, struct mp_reqq_link: 0))
 
-/* The @type object whose @member is @link; NULL when @link is NULL. */
+/** The @type object whose @member is @link; NULL when @link is NULL. */
 #define mp_reqq_entry(link, type, member) \
 	((type *)mp_reqq_obj_((link), MP_REQQ_OFF_(type, member)))
 
-/* Oldest request of @q, left in place; NULL when empty. */
+/** Oldest request of @q, left in place; NULL when empty. */
 #define mp_reqq_first(q, type, member) mp_reqq_entry((q)->head, type, member)
 
-/* The request queued after @obj (a @type *), NULL at the end. */
+/** The request queued after @obj (a @type *), NULL at the end. */
 #define mp_reqq_next(obj, type, member) mp_reqq_entry((obj)->member.next, type, member)
 
-/* Take the oldest request off @q; NULL when empty. */
+/** Take the oldest request off @q; NULL when empty. */
 #define mp_reqq_pop_entry(q, type, member) mp_reqq_entry(mp_reqq_pop(q), type, member)
 
+/** Queue @p link last on @p q. */
 static inline void mp_reqq_push(struct mp_reqq *q, struct mp_reqq_link *link)
 {
 	link->next = NULL;
@@ -81,6 +91,7 @@ static inline void mp_reqq_push(struct mp_reqq *q, struct mp_reqq_link *link)
 	q->n++;
 }
 
+/** Take the oldest link off @p q; NULL when empty. */
 static inline struct mp_reqq_link *mp_reqq_pop(struct mp_reqq *q)
 {
 	struct mp_reqq_link *link = q->head;
@@ -95,7 +106,7 @@ static inline struct mp_reqq_link *mp_reqq_pop(struct mp_reqq *q)
 	return link;
 }
 
-/*
+/**
  * Take @link, which must be queued on @q, out of it. O(length): singly
  * linked keeps push and pop at one pointer each, and removal from the
  * middle is rare (closing a connection that waits to be accepted).
@@ -115,7 +126,7 @@ static inline void mp_reqq_remove(struct mp_reqq *q, struct mp_reqq_link *link)
 	link->next = NULL;
 }
 
-/*
+/**
  * Complete every request of @q with @err, oldest first, through the
  * driver's own @complete (which does the driver's state, logging and
  * wake-ups). Each request is off the queue before @complete sees it, so
@@ -132,26 +143,27 @@ static inline void mp_reqq_fail(struct mp_reqq *q, void (*complete)(struct mp_re
 
 /* ---- pool ------------------------------------------------------------- */
 
+/** One allocation of a pool (internal to it). */
 struct mp_reqpool_block {
 	struct mp_reqpool_block *next;
-	max_align_t objs[]; /* per_block objects of `size` bytes */
+	max_align_t objs[]; /**< per_block objects of `size` bytes */
 };
 
-/* Request objects of one type, carved @per_block at a time; MP_REQPOOL() sets one up. */
+/** Request objects of one type, carved @per_block at a time; MP_REQPOOL() sets one up. */
 struct mp_reqpool {
 	struct mp_reqq_link *free;
 	struct mp_reqpool_block *blocks;
-	size_t size;     /* of one object */
-	size_t link_off; /* of its struct mp_reqq_link */
+	size_t size;     /**< of one object */
+	size_t link_off; /**< of its struct mp_reqq_link */
 	unsigned per_block;
 };
 
-/* An empty pool of @type objects linked through @member, growing @n at a time. */
+/** An empty pool of @type objects linked through @member, growing @n at a time. */
 #define MP_REQPOOL(type, member, n) \
 	((struct mp_reqpool){.size = sizeof(type), .link_off = MP_REQQ_OFF_(type, member), \
 			     .per_block = (n)})
 
-/*
+/**
  * A request object from @p, zeroed when new and as left by its last user
  * when recycled; NULL when memory runs out. Take it with
  * mp_reqpool_get_entry() for the type check.
@@ -181,16 +193,17 @@ static inline struct mp_reqq_link *mp_reqpool_get(struct mp_reqpool *p)
 	return link;
 }
 
+/** ::mp_reqpool_get as a @p type object, with the type check of ::mp_reqq_entry. */
 #define mp_reqpool_get_entry(p, type, member) mp_reqq_entry(mp_reqpool_get(p), type, member)
 
-/* Give a request back to @p; its memory stays the pool's until mp_reqpool_fini(). */
+/** Give a request back to @p; its memory stays the pool's until mp_reqpool_fini(). */
 static inline void mp_reqpool_put(struct mp_reqpool *p, struct mp_reqq_link *link)
 {
 	link->next = p->free;
 	p->free = link;
 }
 
-/* Free every block: every request of @p, tested or not, is gone after this. */
+/** Free every block: every request of @p, tested or not, is gone after this. */
 static inline void mp_reqpool_fini(struct mp_reqpool *p)
 {
 	while (p->blocks) {
@@ -204,7 +217,14 @@ static inline void mp_reqpool_fini(struct mp_reqpool *p)
 
 /* ---- request life cycle ----------------------------------------------- */
 
-/*
+/** Where a ::mp_reqq_req is in its life. */
+enum mp_reqq_state {
+	MP_REQQ_FREE = 0, /**< in the pool */
+	MP_REQQ_POSTED,   /**< handed out, not finished */
+	MP_REQQ_DONE,     /**< finished, not yet tested */
+};
+
+/**
  * The part of a request that every driver with a pool keeps the same way:
  * taken from the pool POSTED, marked DONE with a status by the driver's
  * completion, handed back by test() once it reports done, and FREE while in
@@ -213,20 +233,14 @@ static inline void mp_reqpool_fini(struct mp_reqpool *p)
  * base.link to the pool and queue macros. The loop driver keeps its own:
  * its test() polls an atomic done flag without taking the global lock.
  */
-enum mp_reqq_state {
-	MP_REQQ_FREE = 0,
-	MP_REQQ_POSTED,
-	MP_REQQ_DONE,
-};
-
 struct mp_reqq_req {
-	struct mp_reqq_link link; /* pool free list, or the queue it is posted on */
+	struct mp_reqq_link link; /**< pool free list, or the queue it is posted on */
 	enum mp_reqq_state state;
-	int status;    /* 0 or negative errno, final once DONE */
-	size_t nbytes; /* what test() reports; the driver's to set */
+	int status;    /**< 0 or negative errno, final once DONE */
+	size_t nbytes; /**< what test() reports; the driver's to set */
 };
 
-/* A request just taken from its pool: posted, no result yet. */
+/** A request just taken from its pool: posted, no result yet. */
 static inline void mp_reqq_req_post(struct mp_reqq_req *r)
 {
 	r->state = MP_REQQ_POSTED;
@@ -234,21 +248,21 @@ static inline void mp_reqq_req_post(struct mp_reqq_req *r)
 	r->nbytes = 0;
 }
 
-/* Mark @r finished with @status (0 or negative errno); test() reports it. */
+/** Mark @r finished with @status (0 or negative errno); test() reports it. */
 static inline void mp_reqq_req_complete(struct mp_reqq_req *r, int status)
 {
 	r->status = status;
 	r->state = MP_REQQ_DONE;
 }
 
-/* Give @r back to @p, marked FREE so that a later test() of it is refused. */
+/** Give @r back to @p, marked FREE so that a later test() of it is refused. */
 static inline void mp_reqq_req_put(struct mp_reqpool *p, struct mp_reqq_req *r)
 {
 	r->state = MP_REQQ_FREE;
 	mp_reqpool_put(p, &r->link);
 }
 
-/*
+/**
  * The drivers' test() on a non-NULL @r and @done, with @p the pool @r came
  * from: -EINVAL for a handle already handed back (*done untouched: some
  * callers promise that, others clear it first); 0 with *done = 0 while
@@ -273,4 +287,4 @@ static inline int mp_reqq_req_test(struct mp_reqpool *p, struct mp_reqq_req *r, 
 	return status;
 }
 
-#endif /* MP_REQQ_H */
+#endif /* MOSHPIT_SDK_REQQ_H */
