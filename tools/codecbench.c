@@ -18,7 +18,7 @@
  * minimum is the run least disturbed by the rest of the machine, which is
  * what a throughput comparison between codecs wants.
  *
- * This tool sits on the internal codec interface (src/codec.h), not the
+ * This tool sits on the internal codec interface (src/codec/codec.h), not the
  * public API: it links the library's core objects.
  */
 #ifndef _GNU_SOURCE
@@ -59,7 +59,7 @@
  */
 #define SLOT_ALIGN 64
 
-/* Library limits on chunk_bytes (src/config.c). */
+/* Library limits on chunk_bytes (src/core/config.c). */
 #define CHUNK_MIN 4ULL
 #define CHUNK_MAX (1ULL << 28)
 /* A sanity bound, far above any memory this will run in. */

@@ -156,7 +156,7 @@ static void average_group(struct mpsim *s, int n)
 }
 
 /*
- * The matchmaker's next coordinate (take_roster in src/matchmaker.c): the
+ * The matchmaker's next coordinate (take_roster in src/ctrl/matchmaker.c): the
  * members trade the coordinates they hold along the line, member i (in
  * coordinate order) taking that of member (i + id mod n) mod n. On a full
  * line that is the part index rotated by the group id. Every occupant of
