@@ -50,7 +50,7 @@
 
 #include "mp_build_config.h"
 #ifdef MP_HAVE_DPDK_GPUDEV
-#include "../drivers/dpdk/gpu.h"
+#include "drivers/dpdk/gpu.h"
 #endif
 
 #define SKIP 77
