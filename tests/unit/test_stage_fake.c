@@ -41,6 +41,15 @@
 #define MAXP FK_MAXP
 #define MAXOPS FK_MAXOPS
 
+/* Built with ThreadSanitizer (gcc says so one way, clang another)? */
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+
 /* ---- peers ------------------------------------------------------------- */
 
 static char log_path[64];
@@ -373,6 +382,12 @@ static void stage_exact_average_tcp(void **state)
 static void stage_exact_average_ofi(void **state)
 {
 	(void)state;
+#ifdef UNDER_TSAN
+	/* libfabric is not built with ThreadSanitizer, and under it four
+	 * tcp;ofi_rxm instances in one process take longer than the 5 s
+	 * connect timeout to connect; loop and tcp stage the same way. */
+	skip();
+#endif
 	exact_average("ofi");
 }
 
