@@ -116,7 +116,7 @@ testpmd_rate() {
 	awk -v p="${pps:-0}" -v l="$len" 'BEGIN { printf "%.0f", p * l / 1e6 }'
 }
 
-stream=$build/tests/test_dpdk_frames
+stream=$build/tests/integration/test_dpdk_frames
 # Every rate goes to $tmp/v.KEY, one line per run; summaries take the best
 # (the capacity, which the machine's other load can only lower) and the median.
 put() { echo "$2" >>"$tmp/v.$1"; }

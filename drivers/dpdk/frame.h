@@ -4,7 +4,7 @@
  * the 42-byte header in front of a reliable-delivery segment, classifying a
  * received frame (ours, an ARP request to answer, or dropped for a counted
  * reason) and building the ARP reply. Nothing here needs DPDK, so the rules
- * are unit-tested without EAL (tests/test_dpdk_frame.c).
+ * are unit-tested without EAL (tests/unit/test_dpdk_frame.c).
  *
  * Addresses: a peer is a MAC, an IPv4 address and a UDP port. The driver's
  * address blob is struct mp_dpdk_addr; its text form is "MAC/IPV4:PORT",

@@ -3,7 +3,7 @@
  * Reliable, in-order delivery of messages over an unreliable datagram path:
  * the transport-protocol core of the dpdk driver. Nothing here needs DPDK;
  * the port layer (drivers/dpdk/dpdk.c) moves the segments this module
- * produces and consumes, and tests/test_dpdk_rel.c drives it over a
+ * produces and consumes, and tests/unit/test_dpdk_rel.c drives it over a
  * simulated link with a virtual clock.
  *
  * SEAM STABILITY: the dpdk port layer codes against this header. After its

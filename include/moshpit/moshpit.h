@@ -20,6 +20,8 @@
  * context runs one private progress thread that performs the averaging, so an
  * operation started with ::mp_average_start advances while the caller
  * computes. A request may be tested or waited on from any one thread.
+ * ::mp_last_error may be called while the progress thread runs (it records
+ * the failures of operations meanwhile): the message is copied under a lock.
  */
 #ifndef MOSHPIT_MOSHPIT_H
 #define MOSHPIT_MOSHPIT_H
@@ -422,9 +424,19 @@ MP_API const char *mp_strerror(int err);
 
 /**
  * The context's last error message in words (empty if none).
+ *
+ * Thread safety: the progress thread records the failures of operations as
+ * they happen, so this may be called at any time, also while an operation
+ * runs (say between two ::mp_test calls): the message is copied under a lock
+ * into a string of the context's that only this function writes, so it never
+ * changes under the caller and is never half of one message and half of the
+ * next. Like every call on one context, calls must not overlap in several
+ * threads.
  * @param ctx context, or NULL for the calling thread's last failure of
  *            ::mp_init (or of mp_driver_register)
- * @return string valid until the next call on @p ctx
+ * @return string valid until the next call on @p ctx (::mp_test and
+ *         ::mp_wait, calls on a request, leave it as it is); with NULL, the
+ *         calling thread's own (no other thread writes it)
  */
 MP_API const char *mp_last_error(const mp_ctx *ctx);
 

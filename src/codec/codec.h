@@ -6,7 +6,7 @@
  * travels in the payload, so peers with different encoder settings still
  * understand each other, and a decoder never consults local configuration.
  *
- * Contract for every codec (tests/test_codec*.c hold them to it):
+ * Contract for every codec (tests/unit/test_codec*.c hold them to it):
  *  - encode never writes past @cap and returns -ENOSPC rather than truncate;
  *    max_encoded(p, count) bytes are always enough.
  *  - decode / decode_acc check the payload completely before they write a

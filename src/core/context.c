@@ -244,7 +244,7 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	if (list) {
 		rc = mp_set_peers(ctx, (const char *const *)list, nlist);
 		if (rc) {
-			mp_set_init_error("%s", ctx->err);
+			mp_set_init_error("%s", mp_last_error(ctx));
 			goto fail;
 		}
 	}

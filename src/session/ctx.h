@@ -153,10 +153,15 @@ struct mp_ctx {
 	struct mp_reqq queue;
 	struct mp_request *live;  /* released by mp_finalize if the caller never waited */
 
+	/* Last error message: written by the caller's thread and the progress
+	 * thread, so only under error.c's lock (mp_set_error). err_shown is
+	 * the copy mp_last_error handed out: the caller's until its next call. */
 	char err[256];
+	char err_shown[256];
 };
 
-/* Record a message as the context's last error (and log it at WARN). */
+/* Record a message as the context's last error (and log it at WARN); any
+ * thread. Read it back with mp_last_error, never through ctx->err. */
 void mp_set_error(struct mp_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Thread-local error of the last failed mp_init. */
 void mp_set_init_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

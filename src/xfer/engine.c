@@ -195,6 +195,60 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 }
 
 /*
+ * Put payload @p of header @h into send slot @s and set h->length: the one
+ * place where a produced payload becomes frame bytes (see struct
+ * mp_payload). Returns 0, or a negative errno (the peer is then dropped).
+ */
+static int put_payload(struct mp_xfer *x, struct mp_wire_hdr *h, const struct mp_payload *p,
+		       struct mp_xslot *s)
+{
+	struct mp_ctx *ctx = x->ctx;
+	uint8_t *body = s->buf + MP_WIRE_HDR_SIZE;
+	const size_t room = frame_max(x) - MP_WIRE_HDR_SIZE;
+	size_t plen;
+	int rc;
+
+	switch (p->kind) {
+	case MP_PAYLOAD_ENCODED:
+		/* Encoded with this exchange's codec for a chunk of at most
+		 * chunk_elems values, so it fits, unless the slot holds only
+		 * a header (codec none). */
+		if (zero_copy(x) || p->len > room)
+			return -EMSGSIZE;
+		memcpy(body, p->bytes, p->len);
+		plen = p->len;
+		s->iovcnt = 1;
+		break;
+	case MP_PAYLOAD_VALUES:
+		if (zero_copy(x)) {
+			plen = (size_t)h->count * sizeof(float);
+			s->iov[1].base = p->values;
+			s->iov[1].len = plen;
+			s->iovcnt = 2;
+			break;
+		}
+		/* Sparse codecs take this peer's error feedback for these
+		 * elements along, and leave what they did not send in it. */
+		rc = x->codec->encode(&ctx->cparams, p->values,
+				      x->residue ? x->residue + h->offset : NULL, h->count, body,
+				      room, &plen, x->enc_scratch);
+		if (rc)
+			return rc;
+		s->iovcnt = 1;
+		break;
+	default:
+		return -EINVAL;
+	}
+	h->length = (uint32_t)plen;
+	mp_wire_encode(h, s->buf, s->iovcnt == 2 ? s->iov[1].base : body);
+	s->iov[0].base = s->buf;
+	s->iov[0].len = s->iovcnt == 2 ? MP_WIRE_HDR_SIZE : MP_WIRE_HDR_SIZE + plen;
+	s->len = MP_WIRE_HDR_SIZE + plen;
+	s->count = h->count;
+	return 0;
+}
+
+/*
  * Ask the algorithm for the next message and post it. Returns 1 if posted.
  * A message refused with -EAGAIN stays staged in its slot and is posted
  * first next time, since the algorithm has already counted it as produced.
@@ -207,12 +261,11 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 
 	if (!ch->staged) {
 		struct mp_wire_hdr h;
-		const float *src;
-		size_t plen;
+		struct mp_payload p;
 
 		memset(&h, 0, sizeof(h));
-		int what = x->xops->produce(x->op, ch, &h, &src);
-		if (!what)
+		memset(&p, 0, sizeof(p));
+		if (!x->xops->produce(x->op, ch, &h, &p))
 			return 0;
 		h.codec = (uint8_t)x->codec->id;
 		h.run_id = ctx->run_id;
@@ -221,36 +274,11 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 		h.sender = (uint32_t)ctx->self_id;
 		h.token = mp_conn_token(ctx, ch->peer, ch->stream);
 		h.flags = ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
-		if (what == 2) {
-			/* Encoded once by the algorithm (a reducer's result goes to
-			 * every member alike); it fits: same codec, same chunk. */
-			plen = h.length;
-			memcpy(s->buf + MP_WIRE_HDR_SIZE, src, plen);
-			s->iovcnt = 1;
-		} else if (zero_copy(x)) {
-			plen = (size_t)h.count * sizeof(float);
-			s->iov[1].base = src;
-			s->iov[1].len = plen;
-			s->iovcnt = 2;
-		} else {
-			/* Sparse codecs take this peer's error feedback for these
-			 * elements along, and leave what they did not send in it. */
-			rc = x->codec->encode(&ctx->cparams, src,
-					      x->residue ? x->residue + h.offset : NULL, h.count,
-					      s->buf + MP_WIRE_HDR_SIZE, frame_max(x) - MP_WIRE_HDR_SIZE,
-					      &plen, x->enc_scratch);
-			if (rc) {
-				fail_peer(x, ch->peer, rc, "encode failed");
-				return 0;
-			}
-			s->iovcnt = 1;
+		rc = put_payload(x, &h, &p, s);
+		if (rc) {
+			fail_peer(x, ch->peer, rc, "encode failed");
+			return 0;
 		}
-		h.length = (uint32_t)plen;
-		mp_wire_encode(&h, s->buf, s->iovcnt == 2 ? (const void *)src : s->buf + MP_WIRE_HDR_SIZE);
-		s->iov[0].base = s->buf;
-		s->iov[0].len = s->iovcnt == 2 ? MP_WIRE_HDR_SIZE : MP_WIRE_HDR_SIZE + plen;
-		s->len = MP_WIRE_HDR_SIZE + plen;
-		s->count = h.count;
 		ch->staged = 1;
 	}
 	rc = ctx->ops->isend(conn, s->iov, s->iovcnt, s->iovcnt == 2 ? x->user_mr : ctx->slab_mr,

@@ -289,7 +289,7 @@ static void faults_due(struct gar *r, int phase)
 			}
 }
 
-static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const float **src)
+static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct mp_payload *pl)
 {
 	struct gar *r = op;
 	struct gchan *gc = gchan_of(r, ch);
@@ -315,11 +315,13 @@ static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const 
 		h->aux = (uint32_t)r->nused;
 		gc->gath_next += (uint64_t)r->S;
 		if (r->a->codec->id != MP_CODEC_NONE) {
-			h->length = r->enc_len[c];
-			*src = (const float *)(const void *)(r->enc + c * r->enc_cap);
-			return 2;
+			/* Encoded once in reduce_part, for every member alike. */
+			*pl = (struct mp_payload){.kind = MP_PAYLOAD_ENCODED,
+						 .bytes = r->enc + c * r->enc_cap,
+						 .len = r->enc_len[c]};
+			return 1;
 		}
-		*src = r->a->x + h->offset;
+		*pl = (struct mp_payload){.kind = MP_PAYLOAD_VALUES, .values = r->a->x + h->offset};
 		return 1;
 	}
 	uint64_t c = gc->scat_next;
@@ -328,7 +330,7 @@ static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const 
 	h->offset = r->mb[j].off + c * r->C;
 	h->count = chunk_count(r, j, c);
 	h->weight = r->a->weight;
-	*src = r->a->x + h->offset;
+	*pl = (struct mp_payload){.kind = MP_PAYLOAD_VALUES, .values = r->a->x + h->offset};
 	gc->scat_next += (uint64_t)r->S;
 	return 1;
 }

@@ -66,7 +66,7 @@ static uint32_t count_of(const struct ring *g, int p, uint64_t c)
 	return (uint32_t)(n < g->C ? n : g->C);
 }
 
-static int r_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const float **src)
+static int r_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct mp_payload *pl)
 {
 	struct ring *g = op;
 	int s = ch->stream, st = g->sst[s];
@@ -84,7 +84,7 @@ static int r_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const 
 	h->count = count_of(g, p, c);
 	h->weight = st == 0 ? g->a->weight : g->wsum[g->base[p] + c];
 	h->aux = st < g->N - 1 ? (uint32_t)(st + 1) : (uint32_t)g->N;
-	*src = g->a->x + h->offset;
+	*pl = (struct mp_payload){.kind = MP_PAYLOAD_VALUES, .values = g->a->x + h->offset};
 	g->sc[s] = c + (uint64_t)g->S;
 	normalize(g, part_sent, s, &g->sst[s], &g->sc[s]);
 	g->sleft[s]--;

@@ -9,13 +9,35 @@
 
 struct mp_chan;
 
+/*
+ * The payload of a message an algorithm produces. The engine alone turns it
+ * into frame bytes (engine.c, put_payload), in one of two ways:
+ *  - MP_PAYLOAD_VALUES: h->count fp32 values, which the engine encodes with
+ *    the exchange's codec (a sparse codec with the peer's error feedback),
+ *    or sends from the user's buffer as they are (codec none: zero copy).
+ *  - MP_PAYLOAD_ENCODED: @len bytes the algorithm encoded already with the
+ *    exchange's codec, copied as they are. A reducer's result goes to every
+ *    member alike, so it is encoded once (and decoded back into the
+ *    reducer's own values) rather than once per member. Not with codec
+ *    none, whose send slots hold only the header.
+ */
+enum mp_payload_kind {
+	MP_PAYLOAD_VALUES,
+	MP_PAYLOAD_ENCODED,
+};
+struct mp_payload {
+	enum mp_payload_kind kind;
+	const float *values;   /* VALUES */
+	const uint8_t *bytes;  /* ENCODED */
+	size_t len;            /* ENCODED: bytes */
+};
+
 /* What an algorithm plugs into the engine for one exchange. */
 struct mp_xfer_ops {
 	/* Next message to send on @ch, if one is ready: fill @h (type, part,
-	 * offset, count, weight, aux) and the fp32 source; return 1, else 0.
-	 * Return 2 instead for a payload the algorithm encoded itself: *src then
-	 * points at h->length bytes of it (cast), sent as they are. */
-	int (*produce)(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, const float **src);
+	 * offset, count, weight, aux) and @p; return 1, else 0. The engine
+	 * sets the rest of the header, the length included. */
+	int (*produce)(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct mp_payload *p);
 	/* A validated frame arrived on @ch: check it is the expected one and apply
 	 * it. Return 0, or -EPROTO for an unexpected frame (counted, peer dropped). */
 	int (*consume)(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, const void *payload);

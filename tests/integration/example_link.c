@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Built by tests/pkgconfig.sh against an installed libmoshpit through
+/* Built by tests/integration/pkgconfig.sh against an installed libmoshpit through
  * pkg-config, as an integrator would: two peers (threads, loop transport)
  * average {1,2,3} and {3,4,5}. */
 #define _GNU_SOURCE

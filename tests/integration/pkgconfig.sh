@@ -12,8 +12,8 @@ export PKG_CONFIG_PATH=$pc PKG_CONFIG_SYSROOT_DIR=$dest
 cflags=$(pkg-config --cflags moshpit)
 libs=$(pkg-config --libs moshpit)
 libdir=$(pkg-config --variable=libdir moshpit)  # the sysroot is already applied
-cc -std=c11 $cflags "$src/tests/example_link.c" -o "$dest/example" $libs -pthread
+cc -std=c11 $cflags "$src/tests/integration/example_link.c" -o "$dest/example" $libs -pthread
 LD_LIBRARY_PATH=$libdir "$dest/example"
-cc -std=c11 $cflags "$src/tests/example_link.c" -o "$dest/example_static" \
+cc -std=c11 $cflags "$src/tests/integration/example_link.c" -o "$dest/example_static" \
 	"$libdir/libmoshpit.a" $(pkg-config --libs --static moshpit | sed 's/-L[^ ]*//; s/-lmoshpit//') -pthread
 "$dest/example_static"

@@ -1,14 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Host staging of CUDA memory (src/stage.c) against a FAKE of the CUDA
- * driver, swapped in through src/stage.h: no GPU is needed or touched.
- *
- * The fake's "device memory" is host memory that it maps with no access at
- * all and opens only inside its own two copies, so a read or write of it
- * by the library anywhere else (the reducer, a codec, a send) faults. It
- * counts, per byte, the copies to the host and back, can fail either copy
- * for chosen peers and operations, and can hold one peer's copy back until
- * the test lets it go.
+ * Host staging of CUDA memory (src/xfer/stage.c) against the FAKE of the
+ * CUDA driver in tests/fakes/fake_cuda.c, swapped in through
+ * src/xfer/stage.h: no GPU is needed or touched. The fake's device memory
+ * faults on any access outside its own copies, which it counts per byte.
  *
  * Peers are threads over the loop transport (and tcp and ofi on loopback
  * for the plain average). Checked: exact averages;
@@ -41,221 +36,19 @@
 
 #include "mp_build_config.h"
 #include "stage.h"
+#include "fake_cuda.h"
 
-#define MAXP 4
-#define MAXOPS 3
+#define MAXP FK_MAXP
+#define MAXOPS FK_MAXOPS
 
-/* ---- the fake ---------------------------------------------------------- */
-
-struct fk_mem {
-	char *base;       /* mapped PROT_NONE except inside the fake's copies */
-	size_t len, maplen;
-	int rank;
-	int in_calls;     /* to_host calls so far: the operation's index */
-	uint8_t *n_in;    /* per byte: copies to the host */
-	uint8_t *n_out;   /* per byte: copies back to the device */
-};
-
-static struct {
-	pthread_mutex_t mu; /* everything here, and every access to fake device memory */
-	pthread_cond_t cv;
-	struct fk_mem mem[MAXP];
-	unsigned fail_in[MAXOPS];  /* per operation: ranks whose copy in fails */
-	unsigned fail_out[MAXOPS]; /* per operation: ranks whose copy back fails */
-	int gate_rank, gate_op;    /* this copy back waits for gate_open (-1: none) */
-	int gate_entered, gate_open;
-	int queries, releases, allocs, frees;
-} fk = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .gate_rank = -1};
-
-static void fk_protect(const struct fk_mem *m, int prot)
-{
-	/* Not a cmocka assertion: this runs on the library's threads too. */
-	if (mprotect(m->base, m->maplen, prot))
-		abort();
-}
-
-static void fk_check_range(const struct fk_mem *m, const void *p, size_t len)
-{
-	if ((const char *)p < m->base || (const char *)p + len > m->base + m->len)
-		abort();
-}
-
-static void fk_mem_init(int rank, size_t len)
-{
-	struct fk_mem *m = &fk.mem[rank];
-	long pg = sysconf(_SC_PAGESIZE);
-
-	m->maplen = (len + (size_t)pg - 1) & ~((size_t)pg - 1);
-	m->base = mmap(NULL, m->maplen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	assert_true(m->base != MAP_FAILED);
-	m->len = len;
-	m->rank = rank;
-	m->in_calls = 0;
-	m->n_in = calloc(len, 1);
-	m->n_out = calloc(len, 1);
-	assert_non_null(m->n_in);
-	assert_non_null(m->n_out);
-}
-
-static void fk_mem_fini(int rank)
-{
-	struct fk_mem *m = &fk.mem[rank];
-
-	munmap(m->base, m->maplen);
-	free(m->n_in);
-	free(m->n_out);
-	memset(m, 0, sizeof(*m));
-}
-
-/* The test's own look at device memory, as cudaMemcpy would give it. */
-static void fk_read(int rank, size_t off, void *dst, size_t len)
-{
-	struct fk_mem *m = &fk.mem[rank];
-
-	pthread_mutex_lock(&fk.mu);
-	fk_protect(m, PROT_READ);
-	memcpy(dst, m->base + off, len);
-	fk_protect(m, PROT_NONE);
-	pthread_mutex_unlock(&fk.mu);
-}
-
-static void fk_write(int rank, size_t off, const void *src, size_t len)
-{
-	struct fk_mem *m = &fk.mem[rank];
-
-	pthread_mutex_lock(&fk.mu);
-	fk_protect(m, PROT_READ | PROT_WRITE);
-	memcpy(m->base + off, src, len);
-	fk_protect(m, PROT_NONE);
-	pthread_mutex_unlock(&fk.mu);
-}
-
-static int fk_query(void *ptr, size_t len, struct mp_stage_dev *d, char *why, size_t n)
-{
-	struct fk_mem *found = NULL;
-
-	pthread_mutex_lock(&fk.mu);
-	for (int r = 0; r < MAXP; r++) {
-		struct fk_mem *m = &fk.mem[r];
-		if (m->base && (char *)ptr >= m->base && (char *)ptr + len <= m->base + m->len)
-			found = m;
-	}
-	if (found)
-		fk.queries++;
-	pthread_mutex_unlock(&fk.mu);
-	if (!found) {
-		snprintf(why, n, "fake: %p is not device memory", ptr);
-		return -EINVAL;
-	}
-	d->ctx = found;
-	d->device = -1;
-	return 0;
-}
-
-static void fk_release(struct mp_stage_dev *d)
-{
-	(void)d;
-	pthread_mutex_lock(&fk.mu);
-	fk.releases++;
-	pthread_mutex_unlock(&fk.mu);
-}
-
-static int fk_host_alloc(const struct mp_stage_dev *d, size_t len, void **host)
-{
-	(void)d;
-	*host = malloc(len);
-	if (!*host)
-		return -ENOMEM;
-	pthread_mutex_lock(&fk.mu);
-	fk.allocs++;
-	pthread_mutex_unlock(&fk.mu);
-	return 0;
-}
-
-static void fk_host_free(const struct mp_stage_dev *d, void *host)
-{
-	(void)d;
-	free(host);
-	pthread_mutex_lock(&fk.mu);
-	fk.frees++;
-	pthread_mutex_unlock(&fk.mu);
-}
-
-static int fk_to_host(const struct mp_stage_dev *d, void *host, const void *dev, size_t len)
-{
-	struct fk_mem *m = d->ctx;
-	int rc = 0;
-
-	pthread_mutex_lock(&fk.mu);
-	fk_check_range(m, dev, len);
-	int op = m->in_calls++;
-	if (op < MAXOPS && (fk.fail_in[op] & (1u << m->rank))) {
-		rc = -EIO;
-	} else {
-		size_t off = (size_t)((const char *)dev - m->base);
-		fk_protect(m, PROT_READ);
-		memcpy(host, dev, len);
-		fk_protect(m, PROT_NONE);
-		for (size_t i = 0; i < len; i++)
-			m->n_in[off + i]++;
-	}
-	pthread_mutex_unlock(&fk.mu);
-	return rc;
-}
-
-static int fk_to_device(const struct mp_stage_dev *d, void *dev, const void *host, size_t len)
-{
-	struct fk_mem *m = d->ctx;
-	int rc = 0;
-
-	pthread_mutex_lock(&fk.mu);
-	fk_check_range(m, dev, len);
-	/* The copy back belongs to the operation whose copy in came last. */
-	int op = m->in_calls - 1;
-	if (m->rank == fk.gate_rank && op == fk.gate_op) {
-		struct timespec dl;
-		clock_gettime(CLOCK_REALTIME, &dl);
-		dl.tv_sec += 20;
-		fk.gate_entered = 1;
-		pthread_cond_broadcast(&fk.cv);
-		while (!fk.gate_open)
-			if (pthread_cond_timedwait(&fk.cv, &fk.mu, &dl))
-				break;
-	}
-	if (op < MAXOPS && (fk.fail_out[op] & (1u << m->rank))) {
-		rc = -EIO;
-	} else {
-		size_t off = (size_t)((char *)dev - m->base);
-		fk_protect(m, PROT_READ | PROT_WRITE);
-		memcpy(dev, host, len);
-		fk_protect(m, PROT_NONE);
-		for (size_t i = 0; i < len; i++)
-			m->n_out[off + i]++;
-	}
-	pthread_mutex_unlock(&fk.mu);
-	return rc;
-}
-
-static const struct mp_stage_dev_ops fk_ops = {
-	.name = "CUDA",
-	.query = fk_query,
-	.release = fk_release,
-	.host_alloc = fk_host_alloc,
-	.host_free = fk_host_free,
-	.to_host = fk_to_host,
-	.to_device = fk_to_device,
-};
-
-static void fk_reset(void)
-{
-	pthread_mutex_lock(&fk.mu);
-	memset(fk.fail_in, 0, sizeof(fk.fail_in));
-	memset(fk.fail_out, 0, sizeof(fk.fail_out));
-	fk.gate_rank = fk.gate_op = -1;
-	fk.gate_entered = fk.gate_open = 0;
-	fk.queries = fk.releases = fk.allocs = fk.frees = 0;
-	pthread_mutex_unlock(&fk.mu);
-}
+/* Built with ThreadSanitizer (gcc says so one way, clang another)? */
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
 
 /* ---- peers ------------------------------------------------------------- */
 
@@ -589,6 +382,12 @@ static void stage_exact_average_tcp(void **state)
 static void stage_exact_average_ofi(void **state)
 {
 	(void)state;
+#ifdef UNDER_TSAN
+	/* libfabric is not built with ThreadSanitizer, and under it four
+	 * tcp;ofi_rxm instances in one process take longer than the 5 s
+	 * connect timeout to connect; loop and tcp stage the same way. */
+	skip();
+#endif
 	exact_average("ofi");
 }
 

@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "../drivers/dpdk/frame.h"
+#include "drivers/dpdk/frame.h"
 
 static const struct mp_dpdk_addr A = {{0x02, 0, 0, 0, 0, 1}, {10, 77, 0, 1}, {0x1b, 0x58}};
 static const struct mp_dpdk_addr B = {{0x02, 0, 0, 0, 0, 2}, {10, 77, 0, 2}, {0x1b, 0x58}};

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * "sockpair": a moshpit driver built out of the tree, against the installed
- * headers and `pkg-config moshpit` only (tests/oot_driver/run.sh), as a
+ * headers and `pkg-config moshpit` only (tests/integration/oot_driver/run.sh), as a
  * third party would write one. Every peer is a context of one process, as
  * with the loop driver: a process-wide registry maps listener names to
  * listeners, and a connect makes a Unix socketpair whose far end waits in

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * A driver out of the tree (sockpair.c), built by tests/oot_driver/run.sh
+ * A driver out of the tree (sockpair.c), built by tests/integration/oot_driver/run.sh
  * against the installed headers and `pkg-config moshpit` only:
  *
  *   oot_test register   registers sockpair_driver_ops with

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * GPU memory in the dpdk driver (drivers/dpdk/gpu.c, -Ddpdk_gpudev) against
- * a FAKE gpudev behind gpu.h's seam: host memory standing in for a GPU,
- * since this machine has none (and Debian's DPDK has no gpudev driver). The
- * fake's "device memory" and the CPU mapping it hands out are two DIFFERENT
- * host buffers, so a test can tell which one the driver wrote or read.
+ * the FAKE gpudev of tests/fakes/fake_gpudev.c behind gpu.h's seam: host
+ * memory standing in for a GPU, since this machine has none (and Debian's
+ * DPDK has no gpudev driver). The fake's "device memory" and the CPU mapping
+ * it hands out are two DIFFERENT host buffers, so a test can tell which one
+ * the driver wrote or read.
  *
  * Without arguments (unit, no EAL): registration maps the range for the CPU
  * and, for a NIC, registers it with EAL in 64 KiB pages and DMA-maps it,
@@ -50,11 +51,12 @@
 
 #include "mp_build_config.h"
 #ifdef MP_HAVE_DPDK_GPUDEV
-#include "../drivers/dpdk/gpu.h"
+#include "drivers/dpdk/gpu.h"
+#include "fake_gpudev.h"
 #endif
 
 #define SKIP 77
-#define BUF (128 * 1024)
+#define BUF FK_DEV_LEN
 
 extern const struct mp_driver_ops mp_dpdk_driver_ops;
 
@@ -65,158 +67,6 @@ static double mono_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* ---- the fake gpudev ---- */
-
-static struct {
-	int ndev;            /* devices 0 .. ndev - 1 */
-	char fail;           /* the call that fails ('M', 'E' or 'D'), 0 none */
-	int err;             /* with this rte_errno */
-	uint8_t *dev_buf;    /* the fake's one piece of "device memory" */
-	size_t dev_len;
-	uint8_t *map_buf;    /* its CPU mapping: another host buffer */
-	char seq[32];        /* calls in order: M E D (do), m e d (undo) */
-	int nseq;
-	int map_ok, ext_ok, dma_ok; /* live: successful minus undone */
-	/* arguments of the last calls */
-	int16_t map_dev, unmap_dev;
-	size_t map_size;
-	void *map_ptr, *unmap_ptr;
-	void *ext_va, *unext_va;
-	size_t ext_len, unext_len, ext_pg;
-	uint64_t *ext_iova;
-	unsigned ext_n;
-	struct rte_device *dma_dev, *undma_dev;
-	void *dma_addr, *undma_addr;
-	uint64_t dma_iova, undma_iova;
-	size_t dma_len, undma_len;
-} fk;
-
-static void note(char c)
-{
-	if (fk.nseq < (int)sizeof(fk.seq) - 1)
-		fk.seq[fk.nseq++] = c;
-}
-
-/* Step @c happens: noted, and failed (rte_errno set) when the test says so. */
-static int step(char c)
-{
-	note(c);
-	if (fk.fail != c)
-		return 0;
-	rte_errno = fk.err;
-	return -1;
-}
-
-static int16_t fake_find_next(int16_t dev_id, int16_t parent)
-{
-	(void)parent;
-	if (dev_id < 0)
-		dev_id = 0;
-	return dev_id < fk.ndev ? dev_id : -1;
-}
-
-static bool fake_is_valid(int16_t dev_id)
-{
-	return dev_id >= 0 && dev_id < fk.ndev;
-}
-
-static void *fake_cpu_map(int16_t dev_id, size_t size, void *ptr)
-{
-	note('M');
-	fk.map_dev = dev_id;
-	fk.map_size = size;
-	fk.map_ptr = ptr;
-	if (fk.fail == 'M' || dev_id >= fk.ndev || (uint8_t *)ptr < fk.dev_buf ||
-	    (uint8_t *)ptr + size > fk.dev_buf + fk.dev_len) {
-		rte_errno = fk.fail == 'M' ? fk.err : EPERM;
-		return NULL;
-	}
-	fk.map_ok++;
-	return fk.map_buf + ((uint8_t *)ptr - fk.dev_buf);
-}
-
-static int fake_cpu_unmap(int16_t dev_id, void *ptr)
-{
-	note('m');
-	fk.unmap_dev = dev_id;
-	fk.unmap_ptr = ptr;
-	fk.map_ok--;
-	return 0;
-}
-
-static int fake_extmem_register(void *va, size_t len, uint64_t iova[], unsigned int n,
-				size_t pg)
-{
-	fk.ext_va = va;
-	fk.ext_len = len;
-	fk.ext_iova = iova;
-	fk.ext_n = n;
-	fk.ext_pg = pg;
-	if (step('E'))
-		return -1;
-	fk.ext_ok++;
-	return 0;
-}
-
-static int fake_extmem_unregister(void *va, size_t len)
-{
-	note('e');
-	fk.unext_va = va;
-	fk.unext_len = len;
-	fk.ext_ok--;
-	return 0;
-}
-
-static int fake_dma_map(struct rte_device *dev, void *addr, uint64_t iova, size_t len)
-{
-	fk.dma_dev = dev;
-	fk.dma_addr = addr;
-	fk.dma_iova = iova;
-	fk.dma_len = len;
-	if (step('D'))
-		return -1;
-	fk.dma_ok++;
-	return 0;
-}
-
-static int fake_dma_unmap(struct rte_device *dev, void *addr, uint64_t iova, size_t len)
-{
-	note('d');
-	fk.undma_dev = dev;
-	fk.undma_addr = addr;
-	fk.undma_iova = iova;
-	fk.undma_len = len;
-	fk.dma_ok--;
-	return 0;
-}
-
-static const struct mp_dpdk_gpu_ops fake = {
-	.find_next = fake_find_next,
-	.is_valid = fake_is_valid,
-	.cpu_map = fake_cpu_map,
-	.cpu_unmap = fake_cpu_unmap,
-	.extmem_register = fake_extmem_register,
-	.extmem_unregister = fake_extmem_unregister,
-	.dma_map = fake_dma_map,
-	.dma_unmap = fake_dma_unmap,
-};
-
-/* A fresh fake with @ndev devices and BUF bytes of "device memory" (64 KiB aligned). */
-static void fake_reset(int ndev)
-{
-	free(fk.dev_buf);
-	free(fk.map_buf);
-	memset(&fk, 0, sizeof(fk));
-	fk.ndev = ndev;
-	fk.dev_len = BUF;
-	fk.dev_buf = aligned_alloc(MP_DPDK_GPU_PAGE, BUF);
-	fk.map_buf = malloc(BUF);
-	assert_non_null(fk.dev_buf);
-	assert_non_null(fk.map_buf);
-	mp_dpdk_gpu_use(&fake);
-	unsetenv("MP_DPDK_GPU");
 }
 
 static int teardown(void **state)
@@ -243,7 +93,7 @@ static void test_reg_vdev(void **state)
 	uint8_t *buf;
 
 	(void)state;
-	fake_reset(1);
+	fk_reset(1);
 	buf = fk.dev_buf + 1000;
 	assert_int_equal(mp_dpdk_gpu_reg(&r, buf, 5000, NULL), 0);
 	assert_string_equal(fk.seq, "M");
@@ -270,7 +120,7 @@ static void test_reg_nic(void **state)
 	uint8_t *buf;
 
 	(void)state;
-	fake_reset(1);
+	fk_reset(1);
 	buf = fk.dev_buf + 100;
 	assert_int_equal(mp_dpdk_gpu_reg(&r, buf, 100000, NIC), 0);
 	assert_string_equal(fk.seq, "MED");
@@ -306,13 +156,13 @@ static void test_no_device(void **state)
 	int16_t dev = -5;
 
 	(void)state;
-	fake_reset(0);
+	fk_reset(0);
 	assert_int_equal(mp_dpdk_gpu_pick(true, &dev), -ENODEV);
 	assert_int_equal(mp_dpdk_gpu_reg(&r, fk.dev_buf, 4096, NIC), -ENODEV);
 	assert_string_equal(fk.seq, "");
 	assert_null(r.cpu);
 
-	fake_reset(2);
+	fk_reset(2);
 	setenv("MP_DPDK_GPU", "2", 1);
 	assert_int_equal(mp_dpdk_gpu_reg(&r, fk.dev_buf, 4096, NULL), -ENODEV);
 	setenv("MP_DPDK_GPU", "one", 1);
@@ -343,7 +193,7 @@ static void test_fail_steps(void **state)
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
 		struct mp_dpdk_gpu_reg r = {0};
 
-		fake_reset(1);
+		fk_reset(1);
 		fk.fail = c[i].fail;
 		fk.err = c[i].err;
 		assert_int_equal(mp_dpdk_gpu_reg(&r, fk.dev_buf + 64, 70000, NIC), -c[i].err);
@@ -359,7 +209,7 @@ static void test_fail_steps(void **state)
 		struct mp_dpdk_gpu_reg r = {0};
 		uint8_t host[256];
 
-		fake_reset(1);
+		fk_reset(1);
 		assert_int_equal(mp_dpdk_gpu_reg(&r, host, sizeof(host), NULL), -EPERM);
 		assert_string_equal(fk.seq, "M");
 	}
@@ -471,7 +321,7 @@ static int memif_peer(int rank, const char *sock, const char *ready)
 	CHECK(o->query(d, &caps) == 0 && !(caps.flags & MP_DRV_CAP_DEVICE_MEM));
 	CHECK(o->reg_mr(d, fk.dev_buf, BUF, MP_MEM_CUDA, &mr) == -ENODEV);
 	/* The capability follows the devices gpudev has. */
-	mp_dpdk_gpu_use(&fake);
+	mp_dpdk_gpu_use(&fk_gpu_ops);
 	CHECK(o->query(d, &caps) == 0 && !(caps.flags & MP_DRV_CAP_DEVICE_MEM));
 	CHECK(o->reg_mr(d, fk.dev_buf, BUF, MP_MEM_CUDA, &mr) == -ENODEV);
 	CHECK(fk.nseq == 0);

@@ -9,7 +9,7 @@
 set -eu
 build=$1
 src=$2
-here=$src/tests/oot_driver
+here=$src/tests/integration/oot_driver
 dest=$(mktemp -d)
 trap 'rm -rf "$dest"' EXIT
 meson install -C "$build" --destdir "$dest" --no-rebuild >/dev/null

@@ -52,8 +52,8 @@
 
 #include <moshpit/driver.h>
 
-#include "../drivers/dpdk/frame.h"
-#include "../drivers/dpdk/rel.h"
+#include "drivers/dpdk/frame.h"
+#include "drivers/dpdk/rel.h"
 #include "mp_kernels.h"
 
 #define SKIP 77
