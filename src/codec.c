@@ -13,7 +13,7 @@
  * through a small bounce buffer rather than through a misaligned pointer.
  */
 #include "codec.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 
 #include <moshpit/moshpit.h>
 

@@ -42,7 +42,7 @@
  * Indices are u32 on the wire: more than UINT32_MAX elements is -EINVAL.
  */
 #include "codec.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "kernels/cpu/sparse.h"
 
 #include <moshpit/moshpit.h>

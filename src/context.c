@@ -14,7 +14,7 @@
 #include "conn.h"
 #include "ctrl.h"
 #include "fault.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "internal.h"
 #include "log.h"
 #include "matchmaker.h"

@@ -58,7 +58,7 @@
 #include "clog.h"
 #include "fault.h"
 #include "internal.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "log.h"
 
 struct gchan {

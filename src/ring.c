@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "internal.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "log.h"
 #include "parts.h"
 

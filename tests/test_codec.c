@@ -13,7 +13,7 @@
 
 #include <moshpit/moshpit.h>
 #include "codec.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 
 static const char *const variants[] = {"scalar", "avx2", "avx512"};
 #define NVAR (sizeof(variants) / sizeof(variants[0]))

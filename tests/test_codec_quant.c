@@ -25,7 +25,7 @@
 
 #include <moshpit/moshpit.h>
 #include "codec.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "kernels/cpu/quant.h"
 
 /*

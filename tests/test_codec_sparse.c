@@ -24,7 +24,7 @@
 
 #include <moshpit/moshpit.h>
 #include "codec.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "kernels/cpu/sparse.h"
 
 static const char *const variants[] = {"scalar", "avx2", "avx512"};

@@ -54,7 +54,7 @@
 
 #include "../drivers/dpdk/frame.h"
 #include "../drivers/dpdk/rel.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 
 #define SKIP 77
 #define K 5          /* frames of each foreign kind */

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "mp_kernels.h"
 
 static const char *const all_variants[] = {"scalar", "avx2", "avx512"};
 #define NALL (sizeof(all_variants) / sizeof(all_variants[0]))

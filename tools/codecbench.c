@@ -41,7 +41,7 @@
 
 #include "codec.h"
 #include "cli.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 
 #define PROG "codecbench"
 

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "mp_kernels.h"
 
 static const char *const algo_names[MPSIM_NALGOS] = {
 	[MPSIM_MOSHPIT] = "moshpit",

@@ -82,7 +82,7 @@
 
 #include "frame.h"
 #include "gpu.h"
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "log.h"
 #include "mp_build_config.h"
 #include "rel.h"

@@ -23,7 +23,7 @@
 
 #include "rel.h"
 
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "le.h"
 #include "log.h"
 #include "reqq.h"

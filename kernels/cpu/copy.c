@@ -23,7 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "kernels_cpu.h"
 
 void mp_kcpu_copy_stream_scalar(void *dst, const void *src, size_t n)

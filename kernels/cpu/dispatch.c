@@ -12,7 +12,7 @@
  * relaxed load and an indirect call, and a concurrent mp_k_force (tests
  * only) is not a data race.
  */
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "log.h"
 
 #include <errno.h>

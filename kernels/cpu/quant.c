@@ -46,7 +46,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "kernels_cpu.h"
 #include "kloop.h"
 #include "quant.h"

@@ -47,7 +47,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "mp_kernels.h"
 #include "kloop.h"
 #include "sparse.h"
 
