@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 #include "log.h"
+#include "mp_kernels.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@ int mp_log_level = MP_LOG_WARN;
 
 static FILE *log_file;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
 static _Thread_local int log_rank = -1;
 static char log_host[64];
 static int log_stamp;
@@ -81,6 +84,25 @@ void mp_log_set_level(int level)
 	mp_log_init();
 	if (level >= MP_LOG_NONE && level <= MP_LOG_TRACE)
 		mp_log_level = level;
+}
+
+static void log_kernels(void)
+{
+	const char *env;
+	int rc = mp_k_env_status(&env);
+	const char *v = mp_k_variant();
+
+	if (rc == -EINVAL)
+		MP_WARN("MP_KERNELS=%s not understood (scalar, avx2, avx512); using %s", env, v);
+	else if (rc)
+		MP_WARN("MP_KERNELS=%s: this CPU cannot run it; using %s", env, v);
+	MP_INFO("CPU kernels: %s", v);
+}
+
+void mp_log_kernels(void)
+{
+	mp_log_init(); /* so that MP_DEBUG is known before the first message */
+	pthread_once(&kernels_once, log_kernels);
 }
 
 void mp_log_set_rank(int rank)

@@ -10,6 +10,11 @@ extern int mp_log_level;
 
 /* Reads MP_DEBUG and MP_DEBUG_FILE once per process; cheap to call often. */
 void mp_log_init(void);
+/*
+ * The CPU kernels choose their variant silently (kernels/ logs nothing):
+ * says once per process which one runs, and why MP_KERNELS was not followed.
+ */
+void mp_log_kernels(void);
 /* Tags this thread's log lines with a peer rank (-1 = none). */
 void mp_log_set_rank(int rank);
 void mp_log_emit(int level, const char *file, int line, const char *fmt, ...)
