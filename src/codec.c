@@ -235,11 +235,8 @@ void mp_codec_params_default(struct mp_codec_params *p)
 
 int mp_codec_params_check(const struct mp_codec_params *p)
 {
-	/* Written so that NaN fails every comparison. */
-	if (!p || p->block < 1 || p->block > (1u << 24) || !(p->sigmas > 0.0f && p->sigmas <= 64.0f) ||
-	    !(p->topk_ratio > 0.0f && p->topk_ratio <= 1.0f) || p->bin < 1 || p->bin > (1u << 24))
-		return -EINVAL;
-	return 0;
+	/* The rules live with the struct: the CUDA encoders apply them too. */
+	return mp_codec_params_ok(p) ? 0 : -EINVAL;
 }
 
 int mp_codec_from_name(const char *s)
