@@ -370,11 +370,13 @@ AVX2 static void bf16_enc_avx2(unsigned char *dst, const float *src, size_t n)
 	kl_narrow8(dst, 2, src, n, 16, 2, bf16_nstep16, NULL);
 }
 
-AVX2 static inline __m256 bf16_step8(const struct kl8 *c, const void *p)
+AVX2 static inline __m256 bf16_step8(const struct kl8 *c, const void *p, __m256i m, int full)
 {
 	__m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
 
 	(void)c;
+	(void)m;
+	(void)full;
 	return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
@@ -622,11 +624,14 @@ AVX2 static void u8_codes_avx2(uint8_t *codes, const float *src, size_t n, float
  * slower still where the "gather data sampling" microcode is in force. The
  * lookup is pure data movement, so it cannot round.
  */
-AVX2 static inline __attribute__((always_inline)) __m256 u8_step8(const struct kl8 *c, const void *p)
+AVX2 static inline __attribute__((always_inline)) __m256 u8_step8(const struct kl8 *c, const void *p,
+								 __m256i m, int full)
 {
-	const float *table = c->table;
+	const float *table = c->data;
 	uint64_t k;
 
+	(void)m;
+	(void)full;
 	memcpy(&k, p, sizeof(k));
 	__m128 lo = _mm_setr_ps(table[k & 255], table[(k >> 8) & 255], table[(k >> 16) & 255],
 				table[(k >> 24) & 255]);
@@ -638,14 +643,14 @@ AVX2 static inline __attribute__((always_inline)) __m256 u8_step8(const struct k
 
 AVX2 static void u8_dec_avx2(float *dst, const uint8_t *codes, const float *table, size_t n)
 {
-	const struct kl8 c = {.table = table};
+	const struct kl8 c = {.data = table};
 
 	kl_widen8(dst, codes, 1, n, 4, u8_step8, &c, KL_STORE);
 }
 
 AVX2 static void u8_add_avx2(float *acc, const uint8_t *codes, const float *wtable, size_t n)
 {
-	const struct kl8 c = {.table = wtable};
+	const struct kl8 c = {.data = wtable};
 
 	kl_widen8(acc, codes, 1, n, 4, u8_step8, &c, KL_ADD);
 }
@@ -717,10 +722,12 @@ AVX2 static void bw8_quant_avx2(uint8_t *codes, const float *src, size_t n, floa
 	kl_narrow8(codes, 1, src, n, 32, 1, bw8_nstep32, &k);
 }
 
-AVX2 static inline __m256 bw8_step8(const struct kl8 *c, const void *p)
+AVX2 static inline __m256 bw8_step8(const struct kl8 *c, const void *p, __m256i m, int full)
 {
 	__m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
 
+	(void)m;
+	(void)full;
 	return _mm256_mul_ps(_mm256_cvtepi32_ps(q), c->s);
 }
 
