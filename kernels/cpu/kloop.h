@@ -212,15 +212,22 @@ typedef __m256i kv8_m; /* lanes all ones (in) or all zeros (out) */
 typedef struct kl8 kv8_c;
 #define kv8_widen kl_widen8
 
+/* Operations that are one intrinsic or two; the others follow. */
 #define kv8_set1_f _mm256_set1_ps
 #define kv8_set1_i _mm256_set1_epi32
 #define kv8_zero_f _mm256_setzero_ps
 #define kv8_zero_i _mm256_setzero_si256
 #define kv8_zero_d _mm256_setzero_pd
 #define kv8_mzero _mm256_setzero_si256
+#define kv8_iota() _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
 #define kv8_loadu_f _mm256_loadu_ps
+#define kv8_loadu_i(p) _mm256_loadu_si256((const __m256i *)(p))
 #define kv8_storeu_f _mm256_storeu_ps
 #define kv8_storeu_d _mm256_storeu_pd
+#define kv8_store_i(p, v) _mm256_store_si256((__m256i *)(p), v)
+/* The floats at @p in the lanes of @m, +0 in the others (which are not read). */
+#define kv8_maskz_loadu_f(m, p) _mm256_maskload_ps(p, m)
+#define kv8_mask_storeu_f(p, m, v) _mm256_maskstore_ps(p, m, v)
 #define kv8_add_f _mm256_add_ps
 #define kv8_sub_f _mm256_sub_ps
 #define kv8_mul_f _mm256_mul_ps
@@ -233,46 +240,45 @@ typedef struct kl8 kv8_c;
 #define kv8_or_i _mm256_or_si256
 #define kv8_max_u32 _mm256_max_epu32
 #define kv8_srl_i _mm256_srl_epi32
-/* Macros, not functions: the shift count must stay a constant even at -O0. */
+/* Macros, not functions, all of these: a shift count must stay a constant even at -O0. */
 #define kv8_srli_i(v, k) _mm256_srli_epi32(v, k)
 #define kv8_slli_i(v, k) _mm256_slli_epi32(v, k)
 #define kv8_ftoi _mm256_castps_si256
 #define kv8_itof _mm256_castsi256_ps
 #define kv8_cvt_f _mm256_cvtepi32_ps
 #define kv8_cvtt_i _mm256_cvttps_epi32
+/* Round half to even, whatever MXCSR says (rounded first, so the truncation is exact). */
+#define kv8_cvt_rne_i(x) \
+	_mm256_cvttps_epi32(_mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+/*
+ * a > b for int32 lanes that are never negative (bit patterns of |x|, or
+ * counts): AVX2 compares signed, AVX-512 unsigned, and there the two agree.
+ */
+#define kv8_gt_key _mm256_cmpgt_epi32
+#define kv8_eq_i _mm256_cmpeq_epi32
+/* Float compares: ordered and quiet (a NaN lane is out), but unord. */
+#define kv8_ge_f(a, b) _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_GE_OQ))
+#define kv8_neq_f(a, b) _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_NEQ_OQ))
+#define kv8_ord_f(a, b) _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_ORD_Q))
+#define kv8_unord_f(a, b) _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_UNORD_Q))
+/* Bit i for lane i of @m. */
+#define kv8_bits(m) ((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(m)))
 #define kv8_mand _mm256_and_si256
 #define kv8_mor _mm256_or_si256
-
-KL_AVX2 static inline kv8_i kv8_iota(void)
-{
-	return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-}
-
-KL_AVX2 static inline kv8_i kv8_loadu_i(const void *p)
-{
-	return _mm256_loadu_si256((const __m256i *)p);
-}
-
-KL_AVX2 static inline void kv8_store_i(void *p, kv8_i v)
-{
-	_mm256_store_si256((__m256i *)p, v);
-}
+/* @v in the lanes of @m, +0 in the others; @b in the lanes of @m, @a in the others. */
+#define kv8_maskz_f(m, v) _mm256_and_ps(v, _mm256_castsi256_ps(m))
+#define kv8_maskz_i(m, v) _mm256_and_si256(v, m)
+#define kv8_blend_f(a, b, m) _mm256_blendv_ps(a, b, _mm256_castsi256_ps(m))
+#define kv8_blend_i _mm256_blendv_epi8
+/* Doubles from the 4 floats at @p, or from the low or high half of @x (exact). */
+#define kv8_load_cvt_d(p) _mm256_cvtps_pd(_mm_loadu_ps(p))
+#define kv8_cvt_lo_d(x) _mm256_cvtps_pd(_mm256_castps256_ps128(x))
+#define kv8_cvt_hi_d(x) _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))
 
 /* The lanes below @k (any k >= 0; all of them from 8 on). */
 KL_AVX2 static inline kv8_m kv8_lanes(size_t k)
 {
 	return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k < 8 ? k : 8)), kv8_iota());
-}
-
-/* The floats at @p in the lanes of @m, +0 in the others (which are not read). */
-KL_AVX2 static inline kv8_f kv8_maskz_loadu_f(kv8_m m, const float *p)
-{
-	return _mm256_maskload_ps(p, m);
-}
-
-KL_AVX2 static inline void kv8_mask_storeu_f(float *p, kv8_m m, kv8_f v)
-{
-	_mm256_maskstore_ps(p, m, v);
 }
 
 /*
@@ -293,96 +299,6 @@ KL_AVX2 static inline kv8_i kv8_load_i8(const void *p, kv8_m m, int full)
 	return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
 
-/* The bits of |x| (the key that orders finite floats by magnitude). */
-KL_AVX2 static inline kv8_i kv8_absbits(kv8_f x)
-{
-	return _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
-}
-
-KL_AVX2 static inline kv8_f kv8_abs_f(kv8_f x)
-{
-	return _mm256_castsi256_ps(kv8_absbits(x));
-}
-
-/*
- * a > b for int32 lanes that are never negative (bit patterns of |x|, or
- * counts): AVX2 compares signed, AVX-512 unsigned, and there the two agree.
- */
-KL_AVX2 static inline kv8_m kv8_gt_key(kv8_i a, kv8_i b)
-{
-	return _mm256_cmpgt_epi32(a, b);
-}
-
-#define kv8_eq_i _mm256_cmpeq_epi32
-
-/* Float compares: ordered and quiet (a NaN lane is out), except unord. */
-KL_AVX2 static inline kv8_m kv8_ge_f(kv8_f a, kv8_f b)
-{
-	return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_GE_OQ));
-}
-
-KL_AVX2 static inline kv8_m kv8_neq_f(kv8_f a, kv8_f b)
-{
-	return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_NEQ_OQ));
-}
-
-KL_AVX2 static inline kv8_m kv8_ord_f(kv8_f a, kv8_f b)
-{
-	return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_ORD_Q));
-}
-
-KL_AVX2 static inline kv8_m kv8_unord_f(kv8_f a, kv8_f b)
-{
-	return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_UNORD_Q));
-}
-
-/* The lanes where x is finite. */
-KL_AVX2 static inline kv8_m kv8_finite(kv8_f x)
-{
-	return kv8_gt_key(_mm256_set1_epi32(0x7f800000), kv8_absbits(x));
-}
-
-/* Bit i for lane i of @m. */
-KL_AVX2 static inline unsigned kv8_bits(kv8_m m)
-{
-	return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(m));
-}
-
-/* @v in the lanes of @m, +0 in the others. */
-KL_AVX2 static inline kv8_f kv8_maskz_f(kv8_m m, kv8_f v)
-{
-	return _mm256_and_ps(v, _mm256_castsi256_ps(m));
-}
-
-KL_AVX2 static inline kv8_i kv8_maskz_i(kv8_m m, kv8_i v)
-{
-	return _mm256_and_si256(v, m);
-}
-
-/* @b in the lanes of @m, @a in the others. */
-KL_AVX2 static inline kv8_f kv8_blend_f(kv8_f a, kv8_f b, kv8_m m)
-{
-	return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(m));
-}
-
-KL_AVX2 static inline kv8_i kv8_blend_i(kv8_i a, kv8_i b, kv8_m m)
-{
-	return _mm256_blendv_epi8(a, b, m);
-}
-
-/* Non-finite -> +0. */
-KL_AVX2 static inline kv8_f kv8_san(kv8_f x)
-{
-	return kv8_maskz_f(kv8_finite(x), x);
-}
-
-/* Round half to even, whatever MXCSR says; |x| < 2^31. */
-KL_AVX2 static inline kv8_i kv8_cvt_rne_i(kv8_f x)
-{
-	/* Rounded first, so the truncation that follows is exact. */
-	return _mm256_cvttps_epi32(_mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
 KL_AVX2 static inline uint32_t kv8_hmax_u32(kv8_i v)
 {
 	__m128i h = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -390,22 +306,6 @@ KL_AVX2 static inline uint32_t kv8_hmax_u32(kv8_i v)
 	h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
 	h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
 	return (uint32_t)_mm_cvtsi128_si32(h);
-}
-
-/* Doubles from the 4 floats at @p, or from the low or high half of @x (exact). */
-KL_AVX2 static inline kv8_d kv8_load_cvt_d(const float *p)
-{
-	return _mm256_cvtps_pd(_mm_loadu_ps(p));
-}
-
-KL_AVX2 static inline kv8_d kv8_cvt_lo_d(kv8_f x)
-{
-	return _mm256_cvtps_pd(_mm256_castps256_ps128(x));
-}
-
-KL_AVX2 static inline kv8_d kv8_cvt_hi_d(kv8_f x)
-{
-	return _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
 }
 
 /* Bit i set where lane i of @d is inf or NaN. */
@@ -439,36 +339,31 @@ KL_AVX2 MP_K_INLINE __m256i kv8_group(enum kl_pack pack, kv8_nstep step, const v
 	return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* kv8_narrow's group step, and what it needs (a kl_nstep8 takes one pointer). */
+struct kv8_ng {
+	kv8_nstep step;
+	const void *c;
+	enum kl_pack pack;
+};
+
+KL_AVX2 MP_K_INLINE __m256i kv8_ngroup(const void *c, const float *p)
+{
+	const struct kv8_ng *g = c;
+
+	return kv8_group(g->pack, g->step, g->c, p);
+}
+
 /*
  * The n floats at @src into n codes at @dst (2 bytes each for KL_U16, else
- * 1), by @step and @pack: 32 bytes of codes a group, @unroll (a constant)
- * groups a round, then one, and the ragged end through zeroed stack buffers
- * and the same step.
+ * 1), by @step and @pack: kl_narrow8 on groups of 32 bytes of codes.
  */
 KL_AVX2 MP_K_INLINE void kv8_narrow(void *dst, enum kl_pack pack, const float *src, size_t n,
 				    unsigned unroll, kv8_nstep step, const void *c)
 {
-	const size_t osz = pack == KL_U16 ? 2 : 1, g = 32 / osz;
-	unsigned char *d = dst;
-	size_t i = 0;
+	const struct kv8_ng g = {step, c, pack};
+	const size_t osz = pack == KL_U16 ? 2 : 1;
 
-#define KL_GET(j) kv8_group(pack, step, c, src + (j))
-#define KL_PUT(j, v) _mm256_storeu_si256((__m256i *)(d + osz * (j)), v)
-	KL_ROUNDS(__m256i, g, unroll, i, n, KL_GET, KL_PUT)
-	for (; unroll > 1 && i + g <= n; i += g)
-		KL_PUT(i, KL_GET(i));
-#undef KL_GET
-#undef KL_PUT
-	if (i < n) {
-		float fb[32];
-		unsigned char ob[32];
-
-		/* Only the group: a larger clear would be a REP STOS, slow to start. */
-		memset(fb, 0, g * sizeof(float));
-		memcpy(fb, src + i, (n - i) * sizeof(float));
-		_mm256_storeu_si256((__m256i *)ob, kv8_group(pack, step, c, fb));
-		memcpy(d + osz * i, ob, (n - i) * osz);
-	}
+	kl_narrow8(dst, osz, src, n, 32 / osz, unroll, kv8_ngroup, &g);
 }
 
 /* ---- AVX-512: 16 floats a vector, masks for the ragged ends ---- */
@@ -589,9 +484,15 @@ typedef struct kl16 kv16_c;
 #define kv16_zero_f _mm512_setzero_ps
 #define kv16_zero_i _mm512_setzero_si512
 #define kv16_zero_d _mm512_setzero_pd
+#define kv16_mzero() ((kv16_m)0)
+#define kv16_iota() _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 #define kv16_loadu_f _mm512_loadu_ps
+#define kv16_loadu_i _mm512_loadu_si512
 #define kv16_storeu_f _mm512_storeu_ps
 #define kv16_storeu_d _mm512_storeu_pd
+#define kv16_store_i _mm512_store_si512
+#define kv16_maskz_loadu_f _mm512_maskz_loadu_ps
+#define kv16_mask_storeu_f _mm512_mask_storeu_ps
 #define kv16_add_f _mm512_add_ps
 #define kv16_sub_f _mm512_sub_ps
 #define kv16_mul_f _mm512_mul_ps
@@ -610,32 +511,26 @@ typedef struct kl16 kv16_c;
 #define kv16_itof _mm512_castsi512_ps
 #define kv16_cvt_f _mm512_cvtepi32_ps
 #define kv16_cvtt_i _mm512_cvttps_epi32
-#define kv16_maskz_loadu_f _mm512_maskz_loadu_ps
-#define kv16_mask_storeu_f _mm512_mask_storeu_ps
+#define kv16_cvt_rne_i(x) _mm512_cvt_roundps_epi32(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define kv16_gt_key _mm512_cmpgt_epu32_mask
 #define kv16_eq_i _mm512_cmpeq_epi32_mask
+#define kv16_ge_f(a, b) _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ)
+#define kv16_neq_f(a, b) _mm512_cmp_ps_mask(a, b, _CMP_NEQ_OQ)
+#define kv16_ord_f(a, b) _mm512_cmp_ps_mask(a, b, _CMP_ORD_Q)
+#define kv16_unord_f(a, b) _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q)
+#define kv16_bits(m) ((unsigned)(m))
+#define kv16_mand(a, b) ((kv16_m)((a) & (b)))
+#define kv16_mor(a, b) ((kv16_m)((a) | (b)))
 #define kv16_maskz_f _mm512_maskz_mov_ps
 #define kv16_maskz_i _mm512_maskz_mov_epi32
+#define kv16_blend_f(a, b, m) _mm512_mask_mov_ps(a, m, b)
+#define kv16_blend_i(a, b, m) _mm512_mask_mov_epi32(a, m, b)
 #define kv16_hmax_u32 _mm512_reduce_max_epu32
-
-KV_TARGET_16 static inline kv16_m kv16_mzero(void)
-{
-	return 0;
-}
-
-KV_TARGET_16 static inline kv16_i kv16_iota(void)
-{
-	return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-
-KV_TARGET_16 static inline kv16_i kv16_loadu_i(const void *p)
-{
-	return _mm512_loadu_si512(p);
-}
-
-KV_TARGET_16 static inline void kv16_store_i(void *p, kv16_i v)
-{
-	_mm512_store_si512(p, v);
-}
+#define kv16_load_cvt_d(p) _mm512_cvtps_pd(_mm256_loadu_ps(p))
+#define kv16_cvt_lo_d(x) _mm512_cvtps_pd(_mm512_castps512_ps256(x))
+#define kv16_cvt_hi_d(x) _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1))
+/* 0x99: NaN (quiet, signalling) or +-inf. */
+#define kv16_nonfinite_d(d) ((unsigned)_mm512_fpclass_pd_mask(d, 0x99))
 
 /* The lanes below @k (any k >= 0; all of them from 16 on). */
 KV_TARGET_16 static inline kv16_m kv16_lanes(size_t k)
@@ -658,104 +553,6 @@ KV_TARGET_16 static inline kv16_i kv16_load_i8(const void *p, kv16_m m, int full
 	return _mm512_cvtepi8_epi32(b);
 }
 
-KV_TARGET_16 static inline kv16_i kv16_absbits(kv16_f x)
-{
-	return _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
-}
-
-KV_TARGET_16 static inline kv16_f kv16_abs_f(kv16_f x)
-{
-	return _mm512_castsi512_ps(kv16_absbits(x));
-}
-
-/* a > b for int32 lanes that are never negative (see kv8_gt_key). */
-KV_TARGET_16 static inline kv16_m kv16_gt_key(kv16_i a, kv16_i b)
-{
-	return _mm512_cmpgt_epu32_mask(a, b);
-}
-
-KV_TARGET_16 static inline kv16_m kv16_ge_f(kv16_f a, kv16_f b)
-{
-	return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ);
-}
-
-KV_TARGET_16 static inline kv16_m kv16_neq_f(kv16_f a, kv16_f b)
-{
-	return _mm512_cmp_ps_mask(a, b, _CMP_NEQ_OQ);
-}
-
-KV_TARGET_16 static inline kv16_m kv16_ord_f(kv16_f a, kv16_f b)
-{
-	return _mm512_cmp_ps_mask(a, b, _CMP_ORD_Q);
-}
-
-KV_TARGET_16 static inline kv16_m kv16_unord_f(kv16_f a, kv16_f b)
-{
-	return _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
-}
-
-KV_TARGET_16 static inline kv16_m kv16_finite(kv16_f x)
-{
-	return kv16_gt_key(_mm512_set1_epi32(0x7f800000), kv16_absbits(x));
-}
-
-KV_TARGET_16 static inline unsigned kv16_bits(kv16_m m)
-{
-	return m;
-}
-
-KV_TARGET_16 static inline kv16_m kv16_mand(kv16_m a, kv16_m b)
-{
-	return a & b;
-}
-
-KV_TARGET_16 static inline kv16_m kv16_mor(kv16_m a, kv16_m b)
-{
-	return a | b;
-}
-
-KV_TARGET_16 static inline kv16_f kv16_blend_f(kv16_f a, kv16_f b, kv16_m m)
-{
-	return _mm512_mask_mov_ps(a, m, b);
-}
-
-KV_TARGET_16 static inline kv16_i kv16_blend_i(kv16_i a, kv16_i b, kv16_m m)
-{
-	return _mm512_mask_mov_epi32(a, m, b);
-}
-
-KV_TARGET_16 static inline kv16_f kv16_san(kv16_f x)
-{
-	return _mm512_maskz_mov_ps(kv16_finite(x), x);
-}
-
-/* Round half to even, whatever MXCSR says; |x| < 2^31. */
-KV_TARGET_16 static inline kv16_i kv16_cvt_rne_i(kv16_f x)
-{
-	return _mm512_cvt_roundps_epi32(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-
-KV_TARGET_16 static inline kv16_d kv16_load_cvt_d(const float *p)
-{
-	return _mm512_cvtps_pd(_mm256_loadu_ps(p));
-}
-
-KV_TARGET_16 static inline kv16_d kv16_cvt_lo_d(kv16_f x)
-{
-	return _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-}
-
-KV_TARGET_16 static inline kv16_d kv16_cvt_hi_d(kv16_f x)
-{
-	return _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
-}
-
-KV_TARGET_16 static inline unsigned kv16_nonfinite_d(kv16_d d)
-{
-	/* 0x99: NaN (quiet, signalling) or +-inf. */
-	return _mm512_fpclass_pd_mask(d, 0x99);
-}
-
 /* kv16_narrow's step: the 16 codes of the 16 floats @x, as int32. */
 typedef kv16_i (*kv16_nstep)(const void *c, kv16_f x);
 
@@ -768,7 +565,8 @@ KV_TARGET_16 MP_K_INLINE __m512i kv16_group(enum kl_pack pack, kv16_nstep step, 
 					    const float *p)
 {
 	if (pack == KL_U16) {
-		__m512i r = _mm512_packus_epi32(step(c, _mm512_loadu_ps(p)), step(c, _mm512_loadu_ps(p + 16)));
+		__m512i r = _mm512_packus_epi32(step(c, _mm512_loadu_ps(p)),
+						step(c, _mm512_loadu_ps(p + 16)));
 
 		return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), r);
 	}
@@ -804,12 +602,13 @@ KV_TARGET_16 MP_K_INLINE void kv16_narrow(void *dst, enum kl_pack pack, const fl
 	for (; i < n; i += 16) {
 		kv16_m m = kv16_lanes(n - i);
 		__m512i q = step(c, _mm512_maskz_loadu_ps(m, src + i));
+		/* The packs take a negative int32 to 0, VPMOVUS* to the top: 0 first. */
+		__m512i u = _mm512_max_epi32(q, _mm512_setzero_si512());
 
-		/* The packs' unsigned saturation takes negative to 0; VPMOVUS* would take it to the top. */
 		if (pack == KL_U16)
-			_mm512_mask_cvtusepi32_storeu_epi16(d + 2 * i, m, _mm512_max_epi32(q, _mm512_setzero_si512()));
+			_mm512_mask_cvtusepi32_storeu_epi16(d + 2 * i, m, u);
 		else if (pack == KL_U8)
-			_mm512_mask_cvtusepi32_storeu_epi8(d + i, m, _mm512_max_epi32(q, _mm512_setzero_si512()));
+			_mm512_mask_cvtusepi32_storeu_epi8(d + i, m, u);
 		else
 			_mm512_mask_cvtsepi32_storeu_epi8(d + i, m, q);
 	}
@@ -868,7 +667,6 @@ KV_TARGET_16 MP_K_INLINE void kv16_narrow(void *dst, enum kl_pack pack, const fl
 #define kv_mul_f kv_(mul_f)
 #define kv_min_f kv_(min_f)
 #define kv_max_f kv_(max_f)
-#define kv_abs_f kv_(abs_f)
 #define kv_add_d kv_(add_d)
 #define kv_mul_d kv_(mul_d)
 #define kv_add_i kv_(add_i)
@@ -878,7 +676,6 @@ KV_TARGET_16 MP_K_INLINE void kv16_narrow(void *dst, enum kl_pack pack, const fl
 #define kv_srl_i kv_(srl_i)
 #define kv_srli_i kv_(srli_i)
 #define kv_slli_i kv_(slli_i)
-#define kv_absbits kv_(absbits)
 #define kv_ftoi kv_(ftoi)
 #define kv_itof kv_(itof)
 #define kv_cvt_f kv_(cvt_f)
@@ -892,7 +689,6 @@ KV_TARGET_16 MP_K_INLINE void kv16_narrow(void *dst, enum kl_pack pack, const fl
 #define kv_neq_f kv_(neq_f)
 #define kv_ord_f kv_(ord_f)
 #define kv_unord_f kv_(unord_f)
-#define kv_finite kv_(finite)
 #define kv_nonfinite_d kv_(nonfinite_d)
 #define kv_bits kv_(bits)
 #define kv_mand kv_(mand)
@@ -901,8 +697,15 @@ KV_TARGET_16 MP_K_INLINE void kv16_narrow(void *dst, enum kl_pack pack, const fl
 #define kv_maskz_i kv_(maskz_i)
 #define kv_blend_f kv_(blend_f)
 #define kv_blend_i kv_(blend_i)
-#define kv_san kv_(san)
 #define kv_hmax_u32 kv_(hmax_u32)
+
+/* Made of the operations above, so the same at both widths. */
+
+/* The bits of |x|: for finite floats, a key that orders them by magnitude. */
+#define kv_absbits(x) kv_and_i(kv_ftoi(x), kv_set1_i(0x7fffffff))
+#define kv_abs_f(x) kv_itof(kv_absbits(x))
+/* The lanes where x is finite. */
+#define kv_finite(x) kv_gt_key(kv_set1_i(0x7f800000), kv_absbits(x))
 
 #endif /* MP_K_X86 */
 

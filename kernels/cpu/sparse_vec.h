@@ -14,7 +14,7 @@ KV_TARGET static inline kv_f KV_FN(p_at)(const float *a, const float *b, size_t 
 
 	if (b)
 		p = kv_add_f(p, kv_loadu_f(b + i));
-	return kv_san(p);
+	return kv_maskz_f(kv_finite(p), p);
 }
 
 /* The same on the lanes of @lm, with 0 (not read) in the others. */
@@ -24,7 +24,7 @@ KV_TARGET static inline kv_f KV_FN(p_atm)(const float *a, const float *b, size_t
 
 	if (b)
 		p = kv_add_f(p, kv_maskz_loadu_f(lm, b + i));
-	return kv_san(p);
+	return kv_maskz_f(kv_finite(p), p);
 }
 
 KV_TARGET static void KV_FN(prep)(const float *a, const float *b, float *out, size_t n, uint32_t *hist)
