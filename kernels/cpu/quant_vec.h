@@ -6,8 +6,9 @@
  * (kloop.h's kv layer). So no include guard. Why each kernel gives the
  * scalar code's bits is at the top of quant.c.
  *
- * No FMA in the AVX2 target on purpose (see reduce.c); AVX-512F brings it
- * along, which the barrier of kl_widen's KL_AXPY is there for.
+ * No FMA in the AVX2 target on purpose (see reduce.c). AVX-512F brings it
+ * along: the one product that is added, kl_widen's KL_AXPY, is kept from
+ * fusing by a barrier (NOFUSE_V).
  */
 
 /* ---- bf16 ---- */
