@@ -42,6 +42,7 @@
 #include "codec.h"
 #include "cli.h"
 #include <moshpit/sdk/clock.h>
+#include "log.h"
 #include "mp_kernels.h"
 
 #define PROG "codecbench"
@@ -822,6 +823,7 @@ static void parse_args(struct opts *o, int argc, char **argv)
 	}
 	if (mp_codec_params_check(&o->params))
 		usage_error("codec settings out of range");
+	mp_codec_log_kernels(); /* what became of MP_KERNELS, before --kernels overrides it */
 	if (o->kernels) {
 		int rc = mp_k_force(o->kernels);
 

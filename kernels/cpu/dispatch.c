@@ -11,13 +11,17 @@
  * The current table sits behind one atomic pointer: a kernel call costs one
  * relaxed load and an indirect call, and a concurrent mp_k_force (tests
  * only) is not a data race.
+ *
+ * Nothing here logs: kernels/ is a leaf under the library, so the choice
+ * and what became of MP_KERNELS are kept for the caller to report
+ * (mp_k_env_status).
  */
 #include "mp_kernels.h"
-#include "log.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,6 +89,9 @@ static const struct kvariant variants[] = {
 
 static _Atomic(const struct kvariant *) cur;
 static pthread_once_t cur_once = PTHREAD_ONCE_INIT;
+/* What pick() made of MP_KERNELS; written before cur is published. */
+static int env_rc;
+static char env_val[64];
 
 static const struct kvariant *find(const char *name)
 {
@@ -107,19 +114,18 @@ static void pick(void)
 	const struct kvariant *v = best();
 	const char *env = getenv("MP_KERNELS");
 
-	mp_log_init(); /* so that MP_DEBUG is known before the first message */
 	if (env && *env && strcmp(env, "auto") != 0) {
 		const struct kvariant *want = find(env);
 
+		/* A copy: a later setenv may free the environment's string. */
+		snprintf(env_val, sizeof(env_val), "%s", env);
 		if (!want)
-			MP_WARN("MP_KERNELS=%s not understood (scalar, avx2, avx512); using %s", env,
-				v->name);
+			env_rc = -EINVAL;
 		else if (!want->supported())
-			MP_WARN("MP_KERNELS=%s: this CPU cannot run it; using %s", env, v->name);
+			env_rc = -ENOTSUP;
 		else
 			v = want;
 	}
-	MP_INFO("CPU kernels: %s", v->name);
 	atomic_store_explicit(&cur, v, memory_order_release);
 }
 
@@ -183,6 +189,14 @@ int mp_k_level(void)
 const char *mp_k_variant(void)
 {
 	return kv()->name;
+}
+
+int mp_k_env_status(const char **env)
+{
+	kv(); /* the pick, and with it env_rc, happens before this returns */
+	if (env)
+		*env = env_val[0] ? env_val : NULL;
+	return env_rc;
 }
 
 int mp_k_force(const char *variant)

@@ -145,9 +145,11 @@ AVX2 void mp_kcpu_f32_to_f16_avx2(uint16_t *dst, const float *src, size_t n)
 	kl_narrow8(dst, sizeof(*dst), src, n, 8, 2, f16_nstep8, NULL);
 }
 
-AVX2 static inline __m256 f16_step8(const struct kl8 *c, const void *p)
+AVX2 static inline __m256 f16_step8(const struct kl8 *c, const void *p, __m256i m, int full)
 {
 	(void)c;
+	(void)m;
+	(void)full;
 	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 

@@ -36,10 +36,14 @@
  * order, of every MP_KQ_U8_SAMPLE-th element; that loop is scalar and shared
  * by all variants, and runs over cache-sized blocks right after their codes.
  *
- * Ragged ends go through the same vector code (masked on AVX-512, through a
- * small stack buffer on AVX2). Wire-side pointers (bf16 payloads, codes,
- * steps) may have any alignment: the vector code uses unaligned accesses and
- * the scalar code memcpy.
+ * Ragged ends go through the same vector code: masked on AVX-512, and on
+ * AVX2 too where the elements are floats (VMASKMOV), else through a small
+ * stack buffer. Wire-side pointers (bf16 payloads, codes, steps) may have
+ * any alignment: the vector code uses unaligned accesses and the scalar code
+ * memcpy.
+ *
+ * The AVX2 and AVX-512 kernels are each written once, in quant_vec.h, but
+ * for the uniform8 table lookups, which are two algorithms.
  */
 #include <float.h>
 #include <stddef.h>
@@ -323,298 +327,15 @@ static void bw8_acc_scalar(float *acc, const uint8_t *codes, float s, float w, s
 
 #ifdef MP_K_X86
 
-/* ================================ AVX2 ================================ */
+/* The vector kernels that are one algorithm at both widths (kloop.h's kv layer). */
+#define KV_W 8
+#include "quant_vec.h"
+#undef KV_W
+#define KV_W 16
+#include "quant_vec.h"
+#undef KV_W
 
-/* No FMA in the target on purpose (see reduce.c). */
-#define AVX2 __attribute__((target("avx2")))
-
-/* ---- bf16 ---- */
-
-/* Eight floats (as bits) -> eight bf16 in the low halves of the dwords. */
-AVX2 static inline __m256i bf16_8(__m256i u)
-{
-	const __m256i hi = _mm256_srli_epi32(u, 16);
-	const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-	const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-	const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb); /* ties to even */
-	__m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-	/* a is non-negative as a signed int: the signed compares are fine. */
-	__m256i big = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f7f7fff));
-	__m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
-	__m256i sat = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x8000)),
-				      _mm256_set1_epi32(0x7f7f));
-	__m256i qnan = _mm256_or_si256(hi, _mm256_set1_epi32(0x0040));
-
-	r = _mm256_blendv_epi8(r, sat, big);
-	return _mm256_blendv_epi8(r, qnan, nan);
-}
-
-/* 16 floats -> 16 bf16 (32 bytes, in order). */
-AVX2 static inline __m256i bf16_16(const float *src)
-{
-	__m256i r0 = bf16_8(_mm256_castps_si256(_mm256_loadu_ps(src)));
-	__m256i r1 = bf16_8(_mm256_castps_si256(_mm256_loadu_ps(src + 8)));
-
-	/* packus works per 128-bit half: put the quadwords back in order. */
-	return _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xd8);
-}
-
-AVX2 static inline __m256i bf16_nstep16(const void *c, const float *p)
-{
-	(void)c;
-	return bf16_16(p);
-}
-
-AVX2 static void bf16_enc_avx2(unsigned char *dst, const float *src, size_t n)
-{
-	kl_narrow8(dst, 2, src, n, 16, 2, bf16_nstep16, NULL);
-}
-
-AVX2 static inline __m256 bf16_step8(const struct kl8 *c, const void *p)
-{
-	__m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-
-	(void)c;
-	return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
-AVX2 static void bf16_dec_avx2(float *dst, const unsigned char *src, size_t n)
-{
-	const struct kl8 c = {0};
-
-	kl_widen8(dst, src, 2, n, 4, bf16_step8, &c, KL_STORE);
-}
-
-AVX2 static void bf16_acc_avx2(float *acc, const unsigned char *src, float w, size_t n)
-{
-	const struct kl8 c = {.w = _mm256_set1_ps(w)};
-
-	kl_widen8(acc, src, 2, n, 4, bf16_step8, &c, KL_AXPY);
-}
-
-/* ---- uniform8 ---- */
-
-/* +0.0 where x is not finite. */
-AVX2 static inline __m256 finite_or_zero8(__m256 x, __m256i *fmask)
-{
-	__m256i a = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
-
-	*fmask = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), a);
-	return _mm256_and_ps(x, _mm256_castsi256_ps(*fmask));
-}
-
-/* Sums of lanes 4k..4k+3 of the spec's 16 (k = 0..3): kept in registers. */
-struct lanes_avx2 {
-	__m256d s0, s1, s2, s3, q0, q1, q2, q3;
-};
-
-/* Adds src[0..16) to the lanes; returns how many of them were finite. */
-AVX2 static inline __attribute__((always_inline)) size_t lanes16_avx2(struct lanes_avx2 *l, const float *p)
-{
-	__m256i f0, f1;
-	__m256 x0 = finite_or_zero8(_mm256_loadu_ps(p), &f0);
-	__m256 x1 = finite_or_zero8(_mm256_loadu_ps(p + 8), &f1);
-	__m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x0));
-	__m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x0, 1));
-	__m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(x1));
-	__m256d d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(x1, 1));
-
-	l->s0 = _mm256_add_pd(l->s0, d0);
-	l->s1 = _mm256_add_pd(l->s1, d1);
-	l->s2 = _mm256_add_pd(l->s2, d2);
-	l->s3 = _mm256_add_pd(l->s3, d3);
-	/* d*d is exact in double: fused or not, the sums round the same. */
-	l->q0 = _mm256_add_pd(l->q0, _mm256_mul_pd(d0, d0));
-	l->q1 = _mm256_add_pd(l->q1, _mm256_mul_pd(d1, d1));
-	l->q2 = _mm256_add_pd(l->q2, _mm256_mul_pd(d2, d2));
-	l->q3 = _mm256_add_pd(l->q3, _mm256_mul_pd(d3, d3));
-	return (size_t)__builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(f0))) +
-	       (size_t)__builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(f1)));
-}
-
-/* q + d * d, as a separate multiply and add. */
-AVX2 static inline __m256d sq_add(__m256d q, __m256d d)
-{
-	return _mm256_add_pd(q, _mm256_mul_pd(d, d));
-}
-
-/*
- * The same with the add fused, where the CPU has FMA (not part of the
- * "avx2" level). d * d is exact in double, so the fused add rounds exactly
- * as the separate one: the same bits. It takes the squares' additions off
- * the two FADD pipes, which the conversions and the other sums keep busy
- * (a third faster on Zen 5).
- */
-__attribute__((target("avx2,fma"))) static inline __m256d sq_fma(__m256d q, __m256d d)
-{
-	return _mm256_fmadd_pd(d, d, q);
-}
-
-/* Adds src[i..end), all finite, to the lanes: no masking (see u8_lanes_avx2). */
-AVX2 MP_K_INLINE void lanes_fin_body(struct lanes_avx2 *l, const float *src, size_t i, size_t end,
-				     __m256d (*sq)(__m256d q, __m256d d))
-{
-	struct lanes_avx2 r = *l;
-
-	for (; i < end; i += 16) {
-		__m256d d0 = _mm256_cvtps_pd(_mm_loadu_ps(src + i));
-		__m256d d1 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 4));
-		__m256d d2 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 8));
-		__m256d d3 = _mm256_cvtps_pd(_mm_loadu_ps(src + i + 12));
-
-		r.s0 = _mm256_add_pd(r.s0, d0);
-		r.s1 = _mm256_add_pd(r.s1, d1);
-		r.s2 = _mm256_add_pd(r.s2, d2);
-		r.s3 = _mm256_add_pd(r.s3, d3);
-		r.q0 = sq(r.q0, d0);
-		r.q1 = sq(r.q1, d1);
-		r.q2 = sq(r.q2, d2);
-		r.q3 = sq(r.q3, d3);
-	}
-	*l = r;
-}
-
-AVX2 static void lanes_fin_avx2(struct lanes_avx2 *l, const float *src, size_t i, size_t end)
-{
-	lanes_fin_body(l, src, i, end, sq_add);
-}
-
-__attribute__((target("avx2,fma"))) static void lanes_fin_avx2fma(struct lanes_avx2 *l, const float *src,
-								 size_t i, size_t end)
-{
-	lanes_fin_body(l, src, i, end, sq_fma);
-}
-
-AVX2 static inline int lanes_finite_avx2(const struct lanes_avx2 *l)
-{
-	/* x - x is 0 for finite x and NaN for inf and NaN. */
-	__m256d z = _mm256_add_pd(_mm256_add_pd(_mm256_sub_pd(l->s0, l->s0), _mm256_sub_pd(l->s1, l->s1)),
-				  _mm256_add_pd(_mm256_sub_pd(l->s2, l->s2), _mm256_sub_pd(l->s3, l->s3)));
-
-	return _mm256_movemask_pd(_mm256_cmp_pd(z, z, _CMP_UNORD_Q)) == 0;
-}
-
-/*
- * Blocks of LANES_BLOCK elements first go through the unmasked loop, which
- * is all the statistics pass has to do for finite data. A sum of finite
- * floats (or of their squares) cannot overflow a double, so a lane sum that
- * is no longer finite means the block held an inf or a NaN: the lanes are
- * then put back and the block done again with the masked loop (from L1).
- * For an all-finite block both loops make the same additions.
- */
-AVX2 static void u8_lanes_avx2(const float *src, size_t n, double *s, double *q, size_t *nfin)
-{
-	struct lanes_avx2 l;
-	size_t cnt = 0, i = 0;
-
-	void (*fin)(struct lanes_avx2 *, const float *, size_t, size_t) =
-		__builtin_cpu_supports("fma") && !mp_kq_avoid_fma ? lanes_fin_avx2fma : lanes_fin_avx2;
-
-	l.s0 = l.s1 = l.s2 = l.s3 = l.q0 = l.q1 = l.q2 = l.q3 = _mm256_setzero_pd();
-	/* Element i always lands in lane i % 16: no alignment peeling here. */
-	while (i + 16 <= n) {
-		size_t end = n - i >= LANES_BLOCK ? i + LANES_BLOCK : i + (n - i) / 16 * 16;
-		struct lanes_avx2 saved = l;
-
-		fin(&l, src, i, end);
-		if (lanes_finite_avx2(&l)) {
-			cnt += end - i;
-		} else {
-			l = saved;
-			for (size_t j = i; j < end; j += 16)
-				cnt += lanes16_avx2(&l, src + j);
-		}
-		i = end;
-	}
-	if (i < n) {
-		float fb[16] = {0};
-
-		memcpy(fb, src + i, (n - i) * sizeof(float));
-		/* The zero padding counts as finite: take it off again. */
-		cnt += lanes16_avx2(&l, fb) - (16 - (n - i));
-	}
-	_mm256_storeu_pd(s, l.s0);
-	_mm256_storeu_pd(s + 4, l.s1);
-	_mm256_storeu_pd(s + 8, l.s2);
-	_mm256_storeu_pd(s + 12, l.s3);
-	_mm256_storeu_pd(q, l.q0);
-	_mm256_storeu_pd(q + 4, l.q1);
-	_mm256_storeu_pd(q + 8, l.q2);
-	_mm256_storeu_pd(q + 12, l.q3);
-	*nfin = cnt;
-}
-
-/* @nan: src may hold NaN (a constant in every caller, so the test folds away). */
-AVX2 static inline __attribute__((always_inline)) __m256i u8_code8_avx2(__m256 x, __m256 lo, __m256 inv,
-									  __m256 nan_as, int nan)
-{
-	if (nan)
-		x = _mm256_blendv_ps(x, nan_as, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-	__m256 t = _mm256_mul_ps(_mm256_sub_ps(x, lo), inv);
-
-	/*
-	 * t is never NaN here (x is not, lo and inv are finite and inv > 0).
-	 * Only the top is clamped here (+inf and t >= 2^31 would convert to
-	 * INT_MIN); the result is floor(t) for 0 <= t <= 255 and some
-	 * negative number or 0 for t < 0 (truncation), and pack32_u8's
-	 * saturation makes those 0: the code of floor, then clamp.
-	 */
-	return _mm256_cvttps_epi32(_mm256_min_ps(t, _mm256_set1_ps(255.0f)));
-}
-
-/*
- * Four vectors of eight dwords -> 32 bytes in order (unsigned or signed
- * saturation: pack32_u8 turns every negative dword into 0).
- */
-AVX2 static inline __m256i pack32_u8(__m256i a, __m256i b, __m256i c, __m256i d)
-{
-	__m256i r = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
-
-	return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-AVX2 static inline __m256i pack32_i8(__m256i a, __m256i b, __m256i c, __m256i d)
-{
-	__m256i r = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
-
-	return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-/* The uniform8 parameters, broadcast. */
-struct u8_avx2 {
-	__m256 lo, inv, nan_as;
-};
-
-/* 32 floats -> 32 codes; @nan as in u8_code8_avx2. */
-AVX2 MP_K_INLINE __m256i u8_codes32_avx2(const struct u8_avx2 *k, const float *p, int nan)
-{
-	return pack32_u8(u8_code8_avx2(_mm256_loadu_ps(p), k->lo, k->inv, k->nan_as, nan),
-			 u8_code8_avx2(_mm256_loadu_ps(p + 8), k->lo, k->inv, k->nan_as, nan),
-			 u8_code8_avx2(_mm256_loadu_ps(p + 16), k->lo, k->inv, k->nan_as, nan),
-			 u8_code8_avx2(_mm256_loadu_ps(p + 24), k->lo, k->inv, k->nan_as, nan));
-}
-
-AVX2 static inline __m256i u8_nstep32_fin(const void *k, const float *p)
-{
-	return u8_codes32_avx2(k, p, 0);
-}
-
-AVX2 static inline __m256i u8_nstep32_nan(const void *k, const float *p)
-{
-	return u8_codes32_avx2(k, p, 1);
-}
-
-AVX2 static void u8_codes_avx2(uint8_t *codes, const float *src, size_t n, float lo, float inv,
-			       float nan_as, int finite)
-{
-	const struct u8_avx2 k = {_mm256_set1_ps(lo), _mm256_set1_ps(inv), _mm256_set1_ps(nan_as)};
-
-	/* Two loops, so that the finite one has no NaN test at all. */
-	if (finite)
-		kl_narrow8(codes, 1, src, n, 32, 1, u8_nstep32_fin, &k);
-	else
-		kl_narrow8(codes, 1, src, n, 32, 1, u8_nstep32_nan, &k);
-}
+/* ---- uniform8 table lookups: the one kernel that is two algorithms ---- */
 
 /*
  * Table lookups: eight scalar loads assembled into a vector, which took
@@ -622,11 +343,13 @@ AVX2 static void u8_codes_avx2(uint8_t *codes, const float *src, size_t n, float
  * slower still where the "gather data sampling" microcode is in force. The
  * lookup is pure data movement, so it cannot round.
  */
-AVX2 static inline __attribute__((always_inline)) __m256 u8_step8(const struct kl8 *c, const void *p)
+KL_AVX2 MP_K_INLINE __m256 u8_step8(const struct kl8 *c, const void *p, __m256i m, int full)
 {
-	const float *table = c->table;
+	const float *table = c->data;
 	uint64_t k;
 
+	(void)m;
+	(void)full;
 	memcpy(&k, p, sizeof(k));
 	__m128 lo = _mm_setr_ps(table[k & 255], table[(k >> 8) & 255], table[(k >> 16) & 255],
 				table[(k >> 24) & 255]);
@@ -636,284 +359,18 @@ AVX2 static inline __attribute__((always_inline)) __m256 u8_step8(const struct k
 	return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
 }
 
-AVX2 static void u8_dec_avx2(float *dst, const uint8_t *codes, const float *table, size_t n)
+KL_AVX2 static void u8_dec_avx2(float *dst, const uint8_t *codes, const float *table, size_t n)
 {
-	const struct kl8 c = {.table = table};
+	const struct kl8 c = {.data = table};
 
 	kl_widen8(dst, codes, 1, n, 4, u8_step8, &c, KL_STORE);
 }
 
-AVX2 static void u8_add_avx2(float *acc, const uint8_t *codes, const float *wtable, size_t n)
+KL_AVX2 static void u8_add_avx2(float *acc, const uint8_t *codes, const float *wtable, size_t n)
 {
-	const struct kl8 c = {.table = wtable};
+	const struct kl8 c = {.data = wtable};
 
 	kl_widen8(acc, codes, 1, n, 4, u8_step8, &c, KL_ADD);
-}
-
-/* ---- blockwise8 ---- */
-
-AVX2 static inline __m256i absfin8(const float *p)
-{
-	__m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi32(0x7fffffff));
-
-	return _mm256_and_si256(a, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), a));
-}
-
-AVX2 static uint32_t bw8_absmax_avx2(const float *src, size_t n)
-{
-	__m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
-	size_t i = 0;
-
-	for (; i + 32 <= n; i += 32) {
-		m0 = _mm256_max_epu32(m0, absfin8(src + i));
-		m1 = _mm256_max_epu32(m1, absfin8(src + i + 8));
-		m2 = _mm256_max_epu32(m2, absfin8(src + i + 16));
-		m3 = _mm256_max_epu32(m3, absfin8(src + i + 24));
-	}
-	for (; i + 8 <= n; i += 8)
-		m0 = _mm256_max_epu32(m0, absfin8(src + i));
-	if (i < n) {
-		float fb[8] = {0}; /* zero padding cannot raise a max of |x| */
-
-		memcpy(fb, src + i, (n - i) * sizeof(float));
-		m1 = _mm256_max_epu32(m1, absfin8(fb));
-	}
-	m0 = _mm256_max_epu32(_mm256_max_epu32(m0, m1), _mm256_max_epu32(m2, m3));
-	__m128i h = _mm_max_epu32(_mm256_castsi256_si128(m0), _mm256_extracti128_si256(m0, 1));
-
-	h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
-	h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
-	return (uint32_t)_mm_cvtsi128_si32(h);
-}
-
-AVX2 static inline __m256i bw8_code8_avx2(const float *p, __m256 f, __m256 inv)
-{
-	__m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(p), f), inv);
-
-	t = _mm256_and_ps(t, _mm256_cmp_ps(t, t, _CMP_ORD_Q)); /* NaN -> +0 */
-	t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
-	t = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-	return _mm256_cvttps_epi32(t); /* already integral */
-}
-
-/* The blockwise8 multipliers of a block, broadcast. */
-struct bw8_avx2 {
-	__m256 f, inv;
-};
-
-/* 32 floats -> 32 codes. */
-AVX2 static inline __m256i bw8_nstep32(const void *c, const float *p)
-{
-	const struct bw8_avx2 *k = c;
-
-	return pack32_i8(bw8_code8_avx2(p, k->f, k->inv), bw8_code8_avx2(p + 8, k->f, k->inv),
-			 bw8_code8_avx2(p + 16, k->f, k->inv), bw8_code8_avx2(p + 24, k->f, k->inv));
-}
-
-AVX2 static void bw8_quant_avx2(uint8_t *codes, const float *src, size_t n, float f, float inv)
-{
-	const struct bw8_avx2 k = {_mm256_set1_ps(f), _mm256_set1_ps(inv)};
-
-	kl_narrow8(codes, 1, src, n, 32, 1, bw8_nstep32, &k);
-}
-
-AVX2 static inline __m256 bw8_step8(const struct kl8 *c, const void *p)
-{
-	__m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
-
-	return _mm256_mul_ps(_mm256_cvtepi32_ps(q), c->s);
-}
-
-AVX2 static void bw8_dec_avx2(float *dst, const uint8_t *codes, float s, size_t n)
-{
-	const struct kl8 c = {.s = _mm256_set1_ps(s)};
-
-	kl_widen8(dst, codes, 1, n, 4, bw8_step8, &c, KL_STORE);
-}
-
-AVX2 static void bw8_acc_avx2(float *acc, const uint8_t *codes, float s, float w, size_t n)
-{
-	const struct kl8 c = {.s = _mm256_set1_ps(s), .w = _mm256_set1_ps(w)};
-
-	kl_widen8(acc, codes, 1, n, 4, bw8_step8, &c, KL_AXPY);
-}
-
-/* ================================ AVX-512 ================================ */
-
-/* The level dispatch.c calls "avx512": F, BW, VL and DQ together. */
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-
-/* ---- bf16 ---- */
-
-AVX512 static inline __m256i bf16_16x(__m512i u)
-{
-	const __m512i hi = _mm512_srli_epi32(u, 16);
-	const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-	const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-	const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb); /* ties to even */
-	__m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-	__mmask16 big = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f7f7fff));
-	__mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
-
-	r = _mm512_mask_mov_epi32(r, big, _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)),
-							  _mm512_set1_epi32(0x7f7f)));
-	r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x0040)));
-	return _mm512_cvtepi32_epi16(r);
-}
-
-AVX512 static inline __m256i bf16_nstep16x(const void *c, __m512 x)
-{
-	(void)c;
-	return bf16_16x(_mm512_castps_si512(x));
-}
-
-AVX512 static void bf16_enc_avx512(unsigned char *dst, const float *src, size_t n)
-{
-	kl_narrow16(dst, 2, src, n, 2, bf16_nstep16x, NULL);
-}
-
-AVX512 static inline __m512 bf16_step16(const struct kl16 *c, const void *p, __mmask16 m, int full)
-{
-	__m256i h = full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
-
-	(void)c;
-	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-AVX512 static void bf16_dec_avx512(float *dst, const unsigned char *src, size_t n)
-{
-	const struct kl16 c = {0};
-
-	kl_widen16(dst, src, 2, n, 2, bf16_step16, &c, KL_STORE);
-}
-
-AVX512 static void bf16_acc_avx512(float *acc, const unsigned char *src, float w, size_t n)
-{
-	const struct kl16 c = {.w = _mm512_set1_ps(w)};
-
-	kl_widen16(acc, src, 2, n, 2, bf16_step16, &c, KL_AXPY);
-}
-
-/* ---- uniform8 ---- */
-
-/* Lanes 0..7 in s0/q0, 8..15 in s1/q1; m selects the elements present. */
-AVX512 static inline size_t u8_lanes16_avx512(__m512d *s0, __m512d *s1, __m512d *q0, __m512d *q1,
-					      __m512 x, __mmask16 m)
-{
-	__m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
-	__mmask16 fin = _mm512_mask_cmplt_epu32_mask(m, a, _mm512_set1_epi32(0x7f800000));
-
-	x = _mm512_maskz_mov_ps(fin, x);
-	__m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-	__m512d d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
-
-	/* d*d is exact in double: fused or not, the sums round the same. */
-	*s0 = _mm512_add_pd(*s0, d0);
-	*s1 = _mm512_add_pd(*s1, d1);
-	*q0 = _mm512_add_pd(*q0, _mm512_mul_pd(d0, d0));
-	*q1 = _mm512_add_pd(*q1, _mm512_mul_pd(d1, d1));
-	return (size_t)__builtin_popcount((unsigned)fin);
-}
-
-/* Adds p[0..16), all finite, to the lanes: no masking (see u8_lanes_avx2). */
-AVX512 static inline void u8_lanes16_fin_avx512(__m512d *s0, __m512d *s1, __m512d *q0, __m512d *q1,
-						const float *p)
-{
-	__m512d d0 = _mm512_cvtps_pd(_mm256_loadu_ps(p));
-	__m512d d1 = _mm512_cvtps_pd(_mm256_loadu_ps(p + 8));
-
-	*s0 = _mm512_add_pd(*s0, d0);
-	*s1 = _mm512_add_pd(*s1, d1);
-	*q0 = _mm512_add_pd(*q0, _mm512_mul_pd(d0, d0));
-	*q1 = _mm512_add_pd(*q1, _mm512_mul_pd(d1, d1));
-}
-
-AVX512 static void u8_lanes_avx512(const float *src, size_t n, double *s, double *q, size_t *nfin)
-{
-	__m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
-	size_t cnt = 0, i = 0;
-
-	/* Finite blocks unmasked, as in u8_lanes_avx2. */
-	while (i + 16 <= n) {
-		size_t end = n - i >= LANES_BLOCK ? i + LANES_BLOCK : i + (n - i) / 16 * 16;
-		__m512d t0 = s0, t1 = s1, r0 = q0, r1 = q1;
-
-		for (size_t j = i; j < end; j += 16)
-			u8_lanes16_fin_avx512(&s0, &s1, &q0, &q1, src + j);
-		/* 0x99: NaN (quiet, signalling) or +-inf. */
-		if (!(_mm512_fpclass_pd_mask(s0, 0x99) | _mm512_fpclass_pd_mask(s1, 0x99))) {
-			cnt += end - i;
-		} else {
-			s0 = t0;
-			s1 = t1;
-			q0 = r0;
-			q1 = r1;
-			for (size_t j = i; j < end; j += 16)
-				cnt += u8_lanes16_avx512(&s0, &s1, &q0, &q1, _mm512_loadu_ps(src + j), 0xffff);
-		}
-		i = end;
-	}
-	if (i < n) {
-		__mmask16 m = tail16(n - i);
-
-		/* Masked-off elements load as +0.0 and are not counted. */
-		cnt += u8_lanes16_avx512(&s0, &s1, &q0, &q1, _mm512_maskz_loadu_ps(m, src + i), m);
-	}
-	_mm512_storeu_pd(s, s0);
-	_mm512_storeu_pd(s + 8, s1);
-	_mm512_storeu_pd(q, q0);
-	_mm512_storeu_pd(q + 8, q1);
-	*nfin = cnt;
-}
-
-/* @nan: as in u8_code8_avx2. */
-AVX512 static inline __attribute__((always_inline)) __m512i u8_code16_avx512(__m512 x, __m512 lo, __m512 inv,
-									       __m512 nan_as, int nan)
-{
-	if (nan)
-		x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), nan_as);
-	__m512 t = _mm512_mul_ps(_mm512_sub_ps(x, lo), inv);
-
-	/* As in u8_code8_avx2: floor(t) for t in [0, 255], <= 0 below; saturate it. */
-	return _mm512_cvttps_epi32(_mm512_min_ps(t, _mm512_set1_ps(255.0f)));
-}
-
-AVX512 static inline __attribute__((always_inline)) void u8_codes_avx512_body(uint8_t *codes, const float *src,
-										size_t n, float lo, float inv,
-										float nan_as, int nan)
-{
-	const __m512 vlo = _mm512_set1_ps(lo), vinv = _mm512_set1_ps(inv), vnan = _mm512_set1_ps(nan_as);
-	/* packs/packus interleave the four 128-bit lanes: dword k of r goes to k%4*4 + k/4. */
-	const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-	size_t i = 0;
-
-	for (; i + 64 <= n; i += 64) {
-		__m512i q0 = u8_code16_avx512(_mm512_loadu_ps(src + i), vlo, vinv, vnan, nan);
-		__m512i q1 = u8_code16_avx512(_mm512_loadu_ps(src + i + 16), vlo, vinv, vnan, nan);
-		__m512i q2 = u8_code16_avx512(_mm512_loadu_ps(src + i + 32), vlo, vinv, vnan, nan);
-		__m512i q3 = u8_code16_avx512(_mm512_loadu_ps(src + i + 48), vlo, vinv, vnan, nan);
-		/* Signed, then unsigned saturation: negative dwords become 0. */
-		__m512i r = _mm512_packus_epi16(_mm512_packs_epi32(q0, q1), _mm512_packs_epi32(q2, q3));
-
-		_mm512_storeu_si512(codes + i, _mm512_permutexvar_epi32(order, r));
-	}
-	for (; i < n; i += 16) {
-		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
-		__m512i q = u8_code16_avx512(_mm512_maskz_loadu_ps(m, src + i), vlo, vinv, vnan, nan);
-
-		/* Negative to 0, then truncation to bytes (the rest is 0..255). */
-		q = _mm512_max_epi32(q, _mm512_setzero_si512());
-		_mm512_mask_cvtepi32_storeu_epi8(codes + i, m, q);
-	}
-}
-
-AVX512 static void u8_codes_avx512(uint8_t *codes, const float *src, size_t n, float lo, float inv,
-				   float nan_as, int finite)
-{
-	if (finite)
-		u8_codes_avx512_body(codes, src, n, lo, inv, nan_as, 0);
-	else
-		u8_codes_avx512_body(codes, src, n, lo, inv, nan_as, 1);
 }
 
 /*
@@ -927,13 +384,13 @@ struct lut512 {
 	__m512 t[16];
 };
 
-AVX512 static inline void lut512_load(struct lut512 *l, const float *table)
+KV_TARGET_16 static inline void lut512_load(struct lut512 *l, const float *table)
 {
 	for (int k = 0; k < 16; k++)
 		l->t[k] = _mm512_loadu_ps(table + 16 * k);
 }
 
-AVX512 static inline __m512 lut512_get(const struct lut512 *l, __m512i idx)
+KV_TARGET_16 static inline __m512 lut512_get(const struct lut512 *l, __m512i idx)
 {
 	__m512 r0 = _mm512_permutex2var_ps(l->t[0], idx, l->t[1]);
 	__m512 r1 = _mm512_permutex2var_ps(l->t[2], idx, l->t[3]);
@@ -956,14 +413,14 @@ AVX512 static inline __m512 lut512_get(const struct lut512 *l, __m512i idx)
 	return _mm512_mask_blend_ps(b7, r0, r4);
 }
 
-AVX512 static inline __m512 u8_step16(const struct kl16 *c, const void *p, __mmask16 m, int full)
+KV_TARGET_16 static inline __m512 u8_step16(const struct kl16 *c, const void *p, __mmask16 m, int full)
 {
 	__m128i b = full ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(m, p);
 
 	return lut512_get(c->data, _mm512_cvtepu8_epi32(b));
 }
 
-AVX512 static void u8_dec_avx512(float *dst, const uint8_t *codes, const float *table, size_t n)
+KV_TARGET_16 static void u8_dec_avx512(float *dst, const uint8_t *codes, const float *table, size_t n)
 {
 	struct lut512 l;
 
@@ -973,7 +430,7 @@ AVX512 static void u8_dec_avx512(float *dst, const uint8_t *codes, const float *
 	kl_widen16(dst, codes, 1, n, 2, u8_step16, &c, KL_STORE);
 }
 
-AVX512 static void u8_add_avx512(float *acc, const uint8_t *codes, const float *wtable, size_t n)
+KV_TARGET_16 static void u8_add_avx512(float *acc, const uint8_t *codes, const float *wtable, size_t n)
 {
 	struct lut512 l;
 
@@ -981,83 +438,6 @@ AVX512 static void u8_add_avx512(float *acc, const uint8_t *codes, const float *
 	const struct kl16 c = {.data = &l};
 
 	kl_widen16(acc, codes, 1, n, 2, u8_step16, &c, KL_ADD);
-}
-
-/* ---- blockwise8 ---- */
-
-AVX512 static inline __m512i absfin16(__m512 x)
-{
-	__m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
-
-	return _mm512_maskz_mov_epi32(_mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(0x7f800000)), a);
-}
-
-AVX512 static uint32_t bw8_absmax_avx512(const float *src, size_t n)
-{
-	__m512i m0 = _mm512_setzero_si512(), m1 = m0, m2 = m0, m3 = m0;
-	size_t i = 0;
-
-	for (; i + 64 <= n; i += 64) {
-		m0 = _mm512_max_epu32(m0, absfin16(_mm512_loadu_ps(src + i)));
-		m1 = _mm512_max_epu32(m1, absfin16(_mm512_loadu_ps(src + i + 16)));
-		m2 = _mm512_max_epu32(m2, absfin16(_mm512_loadu_ps(src + i + 32)));
-		m3 = _mm512_max_epu32(m3, absfin16(_mm512_loadu_ps(src + i + 48)));
-	}
-	for (; i < n; i += 16) {
-		__mmask16 m = n - i >= 16 ? 0xffff : tail16(n - i);
-
-		m0 = _mm512_max_epu32(m0, absfin16(_mm512_maskz_loadu_ps(m, src + i)));
-	}
-	m0 = _mm512_max_epu32(_mm512_max_epu32(m0, m1), _mm512_max_epu32(m2, m3));
-	return _mm512_reduce_max_epu32(m0);
-}
-
-AVX512 static inline __m512i bw8_code16_avx512(__m512 x, __m512 f, __m512 inv)
-{
-	__m512 t = _mm512_mul_ps(_mm512_mul_ps(x, f), inv);
-
-	t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t); /* NaN -> +0 */
-	t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
-	return _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-
-struct bw8_avx512 {
-	__m512 f, inv;
-};
-
-AVX512 static inline __m256i bw8_nstep16(const void *c, __m512 x)
-{
-	const struct bw8_avx512 *k = c;
-
-	return _mm256_castsi128_si256(_mm512_cvtepi32_epi8(bw8_code16_avx512(x, k->f, k->inv)));
-}
-
-AVX512 static void bw8_quant_avx512(uint8_t *codes, const float *src, size_t n, float f, float inv)
-{
-	const struct bw8_avx512 k = {_mm512_set1_ps(f), _mm512_set1_ps(inv)};
-
-	kl_narrow16(codes, 1, src, n, 2, bw8_nstep16, &k);
-}
-
-AVX512 static inline __m512 bw8_step16(const struct kl16 *c, const void *p, __mmask16 m, int full)
-{
-	__m128i b = full ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(m, p);
-
-	return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), c->s);
-}
-
-AVX512 static void bw8_dec_avx512(float *dst, const uint8_t *codes, float s, size_t n)
-{
-	const struct kl16 c = {.s = _mm512_set1_ps(s)};
-
-	kl_widen16(dst, codes, 1, n, 2, bw8_step16, &c, KL_STORE);
-}
-
-AVX512 static void bw8_acc_avx512(float *acc, const uint8_t *codes, float s, float w, size_t n)
-{
-	const struct kl16 c = {.s = _mm512_set1_ps(s), .w = _mm512_set1_ps(w)};
-
-	kl_widen16(acc, codes, 1, n, 2, bw8_step16, &c, KL_AXPY);
 }
 
 #endif /* MP_K_X86 */

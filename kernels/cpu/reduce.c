@@ -46,15 +46,17 @@ void mp_kcpu_scale_scalar(float *dst, const float *x, float w, size_t n)
 
 #define AVX2 __attribute__((target("avx2")))
 
-AVX2 static inline __m256 f32_step8(const struct kl8 *c, const void *p)
+AVX2 static inline __m256 f32_step8(const struct kl8 *c, const void *p, __m256i m, int full)
 {
 	(void)c;
+	(void)m;
+	(void)full;
 	return _mm256_loadu_ps(p);
 }
 
-AVX2 static inline __m256 f32_scaled8(const struct kl8 *c, const void *p)
+AVX2 static inline __m256 f32_scaled8(const struct kl8 *c, const void *p, __m256i m, int full)
 {
-	return _mm256_mul_ps(_mm256_loadu_ps(p), c->s);
+	return _mm256_mul_ps(f32_step8(c, p, m, full), c->s);
 }
 
 AVX2 void mp_kcpu_axpy_avx2(float *acc, const float *x, float w, size_t n)

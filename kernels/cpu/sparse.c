@@ -276,34 +276,23 @@ static void scatter_acc_scalar(float *acc, const uint32_t *idx, const float *v, 
 
 #ifdef MP_K_X86
 
-/* ---- AVX2 (no FMA in the target; nothing here multiplies but scatter_acc) ---- */
+/*
+ * ---- Vector kernels: sparse_vec.h, once per width; these are the kv
+ * operations it needs beyond kloop.h's ----
+ */
 
-#define AVX2 __attribute__((target("avx2")))
-
-AVX2 static inline __m256 p8(const float *a, const float *b, size_t i)
+/* How many lanes the mask @m (kv_bits) holds. */
+static inline unsigned kv8_pop(unsigned m)
 {
-	__m256 p = _mm256_loadu_ps(a + i);
-
-	if (b)
-		p = _mm256_add_ps(p, _mm256_loadu_ps(b + i));
-	return p;
+	return pop8[m];
 }
 
-/* Non-finite -> +0 (keys are non-negative int32, so the signed compare is exact). */
-AVX2 static inline __m256 san8(__m256 p)
+static inline unsigned kv16_pop(unsigned m)
 {
-	__m256i k = _mm256_and_si256(_mm256_castps_si256(p), _mm256_set1_epi32((int)ABSM));
-	__m256i fin = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)INF_BITS), k);
-
-	return _mm256_and_ps(p, _mm256_castsi256_ps(fin));
+	return pop16(m);
 }
 
-AVX2 static inline __m256i key8(__m256 p)
-{
-	return _mm256_and_si256(_mm256_castps_si256(p), _mm256_set1_epi32((int)ABSM));
-}
-
-AVX2 static inline __m256i perm_of(unsigned m)
+KL_AVX2 static inline __m256i perm_of(unsigned m)
 {
 	__m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
 	__m256i pm = _mm256_srlv_epi32(_mm256_set1_epi32((int)perm8[m]), sh);
@@ -311,226 +300,50 @@ AVX2 static inline __m256i perm_of(unsigned m)
 	return _mm256_and_si256(pm, _mm256_set1_epi32(15));
 }
 
-/* Stores the lanes of @v selected by the 8-bit mask @m, packed, at @out; returns how many. */
-AVX2 static inline size_t compress8(uint32_t *out, unsigned m, __m256i v)
+/*
+ * The lanes of @v in the mask @m, packed, at @out: a whole vector is
+ * written (MP_SP_SLACK). AVX2 permutes by the mask's entry in perm8;
+ * AVX-512 compresses in a register (see the top of the file).
+ */
+KL_AVX2 static inline void kv8_compress_i(uint32_t *out, unsigned m, __m256i v)
 {
 	_mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(v, perm_of(m)));
-	return pop8[m];
 }
 
-AVX2 static void prep_avx2(const float *a, const float *b, float *out, size_t n, uint32_t *hist)
+KL_AVX2 static inline void kv8_compress_f(float *out, unsigned m, __m256 v)
 {
-	_Alignas(32) uint32_t bk[16];
-	size_t i = 0;
-
-	for (; i + 16 <= n; i += 16) {
-		__m256 p0 = san8(p8(a, b, i));
-		__m256 p1 = san8(p8(a, b, i + 8));
-
-		if (out) {
-			_mm256_storeu_ps(out + i, p0);
-			_mm256_storeu_ps(out + i + 8, p1);
-		}
-		if (hist) {
-			_mm256_store_si256((__m256i *)bk,
-					   _mm256_srli_epi32(key8(p0), MP_SP_B1_SHIFT));
-			_mm256_store_si256((__m256i *)(bk + 8),
-					   _mm256_srli_epi32(key8(p1), MP_SP_B1_SHIFT));
-			hist4(hist, bk, 16);
-		}
-	}
-	prep_scalar(a + i, b ? b + i : NULL, out ? out + i : NULL, n - i, hist);
+	_mm256_storeu_ps(out, _mm256_permutevar8x32_ps(v, perm_of(m)));
 }
 
-AVX2 static void hist_sub_avx2(const float *a, const float *b, size_t n, unsigned shift,
-			       uint32_t prefix, uint32_t *hist)
+KV_TARGET_16 static inline void kv16_compress_i(uint32_t *out, unsigned m, __m512i v)
 {
-	const __m256i vp = _mm256_set1_epi32((int)prefix);
-	const __m128i sh = _mm_cvtsi32_si128((int)(shift + 10));
-	_Alignas(32) uint32_t kb[8];
-	size_t i = 0;
-
-	for (; i + 8 <= n; i += 8) {
-		__m256i k = key8(san8(p8(a, b, i)));
-		__m256i eq = _mm256_cmpeq_epi32(_mm256_srl_epi32(k, sh), vp);
-		unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(eq));
-
-		if (m) {
-			_mm256_store_si256((__m256i *)kb, k);
-			hist_sub_lanes(hist, kb, m, shift);
-		}
-	}
-	hist_sub_tail(a, b, i, n, shift, prefix, hist);
+	_mm512_storeu_si512(out, _mm512_maskz_compress_epi32((__mmask16)m, v));
 }
 
-AVX2 static size_t sift_avx2(const float *a, const float *b, float *out, size_t n, uint32_t lo,
-			     size_t cap, uint32_t *idx, float *val)
+KV_TARGET_16 static inline void kv16_compress_f(float *out, unsigned m, __m512 v)
 {
-	/* key >= lo as key > lo - 1 (lo >= 1 here; lo == 0 lists everything). */
-	const __m256i vl = _mm256_set1_epi32((int)lo - 1);
-	const __m256i v8 = _mm256_set1_epi32(8);
-	__m256i vi = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-	size_t i = 0, c = 0;
-
-	if (!lo)
-		return sift_tail(a, b, out, 0, n, lo, cap, idx, val, 0);
-	for (; i + 8 <= n; i += 8, vi = _mm256_add_epi32(vi, v8)) {
-		__m256 p = san8(p8(a, b, i));
-		__m256i k = key8(p);
-		unsigned m = (unsigned)_mm256_movemask_ps(
-			_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, vl)));
-
-		if (out)
-			_mm256_storeu_ps(out + i, p);
-		/* As in sift_avx512: no branch on m. */
-		unsigned nm = pop8[m];
-
-		if (c + nm <= cap) {
-			__m256i pm = perm_of(m);
-
-			_mm256_storeu_si256((__m256i *)(idx + c),
-					    _mm256_permutevar8x32_epi32(vi, pm));
-			_mm256_storeu_ps(val + c, _mm256_permutevar8x32_ps(p, pm));
-		}
-		c += nm;
-	}
-	return sift_tail(a, b, out, i, n, lo, cap, idx, val, c);
+	_mm512_storeu_ps(out, _mm512_maskz_compress_ps((__mmask16)m, v));
 }
 
-AVX2 static size_t select_avx2(const float *a, const float *b, size_t n, uint32_t t, size_t eq,
-			       uint32_t *idx)
-{
-	const __m256i vt = _mm256_set1_epi32((int)t);
-	const __m256i v8 = _mm256_set1_epi32(8);
-	__m256i vi = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-	size_t i = 0, c = 0;
+#define kv_pop kv_(pop)
+#define kv_compress_i kv_(compress_i)
+#define kv_compress_f kv_(compress_f)
 
-	for (; i + 8 <= n; i += 8, vi = _mm256_add_epi32(vi, v8)) {
-		__m256i k = key8(san8(p8(a, b, i)));
-		unsigned m = (unsigned)_mm256_movemask_ps(
-			_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, vt)));
-		unsigned e = (unsigned)_mm256_movemask_ps(
-			_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, vt)));
+/* No FMA in either target: nothing there multiplies. */
+#define KV_W 8
+#include "sparse_vec.h"
+#undef KV_W
+#define KV_W 16
+#include "sparse_vec.h"
+#undef KV_W
 
-		if (e)
-			m |= take_eq(e, &eq);
-		if (m)
-			c += compress8(idx + c, m, vi);
-	}
-	return select_tail(a, b, i, n, t, &eq, idx, c);
-}
-
-/* Lanes below @k (0..8) all ones. */
-AVX2 static inline __m256i lanes8(size_t k)
-{
-	return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k),
-				  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-AVX2 static inline __m256 g8m(const float *x, const float *r, __m256i lm)
-{
-	__m256 g = _mm256_maskload_ps(x, lm);
-
-	if (r)
-		g = _mm256_add_ps(g, _mm256_maskload_ps(r, lm));
-	return san8(g);
-}
-
-AVX2 static inline float hmax8(__m256 v)
-{
-	__m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-
-	m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-	m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-	return _mm_cvtss_f32(m);
-}
-
-/* The selection mask of 8 elements: G != 0 and |G + x| >= gmax. */
-AVX2 static inline unsigned ada_mask8(__m256 g, __m256 x, __m256 vg)
-{
-	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32((int)ABSM));
-	__m256 h = _mm256_add_ps(g, x);
-	__m256 s = _mm256_and_ps(_mm256_cmp_ps(_mm256_and_ps(h, absm), vg, _CMP_GE_OQ),
-				 _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_NEQ_OQ));
-
-	return (unsigned)_mm256_movemask_ps(s);
-}
-
-/* Appends the lanes of @m: indices at + lane, and G. */
-AVX2 static inline size_t ada_put8(uint32_t *idx, float *gv, unsigned m, size_t at, __m256 g)
-{
-	__m256i pm = perm_of(m);
-	__m256i vi = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-				      _mm256_set1_epi32((int)at));
-
-	_mm256_storeu_si256((__m256i *)idx, _mm256_permutevar8x32_epi32(vi, pm));
-	_mm256_storeu_ps(gv, _mm256_permutevar8x32_ps(g, pm));
-	return pop8[m];
-}
-
-AVX2 static size_t ada_select_avx2(const float *x, float *r, int store, size_t n, size_t bin,
-				   uint32_t *idx, float *gv)
-{
-	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32((int)ABSM));
-	size_t c = 0;
-
-	for (size_t b0 = 0; b0 < n; b0 += bin) {
-		size_t len = n - b0 < bin ? n - b0 : bin, j;
-		const float *xb = x + b0;
-		float *rb = r ? r + b0 : NULL;
-		__m256 vmax = _mm256_setzero_ps();
-
-		for (j = 0; j + 8 <= len; j += 8)
-			vmax = _mm256_max_ps(vmax, _mm256_and_ps(san8(p8(xb, rb, j)), absm));
-		if (j < len) {
-			__m256 g = g8m(xb + j, rb ? rb + j : NULL, lanes8(len - j));
-
-			vmax = _mm256_max_ps(vmax, _mm256_and_ps(g, absm));
-		}
-		const __m256 vg = _mm256_set1_ps(hmax8(vmax));
-
-		/* gmax == 0: nothing is selected (G == 0 never is), but G is still stored. */
-		for (j = 0; j + 8 <= len; j += 8) {
-			__m256 g = san8(p8(xb, rb, j));
-			unsigned m = ada_mask8(g, _mm256_loadu_ps(xb + j), vg);
-
-			if (store)
-				_mm256_storeu_ps(rb + j, g);
-			c += ada_put8(idx + c, gv + c, m, b0 + j, g); /* no branch on m (random) */
-		}
-		if (j < len) {
-			__m256i lm = lanes8(len - j);
-			__m256 g = g8m(xb + j, rb ? rb + j : NULL, lm);
-			/* Lanes past the end load as 0: G == 0 is never selected. */
-			unsigned m = ada_mask8(g, _mm256_maskload_ps(xb + j, lm), vg);
-
-			if (store)
-				_mm256_maskstore_ps(rb + j, lm, g);
-			if (m)
-				c += ada_put8(idx + c, gv + c, m, b0 + j, g);
-		}
-	}
-	return c;
-}
-
-AVX2 static int finite_avx2(const void *v, size_t k)
-{
-	const unsigned char *p = v;
-	const __m256i inf = _mm256_set1_epi32((int)INF_BITS);
-	__m256i bad = _mm256_setzero_si256();
-	size_t j = 0;
-
-	for (; j + 8 <= k; j += 8) {
-		__m256i u = _mm256_loadu_si256((const __m256i *)(p + 4 * j));
-
-		bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(u, inf), inf));
-	}
-	return _mm256_testz_si256(bad, bad) && finite_scalar(p + 4 * j, k - j);
-}
-
-/* No scatter in AVX2: the products go 8 at a time, the adds one by one. */
-AVX2 static void scatter_acc_avx2(float *acc, const uint32_t *idx, const float *v, float w,
-				  size_t k)
+/*
+ * scatter_acc, the one kernel that is not the same algorithm at both
+ * widths: AVX2 has no scatter, so the products go 8 at a time and the adds
+ * one by one.
+ */
+KL_AVX2 static void scatter_acc_avx2(float *acc, const uint32_t *idx, const float *v, float w,
+				     size_t k)
 {
 	const __m256 vw = _mm256_set1_ps(w);
 	_Alignas(32) float pr[8];
@@ -547,239 +360,9 @@ AVX2 static void scatter_acc_avx2(float *acc, const uint32_t *idx, const float *
 	scatter_acc_tail(acc, idx, v, w, j, k);
 }
 
-/* ---- AVX-512 (F, BW, VL, DQ as dispatch.c checks) ---- */
-
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-
-AVX512 static inline __mmask16 lanes16(size_t k)
-{
-	return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << k) - 1u);
-}
-
-AVX512 static inline __m512 san16(__m512 p)
-{
-	__m512i k = _mm512_and_si512(_mm512_castps_si512(p), _mm512_set1_epi32((int)ABSM));
-
-	return _mm512_maskz_mov_ps(_mm512_cmplt_epu32_mask(k, _mm512_set1_epi32((int)INF_BITS)), p);
-}
-
-/* p = a (+ b) on the lanes of @lm (others 0), non-finite -> +0. */
-AVX512 static inline __m512 p16m(const float *a, const float *b, __mmask16 lm)
-{
-	__m512 p = _mm512_maskz_loadu_ps(lm, a);
-
-	if (b)
-		p = _mm512_add_ps(p, _mm512_maskz_loadu_ps(lm, b));
-	return san16(p);
-}
-
-AVX512 static inline __m512 p16(const float *a, const float *b)
-{
-	__m512 p = _mm512_loadu_ps(a);
-
-	if (b)
-		p = _mm512_add_ps(p, _mm512_loadu_ps(b));
-	return san16(p);
-}
-
-AVX512 static inline __m512i key16(__m512 p)
-{
-	return _mm512_and_si512(_mm512_castps_si512(p), _mm512_set1_epi32((int)ABSM));
-}
-
-AVX512 static void prep_avx512(const float *a, const float *b, float *out, size_t n, uint32_t *hist)
-{
-	_Alignas(64) uint32_t bk[16];
-	size_t i = 0;
-
-	for (; i + 16 <= n; i += 16) {
-		__m512 p = p16(a + i, b ? b + i : NULL);
-
-		if (out)
-			_mm512_storeu_ps(out + i, p);
-		if (hist) {
-			_mm512_store_si512(bk, _mm512_srli_epi32(key16(p), MP_SP_B1_SHIFT));
-			hist4(hist, bk, 16);
-		}
-	}
-	prep_scalar(a + i, b ? b + i : NULL, out ? out + i : NULL, n - i, hist);
-}
-
-AVX512 static void hist_sub_avx512(const float *a, const float *b, size_t n, unsigned shift,
-				   uint32_t prefix, uint32_t *hist)
-{
-	const __m512i vp = _mm512_set1_epi32((int)prefix);
-	const __m128i sh = _mm_cvtsi32_si128((int)(shift + 10));
-	_Alignas(64) uint32_t kb[16];
-	size_t i = 0;
-
-	for (; i + 16 <= n; i += 16) {
-		__m512i k = key16(p16(a + i, b ? b + i : NULL));
-		unsigned m = _mm512_cmpeq_epi32_mask(_mm512_srl_epi32(k, sh), vp);
-
-		if (m) {
-			_mm512_store_si512(kb, k);
-			hist_sub_lanes(hist, kb, m, shift);
-		}
-	}
-	hist_sub_tail(a, b, i, n, shift, prefix, hist);
-}
-
-AVX512 static size_t sift_avx512(const float *a, const float *b, float *out, size_t n, uint32_t lo,
-				 size_t cap, uint32_t *idx, float *val)
-{
-	const __m512i vl = _mm512_set1_epi32((int)lo);
-	const __m512i v16 = _mm512_set1_epi32(16);
-	__m512i vi = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-	size_t i = 0, c = 0;
-
-	for (; i + 16 <= n; i += 16, vi = _mm512_add_epi32(vi, v16)) {
-		__m512 p = p16(a + i, b ? b + i : NULL);
-		__m512i k = key16(p);
-		__mmask16 m = _mm512_cmpge_epu32_mask(k, vl);
-
-		if (out)
-			_mm512_storeu_ps(out + i, p);
-		/*
-		 * Stored whether or not any lane is in: which vectors hold one is
-		 * random, a branch on it would mispredict. Once an entry did not
-		 * fit, c stays > cap, so later ones cannot fit either.
-		 */
-		unsigned nm = pop16(m);
-
-		if (c + nm <= cap) {
-			_mm512_storeu_si512(idx + c, _mm512_maskz_compress_epi32(m, vi));
-			_mm512_storeu_ps(val + c, _mm512_maskz_compress_ps(m, p));
-		}
-		c += nm;
-	}
-	return sift_tail(a, b, out, i, n, lo, cap, idx, val, c);
-}
-
-AVX512 static inline size_t select16(__m512i k, __mmask16 lm, __m512i vt, __m512i vi, size_t *eq,
-				     uint32_t *out)
-{
-	unsigned m = _mm512_mask_cmpgt_epu32_mask(lm, k, vt);
-	unsigned e = _mm512_mask_cmpeq_epu32_mask(lm, k, vt);
-
-	if (e)
-		m |= take_eq(e, eq);
-	if (!m)
-		return 0;
-	_mm512_storeu_si512(out, _mm512_maskz_compress_epi32((__mmask16)m, vi));
-	return pop16(m);
-}
-
-AVX512 static size_t select_avx512(const float *a, const float *b, size_t n, uint32_t t, size_t eq,
-				   uint32_t *idx)
-{
-	const __m512i vt = _mm512_set1_epi32((int)t);
-	const __m512i v16 = _mm512_set1_epi32(16);
-	__m512i vi = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-	size_t i = 0, c = 0;
-
-	for (; i + 16 <= n; i += 16, vi = _mm512_add_epi32(vi, v16))
-		c += select16(key16(p16(a + i, b ? b + i : NULL)), 0xffff, vt, vi, &eq, idx + c);
-	if (i < n) {
-		__mmask16 lm = lanes16(n - i);
-
-		c += select16(key16(p16m(a + i, b ? b + i : NULL, lm)), lm, vt, vi, &eq, idx + c);
-	}
-	return c;
-}
-
-/*
- * The selection mask of 16 elements (of @lm): G != 0 and |G + x| >= gmax,
- * as float compares: a NaN H (inf - inf, only where G is 0, which is out
- * anyway) compares false as in the scalar code; integer compares would call
- * it large.
- */
-AVX512 static inline __mmask16 ada_mask16(__mmask16 lm, __m512 g, __m512 x, __m512 vg)
-{
-	__m512 h = _mm512_add_ps(g, x);
-	__m512 ah = _mm512_castsi512_ps(key16(h));
-	__mmask16 m = _mm512_mask_cmp_ps_mask(lm, ah, vg, _CMP_GE_OQ);
-
-	return _mm512_mask_cmp_ps_mask(m, g, _mm512_setzero_ps(), _CMP_NEQ_OQ);
-}
-
-/* Appends the lanes of @m: indices at + lane, and G. */
-AVX512 static inline size_t ada_put16(uint32_t *idx, float *gv, __mmask16 m, size_t at, __m512 g)
-{
-	const __m512i iota =
-		_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-	__m512i vi = _mm512_add_epi32(iota, _mm512_set1_epi32((int)at));
-
-	_mm512_storeu_si512(idx, _mm512_maskz_compress_epi32(m, vi));
-	_mm512_storeu_ps(gv, _mm512_maskz_compress_ps(m, g));
-	return pop16(m);
-}
-
-AVX512 static size_t ada_select_avx512(const float *x, float *r, int store, size_t n, size_t bin,
-				       uint32_t *idx, float *gv)
-{
-	size_t c = 0;
-
-	for (size_t b0 = 0; b0 < n; b0 += bin) {
-		size_t len = n - b0 < bin ? n - b0 : bin, j;
-		const float *xb = x + b0;
-		float *rb = r ? r + b0 : NULL;
-		/* Magnitudes compare as integers: the max of the bit patterns is the max. */
-		__m512i vmax = _mm512_setzero_si512();
-
-		for (j = 0; j + 16 <= len; j += 16)
-			vmax = _mm512_max_epu32(vmax, key16(p16(xb + j, rb ? rb + j : NULL)));
-		if (j < len)
-			vmax = _mm512_max_epu32(
-				vmax, key16(p16m(xb + j, rb ? rb + j : NULL, lanes16(len - j))));
-		const __m512 vg =
-			_mm512_castsi512_ps(_mm512_set1_epi32((int)_mm512_reduce_max_epu32(vmax)));
-
-		/*
-		 * G again (recomputed from the cached bin, cheaper than storing it
-		 * on the first pass and loading it back), stored if asked.
-		 * gmax == 0: nothing is selected (G == 0 never is).
-		 */
-		for (j = 0; j + 16 <= len; j += 16) {
-			__m512 g = p16(xb + j, rb ? rb + j : NULL);
-			__mmask16 m = ada_mask16(0xffff, g, _mm512_loadu_ps(xb + j), vg);
-
-			if (store)
-				_mm512_storeu_ps(rb + j, g);
-			c += ada_put16(idx + c, gv + c, m, b0 + j, g); /* no branch on m (random) */
-		}
-		if (j < len) {
-			__mmask16 lm = lanes16(len - j);
-			__m512 g = p16m(xb + j, rb ? rb + j : NULL, lm);
-			__mmask16 m = ada_mask16(lm, g, _mm512_maskz_loadu_ps(lm, xb + j), vg);
-
-			if (store)
-				_mm512_mask_storeu_ps(rb + j, lm, g);
-			if (m)
-				c += ada_put16(idx + c, gv + c, m, b0 + j, g);
-		}
-	}
-	return c;
-}
-
-AVX512 static int finite_avx512(const void *v, size_t k)
-{
-	const unsigned char *p = v;
-	const __m512i inf = _mm512_set1_epi32((int)INF_BITS);
-	__mmask16 bad = 0;
-
-	for (size_t j = 0; j < k; j += 16) {
-		__mmask16 lm = lanes16(k - j);
-		__m512i u = _mm512_maskz_loadu_epi32(lm, p + 4 * j);
-
-		bad |= _mm512_mask_cmpeq_epi32_mask(lm, _mm512_and_si512(u, inf), inf);
-	}
-	return !bad;
-}
-
 /* Gather, add, scatter 8 at a time; 64-bit lane indices, as an index may pass 2^31. */
-AVX512 static void scatter_acc_avx512(float *acc, const uint32_t *idx, const float *v, float w,
-				      size_t k)
+KV_TARGET_16 static void scatter_acc_avx512(float *acc, const uint32_t *idx, const float *v, float w,
+					    size_t k)
 {
 	const __m256 vw = _mm256_set1_ps(w);
 	size_t j = 0;

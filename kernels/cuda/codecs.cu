@@ -103,13 +103,6 @@ static int launched(void)
 	return mpc_err(cudaGetLastError());
 }
 
-/* Same rules as mp_codec_params_check() (the CPU codecs check the whole struct). */
-static int params_ok(const struct mp_codec_params *p)
-{
-	return p && p->block >= 1 && p->block <= (1u << 24) && p->sigmas > 0.0f && p->sigmas <= 64.0f &&
-	       p->topk_ratio > 0.0f && p->topk_ratio <= 1.0f && p->bin >= 1 && p->bin <= (1u << 24);
-}
-
 static __global__ void k_put_u32(uint8_t *dst, uint32_t v)
 {
 	st_u32(dst, v);
@@ -574,7 +567,7 @@ static size_t u8_scratch(size_t n)
 static int u8_encode(const struct mp_codec_params *p, const float *src, size_t n, uint8_t *dst,
 		     size_t cap, size_t *len, void *scratch, size_t sbytes, cudaStream_t s)
 {
-	if (!params_ok(p))
+	if (!mp_codec_params_ok(p))
 		return -EINVAL;
 	if (n > SIZE_MAX - U8_TABLE || cap < U8_TABLE + n)
 		return -ENOSPC;
@@ -858,7 +851,7 @@ static size_t bw8_nb(size_t n, uint32_t B)
 
 static size_t bw8_scratch(const struct mp_codec_params *p, size_t n)
 {
-	if (!params_ok(p) || p->block <= MPC_TILE)
+	if (!mp_codec_params_ok(p) || p->block <= MPC_TILE)
 		return 0;
 	return mpc_round_up(bw8_nb(n, p->block) * sizeof(uint32_t));
 }
@@ -879,7 +872,7 @@ static void bw8_group_launch(const float *src, size_t n, uint32_t B, size_t nb, 
 static int bw8_encode(const struct mp_codec_params *p, const float *src, size_t n, uint8_t *dst,
 		      size_t cap, size_t *len, void *scratch, size_t sbytes, cudaStream_t s)
 {
-	if (!params_ok(p))
+	if (!mp_codec_params_ok(p))
 		return -EINVAL;
 	const uint32_t B = p->block;
 	size_t nb = bw8_nb(n, B);
@@ -967,7 +960,7 @@ extern "C" size_t mp_cuda_max_encoded(int codec, const struct mp_codec_params *p
 	case MPC_UNIFORM8:
 		return count > SIZE_MAX - U8_TABLE ? SIZE_MAX : U8_TABLE + count;
 	case MPC_BLOCKWISE8: {
-		size_t nb = bw8_nb(count, params_ok(p) ? p->block : 1u);
+		size_t nb = bw8_nb(count, mp_codec_params_ok(p) ? p->block : 1u);
 
 		if (count > SIZE_MAX - 4 || nb > (SIZE_MAX - 4 - count) / 4)
 			return SIZE_MAX;

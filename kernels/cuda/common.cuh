@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "codec.h"
+#include "mp_codec_params.h"
 #include "mp_cuda_codecs.h"
 
 #define MPC_TPB 256 /* threads per block of every per-element kernel */

@@ -50,11 +50,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mp_codec_params.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-struct mp_codec_params;
 
 /*
  * 0 if the current device can run these kernels (compute capability 8.0 or

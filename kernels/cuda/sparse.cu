@@ -440,23 +440,6 @@ static __global__ void k_tk_res_zero(const uint32_t *__restrict__ idx, uint32_t 
 		r[idx[j]] = 0.0f;
 }
 
-/* K = clamp(llround(ratio * count), 1, count), as codec_sparse.c. */
-static size_t topk_k(float ratio, size_t count)
-{
-	if (!count)
-		return 0;
-	long long k = llround((double)ratio * (double)count);
-
-	if (k < 1)
-		return 1;
-	return (unsigned long long)k > count ? count : (size_t)k;
-}
-
-static int ratio_ok(const struct mp_codec_params *p)
-{
-	return p && p->topk_ratio > 0.0f && p->topk_ratio <= 1.0f;
-}
-
 /*
  * Most varint bytes k strictly increasing indices below @count can take:
  * k bytes, plus one more for each gap that reaches 2^7, 2^14, 2^21, 2^28.
@@ -485,7 +468,7 @@ size_t mpc_topk_max(const struct mp_codec_params *p, size_t count)
 {
 	if (count > UINT32_MAX)
 		return SIZE_MAX;
-	size_t k = ratio_ok(p) ? topk_k(p->topk_ratio, count) : count;
+	size_t k = mp_codec_topk_ratio_ok(p) ? mp_codec_topk_k(p->topk_ratio, count) : count;
 
 	return 4 + 4 * k + varint_max(count, k);
 }
@@ -518,15 +501,17 @@ size_t mpc_topk_scratch(const struct mp_codec_params *p, size_t count)
 		return SIZE_MAX;
 	if (!count)
 		return 0;
-	return tk_carve(NULL, count, ratio_ok(p) ? topk_k(p->topk_ratio, count) : count).bytes;
+	size_t k = mp_codec_topk_ratio_ok(p) ? mp_codec_topk_k(p->topk_ratio, count) : count;
+
+	return tk_carve(NULL, count, k).bytes;
 }
 
 int mpc_topk_encode(const struct mp_codec_params *prm, const float *src, float *res, size_t n,
 		    uint8_t *dst, size_t cap, size_t *len, void *scratch, size_t sbytes, cudaStream_t s)
 {
-	if (!ratio_ok(prm) || n > UINT32_MAX || (n && !scratch))
+	if (!mp_codec_topk_ratio_ok(prm) || n > UINT32_MAX || (n && !scratch))
 		return -EINVAL;
-	const size_t K = topk_k(prm->topk_ratio, n);
+	const size_t K = mp_codec_topk_k(prm->topk_ratio, n);
 	struct tk_layout l = tk_carve(scratch, n, K);
 
 	if (n && sbytes < l.bytes)

@@ -3,6 +3,9 @@
  * CPU compute kernels (kernels/cpu). Each has a scalar reference and vector
  * versions picked once at run time from the CPU's features; MP_KERNELS=scalar
  * (or avx2, avx512) forces one.
+ *
+ * The API of kernels/, which includes nothing of the library above it: the
+ * kernels log nothing, their callers report the choice (mp_k_env_status).
  */
 #ifndef MP_KERNELS_H
 #define MP_KERNELS_H
@@ -58,6 +61,14 @@ int mp_k_level(void);
 
 /* Name of the variant in use ("scalar", "avx2", "avx512"). */
 const char *mp_k_variant(void);
+/*
+ * What the once-per-process choice made of MP_KERNELS, for the caller to
+ * report: 0 if it was followed (or unset, empty or "auto"); -EINVAL if it
+ * names no variant, -ENOTSUP if this CPU cannot run the one it names (the
+ * best variant is used then). *env (if @env) gets the value read, or NULL
+ * if MP_KERNELS was unset, empty or "auto". Makes the choice if not yet made.
+ */
+int mp_k_env_status(const char **env);
 /* Force a variant (tests); returns 0 or -ENOTSUP if the CPU lacks it. */
 int mp_k_force(const char *variant);
 

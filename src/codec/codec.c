@@ -13,11 +13,13 @@
  * through a small bounce buffer rather than through a misaligned pointer.
  */
 #include "codec.h"
+#include "log.h"
 #include "mp_kernels.h"
 
 #include <moshpit/moshpit.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,11 +237,8 @@ void mp_codec_params_default(struct mp_codec_params *p)
 
 int mp_codec_params_check(const struct mp_codec_params *p)
 {
-	/* Written so that NaN fails every comparison. */
-	if (!p || p->block < 1 || p->block > (1u << 24) || !(p->sigmas > 0.0f && p->sigmas <= 64.0f) ||
-	    !(p->topk_ratio > 0.0f && p->topk_ratio <= 1.0f) || p->bin < 1 || p->bin > (1u << 24))
-		return -EINVAL;
-	return 0;
+	/* The rules live with the struct: the CUDA encoders apply them too. */
+	return mp_codec_params_ok(p) ? 0 : -EINVAL;
 }
 
 int mp_codec_from_name(const char *s)
@@ -258,4 +257,30 @@ const char *mp_codec_name(int codec)
 	if (codec == MP_CODEC_AUTO)
 		return "auto";
 	return c ? c->name : "?";
+}
+
+/*
+ * The kernels choose their variant silently (kernels/ logs nothing): their
+ * user says once per process which one runs, and why MP_KERNELS was not
+ * followed.
+ */
+static void log_kernels(void)
+{
+	const char *env;
+	int rc = mp_k_env_status(&env);
+	const char *v = mp_k_variant();
+
+	if (rc == -EINVAL)
+		MP_WARN("MP_KERNELS=%s not understood (scalar, avx2, avx512); using %s", env, v);
+	else if (rc)
+		MP_WARN("MP_KERNELS=%s: this CPU cannot run it; using %s", env, v);
+	MP_INFO("CPU kernels: %s", v);
+}
+
+void mp_codec_log_kernels(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	mp_log_init(); /* so that MP_DEBUG is known before the first message */
+	pthread_once(&once, log_kernels);
 }

@@ -27,13 +27,8 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Encoder settings (decoders never need them; see above). */
-struct mp_codec_params {
-	uint32_t block;   /* blockwise8: elements per absmax scale (default 4096) */
-	float sigmas;     /* uniform8: range is mean +- sigmas * stddev (default 6) */
-	float topk_ratio; /* topk: fraction of the elements kept, (0, 1] (default 0.01) */
-	uint32_t bin;     /* adacomp: bin length L_T (default 500, FC-like; 50 conv-like) */
-};
+/* Encoder settings, struct mp_codec_params (decoders never need them; see above). */
+#include "mp_codec_params.h"
 
 #define MP_CODEC_DEF_BLOCK 4096u
 #define MP_CODEC_DEF_SIGMAS 6.0f
@@ -162,5 +157,9 @@ static inline size_t mp_varint_get(const uint8_t *p, const uint8_t *end, uint32_
 	}
 	return 0;
 }
+
+/* Log once per process which kernel variant runs (and why MP_KERNELS was
+ * not followed, if it was not). */
+void mp_codec_log_kernels(void);
 
 #endif

@@ -154,22 +154,6 @@ static inline uint32_t index_next(const uint8_t **p, uint32_t *next)
 
 /* ---- topk ---- */
 
-static int topk_ratio_ok(const struct mp_codec_params *p)
-{
-	return p && p->topk_ratio > 0.0f && p->topk_ratio <= 1.0f;
-}
-
-static size_t topk_k(float ratio, size_t count)
-{
-	if (!count)
-		return 0;
-	long long k = llround((double)ratio * (double)count);
-
-	if (k < 1)
-		return 1;
-	return (unsigned long long)k > count ? count : (size_t)k;
-}
-
 static size_t topk_max(size_t count, size_t k)
 {
 	return 4 + 4 * k + varint_max(count, k);
@@ -180,7 +164,8 @@ static size_t topk_max_encoded(const struct mp_codec_params *p, size_t count)
 {
 	if (count > MAX_COUNT)
 		return SIZE_MAX;
-	return topk_max(count, topk_ratio_ok(p) ? topk_k(p->topk_ratio, count) : count);
+	return topk_max(count,
+			mp_codec_topk_ratio_ok(p) ? mp_codec_topk_k(p->topk_ratio, count) : count);
 }
 
 static size_t topk_scratch_size(const struct mp_codec_params *p, size_t count)
@@ -189,8 +174,8 @@ static size_t topk_scratch_size(const struct mp_codec_params *p, size_t count)
 		return SIZE_MAX;
 	if (!count)
 		return 0;
-	return mp_sparse_topk_scratch(count,
-				      topk_ratio_ok(p) ? topk_k(p->topk_ratio, count) : count);
+	return mp_sparse_topk_scratch(count, mp_codec_topk_ratio_ok(p) ?
+						     mp_codec_topk_k(p->topk_ratio, count) : count);
 }
 
 static int topk_encode(const struct mp_codec_params *prm, const float *src, float *residue,
@@ -198,9 +183,9 @@ static int topk_encode(const struct mp_codec_params *prm, const float *src, floa
 {
 	uint8_t *out = dst;
 
-	if (!topk_ratio_ok(prm) || count > MAX_COUNT || (count && !scratch))
+	if (!mp_codec_topk_ratio_ok(prm) || count > MAX_COUNT || (count && !scratch))
 		return -EINVAL;
-	size_t k = topk_k(prm->topk_ratio, count);
+	size_t k = mp_codec_topk_k(prm->topk_ratio, count);
 
 	/* Every kept value takes 4 bytes and at least one index byte. */
 	if (cap < 4 + 5 * k)

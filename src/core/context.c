@@ -103,6 +103,7 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		return rc;
 	if (cfg.log_level >= 0)
 		mp_log_set_level(cfg.log_level);
+	mp_codec_log_kernels();
 	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx) {
 		mp_free_list(list, nlist);
