@@ -23,6 +23,7 @@
 #ifndef MP_CODEC_H
 #define MP_CODEC_H
 
+#include <moshpit/sdk/le.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -82,34 +83,6 @@ extern const struct mp_codec_ops mp_codec_uniform8;
 extern const struct mp_codec_ops mp_codec_blockwise8;
 extern const struct mp_codec_ops mp_codec_topk;
 extern const struct mp_codec_ops mp_codec_adacomp;
-
-/* ---- little-endian payload helpers, safe at any alignment ---- */
-
-static inline void mp_put_u32(void *p, uint32_t v)
-{
-	memcpy(p, &v, 4); /* hosts are little endian (checked in codec.c) */
-}
-
-static inline uint32_t mp_get_u32(const void *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return v;
-}
-
-static inline void mp_put_f32(void *p, float v)
-{
-	memcpy(p, &v, 4);
-}
-
-static inline float mp_get_f32(const void *p)
-{
-	float v;
-
-	memcpy(&v, p, 4);
-	return v;
-}
 
 /* Bytes of the LEB128 varint of @v (1..5). */
 static inline size_t mp_varint_len(uint32_t v)

@@ -260,7 +260,7 @@ static int bw8_encode(const struct mp_codec_params *p, const float *src, float *
 		return -EINVAL;
 	if (bw8_size(count, p->block, &size) || cap < size)
 		return -ENOSPC;
-	mp_put_u32(out, p->block);
+	mp_le_put32(out, p->block);
 	mp_kq_bw8_encode(out + 4, out + size - count, src, count, p->block);
 	*len = size;
 	return 0;
@@ -274,11 +274,11 @@ static int bw8_check(const void *src, size_t len, size_t count, uint32_t *block,
 
 	if (len < 4)
 		return -EBADMSG;
-	*block = mp_get_u32(in);
+	*block = mp_le_get32(in);
 	if (*block < 1 || *block > BW8_MAX_BLOCK || bw8_size(count, *block, &size) || len != size)
 		return -EBADMSG;
 	for (const unsigned char *s = in + 4; s < in + size - count; s += 4) {
-		float v = mp_get_f32(s);
+		float v = mp_le_getf32(s);
 
 		/* Negative (not -0.0, which is zero) or non-finite steps are malformed. */
 		if (!(v >= 0.0f) || !f32_finite(v))

@@ -191,7 +191,7 @@ static int topk_encode(const struct mp_codec_params *prm, const float *src, floa
 	if (cap < 4 + 5 * k)
 		return -ENOSPC;
 	if (!count) {
-		mp_put_u32(out, 0);
+		mp_le_put32(out, 0);
 		*len = 4;
 		return 0;
 	}
@@ -208,7 +208,7 @@ static int topk_encode(const struct mp_codec_params *prm, const float *src, floa
 		if (residue)
 			kt->prep(src, residue, residue, count, NULL);
 	}
-	mp_put_u32(out, (uint32_t)k);
+	mp_le_put32(out, (uint32_t)k);
 	memcpy(out + 4, val, 4 * k);
 	if (residue)
 		for (size_t j = 0; j < k; j++)
@@ -222,7 +222,7 @@ static int topk_check(const uint8_t *s, size_t len, size_t count, size_t *k)
 {
 	if (len < 4)
 		return -EBADMSG;
-	uint32_t kk = mp_get_u32(s);
+	uint32_t kk = mp_le_get32(s);
 
 	if (kk > count || (len - 4) / 4 < kk)
 		return -EBADMSG;
@@ -247,7 +247,7 @@ static int topk_decode(const void *src, size_t len, float *dst, size_t count)
 		memset(dst, 0, count * sizeof(float));
 	ip = s + 4 + 4 * k;
 	for (size_t j = 0; j < k; j++)
-		dst[index_next(&ip, &next)] = mp_get_f32(s + 4 + 4 * j);
+		dst[index_next(&ip, &next)] = mp_le_getf32(s + 4 + 4 * j);
 	return 0;
 }
 
@@ -352,9 +352,9 @@ static int ada_encode(const struct mp_codec_params *prm, const float *src, float
 	}
 	float scale = nsel ? (float)(sum / (double)nsel) : 0.0f;
 
-	mp_put_u32(out, prm->bin);
-	mp_put_f32(out + 4, scale);
-	mp_put_u32(out + 8, (uint32_t)nsel);
+	mp_le_put32(out, prm->bin);
+	mp_le_putf32(out + 4, scale);
+	mp_le_put32(out + 8, (uint32_t)nsel);
 	/* sent = sign(G) * scale; G is never 0 here, and copysign keeps it branch-free. */
 	if (residue)
 		for (size_t j = 0; j < nsel; j++)
@@ -368,8 +368,8 @@ static int ada_check(const uint8_t *s, size_t len, size_t count, size_t *nsel, f
 {
 	if (len < ADA_HDR)
 		return -EBADMSG;
-	uint32_t bin = mp_get_u32(s), n = mp_get_u32(s + 8);
-	float sc = mp_get_f32(s + 4);
+	uint32_t bin = mp_le_get32(s), n = mp_le_get32(s + 8);
+	float sc = mp_le_getf32(s + 4);
 
 	if (bin < 1 || bin > ADA_MAX_BIN || !isfinite(sc) || !(sc >= 0.0f) || n > count)
 		return -EBADMSG;

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 #include "log.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>

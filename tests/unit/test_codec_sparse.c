@@ -477,7 +477,7 @@ static void test_topk_selection(void **state)
 	/* Empty input: K = 0. */
 	assert_int_equal(mp_codec_topk.encode(&p, x, NULL, 0, buf, sizeof(buf), &len, s), 0);
 	assert_int_equal(len, 4);
-	assert_int_equal(mp_get_u32(buf), 0);
+	assert_int_equal(mp_le_get32(buf), 0);
 	free(s);
 }
 
@@ -1121,7 +1121,7 @@ static void expect_bad(const struct mp_codec_ops *c, const uint8_t *s, size_t le
 
 static size_t build_topk(uint8_t *b, uint32_t k, const float *val, const uint8_t *vi, size_t vlen)
 {
-	mp_put_u32(b, k);
+	mp_le_put32(b, k);
 	memcpy(b + 4, val, 4 * (size_t)k);
 	if (vlen)
 		memcpy(b + 4 + 4 * (size_t)k, vi, vlen);
@@ -1133,9 +1133,9 @@ static size_t build_ada(uint8_t *b, uint32_t bin, float scale, uint32_t n, const
 {
 	size_t sb = ((size_t)n + 7) / 8;
 
-	mp_put_u32(b, bin);
-	mp_put_f32(b + 4, scale);
-	mp_put_u32(b + 8, n);
+	mp_le_put32(b, bin);
+	mp_le_putf32(b + 4, scale);
+	mp_le_put32(b + 8, n);
 	if (sb)
 		memcpy(b + 12, sg, sb);
 	if (vlen)
@@ -1193,7 +1193,7 @@ static void test_malformed(void **state)
 	l = build_topk(b, 1, v3, (const uint8_t[]){9}, 1);
 	expect_bad(tk, b, l, 0, "an index for count 0");
 	/* K larger than the payload could hold (must not overflow 4K). */
-	mp_put_u32(b, 0xffffffffu);
+	mp_le_put32(b, 0xffffffffu);
 	expect_bad(tk, b, 8, 64, "huge K");
 
 	/* A valid adacomp payload: nsel 3, signs 0b101, indices 1, 2, 49. */
@@ -1232,7 +1232,7 @@ static void test_malformed(void **state)
 	expect_bad(ad, b, l + 1, 10, "byte after an empty selection");
 	/* nsel too large for the payload (sign bytes alone do not fit). */
 	l = build_ada(b, 50, 0.5f, 0, NULL, NULL, 0);
-	mp_put_u32(b + 8, 0xffffffffu);
+	mp_le_put32(b + 8, 0xffffffffu);
 	expect_bad(ad, b, l, 64, "huge nsel");
 
 	/* Every truncation and one-byte extension of real payloads. */
