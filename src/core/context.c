@@ -104,11 +104,17 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	if (cfg.log_level >= 0)
 		mp_log_set_level(cfg.log_level);
 	mp_codec_log_kernels();
-	ctx = calloc(1, sizeof(*ctx));
-	if (!ctx) {
+	/* The core's part lives with the context, behind ctx->core. */
+	struct ctx_box {
+		struct mp_ctx ctx; /* first: free(ctx) frees the box */
+		struct mp_core core;
+	} *box = calloc(1, sizeof(*box));
+	if (!box) {
 		mp_free_list(list, nlist);
 		return -ENOMEM;
 	}
+	ctx = &box->ctx;
+	ctx->core = &box->core;
 	ctx->clog_fd = -1; /* before any failure: mp_finalize closes it */
 	ctx->cfg = cfg;
 	ctx->rank = cfg.rank;
@@ -123,8 +129,8 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	ctx->cfg.listen = ctx->listen_addr;
 	ctx->cfg.peers = ctx->cfg.hostfile = NULL;
 	ctx->cfg.grid = NULL;
-	pthread_mutex_init(&ctx->mu, NULL);
-	pthread_cond_init(&ctx->cv, NULL);
+	pthread_mutex_init(&ctx->core->mu, NULL);
+	pthread_cond_init(&ctx->core->cv, NULL);
 	if (!ctx->run_name || !ctx->transport || (cfg.listen && !ctx->listen_addr)) {
 		rc = -ENOMEM;
 		goto fail;
@@ -236,12 +242,12 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		ctx->peers_set = 1;
 	}
 
-	rc = pthread_create(&ctx->thread, NULL, progress_main, ctx);
+	rc = pthread_create(&ctx->core->thread, NULL, progress_main, ctx);
 	if (rc) {
 		rc = -rc;
 		goto fail;
 	}
-	ctx->thread_started = 1;
+	ctx->core->thread_started = 1;
 	if (list) {
 		rc = mp_set_peers(ctx, (const char *const *)list, nlist);
 		if (rc) {
@@ -325,9 +331,9 @@ int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n)
 	free(recs);
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&ctx->mu);
+	pthread_mutex_lock(&ctx->core->mu);
 	ctx->peers_set = 1;
-	pthread_mutex_unlock(&ctx->mu);
+	pthread_mutex_unlock(&ctx->core->mu);
 	return 0;
 }
 
@@ -378,13 +384,13 @@ int mp_leave(mp_ctx *ctx)
 {
 	if (!ctx)
 		return -EINVAL;
-	pthread_mutex_lock(&ctx->mu);
-	if (ctx->queue.n || ctx->live) {
-		pthread_mutex_unlock(&ctx->mu);
+	pthread_mutex_lock(&ctx->core->mu);
+	if (ctx->core->queue.n || ctx->core->live) {
+		pthread_mutex_unlock(&ctx->core->mu);
 		mp_set_error(ctx, "mp_leave: operations are still in flight");
 		return -EBUSY;
 	}
-	pthread_mutex_unlock(&ctx->mu);
+	pthread_mutex_unlock(&ctx->core->mu);
 	/* The progress thread is idle (waiting for work), so the driver is ours. */
 	leave_now(ctx);
 	return 0;
@@ -480,9 +486,9 @@ int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr)
 
 	if (!ctx || !mr)
 		return 0;
-	pthread_mutex_lock(&ctx->mu);
+	pthread_mutex_lock(&ctx->core->mu);
 	users = mr->users;
-	pthread_mutex_unlock(&ctx->mu);
+	pthread_mutex_unlock(&ctx->core->mu);
 	if (users)
 		return -EBUSY;
 	if (mr->dmr)
@@ -656,32 +662,32 @@ static void *progress_main(void *arg)
 	struct mp_ctx *ctx = arg;
 
 	mp_log_set_rank(ctx->rank);
-	pthread_mutex_lock(&ctx->mu);
+	pthread_mutex_lock(&ctx->core->mu);
 	for (;;) {
 		struct mp_request *req;
 
-		while (!ctx->queue.n && !ctx->stop)
-			pthread_cond_wait(&ctx->cv, &ctx->mu);
+		while (!ctx->core->queue.n && !ctx->stop)
+			pthread_cond_wait(&ctx->core->cv, &ctx->core->mu);
 		if (ctx->stop)
 			break;
-		req = mp_reqq_pop_entry(&ctx->queue, struct mp_request, qlink);
+		req = mp_reqq_pop_entry(&ctx->core->queue, struct mp_request, qlink);
 		req->state = REQ_RUNNING;
-		pthread_mutex_unlock(&ctx->mu);
+		pthread_mutex_unlock(&ctx->core->mu);
 
 		int rc = run_request(ctx, req);
 
-		pthread_mutex_lock(&ctx->mu);
+		pthread_mutex_lock(&ctx->core->mu);
 		req->status = rc;
 		req->state = REQ_DONE;
-		pthread_cond_broadcast(&ctx->cv);
+		pthread_cond_broadcast(&ctx->core->cv);
 	}
 	/* Finalizing: what never started is cancelled. */
-	for (struct mp_request *r; (r = mp_reqq_pop_entry(&ctx->queue, struct mp_request, qlink));) {
+	for (struct mp_request *r; (r = mp_reqq_pop_entry(&ctx->core->queue, struct mp_request, qlink));) {
 		r->status = -ECANCELED;
 		r->state = REQ_DONE;
 	}
-	pthread_cond_broadcast(&ctx->cv);
-	pthread_mutex_unlock(&ctx->mu);
+	pthread_cond_broadcast(&ctx->core->cv);
+	pthread_mutex_unlock(&ctx->core->mu);
 	return NULL;
 }
 
@@ -703,12 +709,12 @@ static const struct mp_codec_ops *resolve_codec(const struct mp_ctx *ctx, size_t
 	return mp_codec_by_id(MP_CODEC_BLOCKWISE8);
 }
 
-/* The residue of (@buf, @count); created zeroed if @create. Under ctx->mu. */
+/* The residue of (@buf, @count); created zeroed if @create. Under ctx->core->mu. */
 static struct mp_fb *fb_find(struct mp_ctx *ctx, const float *buf, size_t count, int create)
 {
 	struct mp_fb *f;
 
-	for (f = ctx->fbs; f; f = f->next)
+	for (f = ctx->core->fbs; f; f = f->next)
 		if (f->buf == buf && f->n == count)
 			return f;
 	if (!create)
@@ -724,8 +730,8 @@ static struct mp_fb *fb_find(struct mp_ctx *ctx, const float *buf, size_t count,
 	}
 	f->buf = buf;
 	f->n = count;
-	f->next = ctx->fbs;
-	ctx->fbs = f;
+	f->next = ctx->core->fbs;
+	ctx->core->fbs = f;
 	return f;
 }
 
@@ -795,7 +801,7 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	req->count = count;
 	req->weight = weight;
 	req->mr = mr;
-	pthread_mutex_lock(&ctx->mu);
+	pthread_mutex_lock(&ctx->core->mu);
 	if (flush) {
 		struct mp_fb *f = fb_find(ctx, buf, count, 0);
 
@@ -818,17 +824,17 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	}
 	mr->users++;
 	req->state = REQ_QUEUED;
-	req->live_next = ctx->live;
-	if (ctx->live)
-		ctx->live->live_prev = req;
-	ctx->live = req;
-	mp_reqq_push(&ctx->queue, &req->qlink);
-	pthread_cond_broadcast(&ctx->cv);
-	pthread_mutex_unlock(&ctx->mu);
+	req->live_next = ctx->core->live;
+	if (ctx->core->live)
+		ctx->core->live->live_prev = req;
+	ctx->core->live = req;
+	mp_reqq_push(&ctx->core->queue, &req->qlink);
+	pthread_cond_broadcast(&ctx->core->cv);
+	pthread_mutex_unlock(&ctx->core->mu);
 	*out = req;
 	return 0;
 undo:
-	pthread_mutex_unlock(&ctx->mu);
+	pthread_mutex_unlock(&ctx->core->mu);
 	if (rc == -EBUSY)
 		mp_set_error(ctx, "flush: an average of this buffer is still in flight");
 	if (req->own_mr)
@@ -843,7 +849,7 @@ int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr 
 	return start_op(ctx, buf, count, weight, mr, NULL, 0, out);
 }
 
-/* Called with ctx->mu held and req done: copy out and release. */
+/* Called with ctx->core->mu held and req done: copy out and release. */
 static int finish_request(struct mp_request *req, struct mp_result *res)
 {
 	struct mp_ctx *ctx = req->ctx;
@@ -857,10 +863,10 @@ static int finish_request(struct mp_request *req, struct mp_result *res)
 	if (req->live_prev)
 		req->live_prev->live_next = req->live_next;
 	else
-		ctx->live = req->live_next;
+		ctx->core->live = req->live_next;
 	if (req->live_next)
 		req->live_next->live_prev = req->live_prev;
-	pthread_mutex_unlock(&ctx->mu);
+	pthread_mutex_unlock(&ctx->core->mu);
 	if (req->own_mr)
 		mp_mem_deregister(ctx, req->mr);
 	free(req);
@@ -874,9 +880,9 @@ int mp_test(mp_request *req, int *done, struct mp_result *res)
 	if (!req || !done)
 		return -EINVAL;
 	ctx = req->ctx;
-	pthread_mutex_lock(&ctx->mu);
+	pthread_mutex_lock(&ctx->core->mu);
 	if (req->state != REQ_DONE) {
-		pthread_mutex_unlock(&ctx->mu);
+		pthread_mutex_unlock(&ctx->core->mu);
 		*done = 0;
 		return 0;
 	}
@@ -901,13 +907,13 @@ int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res)
 			dl.tv_nsec -= 1000000000L;
 		}
 	}
-	pthread_mutex_lock(&ctx->mu);
+	pthread_mutex_lock(&ctx->core->mu);
 	while (req->state != REQ_DONE) {
 		if (timeout_ms < 0) {
-			pthread_cond_wait(&ctx->cv, &ctx->mu);
-		} else if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &dl) == ETIMEDOUT &&
+			pthread_cond_wait(&ctx->core->cv, &ctx->core->mu);
+		} else if (pthread_cond_timedwait(&ctx->core->cv, &ctx->core->mu, &dl) == ETIMEDOUT &&
 			   req->state != REQ_DONE) {
-			pthread_mutex_unlock(&ctx->mu);
+			pthread_mutex_unlock(&ctx->core->mu);
 			return -ETIMEDOUT;
 		}
 	}
@@ -942,7 +948,7 @@ int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue)
 
 	if (!ctx || !buf || !count || !residue)
 		return -EINVAL;
-	pthread_mutex_lock(&ctx->mu);
+	pthread_mutex_lock(&ctx->core->mu);
 	f = fb_find(ctx, buf, count, 0);
 	if (!f)
 		rc = -ENOENT;
@@ -950,7 +956,7 @@ int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue)
 		rc = -EBUSY;
 	else
 		memcpy(residue, f->residue, count * sizeof(float));
-	pthread_mutex_unlock(&ctx->mu);
+	pthread_mutex_unlock(&ctx->core->mu);
 	return rc;
 }
 
@@ -964,7 +970,7 @@ int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *re
 	for (size_t i = 0; i < count; i++)
 		if (!isfinite(residue[i]))
 			return -EINVAL;
-	pthread_mutex_lock(&ctx->mu);
+	pthread_mutex_lock(&ctx->core->mu);
 	f = fb_find(ctx, buf, count, 1);
 	if (!f)
 		rc = -ENOMEM;
@@ -972,7 +978,7 @@ int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *re
 		rc = -EBUSY;
 	else
 		memcpy(f->residue, residue, count * sizeof(float));
-	pthread_mutex_unlock(&ctx->mu);
+	pthread_mutex_unlock(&ctx->core->mu);
 	return rc;
 }
 
@@ -982,8 +988,8 @@ int mp_feedback_reset(mp_ctx *ctx, const float *buf)
 
 	if (!ctx)
 		return -EINVAL;
-	pthread_mutex_lock(&ctx->mu);
-	for (struct mp_fb **pp = &ctx->fbs; *pp;) {
+	pthread_mutex_lock(&ctx->core->mu);
+	for (struct mp_fb **pp = &ctx->core->fbs; *pp;) {
 		struct mp_fb *f = *pp;
 		if (buf && f->buf != buf) {
 			pp = &f->next;
@@ -999,7 +1005,7 @@ int mp_feedback_reset(mp_ctx *ctx, const float *buf)
 		if (buf)
 			rc = 0;
 	}
-	pthread_mutex_unlock(&ctx->mu);
+	pthread_mutex_unlock(&ctx->core->mu);
 	return rc;
 }
 
@@ -1007,20 +1013,20 @@ int mp_finalize(mp_ctx *ctx)
 {
 	if (!ctx)
 		return 0;
-	if (ctx->thread_started) {
-		pthread_mutex_lock(&ctx->mu);
+	if (ctx->core->thread_started) {
+		pthread_mutex_lock(&ctx->core->mu);
 		__atomic_store_n(&ctx->stop, 1, __ATOMIC_RELEASE);
-		pthread_cond_broadcast(&ctx->cv);
-		pthread_mutex_unlock(&ctx->mu);
+		pthread_cond_broadcast(&ctx->core->cv);
+		pthread_mutex_unlock(&ctx->core->mu);
 		if (ctx->ops && ctx->drv)
 			ctx->ops->wake(ctx->drv);
-		pthread_join(ctx->thread, NULL);
+		pthread_join(ctx->core->thread, NULL);
 	}
 	/* Requests the caller never completed are cancelled and released here;
 	 * their handles are invalid from now on. */
-	while (ctx->live) {
-		struct mp_request *req = ctx->live;
-		ctx->live = req->live_next;
+	while (ctx->core->live) {
+		struct mp_request *req = ctx->core->live;
+		ctx->core->live = req->live_next;
 		if (req->own_mr && ctx->ops && ctx->drv)
 			ctx->ops->dereg_mr(ctx->drv, req->mr->dmr);
 		if (req->own_mr)
@@ -1041,16 +1047,16 @@ int mp_finalize(mp_ctx *ctx)
 	free(ctx->slab);
 	for (int i = 0; i < MP_SCR_MAX; i++)
 		free(ctx->scratch[i]);
-	while (ctx->fbs) {
-		struct mp_fb *f = ctx->fbs;
-		ctx->fbs = f->next;
+	while (ctx->core->fbs) {
+		struct mp_fb *f = ctx->core->fbs;
+		ctx->core->fbs = f->next;
 		fb_free(f);
 	}
 	mp_dht_stop(ctx);
 	mp_conn_fini(ctx);
 	mp_peers_free(ctx);
-	pthread_cond_destroy(&ctx->cv);
-	pthread_mutex_destroy(&ctx->mu);
+	pthread_cond_destroy(&ctx->core->cv);
+	pthread_mutex_destroy(&ctx->core->mu);
 	free(ctx->run_name);
 	free(ctx->transport);
 	free(ctx->listen_addr);

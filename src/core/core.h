@@ -30,7 +30,7 @@ struct mp_fb {
 	const float *buf;
 	size_t n;
 	float *residue;    /* n values */
-	int busy;          /* averages of the buffer in flight (under ctx->mu) */
+	int busy;          /* averages of the buffer in flight (under core->mu) */
 	struct mp_fb *next;
 };
 
@@ -60,5 +60,20 @@ int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char **
 void mp_config_codec_params(const struct mp_config *cfg, struct mp_codec_params *p);
 int mp_parse_doubles(const char *s, double *out, int n);
 void mp_free_list(char **list, int n);
+
+/*
+ * The core's own part of a context, which no layer below sees: the progress
+ * thread, its request queue, the requests not yet released and the error
+ * feedback residues. mp_init allocates it with the context.
+ */
+struct mp_core {
+	pthread_t thread;
+	int thread_started;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct mp_reqq queue;
+	struct mp_request *live;  /* released by mp_finalize if the caller never waited */
+	struct mp_fb *fbs;        /* error-feedback residues (under mu) */
+};
 
 #endif

@@ -22,13 +22,12 @@
 #include "grid.h"
 #include "wire.h"
 
+struct mp_core;
 struct mp_ctrl;
 struct mp_fault;
-struct mp_fb;
 struct mp_dht;
 struct mp_link;
 struct mp_pending;
-struct mp_request;
 
 /* A peer as this context knows it. */
 struct mp_peer {
@@ -74,7 +73,6 @@ struct mp_ctx {
 	int codec_cfg;                     /* configured ::mp_codec, MP_CODEC_AUTO included */
 	struct mp_codec_params cparams;    /* encoder settings */
 	size_t frame_rx_max;               /* largest frame any peer's settings can produce */
-	struct mp_fb *fbs;                 /* error-feedback residues (under mu) */
 	struct mp_grid grid;
 	struct mp_grid_grouping grid_grouping; /* the static grouping's state */
 
@@ -144,14 +142,12 @@ struct mp_ctx {
 	uint64_t rejected[MP_REJ_MAX];
 	struct mp_result *cur_res; /* counters of the operation running, or NULL */
 
-	/* progress thread and its queue */
-	pthread_t thread;
-	int thread_started;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
+	/* set once mp_finalize stops the progress thread: what runs ends with
+	 * -ECANCELED (read atomically) */
 	int stop;
-	struct mp_reqq queue;
-	struct mp_request *live;  /* released by mp_finalize if the caller never waited */
+	/* the progress thread, its request queue and what only src/core
+	 * touches (core.h) */
+	struct mp_core *core;
 
 	/* Last error message: written by the caller's thread and the progress
 	 * thread, so only under error.c's lock (mp_set_error). err_shown is
