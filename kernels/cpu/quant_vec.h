@@ -38,8 +38,7 @@ KV_TARGET static inline kv_i KV_FN(bf16_nstep)(const void *c, kv_f x)
 
 KV_TARGET static void KV_FN(bf16_enc)(unsigned char *dst, const float *src, size_t n)
 {
-	/* 32 floats a round at either width. */
-	kv_narrow(dst, KL_U16, src, n, KV_W == 8 ? 2 : 1, KV_FN(bf16_nstep), NULL);
+	kv_narrow(dst, KL_U16, src, n, KV_FN(bf16_nstep), NULL);
 }
 
 KV_TARGET static inline kv_f KV_FN(bf16_step)(const kv_c *c, const void *p, kv_m m, int full)
@@ -204,8 +203,8 @@ struct KV_FN(u8k) {
 };
 
 /*
- * The codes of @x as int32, before the packs saturate them; @nan: x may
- * hold NaN (a constant in every caller, so the test folds away).
+ * The codes of @x as int32, before KL_U8 takes the negative ones to 0;
+ * @nan: x may hold NaN (a constant in every caller, so the test folds away).
  */
 KV_TARGET MP_K_INLINE kv_i KV_FN(u8_code)(const struct KV_FN(u8k) *k, kv_f x, int nan)
 {
@@ -217,8 +216,8 @@ KV_TARGET MP_K_INLINE kv_i KV_FN(u8_code)(const struct KV_FN(u8k) *k, kv_f x, in
 	 * t is never NaN here (x is not, lo and inv are finite and inv > 0).
 	 * Only the top is clamped here (+inf and t >= 2^31 would convert to
 	 * INT_MIN); the result is floor(t) for 0 <= t <= 255 and some
-	 * negative number or 0 for t < 0 (truncation), and KL_U8's unsigned
-	 * saturation makes those 0: the code of floor, then clamp.
+	 * negative number or 0 for t < 0 (truncation), and KL_U8 makes
+	 * those 0: the code of floor, then clamp.
 	 */
 	return kv_cvtt_i(kv_min_f(t, kv_set1_f(255.0f)));
 }
@@ -240,9 +239,9 @@ KV_TARGET static void KV_FN(u8_codes)(uint8_t *codes, const float *src, size_t n
 
 	/* Two loops, so that the finite one has no NaN test at all. */
 	if (finite)
-		kv_narrow(codes, KL_U8, src, n, 1, KV_FN(u8_nstep_fin), &k);
+		kv_narrow(codes, KL_U8, src, n, KV_FN(u8_nstep_fin), &k);
 	else
-		kv_narrow(codes, KL_U8, src, n, 1, KV_FN(u8_nstep_nan), &k);
+		kv_narrow(codes, KL_U8, src, n, KV_FN(u8_nstep_nan), &k);
 }
 
 /* ---- blockwise8 ---- */
@@ -300,7 +299,7 @@ KV_TARGET static void KV_FN(bw8_quant)(uint8_t *codes, const float *src, size_t 
 {
 	const struct KV_FN(bw8k) k = {kv_set1_f(f), kv_set1_f(inv)};
 
-	kv_narrow(codes, KL_I8, src, n, 1, KV_FN(bw8_nstep), &k);
+	kv_narrow(codes, KL_I8, src, n, KV_FN(bw8_nstep), &k);
 }
 
 KV_TARGET static inline kv_f KV_FN(bw8_step)(const kv_c *c, const void *p, kv_m m, int full)
