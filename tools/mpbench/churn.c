@@ -910,7 +910,7 @@ int run_follow(struct bench *b)
 		print_row(&a, 0);
 		a.next = 1;
 	}
-	rc = finish(&a, "local-processes-followed", 0, rc != 0);
+	rc = report_finish(&a, "local-processes-followed", 0, rc != 0);
 	if (fails)
 		rc = EXIT_FAIL;
 	if (rc == EXIT_OK && !b->logdir)

@@ -515,14 +515,14 @@ int run_local(struct bench *b)
 		 b->loop ? "threads" : "processes");
 	print_header(b, mode);
 	agg_init(&a, b, b->npeers, 1);
-	progress(&a);
+	show_progress(&a);
 	rc = b->loop ? run_local_threads(b, &a) : run_local_procs(b, &a);
 	if (rc && b->loop) {
 		/* Peer threads may still be inside the library. */
 		fflush(NULL);
 		_exit(EXIT_FAIL);
 	}
-	rc = finish(&a, b->loop ? "local-threads" : "local-processes", 0, rc != 0);
+	rc = report_finish(&a, b->loop ? "local-threads" : "local-processes", 0, rc != 0);
 	agg_free(&a);
 	return rc;
 }
@@ -572,11 +572,11 @@ int run_multi(struct bench *b, const char *how)
 	p.agg = &a;
 	if (a.print) {
 		print_header(b, mode);
-		progress(&a);
+		show_progress(&a);
 	}
 	rc = peer_bench(&p);
 	mp_finalize(p.ctx);
-	rc = finish(&a, "multi-host", p.rank, rc != 0);
+	rc = report_finish(&a, "multi-host", p.rank, rc != 0);
 	agg_free(&a);
 	return rc;
 }

@@ -118,7 +118,7 @@ int main(int argc, char **argv)
 	b.loop = strcmp(b.transport, "loop") == 0;
 	signal(SIGPIPE, SIG_IGN);
 
-	launched = launcher_env(&lrank, &lsize, &lname);
+	launched = launched_by(&lrank, &lsize, &lname);
 	b.multi = b.cfg.hostfile || b.cfg.peers || rank_opt >= 0 || b.cfg.rank >= 0 ||
 		  (launched && lsize > 1) || (b.dht && b.cfg.bootstrap);
 	b.follow = !b.multi && (b.dht || b.nfaults || b.churn > 0 || b.late || b.intruders);

@@ -218,11 +218,11 @@ struct agg {
 
 void agg_init(struct agg *a, const struct bench *b, int nrep, int print);
 void agg_free(struct agg *a);
-void progress(const struct agg *a);
+void show_progress(const struct agg *a);
 void print_header(const struct bench *b, const char *mode);
 void print_row(struct agg *a, int s);
 void agg_add(struct agg *a, const struct size_result *in);
-int finish(struct agg *a, const char *mode, int rank, int failed);
+int report_finish(struct agg *a, const char *mode, int rank, int failed);
 
 /* ------------------------------------------------------------------------ */
 /* One peer (peer.c)                                                         */
@@ -296,7 +296,7 @@ double replay_rtol(const struct bench *b);
 double replay_atol(const struct bench *b);
 void grid_format(const struct gridinfo *g, char *buf, size_t len);
 void bench_derive(struct bench *b, int npeers);
-int launcher_env(int *rank, int *size, const char **name);
+int launched_by(int *rank, int *size, const char **name);
 void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		   int *peers_opt);
 void follow_options(struct bench *b);

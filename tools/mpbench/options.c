@@ -342,7 +342,7 @@ static const struct option long_opts[] = {
 };
 
 /* Launcher environment: 1 with rank and size when run by mpirun, PMI or srun. */
-int launcher_env(int *rank, int *size, const char **name)
+int launched_by(int *rank, int *size, const char **name)
 {
 	static const char *const vars[][3] = {
 		{ "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun" },

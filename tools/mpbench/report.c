@@ -39,7 +39,7 @@ void agg_free(struct agg *a)
 	free(a->busbw);
 }
 
-void progress(const struct agg *a)
+void show_progress(const struct agg *a)
 {
 	if (!a->print || a->next >= a->b->nsizes)
 		return;
@@ -206,7 +206,7 @@ void agg_add(struct agg *a, const struct size_result *in)
 	while (a->next < a->b->nsizes && a->count[a->next] == a->nrep) {
 		print_row(a, a->next);
 		a->next++;
-		progress(a);
+		show_progress(a);
 	}
 }
 
@@ -378,7 +378,7 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 	return 0;
 }
 
-int finish(struct agg *a, const char *mode, int rank, int failed)
+int report_finish(struct agg *a, const char *mode, int rank, int failed)
 {
 	const struct bench *b = a->b;
 	int rc = failed ? EXIT_FAIL : EXIT_OK;
