@@ -185,6 +185,17 @@ struct mp_config {
 	const char *contrib_log;/**< MP_CONTRIB_LOG: file this peer appends its rounds to: groups,
 	                             contributions reduced, parts applied (doc/control-plane.md) */
 	const char *fault;      /**< MP_FAULT: fault injection for tests (doc/control-plane.md) */
+	int balance;            /**< MP_BALANCE: ::mp_balance, where part sizes come from
+	                             ("configured", the default, or "measured") */
+};
+
+/** Where a group's part sizes come from (MP_BALANCE). */
+enum mp_balance {
+	MP_BALANCE_CONFIGURED = 0, /**< MP_BANDWIDTHS / MP_BANDWIDTH (equal parts without them) */
+	MP_BALANCE_MEASURED = 1,   /**< the throughput each member measured on earlier
+	                                exchanges, which it sends its group (RATE) before
+	                                every group all-reduce: DeDLOC's balancer fed at run
+	                                time (doc/design.md) */
 };
 
 /** Counters of one averaging operation. */
@@ -387,6 +398,60 @@ MP_API int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struc
  */
 MP_API int mp_balance_parts(uint64_t total, const double *bandwidth, int n, uint64_t min_part,
 			    uint64_t *parts);
+
+/** A peer's state as ::mp_peers_info reports it. */
+enum mp_peer_state {
+	MP_PEER_LIVE = 0, /**< nothing failed with it since it last made progress (or never tried) */
+	MP_PEER_DOWN = 1, /**< the last exchange with it dropped it (refused, timed out, cut)
+	                       and nothing has moved with it since */
+	MP_PEER_GONE = 2, /**< said BYE, or its record expired (dht): never dialled again */
+	MP_PEER_SELF = 3, /**< this peer */
+};
+
+/**
+ * One peer as this context knows it (::mp_peers_info). Fields are only ever
+ * appended: a program built against an older header passes its own
+ * sizeof(struct mp_peer_info) and gets the fields it knows.
+ */
+struct mp_peer_info {
+	uint64_t id;               /**< the rank in a static run; the peer id with the dht */
+	int rank;                  /**< static runs: its rank; -1 with the dht rendezvous */
+	int mode;                  /**< ::mp_mode */
+	int state;                 /**< ::mp_peer_state */
+	int failures;              /**< exchanges that dropped it so far */
+	char addr[MP_ADDR_STRLEN]; /**< its address ("" unknown, e.g. a client) */
+	double since_progress_s;   /**< seconds since a frame last moved with it; -1 never */
+	double bandwidth_Bps;      /**< bytes moved with it per second while a transfer with it
+	                                was active, moving average over exchanges; for
+	                                ::MP_PEER_SELF the sum over the peers of an exchange
+	                                (this peer's throughput); 0 not measured yet */
+	double rtt_s;              /**< handshake round trip (our message to its answer),
+	                                moving average over connections; 0 not measured yet */
+	uint64_t bytes_sent;       /**< bytes of frames sent to it (headers included) */
+	uint64_t bytes_received;   /**< bytes of frames received from it */
+	double rate_Bps;           /**< MP_BALANCE=measured: the throughput it sent in its last
+	                                RATE, which sized its part; for ::MP_PEER_SELF the one
+	                                this peer sent; 0 none */
+	double weight;             /**< its configured part weight (MP_BANDWIDTHS, MP_BANDWIDTH);
+	                                < 0 unknown, 0 client */
+};
+
+/**
+ * List the peers with their state and what real exchanges measured of
+ * them, in peer-table order (static runs: rank order; this peer included).
+ * Safe while an operation runs: it reads a copy that the progress thread
+ * refreshes at the end of every exchange and every 100 ms within one, so
+ * figures may be that old (since_progress_s is computed at the call).
+ * @param ctx context
+ * @param[out] out room for @p max entries, @p elem_size bytes apart (NULL if
+ *        @p max is 0)
+ * @param max entries @p out can hold (>= 0)
+ * @param elem_size sizeof(struct mp_peer_info) as the caller knows it (at
+ *        least up to and including @c addr)
+ * @return the number of peers known, which may exceed @p max (then only
+ *         @p max are written); -EINVAL for bad arguments
+ */
+MP_API int mp_peers_info(mp_ctx *ctx, struct mp_peer_info *out, int max, size_t elem_size);
 
 /**
  * This peer's id: the rank in a static run, random (or MP_PEER_ID) with the

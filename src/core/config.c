@@ -310,6 +310,16 @@ int mp_config_from_env(struct mp_config *cfg)
 		cfg->grid = s;
 	if ((s = env_str("MP_BANDWIDTHS")))
 		cfg->bandwidths = s;
+	if ((s = env_str("MP_BALANCE"))) {
+		if (!strcasecmp(s, "configured"))
+			cfg->balance = MP_BALANCE_CONFIGURED;
+		else if (!strcasecmp(s, "measured"))
+			cfg->balance = MP_BALANCE_MEASURED;
+		else {
+			MP_WARN("MP_BALANCE=%s: expected configured or measured", s);
+			bad = 1;
+		}
+	}
 	if ((s = env_str("MP_ALGO"))) {
 		rc = mp_algo_from_name(s);
 		if (rc < 0) {
@@ -638,6 +648,11 @@ int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char **
 common:
 	if (!out->run_name || !*out->run_name || strlen(out->run_name) > 200) {
 		mp_set_init_error("config: run name must be 1 to 200 characters");
+		goto bad;
+	}
+	if (out->balance != MP_BALANCE_CONFIGURED && out->balance != MP_BALANCE_MEASURED) {
+		mp_set_init_error("config: balance %d is not configured (0) or measured (1)",
+				  out->balance);
 		goto bad;
 	}
 	if (out->algo < MP_ALGO_MOSHPIT || out->algo > MP_ALGO_BUTTERFLY) {

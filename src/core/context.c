@@ -256,6 +256,8 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		}
 	}
 	mp_free_list(list, nlist);
+	/* The progress thread waits for its first request: the table is ours. */
+	mp_peers_publish(ctx);
 	char gbuf[64];
 	mp_grid_format(&ctx->grid, gbuf, sizeof(gbuf));
 	if (ctx->dynamic)
@@ -331,6 +333,7 @@ int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n)
 	free(recs);
 	if (rc)
 		return rc;
+	mp_peers_publish(ctx);
 	pthread_mutex_lock(&ctx->core->mu);
 	ctx->peers_set = 1;
 	pthread_mutex_unlock(&ctx->core->mu);
@@ -675,6 +678,8 @@ static void *progress_main(void *arg)
 		pthread_mutex_unlock(&ctx->core->mu);
 
 		int rc = run_request(ctx, req);
+		/* States set between exchanges (matchmaking, BYE) show too. */
+		mp_peers_publish(ctx);
 
 		pthread_mutex_lock(&ctx->core->mu);
 		req->status = rc;

@@ -59,6 +59,7 @@ struct mp_pending {
 	struct mp_drv_req *req;     /* HELLO, then AUTH, receive */
 	struct mp_drv_req *sreq;    /* CHALLENGE send */
 	uint64_t since_ns;          /* accepted at; the whole handshake has the connect timeout */
+	uint64_t chal_ns;           /* CHALLENGE posted at: to the AUTH is a round trip */
 	int got_hello;
 	uint32_t idx;               /* from the HELLO: connection index */
 	uint64_t id;                /* from the HELLO: the dialer's id, unproven until AUTH */
@@ -364,6 +365,9 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 		return rc;
 	l->ready = 1;
 	l->auth_fails = 0;
+	/* Dialled to CHALLENGE: the connect and HELLO's round trips, the
+	 * peer's answer included (mp_peers_info reports it). */
+	mp_peer_rtt(ctx, peer, mp_now_ns() - l->since_ns);
 	MP_INFO("connected to peer %s (%s) connection %d", name, p->addr, idx);
 	return 0;
 }
@@ -607,6 +611,7 @@ static void hello_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 		return;
 	}
 	pd->got_hello = 1;
+	pd->chal_ns = mp_now_ns();
 }
 
 /* The AUTH arrived: verify it, then learn the peer and adopt the connection. */
@@ -671,6 +676,7 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 	l->ready = 1;
 	l->token = hs_token(ctx, &s);
 	pd->conn = NULL;
+	mp_peer_rtt(ctx, peer, mp_now_ns() - pd->chal_ns);
 	MP_INFO("accepted peer %s (%s) connection %u", name, p->addr, pd->idx);
 }
 

@@ -28,6 +28,20 @@ struct mp_fault;
 struct mp_dht;
 struct mp_link;
 struct mp_pending;
+struct mp_peer_snap;
+
+/* What real exchanges measured of a peer (engine.c, conn.c, peers.c):
+ * mp_peers_info reports it, and MP_BALANCE=measured sizes parts from the
+ * figures the members send (rate.c). */
+struct mp_peer_meas {
+	double bw_Bps;              /* moving average: bytes moved with it / time the transfer
+	                               with it was active, per exchange; 0 not measured */
+	double rtt_s;               /* moving average of handshake round trips; 0 not measured */
+	uint64_t bytes_sent, bytes_received; /* frames with it, headers included, ever */
+	uint64_t progress_ns;       /* last frame sent to it or received from it (0 never) */
+	uint64_t rate_Bps;          /* the figure it sent in its last RATE (0 none) */
+	int failures;               /* exchanges that dropped it */
+};
 
 /* A peer as this context knows it. */
 struct mp_peer {
@@ -41,6 +55,7 @@ struct mp_peer {
 	uint8_t blob[MP_DRV_ADDR_MAX];
 	size_t blob_len;
 	double bandwidth;           /* part-size weight; < 0 unknown, 0 client */
+	struct mp_peer_meas meas;   /* measured on exchanges: zero until then */
 };
 
 /* Peer table (peers.c). Static runs: n entries, id = rank, fixed. DHT runs:
@@ -58,6 +73,22 @@ int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double band
  * its connection shows the process gone. The matchmaker stops counting on it
  * until a record stamped later, or for a record TTL. */
 void mp_peer_suspect(struct mp_ctx *ctx, int idx, const char *why);
+/* Peer @idx as mp_peers_info reports it: MP_PEER_SELF, _GONE, _DOWN (an
+ * exchange dropped it and nothing moved with it since) or _LIVE. */
+int mp_peer_state(const struct mp_ctx *ctx, int idx);
+/* One exchange's traffic with peer @idx: @sent and @received bytes over
+ * @active_ns, the time from its first frame posted to its last completed.
+ * Folds the rate into the peer's moving average. */
+void mp_peer_measure(struct mp_ctx *ctx, int idx, uint64_t sent, uint64_t received,
+		     uint64_t active_ns);
+/* A handshake with peer @idx took @ns from our message to its answer. */
+void mp_peer_rtt(struct mp_ctx *ctx, int idx, uint64_t ns);
+/* Copy the table for mp_peers_info (any thread reads the copy, under a
+ * lock; only the table's own thread publishes). 0 or -ENOMEM. */
+int mp_peers_publish(struct mp_ctx *ctx);
+/* Up to @max entries of the last published copy into @out, @elem bytes
+ * apart, each its first @elem bytes; returns how many peers it holds. */
+int mp_peers_snapshot(struct mp_ctx *ctx, void *out, int max, size_t elem);
 
 enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_STAGE, MP_SCR_MAX };
 
@@ -126,6 +157,15 @@ struct mp_ctx {
 
 	/* rounds */
 	uint32_t round; /* global round number, agreed by all peers */
+
+	/* Measured throughput (engine.c): moving average over exchanges of
+	 * the sum of the per-peer rates, the figure this peer sends in RATE
+	 * under MP_BALANCE=measured; and the last figure it sent (0 none). */
+	double self_Bps;
+	uint64_t rate_sent;
+	/* mp_peers_publish's copy of the table, under peers.c's lock */
+	struct mp_peer_snap *snap;
+	int nsnap, snap_cap;
 
 	/* scratch memory for frames, grown between operations, registered */
 	uint8_t *slab;

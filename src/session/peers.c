@@ -6,6 +6,7 @@
  * hold them; a peer that leaves is marked gone, not removed.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,6 +98,9 @@ int mp_peers_init(struct mp_ctx *ctx, int n)
 
 void mp_peers_free(struct mp_ctx *ctx)
 {
+	free(ctx->snap);
+	ctx->snap = NULL;
+	ctx->nsnap = ctx->snap_cap = 0;
 	if (!ctx->peers)
 		return;
 	free(ctx->peers);
@@ -184,4 +188,127 @@ void mp_peer_suspect(struct mp_ctx *ctx, int idx, const char *why)
 	}
 	p->failed_ns = mp_now_ns();
 	p->failed_wall_ms = mp_wall_ms();
+}
+
+/* ---- measurements and the copy that mp_peers_info reads ---- */
+
+/* Moving averages weigh the newest sample a quarter: a link that changes
+ * shows within a few exchanges, one odd exchange moves it little. */
+#define MEAS_ALPHA 0.25
+
+static double ema(double old, double sample)
+{
+	return old > 0.0 ? old + MEAS_ALPHA * (sample - old) : sample;
+}
+
+int mp_peer_state(const struct mp_ctx *ctx, int idx)
+{
+	const struct mp_peer *p = &ctx->peers[idx];
+
+	if (idx == ctx->rank)
+		return MP_PEER_SELF;
+	if (p->gone)
+		return MP_PEER_GONE;
+	/* Down: the last thing that happened with it was a failure. */
+	if (p->failed_ns && p->meas.progress_ns <= p->failed_ns)
+		return MP_PEER_DOWN;
+	return MP_PEER_LIVE;
+}
+
+void mp_peer_measure(struct mp_ctx *ctx, int idx, uint64_t sent, uint64_t received,
+		     uint64_t active_ns)
+{
+	struct mp_peer_meas *m = &ctx->peers[idx].meas;
+
+	m->bytes_sent += sent;
+	m->bytes_received += received;
+	if (active_ns && sent + received)
+		m->bw_Bps = ema(m->bw_Bps, (double)(sent + received) * 1e9 / (double)active_ns);
+}
+
+void mp_peer_rtt(struct mp_ctx *ctx, int idx, uint64_t ns)
+{
+	struct mp_peer_meas *m = &ctx->peers[idx].meas;
+
+	m->rtt_s = ema(m->rtt_s, (double)ns / 1e9);
+}
+
+/* The published copy of one peer; since_progress_s is computed when read. */
+struct mp_peer_snap {
+	struct mp_peer_info info;
+	uint64_t progress_ns;
+};
+
+/*
+ * The table grows (realloc) and its fields change on the progress thread,
+ * while mp_peers_info may be called from the application's thread at any
+ * time: it reads this copy instead, which the progress thread refreshes at
+ * the end of every exchange (and every 100 ms within one). One lock for all
+ * contexts, as error.c's: a leaf, held for a copy of the table only.
+ */
+static pthread_mutex_t snap_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void snap_fill(const struct mp_ctx *ctx, int i, struct mp_peer_snap *s)
+{
+	const struct mp_peer *p = &ctx->peers[i];
+	struct mp_peer_info *o = &s->info;
+	int self = i == ctx->rank;
+
+	memset(s, 0, sizeof(*s));
+	o->id = self ? ctx->self_id : p->id;
+	o->rank = ctx->dynamic ? -1 : i;
+	o->mode = self ? ctx->mode : p->mode;
+	o->state = mp_peer_state(ctx, i);
+	o->failures = p->meas.failures;
+	strcpy(o->addr, self ? ctx->local_addr : p->addr);
+	o->bandwidth_Bps = self ? ctx->self_Bps : p->meas.bw_Bps;
+	o->rtt_s = p->meas.rtt_s;
+	o->bytes_sent = p->meas.bytes_sent;
+	o->bytes_received = p->meas.bytes_received;
+	o->rate_Bps = (double)(self ? ctx->rate_sent : p->meas.rate_Bps);
+	o->weight = p->bandwidth;
+	s->progress_ns = p->meas.progress_ns;
+}
+
+int mp_peers_publish(struct mp_ctx *ctx)
+{
+	int n = ctx->npeers, rc = 0;
+
+	pthread_mutex_lock(&snap_mu);
+	if (n > ctx->snap_cap) {
+		int cap = ctx->peers_cap > n ? ctx->peers_cap : n;
+		struct mp_peer_snap *ns = realloc(ctx->snap, (size_t)cap * sizeof(*ns));
+		if (ns) {
+			ctx->snap = ns;
+			ctx->snap_cap = cap;
+		} else {
+			/* Keep the last copy: stale beats wrong. */
+			n = ctx->nsnap;
+			rc = -ENOMEM;
+		}
+	}
+	for (int i = 0; i < n && i < ctx->npeers; i++)
+		snap_fill(ctx, i, &ctx->snap[i]);
+	ctx->nsnap = n;
+	pthread_mutex_unlock(&snap_mu);
+	return rc;
+}
+
+int mp_peers_snapshot(struct mp_ctx *ctx, void *out, int max, size_t elem)
+{
+	uint64_t now = mp_now_ns();
+	size_t take = elem < sizeof(struct mp_peer_info) ? elem : sizeof(struct mp_peer_info);
+	int n;
+
+	pthread_mutex_lock(&snap_mu);
+	n = ctx->nsnap;
+	for (int i = 0; i < n && i < max; i++) {
+		struct mp_peer_info o = ctx->snap[i].info;
+		uint64_t t = ctx->snap[i].progress_ns;
+
+		o.since_progress_s = t ? (double)(now - t) / 1e9 : -1.0;
+		memcpy((char *)out + (size_t)i * elem, &o, take);
+	}
+	pthread_mutex_unlock(&snap_mu);
+	return n;
 }

@@ -31,7 +31,8 @@ enum mp_msg_type {
 	MP_MSG_ACCEPT = 12, /* matchmaking: leader took the JOIN; BEGIN follows by its deadline */
 	MP_MSG_DECL = 13,   /* matchmaking: a declaration for a round, as on the DHT */
 	MP_MSG_PEER = 14,   /* membership: a new peer's record, as on the DHT, passed on */
-	MP_MSG_TYPE_MAX = MP_MSG_PEER,
+	MP_MSG_RATE = 16,   /* MP_BALANCE=measured: a member's throughput (offset, B/s) */
+	MP_MSG_TYPE_MAX = MP_MSG_RATE,
 };
 
 #define MP_WIRE_F_PAYLOAD_CRC 0x01u /* checksum covers the payload too */

@@ -22,6 +22,8 @@
 
 /* A dht run's exchange reads the control connections this often. */
 #define CTRL_POLL_NS (1000ull * 1000)
+/* mp_peers_info's copy of the table is refreshed this often within an exchange. */
+#define PUBLISH_NS (100ull * 1000 * 1000)
 
 struct mp_xslot {
 	uint8_t *buf; /* send: header then encoded payload; receive: whole frame */
@@ -131,6 +133,7 @@ static void fail_peer(struct mp_xfer *x, int peer, int err, const char *why)
 		ch->s_n = ch->r_n = 0;
 	}
 	if (!first) {
+		ctx->peers[peer].meas.failures++;
 		/* The matchmaker stops counting on it for a while (a SIGKILLed
 		 * peer's record outlives it by up to its TTL). */
 		mp_peer_suspect(ctx, peer, NULL);
@@ -209,6 +212,10 @@ static int put_payload(struct mp_xfer *x, struct mp_wire_hdr *h, const struct mp
 	int rc;
 
 	switch (p->kind) {
+	case MP_PAYLOAD_NONE:
+		plen = 0;
+		s->iovcnt = 1;
+		break;
 	case MP_PAYLOAD_ENCODED:
 		/* Encoded with this exchange's codec for a chunk of at most
 		 * chunk_elems values, so it fits, unless the slot holds only
@@ -334,13 +341,55 @@ static int setup_slots(struct mp_xfer *x)
 	return 0;
 }
 
+/*
+ * The exchange is over: per peer, its traffic over the time a transfer with
+ * it was active (from the first post on any of its channels to the last
+ * completion), into its moving averages (mp_peer_measure). This peer's own
+ * figure is the sum of those rates: what its link moved at once.
+ */
+static void measure(struct mp_xfer *x)
+{
+	struct mp_ctx *ctx = x->ctx;
+	double sum = 0.0;
+	int any = 0;
+
+	for (int i = 0; i < x->nch; i++) {
+		uint64_t sent = 0, recv = 0, first = 0, last = 0;
+		int seen = 0;
+
+		for (int j = 0; j < i && !seen; j++)
+			seen = x->ch[j].peer == x->ch[i].peer;
+		if (seen)
+			continue;
+		for (int j = i; j < x->nch; j++) {
+			const struct mp_chan *c = &x->ch[j];
+			if (c->peer != x->ch[i].peer || !c->m_first)
+				continue;
+			sent += c->m_sent;
+			recv += c->m_recv;
+			first = first && first < c->m_first ? first : c->m_first;
+			last = last > c->m_last ? last : c->m_last;
+		}
+		uint64_t active = last > first ? last - first : 0;
+		if (x->no_rate)
+			active = 0;
+		mp_peer_measure(ctx, x->ch[i].peer, sent, recv, active);
+		if (active && sent + recv) {
+			sum += (double)(sent + recv) * 1e9 / (double)active;
+			any = 1;
+		}
+	}
+	if (any)
+		ctx->self_Bps = ctx->self_Bps > 0.0 ? ctx->self_Bps + 0.25 * (sum - ctx->self_Bps) : sum;
+}
+
 int mp_xfer_run(struct mp_xfer *x)
 {
 	struct mp_ctx *ctx = x->ctx;
 	const uint64_t conn_to = (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
 	const uint64_t round_to = (uint64_t)ctx->cfg.round_timeout_ms * 1000000ull;
 	const size_t fmax = ctx->frame_rx_max;
-	uint64_t start = mp_now_ns(), last_move = start, ctrl_at = 0;
+	uint64_t start = mp_now_ns(), last_move = start, ctrl_at = 0, pub_at = start;
 	const uint64_t deadline = x->deadline_ms > 0 ? start + (uint64_t)x->deadline_ms * 1000000ull : 0;
 	const uint64_t spin_ns = (uint64_t)ctx->spin_us * 1000u;
 	uint64_t *last;
@@ -425,6 +474,8 @@ int mp_xfer_run(struct mp_xfer *x)
 				}
 				continue;
 			}
+			if (!ch->m_first)
+				ch->m_first = now;
 			/* Completions, in posting order. */
 			while (ch->s_n) {
 				struct mp_xslot *s = &ch->ss[ch->s_head];
@@ -440,6 +491,8 @@ int mp_xfer_run(struct mp_xfer *x)
 					break;
 				}
 				ch->sent++;
+				ch->m_sent += s->len;
+				ch->m_last = now;
 				x->res->bytes_sent += s->len;
 				x->res->values_sent += s->count;
 				chmoved = 1;
@@ -455,6 +508,8 @@ int mp_xfer_run(struct mp_xfer *x)
 				ch->r_head = (ch->r_head + 1) % ctx->window;
 				ch->r_n--;
 				chmoved = 1;
+				ch->m_recv += len;
+				ch->m_last = now;
 				if (rc == -EMSGSIZE) {
 					reject(x, ch, MP_REJ_LENGTH);
 					break;
@@ -469,8 +524,10 @@ int mp_xfer_run(struct mp_xfer *x)
 				fail_peer(x, ch->peer, ch->defer_err, "connection broke");
 			if (ch->failed)
 				continue;
-			if (chmoved)
+			if (chmoved) {
 				last[i] = now;
+				ctx->peers[ch->peer].meas.progress_ns = now;
+			}
 			moved |= chmoved;
 			/* Post more receives and sends, up to the window. */
 			while (ch->r_n < ctx->window && (uint64_t)ch->r_n < x->xops->recv_left(x->op, ch)) {
@@ -519,6 +576,11 @@ int mp_xfer_run(struct mp_xfer *x)
 			rc = 0;
 			break;
 		}
+		if (now - pub_at >= PUBLISH_NS) {
+			/* mp_peers_info's copy stays fresh in a long exchange. */
+			mp_peers_publish(ctx);
+			pub_at = now;
+		}
 		/* Poll while things move and for a short spin after (a reply is
 		 * often microseconds away); then sleep in the driver until an
 		 * event, bounded so that timeouts are noticed. */
@@ -533,6 +595,8 @@ int mp_xfer_run(struct mp_xfer *x)
 		}
 	}
 	ctx->cur_res = NULL;
+	measure(x);
+	mp_peers_publish(ctx);
 	free(x->ch[0].ss);
 	free(last);
 	return rc;

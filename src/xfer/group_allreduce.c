@@ -464,6 +464,15 @@ static int plan_parts(struct gar *r)
 		if (r->mb[m].mode == MP_MODE_CLIENT)
 			bw[m] = 0.0;
 	}
+	if (!rc && ctx->cfg.balance == MP_BALANCE_MEASURED) {
+		/* The members' measured figures replace the configured ones
+		 * (rate.c); a member dropped meanwhile is failed from the start. */
+		uint8_t *lost = calloc((size_t)k, 1);
+		rc = lost ? mp_rate_exchange(ctx, g, r->round, r->a->res, bw, lost) : -ENOMEM;
+		for (int m = 0; !rc && m < k; m++)
+			r->mb[m].failed = lost[m];
+		free(lost);
+	}
 	if (!rc) {
 		rc = mp_balance_parts(r->a->n, bw, k, ctx->cfg.min_part, len);
 		if (rc)
@@ -622,6 +631,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		for (int s = 0; s < r.S; s++, i++) {
 			x.ch[i].peer = g->members[m];
 			x.ch[i].stream = s;
+			x.ch[i].failed = r.mb[m].failed ? -ETIMEDOUT : 0;
 			r.gc[i].j = m;
 			r.gc[i].scat_next = r.gc[i].gath_next = (uint64_t)s;
 			r.gc[i].rscat_next = r.gc[i].rgath_next = (uint64_t)s;

@@ -24,6 +24,7 @@ struct mp_chan;
 enum mp_payload_kind {
 	MP_PAYLOAD_VALUES,
 	MP_PAYLOAD_ENCODED,
+	MP_PAYLOAD_NONE,       /* a header alone (RATE): count and length 0 */
 };
 struct mp_payload {
 	enum mp_payload_kind kind;
@@ -68,6 +69,9 @@ struct mp_chan {
 	int s_head, s_n, r_head, r_n;
 	int staged;                      /* a produced message waits in the next send slot */
 	int defer_err;                   /* post failed; completions will tell why */
+	/* measurement (mp_peer_measure): frame bytes completed, and the time
+	 * from the channel's first post to its last completion */
+	uint64_t m_sent, m_recv, m_first, m_last;
 };
 
 struct mp_xfer {
@@ -84,6 +88,8 @@ struct mp_xfer {
 	struct mp_result *res;
 	const char *what;          /* for messages: "group all-reduce", "ring" */
 	int deadline_ms;           /* the whole exchange; members still missing then are dropped (0 = none) */
+	int no_rate;               /* a few header-only frames (RATE): their bytes are counted,
+	                              but a rate from them would measure latency, not bandwidth */
 };
 
 /* Largest frame this context must be able to receive (engine.c). */
@@ -110,6 +116,16 @@ struct mp_avg {
 /* One butterfly all-reduce in group @g (group_allreduce.c). */
 int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
 		       struct mp_avg *a);
+/*
+ * MP_BALANCE=measured (rate.c): every member of group @g sends its measured
+ * throughput to the others (RATE, header only) and takes theirs, within the
+ * round timeout. @bw (g->size entries) is set from the figures: a member's
+ * figure, or -1 (unknown: the mean of the known ones) for a member that sent
+ * 0 or whose RATE did not come; clients keep 0. @failed[m] is set for the
+ * members the exchange dropped. Returns 0, or -ECANCELED / -ENOMEM.
+ */
+int mp_rate_exchange(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
+		     struct mp_result *res, double *bw, uint8_t *failed);
 /* Ring all-reduce over all peers (ring.c). */
 int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a);
 

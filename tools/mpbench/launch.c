@@ -213,6 +213,15 @@ static int coordinate(const struct bench *b, struct coord *c, struct agg *a)
 			}
 			case MSG_HEARTBEAT:
 				break;
+			case MSG_PEER_STATS:
+				if (m.len % sizeof(struct mp_peer_info)) {
+					fprintf(stderr, PROG ": %s sent a malformed peer table\n", name);
+					free(m.data);
+					goto out;
+				}
+				agg_peer_stats(a, r, (const struct mp_peer_info *)(void *)m.data,
+					       (int)(m.len / sizeof(struct mp_peer_info)));
+				break;
 			case MSG_ERROR:
 				fprintf(stderr, PROG ": %s: %s\n", name, m.data ? m.data : "failed");
 				free(m.data);

@@ -47,6 +47,7 @@ enum {
 	MSG_VECTOR = 10,   /* peer -> coord: its final values (--check) */
 	MSG_SUMMARY = 11,  /* peer -> coord: struct summary, before MSG_DONE */
 	MSG_STOP = 12,     /* coord -> peer: the run is over, stop averaging */
+	MSG_PEER_STATS = 13, /* peer -> coord: its struct mp_peer_info table (--peer-stats) */
 };
 
 struct msg {
@@ -133,6 +134,7 @@ struct bench {
 	/* --transport=dpdk (dpdk_seg.c builds the local segment) */
 	const char *dpdk_args; /* --dpdk-args: EAL arguments instead of a made-up segment */
 	double inject_loss;    /* --inject-loss: fraction of received frames dropped */
+	int peer_stats;        /* --peer-stats: each peer's mp_peers_info at the end */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -214,6 +216,9 @@ struct agg {
 	/* Followed runs: what the footer and JSON add. */
 	int intruders_refused;
 	int64_t replay_problems;
+	/* --peer-stats: each rank's table (NULL until it reports) */
+	struct mp_peer_info **pstats;
+	int *npstats, npstats_ranks;
 };
 
 void agg_init(struct agg *a, const struct bench *b, int nrep, int print);
@@ -223,6 +228,8 @@ void print_header(const struct bench *b, const char *mode);
 void print_row(struct agg *a, int s);
 void agg_add(struct agg *a, const struct size_result *in);
 int report_finish(struct agg *a, const char *mode, int rank, int failed);
+/* --peer-stats: rank @rank's table of @n peers (copied). */
+void agg_peer_stats(struct agg *a, int rank, const struct mp_peer_info *t, int n);
 
 /* ------------------------------------------------------------------------ */
 /* One peer (peer.c)                                                         */

@@ -259,6 +259,8 @@ static void usage(FILE *f)
 		"\n"
 		"Output:\n"
 		"      --json=FILE          also write settings and results as JSON\n"
+		"      --peer-stats         at the end, each peer's table of its peers: state,\n"
+		"                           measured bandwidth and round trip (also in --json)\n"
 		"  -h, --help               show this help\n"
 		"\n"
 		"Every MP_* variable of libmoshpit applies; options override them.\n"
@@ -297,6 +299,7 @@ enum {
 	OPT_LOGS,
 	OPT_DPDK_ARGS,
 	OPT_INJECT_LOSS,
+	OPT_PEER_STATS,
 };
 
 static const struct option long_opts[] = {
@@ -320,6 +323,7 @@ static const struct option long_opts[] = {
 	{ "streams", required_argument, NULL, OPT_STREAMS },
 	{ "timeout", required_argument, NULL, OPT_TIMEOUT },
 	{ "weighted", no_argument, NULL, OPT_WEIGHTED },
+	{ "peer-stats", no_argument, NULL, OPT_PEER_STATS },
 	{ "seed", required_argument, NULL, OPT_SEED },
 	{ "tol", required_argument, NULL, OPT_TOL },
 	{ "rendezvous", required_argument, NULL, OPT_RENDEZVOUS },
@@ -507,6 +511,9 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		}
 		case OPT_WEIGHTED:
 			b->weighted = 1;
+			break;
+		case OPT_PEER_STATS:
+			b->peer_stats = 1;
 			break;
 		case OPT_SEED:
 			b->seed = parse_u64("--seed", optarg);

@@ -160,6 +160,29 @@ static void peer_report(struct peer *p, const struct size_result *r)
 		agg_add(p->agg, r);
 }
 
+/* --peer-stats: this peer's table of its peers, to whoever prints it. */
+static void peer_stats(struct peer *p)
+{
+	int n = mp_peers_info(p->ctx, NULL, 0, sizeof(struct mp_peer_info));
+	struct mp_peer_info *t;
+
+	if (n < 0) {
+		fprintf(stderr, PROG ": rank %d: mp_peers_info: %s\n", p->rank, mp_strerror(n));
+		return;
+	}
+	t = xcalloc((size_t)(n ? n : 1), sizeof(*t));
+	/* The table may have grown since (dht): take what fits. */
+	int got = mp_peers_info(p->ctx, t, n, sizeof(*t));
+	if (got < n)
+		n = got < 0 ? 0 : got;
+	if (p->up)
+		chan_send(p->up, MSG_PEER_STATS, p->rank, t, (uint32_t)((size_t)n * sizeof(*t)),
+			  p->b->silence_ms);
+	else
+		agg_peer_stats(p->agg, p->rank, t, n);
+	free(t);
+}
+
 int peer_bench(struct peer *p)
 {
 	const struct bench *b = p->b;
@@ -262,6 +285,8 @@ int peer_bench(struct peer *p)
 	if (mr)
 		mp_mem_deregister(p->ctx, mr);
 	free(buf);
+	if (rc == 0 && b->peer_stats)
+		peer_stats(p);
 	return rc ? -1 : 0;
 }
 

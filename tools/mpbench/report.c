@@ -33,6 +33,10 @@ void agg_init(struct agg *a, const struct bench *b, int nrep, int print)
 
 void agg_free(struct agg *a)
 {
+	for (int r = 0; r < a->npstats_ranks; r++)
+		free(a->pstats[r]);
+	free(a->pstats);
+	free(a->npstats);
 	free(a->rows);
 	free(a->count);
 	free(a->algbw);
@@ -227,6 +231,71 @@ static void print_footer(const struct agg *a)
 	fflush(stdout);
 }
 
+void agg_peer_stats(struct agg *a, int rank, const struct mp_peer_info *t, int n)
+{
+	if (rank < 0 || n < 0)
+		return;
+	if (rank >= a->npstats_ranks) {
+		int want = rank + 1 > a->b->npeers ? rank + 1 : a->b->npeers;
+
+		a->pstats = realloc(a->pstats, (size_t)want * sizeof(*a->pstats));
+		a->npstats = realloc(a->npstats, (size_t)want * sizeof(*a->npstats));
+		if (!a->pstats || !a->npstats) {
+			fprintf(stderr, PROG ": out of memory\n");
+			exit(EXIT_FAIL);
+		}
+		for (int r = a->npstats_ranks; r < want; r++) {
+			a->pstats[r] = NULL;
+			a->npstats[r] = 0;
+		}
+		a->npstats_ranks = want;
+	}
+	free(a->pstats[rank]);
+	a->pstats[rank] = xcalloc((size_t)(n ? n : 1), sizeof(*t));
+	memcpy(a->pstats[rank], t, (size_t)n * sizeof(*t));
+	a->npstats[rank] = n;
+}
+
+static const char *state_name(int st)
+{
+	switch (st) {
+	case MP_PEER_LIVE: return "live";
+	case MP_PEER_DOWN: return "down";
+	case MP_PEER_GONE: return "gone";
+	case MP_PEER_SELF: return "self";
+	default: return "?";
+	}
+}
+
+/* --peer-stats: every reporting rank's view of its peers, after the footer. */
+static void print_peer_stats(const struct agg *a)
+{
+	int any = 0;
+
+	for (int r = 0; r < a->npstats_ranks; r++)
+		any |= a->pstats[r] != NULL;
+	if (!any)
+		return;
+	printf("# Peer stats: each rank's view at the end (bandwidth and round trip measured on\n"
+	       "# real exchanges, moving averages; self: this rank's own throughput)\n");
+	printf("# %5s %5s %16s %-22s %5s %9s %10s %9s %12s %12s %5s %10s\n", "rank", "peer", "id",
+	       "address", "state", "idle(s)", "bw(MB/s)", "rtt(ms)", "sent(B)", "recv(B)", "fail",
+	       "rate(MB/s)");
+	for (int r = 0; r < a->npstats_ranks; r++) {
+		for (int i = 0; i < a->npstats[r]; i++) {
+			const struct mp_peer_info *q = &a->pstats[r][i];
+
+			printf("  %5d %5d %016" PRIx64 " %-22.22s %5s %9.3f %10.2f %9.3f %12" PRIu64
+			       " %12" PRIu64 " %5d %10.2f\n", r, q->rank, q->id,
+			       q->addr[0] ? q->addr : "-", state_name(q->state), q->since_progress_s,
+			       q->bandwidth_Bps / 1e6, q->rtt_s * 1e3, q->bytes_sent,
+			       q->bytes_received, q->failures, q->rate_Bps / 1e6);
+		}
+	}
+	printf("#\n");
+	fflush(stdout);
+}
+
 static void json_str(FILE *f, const char *s)
 {
 	/* The characters with a short escape, and the letter each takes after '\\'. */
@@ -362,7 +431,41 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 			"\"client_reduces\": %d}%s\n", r->failed_peers, r->lost, r->joined,
 			r->client_reduces, s + 1 < a->nrows ? "," : "");
 	}
-	fprintf(f, "  ],\n  \"avg_busbw_gbs\": ");
+	fprintf(f, "  ],\n");
+	if (b->peer_stats) {
+		/* One object per rank, its peers as mp_peers_info lists them. */
+		int first = 1;
+
+		fprintf(f, "  \"peer_stats\": [");
+		for (int r = 0; r < a->npstats_ranks; r++) {
+			if (!a->pstats[r])
+				continue;
+			fprintf(f, "%s\n    {\"rank\": %d, \"peers\": [", first ? "" : ",", r);
+			first = 0;
+			for (int i = 0; i < a->npstats[r]; i++) {
+				const struct mp_peer_info *q = &a->pstats[r][i];
+
+				fprintf(f, "%s\n      {\"rank\": %d, \"id\": \"%016" PRIx64
+					"\", \"addr\": ", i ? "," : "", q->rank, q->id);
+				json_str(f, q->addr);
+				fprintf(f, ", \"mode\": %d, \"state\": \"%s\", \"since_progress_s\": ",
+					q->mode, state_name(q->state));
+				json_num(f, q->since_progress_s);
+				fprintf(f, ", \"bandwidth_Bps\": ");
+				json_num(f, q->bandwidth_Bps);
+				fprintf(f, ", \"rtt_s\": ");
+				json_num(f, q->rtt_s);
+				fprintf(f, ", \"bytes_sent\": %" PRIu64 ", \"bytes_received\": %" PRIu64
+					", \"failures\": %d, \"rate_Bps\": ", q->bytes_sent,
+					q->bytes_received, q->failures);
+				json_num(f, q->rate_Bps);
+				fprintf(f, "}");
+			}
+			fprintf(f, "]}");
+		}
+		fprintf(f, "\n  ],\n");
+	}
+	fprintf(f, "  \"avg_busbw_gbs\": ");
 	json_num(f, a->nrows ? a->busbw_sum / a->nrows : 0.0);
 	if (b->follow)
 		fprintf(f, ",\n  \"intruders_refused\": %d,\n  \"log_inconsistencies\": %" PRId64,
@@ -385,6 +488,7 @@ int report_finish(struct agg *a, const char *mode, int rank, int failed)
 
 	if (a->print && !failed) {
 		print_footer(a);
+		print_peer_stats(a);
 		if (b->json && write_json(a, mode, rank) < 0)
 			rc = EXIT_FAIL;
 	}
