@@ -10,14 +10,16 @@
 #include "size.h"
 
 static const char *cli_prog = "moshpit";
-static void (*cli_usage)(FILE *f);
 
-void cli_init(const char *prog, void (*usage)(FILE *f))
+void cli_init(const char *prog)
 {
 	cli_prog = prog;
-	cli_usage = usage;
 }
 
+/*
+ * One line of usage, not the whole help: the message is what the user must
+ * read, and a screenful of options after it would push it out of sight.
+ */
 void usage_error(const char *fmt, ...)
 {
 	va_list ap;
@@ -26,9 +28,7 @@ void usage_error(const char *fmt, ...)
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "\n\n");
-	if (cli_usage)
-		cli_usage(stderr);
+	fprintf(stderr, "\nusage: %s [OPTIONS]; see %s --help\n", cli_prog, cli_prog);
 	exit(CLI_EXIT_USAGE);
 }
 

@@ -12,10 +12,10 @@
 /* Exit status of a bad command line, in every tool. */
 #define CLI_EXIT_USAGE 2
 
-/* Name the tool and its usage text; before any other call. */
-void cli_init(const char *prog, void (*usage)(FILE *f));
+/* Name the tool; before any other call. */
+void cli_init(const char *prog);
 
-/* "PROG: <message>", a blank line and the usage on stderr; exit 2. */
+/* "PROG: <message>" and one usage line pointing to --help on stderr; exit 2. */
 void usage_error(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
 /* A decimal integer in [@lo, @hi] (a leading 0 is not octal). */

@@ -739,7 +739,7 @@ static void parse_args(struct opts *o, int argc, char **argv)
 {
 	int ch;
 
-	cli_init(PROG, usage);
+	cli_init(PROG);
 	memset(o, 0, sizeof(*o));
 	o->size = 64ULL << 20;
 	o->chunk = 256ULL << 10;

@@ -169,7 +169,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
 	char *items[MAX_LIST];
 	int c, n;
 
-	cli_init(PROG, usage);
+	cli_init(PROG);
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		switch (c) {
 		case OPT_ALGO:

@@ -46,11 +46,18 @@
  *   MP_OFI_PROVIDER  libfabric provider (default "tcp;ofi_rxm")
  *   MP_OFI_DOMAIN    domain (interface) name, e.g. "lo" or "eth0" (default:
  *                    the provider's first)
+ *
+ * Both select among fi_getinfo's entries by name (ofi_pick), rather than
+ * only hinting: libfabric 1.17's ofi_rxm ignores the domain hint, so the
+ * first entry would be some other interface or device. A name that matches
+ * no entry fails the driver's start, listing the names there are.
  */
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -153,6 +160,98 @@ static int ofi_can_park(const struct fi_info *fi)
 	       (!force || !*force || !strcmp(force, "0"));
 }
 
+/* Append @name to the ", "-separated list @buf unless it is there already. */
+static void name_list_add(char *buf, size_t len, const char *name)
+{
+	size_t off = strlen(buf), n;
+	const char *p = buf;
+
+	if (!name)
+		name = "(unnamed)";
+	n = strlen(name);
+	while ((p = strstr(p, name))) {
+		if ((p == buf || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0'))
+			return;
+		p += n;
+	}
+	if (off + n + 3 < len)
+		snprintf(buf + off, len - off, "%s%s", off ? ", " : "", name);
+	else if (off + 5 < len && !strstr(buf, "..."))
+		snprintf(buf + off, len - off, ", ...");
+}
+
+/*
+ * Whether provider name @have answers @want: the same name, or @want is one
+ * of its layers ("tcp" for "tcp;ofi_rxm", as fi_getinfo's own hint takes it).
+ */
+static int prov_matches(const char *have, const char *want)
+{
+	size_t n = strlen(want);
+	const char *p = have;
+
+	if (!have)
+		return 0;
+	if (!strcasecmp(have, want))
+		return 1;
+	while (p && *p) {
+		if (!strncasecmp(p, want, n) && (p[n] == ';' || p[n] == '\0'))
+			return 1;
+		p = strchr(p, ';');
+		if (p)
+			p++;
+	}
+	return 0;
+}
+
+/*
+ * The entry of @list to use: the first whose provider is @want (exactly,
+ * or else as one of its layers) and, when @dom is set, whose domain is named
+ * @dom. NULL with the reason logged (and so in mp_last_error): the names of
+ * the providers, or of @want's domains, that there are.
+ */
+static struct fi_info *ofi_pick(struct fi_info *list, const char *want, const char *dom)
+{
+	char names[384] = "";
+	struct fi_info *fi, *exact = NULL, *layer = NULL;
+	int exact_prov = 0;
+
+	/* A provider named exactly wins over one that only has it as a layer. */
+	for (fi = list; fi; fi = fi->next)
+		if (fi->fabric_attr->prov_name && !strcasecmp(fi->fabric_attr->prov_name, want))
+			exact_prov = 1;
+	for (fi = list; fi; fi = fi->next) {
+		const char *pn = fi->fabric_attr->prov_name;
+
+		if (exact_prov ? !(pn && !strcasecmp(pn, want)) : !prov_matches(pn, want))
+			continue;
+		if (dom && (!fi->domain_attr->name || strcmp(fi->domain_attr->name, dom)))
+			continue;
+		if (exact_prov)
+			exact = exact ? exact : fi;
+		else
+			layer = layer ? layer : fi;
+	}
+	if (exact || layer)
+		return exact ? exact : layer;
+	for (fi = list; fi; fi = fi->next) {
+		const char *pn = fi->fabric_attr->prov_name;
+
+		if (exact_prov ? (pn && !strcasecmp(pn, want)) : prov_matches(pn, want))
+			name_list_add(names, sizeof(names), fi->domain_attr->name);
+	}
+	if (names[0]) {
+		MP_WARN("ofi: MP_OFI_DOMAIN=%s is not a domain of provider %s; its domains are: %s",
+			dom, want, names);
+		return NULL;
+	}
+	for (fi = list; fi; fi = fi->next)
+		name_list_add(names, sizeof(names), fi->fabric_attr->prov_name);
+	MP_WARN("ofi: no libfabric provider \"%s\" with RMA writes, remote CQ data and ordered "
+		"writes on FI_EP_RDM endpoints; set MP_OFI_PROVIDER to one that has them: %s", want,
+		names[0] ? names : "(none on this host)");
+	return NULL;
+}
+
 static int ofi_open(const struct mp_rdma_params *params, struct mp_rdma_prov **out)
 {
 	const char *want = getenv("MP_OFI_PROVIDER");
@@ -163,6 +262,8 @@ static int ofi_open(const struct mp_rdma_params *params, struct mp_rdma_prov **o
 
 	if (!want || !*want)
 		want = OFI_DEFAULT_PROVIDER;
+	if (dom && !*dom)
+		dom = NULL;
 	hints = fi_allocinfo();
 	if (!hints)
 		return -ENOMEM;
@@ -178,26 +279,26 @@ static int ofi_open(const struct mp_rdma_params *params, struct mp_rdma_prov **o
 	hints->tx_attr->msg_order = FI_ORDER_WAW;
 	hints->rx_attr->msg_order = FI_ORDER_WAW;
 	hints->mode = 0;
-	hints->fabric_attr->prov_name = strdup(want);
-	if (dom && *dom)
-		hints->domain_attr->name = strdup(dom);
+	/* No provider or domain hint: every entry comes back, and ofi_pick
+	 * chooses by name (or names the ones there are). */
 	rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0, hints, &list);
 	fi_freeinfo(hints);
-	if (rc || !list) {
-		MP_WARN("ofi: no libfabric provider \"%s\"%s%s with RMA writes, remote CQ data and "
-			"ordered writes on FI_EP_RDM endpoints (fi_getinfo: %s); set MP_OFI_PROVIDER "
-			"or MP_OFI_DOMAIN", want, dom && *dom ? " on domain " : "",
-			dom && *dom ? dom : "", fi_strerror(-rc));
+	if (rc && rc != -FI_ENODATA) {
+		MP_WARN("ofi: fi_getinfo: %s", fi_strerror(-rc));
 		return -ENODEV;
 	}
-	fi = list;
+	fi = ofi_pick(rc ? NULL : list, want, dom);
+	if (!fi) {
+		fi_freeinfo(list);
+		return -ENODEV;
+	}
 	pv = calloc(1, sizeof(*pv));
 	if (!pv) {
 		fi_freeinfo(list);
 		return -ENOMEM;
 	}
 	pv->rank = params ? params->rank : -1;
-	pv->info = fi_dupinfo(fi);
+	pv->info = fi_dupinfo(fi); /* that entry alone */
 	fi_freeinfo(list);
 	if (!pv->info) {
 		free(pv);

@@ -228,7 +228,11 @@ MP_API void mp_config_init(struct mp_config *cfg);
  * Override fields of @p cfg from MP_* environment variables that are set.
  * String fields then point into the environment (valid while it is unchanged).
  * @param cfg configuration initialised by ::mp_config_init
- * @return 0, or -EINVAL if a variable has an unparsable value (named in the log)
+ * @return 0, or -EINVAL if a variable has an unparsable or out-of-range
+ *         value: every one is logged at WARN, and ::mp_last_error (NULL)
+ *         names the first (variable, value and what was expected, as in
+ *         "MP_CODEC=topk:5: topk ratio 5 out of range (0, 1]") whatever
+ *         MP_DEBUG is
  */
 MP_API int mp_config_from_env(struct mp_config *cfg);
 
@@ -553,7 +557,9 @@ MP_API int mp_codec_from_name(const char *s);
  * @param spec codec specification
  * @param cfg configuration to update
  * @return 0, or -EINVAL (unknown codec, a parameter out of range, or a
- *         parameter for a codec that takes none)
+ *         parameter for a codec that takes none); ::mp_last_error (NULL)
+ *         then says which, with the range ("topk ratio 5 out of range
+ *         (0, 1]"). Nothing is logged: the caller reports it.
  */
 MP_API int mp_codec_parse(const char *spec, struct mp_config *cfg);
 

@@ -15,6 +15,8 @@ static int log_level = MP_LOG_WARN;
 static FILE *log_file;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static _Thread_local int log_rank = -1;
+/* This thread's last WARN message, without its prefix (mp_log_last_warn). */
+static _Thread_local char last_warn[512];
 static char log_host[64];
 static int log_stamp;
 
@@ -130,6 +132,8 @@ void mp_log(int level, const char *file, int line, const char *fmt, ...)
 	if (n > 0 && (size_t)n < sizeof(msg))
 		vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
 	va_end(ap);
+	if (level == MP_LOG_WARN && n > 0 && (size_t)n < sizeof(msg))
+		snprintf(last_warn, sizeof(last_warn), "%s", msg + n);
 	/* One fputs per line so lines from concurrent peers do not interleave. */
 	n = (int)strlen(msg);
 	if (n + 1 < (int)sizeof(msg)) {
@@ -137,4 +141,14 @@ void mp_log(int level, const char *file, int line, const char *fmt, ...)
 		msg[n + 1] = '\0';
 	}
 	fputs(msg, out);
+}
+
+const char *mp_log_last_warn(void)
+{
+	return last_warn;
+}
+
+void mp_log_last_warn_clear(void)
+{
+	last_warn[0] = '\0';
 }

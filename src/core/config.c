@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,24 +108,38 @@ static int parse_bin(const char *s, unsigned *out)
 	return parse_uint(s, 1, 1u << 24, out);
 }
 
-int mp_codec_parse(const char *spec, struct mp_config *cfg)
+/* The codec names mp_codec_parse knows, for messages. */
+#define CODEC_NAMES "none, fp16, bf16, uniform8, blockwise8, topk, adacomp or auto"
+
+/*
+ * mp_codec_parse with its reason: on -EINVAL @why says what was wrong and,
+ * for a parameter, its range ("topk ratio 5 out of range (0, 1]"), so that
+ * every caller (MP_CODEC, mpbench --codec, an integrator) can name it.
+ */
+static int codec_parse_why(const char *spec, struct mp_config *cfg, char *why, size_t whylen)
 {
 	char name[32];
 	const char *colon, *arg;
 	size_t len;
 	int id;
 
-	if (!spec || !cfg)
+	if (!spec || !cfg) {
+		snprintf(why, whylen, "no codec specification or no configuration");
 		return -EINVAL;
+	}
 	colon = strchr(spec, ':');
 	len = colon ? (size_t)(colon - spec) : strlen(spec);
-	if (len >= sizeof(name))
+	if (len >= sizeof(name)) {
+		snprintf(why, whylen, "unknown codec \"%.*s...\" (" CODEC_NAMES ")", 16, spec);
 		return -EINVAL;
+	}
 	memcpy(name, spec, len);
 	name[len] = 0;
 	id = mp_codec_from_name(name);
-	if (id < 0)
+	if (id < 0) {
+		snprintf(why, whylen, "unknown codec \"%s\" (" CODEC_NAMES ")", name);
 		return -EINVAL;
+	}
 	if (!colon) {
 		cfg->codec = id;
 		return 0;
@@ -134,37 +149,61 @@ int mp_codec_parse(const char *spec, struct mp_config *cfg)
 	switch (id) {
 	case MP_CODEC_BLOCKWISE8: {
 		unsigned b;
-		if (parse_uint(arg, 1, 1u << 24, &b))
+		if (parse_uint(arg, 1, 1u << 24, &b)) {
+			snprintf(why, whylen, "blockwise8 block \"%s\" out of range: a whole number "
+				 "in [1, 16777216]", arg);
 			return -EINVAL;
+		}
 		cfg->codec_block = b;
 		break;
 	}
 	case MP_CODEC_UNIFORM8: {
 		float k;
-		if (parse_float(arg, 0.0f, 64.0f, &k))
+		if (parse_float(arg, 0.0f, 64.0f, &k)) {
+			snprintf(why, whylen, "uniform8 sigmas %s out of range (0, 64]", arg);
 			return -EINVAL;
+		}
 		cfg->codec_sigmas = k;
 		break;
 	}
 	case MP_CODEC_TOPK: {
 		float r;
-		if (parse_float(arg, 0.0f, 1.0f, &r))
+		if (parse_float(arg, 0.0f, 1.0f, &r)) {
+			snprintf(why, whylen, "topk ratio %s out of range (0, 1]", arg);
 			return -EINVAL;
+		}
 		cfg->topk_ratio = r;
 		break;
 	}
 	case MP_CODEC_ADACOMP: {
 		unsigned b;
-		if (parse_bin(arg, &b))
+		if (parse_bin(arg, &b)) {
+			snprintf(why, whylen, "adacomp bin \"%s\": expected conv, fc or a length in "
+				 "[1, 16777216]", arg);
 			return -EINVAL;
+		}
 		cfg->adacomp_bin = b;
 		break;
 	}
 	default:
-		return -EINVAL; /* this codec takes no parameter */
+		/* this codec takes no parameter */
+		snprintf(why, whylen, "codec %s takes no parameter (got \":%s\"; only uniform8, "
+			 "blockwise8, topk and adacomp do)", name, arg);
+		return -EINVAL;
 	}
 	cfg->codec = id;
 	return 0;
+}
+
+int mp_codec_parse(const char *spec, struct mp_config *cfg)
+{
+	char why[200];
+	int rc = codec_parse_why(spec, cfg, why, sizeof(why));
+
+	/* Not logged: the caller decides (mp_config_from_env logs MP_CODEC's). */
+	if (rc)
+		mp_note_init_error("codec: %s", why);
+	return rc;
 }
 
 int mp_algo_from_name(const char *s)
@@ -181,12 +220,34 @@ int mp_algo_from_name(const char *s)
 }
 
 /*
+ * One bad variable of mp_config_from_env: logged at WARN like every other,
+ * and the first one is what mp_last_error(NULL) says, whatever MP_DEBUG is
+ * (a user who silenced the log must still learn which variable was wrong).
+ */
+static void env_bad(int *bad, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void env_bad(int *bad, const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (!*bad)
+		mp_set_init_error("%s", msg);
+	else
+		MP_WARN("%s", msg);
+	(*bad)++;
+}
+
+/*
  * A number in [@min, @max] in the size grammar (size.h: digits, then
  * optionally K, M or G and B), for every numeric variable read here: 1 with
- * *@out set, 0 when the variable is unset or empty, -EINVAL with a warning
- * otherwise. None of them takes a negative value, so no sign is accepted.
+ * *@out set, 0 when the variable is unset or empty, -EINVAL (counted in
+ * *@bad, see env_bad) otherwise. None of them takes a negative value, so no
+ * sign is accepted.
  */
-static int env_int(const char *name, uint64_t min, uint64_t max, uint64_t *out)
+static int env_int(const char *name, uint64_t min, uint64_t max, uint64_t *out, int *bad)
 {
 	const char *v = getenv(name);
 	uint64_t x;
@@ -196,13 +257,13 @@ static int env_int(const char *name, uint64_t min, uint64_t max, uint64_t *out)
 		return 0;
 	rc = mp_parse_size(v, &x);
 	if (rc == -EINVAL) {
-		MP_WARN("%s=%s: expected a whole number in [%llu, %llu], optionally followed by "
-			"K, M or G (powers of 1024) and B", name, v, (unsigned long long)min,
+		env_bad(bad, "%s=%s: expected a whole number in [%llu, %llu], optionally followed "
+			"by K, M or G (powers of 1024) and B", name, v, (unsigned long long)min,
 			(unsigned long long)max);
 		return -EINVAL;
 	}
 	if (rc || x < min || x > max) {
-		MP_WARN("%s=%s is out of range [%llu, %llu]", name, v, (unsigned long long)min,
+		env_bad(bad, "%s=%s is out of range [%llu, %llu]", name, v, (unsigned long long)min,
 			(unsigned long long)max);
 		return -EINVAL;
 	}
@@ -225,10 +286,8 @@ int mp_config_from_env(struct mp_config *cfg)
 
 	mp_log_init();
 #define INT_VAR(var, field, lo, hi)                          \
-	rc = env_int(var, lo, hi, &v);                      \
-	if (rc < 0)                                         \
-		bad = 1;                                    \
-	else if (rc > 0)                                    \
+	rc = env_int(var, lo, hi, &v, &bad);                \
+	if (rc > 0)                                         \
 		cfg->field = (__typeof__(cfg->field))v;
 	INT_VAR("MP_RANK", rank, 0, 1 << 24)
 	INT_VAR("MP_NPEERS", npeers, 1, 1 << 24)
@@ -266,8 +325,7 @@ int mp_config_from_env(struct mp_config *cfg)
 	if ((s = env_str("MP_MODE"))) {
 		rc = mp_mode_from_name(s);
 		if (rc < 0) {
-			MP_WARN("MP_MODE=%s: expected normal, client or aux", s);
-			bad = 1;
+			env_bad(&bad, "MP_MODE=%s: expected normal, client or aux", s);
 		} else {
 			cfg->mode = rc;
 		}
@@ -278,8 +336,7 @@ int mp_config_from_env(struct mp_config *cfg)
 		errno = 0;
 		b = strtod(s, &end);
 		if (errno || end == s || *end || !isfinite(b)) {
-			MP_WARN("MP_BANDWIDTH=%s: expected a number (< 0 unknown, 0 client)", s);
-			bad = 1;
+			env_bad(&bad, "MP_BANDWIDTH=%s: expected a number (< 0 unknown, 0 client)", s);
 		} else {
 			cfg->bandwidth = b;
 		}
@@ -290,8 +347,7 @@ int mp_config_from_env(struct mp_config *cfg)
 		errno = 0;
 		id = strtoull(s, &end, 16);
 		if (errno || end == s || *end || !id) {
-			MP_WARN("MP_PEER_ID=%s: expected a non-zero hexadecimal id", s);
-			bad = 1;
+			env_bad(&bad, "MP_PEER_ID=%s: expected a non-zero hexadecimal id", s);
 		} else {
 			cfg->peer_id = id;
 		}
@@ -323,34 +379,30 @@ int mp_config_from_env(struct mp_config *cfg)
 	if ((s = env_str("MP_ALGO"))) {
 		rc = mp_algo_from_name(s);
 		if (rc < 0) {
-			MP_WARN("MP_ALGO=%s: expected moshpit, ring or butterfly", s);
-			bad = 1;
+			env_bad(&bad, "MP_ALGO=%s: expected moshpit, ring or butterfly", s);
 		} else {
 			cfg->algo = rc;
 		}
 	}
-	rc = env_int("MP_CODEC_BLOCK", 1, 1 << 24, &v);
-	if (rc < 0)
-		bad = 1;
-	else if (rc > 0)
+	rc = env_int("MP_CODEC_BLOCK", 1, 1 << 24, &v, &bad);
+	if (rc > 0)
 		cfg->codec_block = (unsigned)v;
 	if ((s = env_str("MP_CODEC_SIGMAS")) && parse_float(s, 0.0f, 64.0f, &cfg->codec_sigmas)) {
-		MP_WARN("MP_CODEC_SIGMAS=%s: expected a number in (0, 64]", s);
-		bad = 1;
+		env_bad(&bad, "MP_CODEC_SIGMAS=%s: expected a number in (0, 64]", s);
 	}
 	if ((s = env_str("MP_TOPK_RATIO")) && parse_float(s, 0.0f, 1.0f, &cfg->topk_ratio)) {
-		MP_WARN("MP_TOPK_RATIO=%s: expected a fraction in (0, 1]", s);
-		bad = 1;
+		env_bad(&bad, "MP_TOPK_RATIO=%s: expected a fraction in (0, 1]", s);
 	}
 	if ((s = env_str("MP_ADACOMP_BIN")) && parse_bin(s, &cfg->adacomp_bin)) {
-		MP_WARN("MP_ADACOMP_BIN=%s: expected conv, fc or a length in [1, 16777216]", s);
-		bad = 1;
+		env_bad(&bad, "MP_ADACOMP_BIN=%s: expected conv, fc or a length in [1, 16777216]", s);
 	}
 	/* After the parameter variables: "topk:0.05" in MP_CODEC wins. */
-	if ((s = env_str("MP_CODEC")) && mp_codec_parse(s, cfg)) {
-		MP_WARN("MP_CODEC=%s: expected none, fp16, bf16, uniform8, blockwise8, topk, adacomp "
-			"or auto, optionally with a parameter (topk:0.05)", s);
-		bad = 1;
+	if ((s = env_str("MP_CODEC"))) {
+		char why[200];
+
+		if (codec_parse_why(s, cfg, why, sizeof(why)))
+			env_bad(&bad, "MP_CODEC=%s: %s; the form is name[:parameter], as in topk:0.05",
+				s, why);
 	}
 	if ((s = env_str("MP_CHECKSUM"))) {
 		if (!strcasecmp(s, "payload"))
@@ -358,11 +410,17 @@ int mp_config_from_env(struct mp_config *cfg)
 		else if (!strcasecmp(s, "header"))
 			cfg->checksum_payload = 0;
 		else {
-			MP_WARN("MP_CHECKSUM=%s: expected header or payload", s);
-			bad = 1;
+			env_bad(&bad, "MP_CHECKSUM=%s: expected header or payload", s);
 		}
 	}
 	/* MP_DEBUG is applied process-wide by the logger itself. */
+	if (bad > 1) {
+		char first[256];
+
+		snprintf(first, sizeof(first), "%s", mp_last_error(NULL));
+		mp_note_init_error("%.200s (and %d more bad MP_* variable%s: see the log)", first,
+				   bad - 1, bad > 2 ? "s" : "");
+	}
 	return bad ? -EINVAL : 0;
 }
 
@@ -666,9 +724,17 @@ common:
 	struct mp_codec_params cp;
 	mp_config_codec_params(out, &cp);
 	if (mp_codec_params_check(&cp)) {
-		mp_set_init_error("config: codec parameter out of range (block %u, sigmas %g, "
-				  "topk ratio %g, adacomp bin %u)", cp.block, (double)cp.sigmas,
-				  (double)cp.topk_ratio, cp.bin);
+		/* Name the one that is out, with its range (the rules of mp_codec_params_ok). */
+		if (!(cp.block >= 1 && cp.block <= (1u << 24)))
+			mp_set_init_error("config: codec_block %u out of range [1, 16777216]", cp.block);
+		else if (!(cp.sigmas > 0.0f && cp.sigmas <= 64.0f))
+			mp_set_init_error("config: codec_sigmas %g out of range (0, 64]",
+					  (double)cp.sigmas);
+		else if (!mp_codec_topk_ratio_ok(&cp))
+			mp_set_init_error("config: topk_ratio %g out of range (0, 1]",
+					  (double)cp.topk_ratio);
+		else
+			mp_set_init_error("config: adacomp_bin %u out of range [1, 16777216]", cp.bin);
 		goto bad;
 	}
 	if (out->algo == MP_ALGO_RING && out->codec != MP_CODEC_AUTO &&

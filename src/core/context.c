@@ -173,9 +173,15 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	}
 	struct mp_drv_params dp = {.size = sizeof(dp), .run_name = ctx->run_name, .rank = ctx->rank,
 				   .connect_timeout_ms = cfg.connect_timeout_ms};
+	mp_log_last_warn_clear();
 	rc = ctx->ops->init(&dp, &ctx->drv);
 	if (rc) {
-		mp_set_init_error("transport %s: initialisation failed: %s", ctx->transport, mp_strerror(rc));
+		/* The driver logged what it looked for: that is the advice the
+		 * user needs, so it ends the message rather than stays above it. */
+		const char *why = mp_log_last_warn();
+
+		mp_set_init_error("transport %s: initialisation failed: %s%s%s", ctx->transport,
+				  mp_strerror(rc), *why ? ": " : "", why);
 		goto fail;
 	}
 	ctx->ops->query(ctx->drv, &ctx->caps);

@@ -201,5 +201,8 @@ struct mp_ctx {
 void mp_set_error(struct mp_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Thread-local error of the last failed mp_init. */
 void mp_set_init_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* As mp_set_init_error, without the log line: for parsers whose caller
+ * reports (or not) the failure itself (mp_codec_parse). */
+void mp_note_init_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -8,7 +8,8 @@
 #include "ctx.h"
 #include "log.h"
 
-static _Thread_local char init_err[256];
+/* Long enough for a driver's advice with the names it found (mp_init). */
+static _Thread_local char init_err[768];
 
 const char *mp_strerror(int err)
 {
@@ -69,6 +70,15 @@ void mp_set_init_error(const char *fmt, ...)
 	vsnprintf(init_err, sizeof(init_err), fmt, ap);
 	va_end(ap);
 	MP_WARN("%s", init_err);
+}
+
+void mp_note_init_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(init_err, sizeof(init_err), fmt, ap);
+	va_end(ap);
 }
 
 const char *mp_last_error(const mp_ctx *cctx)

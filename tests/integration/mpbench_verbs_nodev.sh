@@ -23,4 +23,14 @@ if ! grep -qi "rdma device" "$out" || ! grep -q "looked for" "$out"; then
 	echo "FAIL: no message naming what was looked for"
 	exit 1
 fi
+# The advice must survive to the last line, the one a user reads first: not
+# be followed by a bare "initialisation failed: No such device".
+last=$(grep -v '^#' "$out" | tail -n 1)
+case $last in
+*"looked for"*) ;;
+*)
+	echo "FAIL: the last line lost the advice: $last"
+	exit 1
+	;;
+esac
 echo "ok: exit $rc after $((end - start)) s with the reason"

@@ -15,6 +15,7 @@
 #include "core.h"
 #include "xfer.h"
 #include "size.h"
+#include <moshpit/sdk/log.h>
 
 static void clear_env(void)
 {
@@ -23,7 +24,7 @@ static void clear_env(void)
 				     "MP_ROUNDS", "MP_CODEC", "MP_CHUNK_BYTES", "MP_NSTREAMS", "MP_WINDOW",
 				     "MP_CONNECT_TIMEOUT_MS", "MP_ROUND_TIMEOUT_MS", "MP_CHECKSUM",
 				     "MP_CODEC_BLOCK", "MP_CODEC_SIGMAS", "MP_TOPK_RATIO", "MP_ADACOMP_BIN",
-				     "MP_MIN_PART",
+				     "MP_MIN_PART", "MP_MODE", "MP_PEER_ID", "MP_BANDWIDTH",
 				     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
 				     "SLURM_PROCID", "SLURM_NTASKS"};
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
@@ -113,6 +114,67 @@ static void bad_env_values(void **s)
 			fail_msg("%s=%s accepted", cases[i][0], cases[i][1]);
 	}
 	clear_env();
+}
+
+/* 1 when mp_last_error(NULL) contains @want. */
+static int init_error_says(const char *want)
+{
+	const char *e = mp_last_error(NULL);
+
+	if (strstr(e, want))
+		return 1;
+	print_error("mp_last_error(NULL) is \"%s\", wanted \"%s\" in it\n", e, want);
+	return 0;
+}
+
+/*
+ * Every failure of mp_config_from_env says what was wrong in
+ * mp_last_error(NULL), with the log silenced (MP_DEBUG=NONE): the variable,
+ * its value, and the range of a parameter.
+ */
+static void bad_env_named(void **s)
+{
+	struct mp_config c;
+	static const char *cases[][3] = {
+		{"MP_CODEC", "nonsense", "MP_CODEC=nonsense: unknown codec \"nonsense\" (none, "},
+		{"MP_CODEC", "topk:5", "MP_CODEC=topk:5: topk ratio 5 out of range (0, 1]"},
+		{"MP_CODEC", "uniform8:65", "uniform8 sigmas 65 out of range (0, 64]"},
+		{"MP_CODEC", "blockwise8:0", "blockwise8 block \"0\" out of range: a whole number "
+					     "in [1, 16777216]"},
+		{"MP_CODEC", "adacomp:big", "adacomp bin \"big\": expected conv, fc or a length"},
+		{"MP_CODEC", "fp16:2", "codec fp16 takes no parameter"},
+		{"MP_RANK", "x", "MP_RANK=x: expected a whole number in [0, 16777216]"},
+		{"MP_NPEERS", "0", "MP_NPEERS=0 is out of range [1, 16777216]"},
+		{"MP_ALGO", "tree", "MP_ALGO=tree: expected moshpit, ring or butterfly"},
+		{"MP_CHECKSUM", "maybe", "MP_CHECKSUM=maybe: expected header or payload"},
+		{"MP_TOPK_RATIO", "2", "MP_TOPK_RATIO=2: expected a fraction in (0, 1]"},
+		{"MP_MODE", "boss", "MP_MODE=boss: expected normal, client or aux"},
+		{"MP_PEER_ID", "xyz", "MP_PEER_ID=xyz: expected a non-zero hexadecimal id"},
+		{"MP_BANDWIDTH", "fast", "MP_BANDWIDTH=fast: expected a number"},
+	};
+	int level = mp_log_get_level();
+
+	(void)s;
+	mp_log_set_level(MP_LOG_NONE);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		clear_env();
+		setenv(cases[i][0], cases[i][1], 1);
+		mp_note_init_error("%s", "");
+		mp_config_init(&c);
+		assert_int_equal(mp_config_from_env(&c), -EINVAL);
+		if (!init_error_says(cases[i][2]))
+			fail_msg("%s=%s: not named", cases[i][0], cases[i][1]);
+	}
+	/* Two bad variables: the first is named, the other counted. */
+	clear_env();
+	setenv("MP_ALGO", "tree", 1);
+	setenv("MP_CHECKSUM", "maybe", 1);
+	mp_config_init(&c);
+	assert_int_equal(mp_config_from_env(&c), -EINVAL);
+	assert_true(init_error_says("MP_ALGO=tree: expected moshpit, ring or butterfly (and 1 "
+				    "more bad MP_* variable: see the log)"));
+	clear_env();
+	mp_log_set_level(level);
 }
 
 /* The size grammar itself (src/common/size.h), shared with the tools. */
@@ -320,6 +382,12 @@ static void codec_specs(void **s)
 			fail_msg("\"%s\" accepted", bad[i]);
 		assert_memory_equal(&c, &before, sizeof(c));
 	}
+	/* What was wrong is in mp_last_error(NULL), with the range. */
+	assert_int_equal(mp_codec_parse("topk:5", &c), -EINVAL);
+	assert_true(init_error_says("codec: topk ratio 5 out of range (0, 1]"));
+	assert_int_equal(mp_codec_parse("zip", &c), -EINVAL);
+	assert_true(init_error_says("codec: unknown codec \"zip\" (none, fp16, bf16, uniform8, "
+				    "blockwise8, topk, adacomp or auto)"));
 	assert_int_equal(mp_codec_parse(NULL, &c), -EINVAL);
 	assert_int_equal(mp_codec_parse("none", NULL), -EINVAL);
 
@@ -370,9 +438,11 @@ static void resolve_codec_rules(void **s)
 	/* Parameters set directly in the struct are checked too. */
 	c.topk_ratio = 0.0f;
 	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	assert_true(init_error_says("config: topk_ratio 0 out of range (0, 1]"));
 	c.topk_ratio = 0.5f;
 	c.codec_block = 0;
 	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	assert_true(init_error_says("config: codec_block 0 out of range [1, 16777216]"));
 	c.codec_block = 64;
 	/* A caller built against the shorter struct of version 0.1 gets the
 	 * defaults of the fields it does not know. */
@@ -469,6 +539,7 @@ int main(void)
 		cmocka_unit_test(defaults),
 		cmocka_unit_test(every_field_from_env),
 		cmocka_unit_test(bad_env_values),
+		cmocka_unit_test(bad_env_named),
 		cmocka_unit_test(size_grammar),
 		cmocka_unit_test(size_values),
 		cmocka_unit_test(size_rejects),

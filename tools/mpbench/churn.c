@@ -644,6 +644,7 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 	row->rms_err = -1.0;
 	row->wrong = -1;
 	row->time_us = 0.0;
+	row->time_min_us = INFINITY;
 	for (int k = 0; k < fc->n; k++) {
 		const struct fpeer *fp = &fc->p[k];
 
@@ -660,6 +661,8 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 		nsurv++;
 		if (fp->res.time_us > row->time_us)
 			row->time_us = fp->res.time_us;
+		if (fp->res.time_us < row->time_min_us)
+			row->time_min_us = fp->res.time_us;
 		row->bytes_sent += fp->res.bytes_sent;
 		row->bytes_received += fp->res.bytes_received;
 		row->values_sent += fp->res.values_sent;

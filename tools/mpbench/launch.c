@@ -575,6 +575,8 @@ int run_multi(struct bench *b, const char *how)
 		p.npeers = mp_npeers(p.ctx);
 	}
 	bench_derive(b, p.npeers);
+	/* gather_times (peer.c) needs an exact average: codec none, exact grid. */
+	b->time_gathered = p.npeers > 1 && b->exact && b->cfg.codec == MP_CODEC_NONE;
 	snprintf(mode, sizeof(mode), "multi-host (%s), rank %d of %d; errors are this rank's own",
 		 how, p.rank, p.npeers);
 	agg_init(&a, b, 1, p.rank == 0);

@@ -91,8 +91,7 @@ int main(int argc, char **argv)
 	mp_config_init(&b.cfg);
 	rc = mp_config_from_env(&b.cfg);
 	if (rc) {
-		fprintf(stderr, PROG ": bad MP_* environment variable: %s (set MP_DEBUG=WARN "
-			"for details)\n", mp_strerror(rc));
+		fprintf(stderr, PROG ": bad MP_* environment variable: %s\n", mp_last_error(NULL));
 		return EXIT_USAGE;
 	}
 	b.minbytes = 64ULL << 10;

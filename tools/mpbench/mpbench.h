@@ -66,6 +66,7 @@ struct size_result {
 	int64_t wrong;        /* elements beyond the tolerance; -1 = not counted */
 	int64_t checked;      /* elements compared with the exact mean (per peer) */
 	double time_us;       /* mean time per timed iteration (max over peers) */
+	double time_min_us;   /* the same, min over peers (--minmax) */
 	double max_err;       /* max |out - exact|; < 0 = not checked */
 	double rms_err;       /* rms of out - exact; < 0 = not checked */
 	double bytes_sent;    /* per operation (summed over peers) */
@@ -96,6 +97,8 @@ struct bench {
 	double tol;
 	int tol_set;
 	const char *json;
+	int minmax;         /* --minmax: the fastest and slowest peer's time per row */
+	int time_gathered;  /* multi-host: every rank's time reaches rank 0 (times_gather) */
 	const char *transport;
 	const char *run;
 	char run_buf[64];

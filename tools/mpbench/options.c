@@ -261,7 +261,16 @@ static void usage(FILE *f)
 		"      --json=FILE          also write settings and results as JSON\n"
 		"      --peer-stats         at the end, each peer's table of its peers: state,\n"
 		"                           measured bandwidth and round trip (also in --json)\n"
+		"      --minmax             add the fastest and slowest peer's time per row\n"
+		"                           (time is always the slowest peer's, as in nccl-tests)\n"
 		"  -h, --help               show this help\n"
+		"\n"
+		"nccl-tests options that mpbench does not take, as each names something it has\n"
+		"no choice of: -g (GPUs per thread) and -t (threads per process): every peer is\n"
+		"one process (one thread with --transport=loop), so use --peers=N; -d (data\n"
+		"type): values are float (fp32), and --codec sets what goes on the wire; -o\n"
+		"(reduction): the result is the (weighted) mean. The values that say just that\n"
+		"(-g 1, -t 1, -d float, -o avg) are accepted.\n"
 		"\n"
 		"Every MP_* variable of libmoshpit applies; options override them.\n"
 		"Exit status: 0 ok, 1 wrong results or a failure, 2 bad usage.\n");
@@ -300,6 +309,7 @@ enum {
 	OPT_DPDK_ARGS,
 	OPT_INJECT_LOSS,
 	OPT_PEER_STATS,
+	OPT_MINMAX,
 };
 
 static const struct option long_opts[] = {
@@ -341,6 +351,12 @@ static const struct option long_opts[] = {
 	{ "logs", required_argument, NULL, OPT_LOGS },
 	{ "dpdk-args", required_argument, NULL, OPT_DPDK_ARGS },
 	{ "inject-loss", required_argument, NULL, OPT_INJECT_LOSS },
+	{ "minmax", no_argument, NULL, OPT_MINMAX },
+	/* nccl-tests' names, to say why they do not apply (nccl_flag) */
+	{ "ngpus", required_argument, NULL, 'g' },
+	{ "nthreads", required_argument, NULL, 't' },
+	{ "datatype", required_argument, NULL, 'd' },
+	{ "op", required_argument, NULL, 'o' },
 	{ "help", no_argument, NULL, 'h' },
 	{ NULL, 0, NULL, 0 },
 };
@@ -371,6 +387,40 @@ int launched_by(int *rank, int *size, const char **name)
 		}
 	}
 	return 0;
+}
+
+/*
+ * nccl-tests' -g, -t, -d and -o choose what mpbench has no choice of: the
+ * value that describes what it does anyway is accepted, any other is a
+ * usage error that says why, so that a command line copied from nccl-tests
+ * either means the same here or fails saying what differs.
+ */
+static void nccl_flag(int o, const char *arg)
+{
+	switch (o) {
+	case 'g':
+		if (strcmp(arg, "1"))
+			usage_error("-g %s (GPUs per thread, from nccl-tests) is not taken: every "
+				    "mpbench peer is one process with one buffer; use --peers=N", arg);
+		break;
+	case 't':
+		if (strcmp(arg, "1"))
+			usage_error("-t %s (threads per process, from nccl-tests) is not taken: "
+				    "every peer is one process (one thread of one process with "
+				    "--transport=loop); use --peers=N", arg);
+		break;
+	case 'd':
+		if (strcmp(arg, "float") && strcmp(arg, "fp32") && strcmp(arg, "float32"))
+			usage_error("-d %s (data type, from nccl-tests) is not taken: libmoshpit "
+				    "averages float (fp32) only; --codec sets what goes on the wire",
+				    arg);
+		break;
+	case 'o':
+		if (strcmp(arg, "avg") && strcmp(arg, "mean"))
+			usage_error("-o %s (reduction, from nccl-tests) is not taken: libmoshpit "
+				    "computes the (weighted) mean only (-o avg)", arg);
+		break;
+	}
 }
 
 /* An option whose value is only checked, then stored in its variable. */
@@ -436,11 +486,11 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 	};
 	int o;
 
-	cli_init(PROG, usage);
+	cli_init(PROG);
 	*rank_opt = -1;
 	*peers_opt = 0;
 	opterr = 0;
-	while ((o = getopt_long(argc, argv, ":b:e:f:n:w:c:h", long_opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":b:e:f:n:w:c:g:t:d:o:h", long_opts, NULL)) != -1) {
 		const char *name = optind > 0 && optind <= argc ? argv[optind - 1] : "option";
 
 		if (set_field_opt(fields, sizeof(fields) / sizeof(fields[0]), o, optarg))
@@ -488,9 +538,10 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		}
 		case OPT_CODEC: {
 			if (mp_codec_parse(optarg, c))
-				usage_error("bad --codec '%s' (none, fp16, bf16, uniform8[:SIGMAS], "
-					    "blockwise8[:BLOCK], topk[:FRACTION], "
-					    "adacomp[:conv|fc|BIN] or auto)", optarg);
+				usage_error("bad --codec '%s': %s (the form: none, fp16, bf16, "
+					    "uniform8[:SIGMAS], blockwise8[:BLOCK], topk[:FRACTION], "
+					    "adacomp[:conv|fc|BIN] or auto)", optarg,
+					    mp_last_error(NULL));
 			break;
 		}
 		case OPT_CHUNK: {
@@ -563,6 +614,15 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			b->nfaults++;
 			break;
 		}
+		case 'g':
+		case 't':
+		case 'd':
+		case 'o':
+			nccl_flag(o, optarg);
+			break;
+		case OPT_MINMAX:
+			b->minmax = 1;
+			break;
 		case 'h':
 			usage(stdout);
 			exit(EXIT_OK);
@@ -595,11 +655,12 @@ void follow_options(struct bench *b)
 			    "of the logs cannot follow", codec_name(b->cfg.codec));
 	if (b->size_given == 3 && b->minbytes != b->maxbytes)
 		usage_error("--rendezvous=dht, --churn and --fault run one size: give -b or -e");
+	/* The size asked for is the size run: -b alone, -e alone or both equal. */
 	if (b->size_given == 1)
 		b->maxbytes = b->minbytes;
 	else if (b->size_given == 2)
 		b->minbytes = b->maxbytes;
-	else
+	else if (b->size_given == 0)
 		b->minbytes = b->maxbytes = 256u << 10;
 }
 

@@ -152,6 +152,42 @@ static int peer_average(struct peer *p, float *buf, size_t count, float weight, 
 	return rc;
 }
 
+/*
+ * Multi-host: the slowest and fastest rank's time of a size, so that rank 0
+ * reports what nccl-tests does (the max over ranks), not its own time. The
+ * ranks have only the library between them, so the times travel in an
+ * average: rank r puts its time at index r of a vector of zeros, and the
+ * mean times the peer count is every rank's time. Only done where that
+ * average is the exact mean (bench_time_gather: codec none, exact grid),
+ * to fp32 precision; elsewhere rank 0's own time stands, and the header
+ * says so.
+ */
+static int gather_times(struct peer *p, struct size_result *r, char *why, size_t whylen)
+{
+	int n = p->npeers;
+	float *t = xcalloc((size_t)n, sizeof(float));
+	struct mp_result res;
+	int rc;
+
+	t[p->rank] = (float)r->time_us;
+	memset(&res, 0, sizeof(res));
+	rc = peer_average(p, t, (size_t)n, 1.0f, NULL, &res, why, whylen);
+	if (rc == 0) {
+		r->time_us = 0.0;
+		r->time_min_us = INFINITY;
+		for (int i = 0; i < n; i++) {
+			double v = (double)t[i] * n;
+
+			if (v > r->time_us)
+				r->time_us = v;
+			if (v < r->time_min_us)
+				r->time_min_us = v;
+		}
+	}
+	free(t);
+	return rc;
+}
+
 static void peer_report(struct peer *p, const struct size_result *r)
 {
 	if (p->up)
@@ -259,6 +295,17 @@ int peer_bench(struct peer *p)
 		if (rc)
 			break;
 		r.time_us = tsum / b->iters * 1e6;
+		r.time_min_us = r.time_us;
+		if (!p->up && b->time_gathered) {
+			char why[768];
+
+			rc = gather_times(p, &r, why, sizeof(why));
+			if (rc) {
+				peer_fail(p, "size %" PRIu64 " B, gathering the ranks' times: %s",
+					  bytes, why);
+				break;
+			}
+		}
 		r.bytes_sent = sent / b->iters;
 		r.bytes_received = recvd / b->iters;
 		r.values_sent = vals / b->iters;
@@ -560,6 +607,7 @@ static int follow_rounds(struct peer *p, const struct fspec *s, struct summary *
 		/* Per average of R rounds, from the rounds timed. */
 		if (timed) {
 			r.time_us = tsum / timed * R * 1e6;
+			r.time_min_us = r.time_us;
 			r.bytes_sent = sent / timed * R;
 			r.bytes_received = recvd / timed * R;
 			r.values_sent = vals / timed * R;

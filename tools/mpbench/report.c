@@ -14,8 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "mpbench.h"
+#include "mpbench_vcs.h"
 #include "dpdk_seg.h"
 
 void agg_init(struct agg *a, const struct bench *b, int nrep, int print)
@@ -87,6 +90,24 @@ void print_header(const struct bench *b, const char *mode)
 			       "rounds to converge  join %d\n", b->churn, b->churn_end - 1,
 			       b->total_rounds - b->churn_end, b->join);
 	}
+	if (c->algo == MP_ALGO_MOSHPIT && !b->grid.given && b->grid.ndims == 1) {
+		char eg[48] = "";
+
+		if (b->npeers >= 4)
+			snprintf(eg, sizeof(eg), " (e.g. --grid=2x%d)", (b->npeers + 1) / 2);
+		printf("# note: the automatic grid for %d peers is one group (8 peers or fewer): "
+		       "Moshpit runs as one butterfly all-reduce; --grid=MxN%s or MP_GRID gives "
+		       "a grid\n", b->npeers, eg);
+	}
+	if (!b->multi)
+		printf("# time: the slowest peer's (max over the %d peers, as nccl-tests)%s\n",
+		       b->npeers, b->minmax ? "; min_time and max_time: fastest and slowest" : "");
+	else if (b->time_gathered)
+		printf("# time: the slowest rank's (max over the %d ranks, as nccl-tests)%s\n",
+		       b->npeers, b->minmax ? "; min_time and max_time: fastest and slowest" : "");
+	else
+		printf("# time: rank 0's own: the ranks' times travel in an average, which is exact "
+		       "only with --codec=none on a full grid\n");
 	if (!b->check)
 		printf("# check off: max_err and #wrong are not computed\n");
 	else if (b->exact && codec_sparse(c->codec))
@@ -106,12 +127,17 @@ void print_header(const struct bench *b, const char *mode)
 		       b->inexact_why);
 	printf("#\n");
 	printf("# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s %5s %6s "
-	       "%9s\n", "size", "count", "type", "codec", "algo", "peers", "rounds", "time",
+	       "%9s", "size", "count", "type", "codec", "algo", "peers", "rounds", "time",
 	       "algbw", "busbw", "wire_bytes", "ratio", "max_err", "#wrong", "lost", "joined",
 	       "rms_err");
-	printf("# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s %5s %6s "
-	       "%9s\n", "(B)", "(elements)", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)",
+	if (b->minmax)
+		printf(" %10s %10s", "min_time", "max_time");
+	printf("\n# %10s %12s %6s %10s %10s %6s %6s %10s %8s %8s %12s %6s %9s %7s %5s %6s "
+	       "%9s", "(B)", "(elements)", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)",
 	       "(B/peer)", "", "", "", "", "", "");
+	if (b->minmax)
+		printf(" %10s %10s", "(us)", "(us)");
+	printf("\n");
 	fflush(stdout);
 }
 
@@ -163,10 +189,15 @@ void print_row(struct agg *a, int s)
 	else
 		snprintf(rms, sizeof(rms), "%9s", "n/a");
 	printf("  %10" PRIu64 " %12" PRIu64 " %6s %10s %10s %6d %6d %10.1f %8.3f %8.3f %12.0f "
-	       "%6.2f %s %s %5d %6d %s\n",
+	       "%6.2f %s %s %5d %6d %s",
 	       bytes, bytes / 4, "float", codec_name(r->codec), algo_name(b->cfg.algo),
 	       b->npeers, r->rounds, r->time_us, algbw, busbw, row_wire_bytes(a, r),
 	       row_ratio(r), err, wrong, r->lost, r->joined, rms);
+	if (b->minmax && isfinite(r->time_min_us))
+		printf(" %10.1f %10.1f", r->time_min_us, r->time_us);
+	else if (b->minmax)
+		printf(" %10s %10s", "n/a", "n/a");
+	printf("\n");
 	fflush(stdout);
 	if (r->failed_peers > 0)
 		fprintf(stderr, PROG ": warning: size %" PRIu64 ": %d peer(s) dropped during the "
@@ -187,6 +218,8 @@ void agg_add(struct agg *a, const struct size_result *in)
 	} else {
 		if (in->time_us > r->time_us)
 			r->time_us = in->time_us;
+		if (in->time_min_us < r->time_min_us)
+			r->time_min_us = in->time_min_us;
 		if (in->max_err > r->max_err)
 			r->max_err = in->max_err;
 		if (in->rms_err > r->rms_err)
@@ -330,6 +363,63 @@ static void json_num(FILE *f, double v)
 		fputs("null", f);
 }
 
+/* The version of the JSON's layout: raised when a field changes meaning. */
+#define JSON_SCHEMA_VERSION 2
+
+/* A variable of the environment, or NULL (JSON null) when unset or empty. */
+static const char *env_or_null(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && *v ? v : NULL;
+}
+
+/*
+ * The run's provenance: when, where, with which library build, and which
+ * device or libfabric entry the transport was told to use. Host names: this
+ * one, and in multi-host runs those of the peer list or hostfile.
+ */
+static void json_provenance(FILE *f, const struct bench *b)
+{
+	char host[256] = "", stamp[32] = "";
+	time_t now = time(NULL);
+	struct tm tm;
+
+	if (gethostname(host, sizeof(host) - 1) != 0)
+		host[0] = '\0';
+	if (gmtime_r(&now, &tm))
+		strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", &tm);
+	fprintf(f, "  \"schema_version\": %d,\n  \"timestamp\": ", JSON_SCHEMA_VERSION);
+	json_str(f, stamp);
+	fprintf(f, ",\n  \"host\": ");
+	json_str(f, host);
+	fprintf(f, ",\n  \"peer_hosts\": ");
+	json_str(f, b->multi ? (b->cfg.peers ? b->cfg.peers : b->cfg.hostfile) : NULL);
+	fprintf(f, ",\n  \"library\": {\"version\": \"%d.%d.%d\", \"git_commit\": ",
+		MP_VERSION_MAJOR, MP_VERSION_MINOR, MP_VERSION_PATCH);
+	json_str(f, MPBENCH_GIT_COMMIT);
+	fprintf(f, "},\n  \"transport_detail\": {\"name\": ");
+	json_str(f, b->transport);
+	/* What the drivers select by (drivers/ofi, drivers/verbs); null is
+	 * their default: tcp;ofi_rxm, the provider's first domain, the first
+	 * device with an active port. A name that matches nothing fails the
+	 * run, so a name here is the one used. */
+	if (!strcmp(b->transport, "ofi")) {
+		fprintf(f, ", \"ofi_provider\": ");
+		json_str(f, env_or_null("MP_OFI_PROVIDER") ? env_or_null("MP_OFI_PROVIDER") :
+			 "tcp;ofi_rxm");
+		fprintf(f, ", \"ofi_domain\": ");
+		json_str(f, env_or_null("MP_OFI_DOMAIN"));
+	} else if (!strcmp(b->transport, "verbs")) {
+		fprintf(f, ", \"verbs_device\": ");
+		json_str(f, env_or_null("MP_IB_HCA"));
+	} else if (!strcmp(b->transport, "dpdk")) {
+		fprintf(f, ", \"dpdk_eal\": ");
+		json_str(f, env_or_null("MP_DPDK_EAL"));
+	}
+	fprintf(f, "},\n");
+}
+
 /* Results are written one object per line (bench_vs_mpi.sh relies on it). */
 static int write_json(const struct agg *a, const char *mode, int rank)
 {
@@ -343,7 +433,9 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		return -1;
 	}
 	grid_format(&b->grid, g, sizeof(g));
-	fprintf(f, "{\n  \"settings\": {\n");
+	fprintf(f, "{\n");
+	json_provenance(f, b);
+	fprintf(f, "  \"settings\": {\n");
 	fprintf(f, "    \"version\": \"%d.%d.%d\",\n", MP_VERSION_MAJOR, MP_VERSION_MINOR,
 		MP_VERSION_PATCH);
 	fprintf(f, "    \"mode\": ");
@@ -374,7 +466,9 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		c->connect_timeout_ms, c->round_timeout_ms);
 	fprintf(f, "    \"exact\": %s,\n    \"tolerance\": ", b->exact ? "true" : "false");
 	json_num(f, b->tol);
-	fprintf(f, ",\n    \"rendezvous\": \"%s\",\n    \"followed\": %s,\n",
+	fprintf(f, ",\n    \"time_is\": \"%s\",\n", !b->multi ? "max over peers" :
+		b->time_gathered ? "max over ranks" : "rank 0");
+	fprintf(f, "    \"rendezvous\": \"%s\",\n    \"followed\": %s,\n",
 		b->dht ? "dht" : "static", b->follow ? "true" : "false");
 	fprintf(f, "    \"total_rounds\": %d,\n    \"churn\": ", b->follow ? b->total_rounds : 0);
 	json_num(f, b->churn);
@@ -405,6 +499,8 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		json_str(f, algo_name(c->algo));
 		fprintf(f, ", \"peers\": %d, \"rounds\": %d, \"time_us\": ", b->npeers, r->rounds);
 		json_num(f, r->time_us);
+		fprintf(f, ", \"time_min_us\": ");
+		json_num(f, r->time_min_us);
 		fprintf(f, ", \"algbw_gbs\": ");
 		json_num(f, a->algbw[s]);
 		fprintf(f, ", \"busbw_gbs\": ");

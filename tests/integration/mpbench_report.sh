@@ -1,0 +1,85 @@
+#!/bin/sh
+# What mpbench reports, as nccl-tests users read it:
+#   mpbench_report.sh MPBENCH [dht]
+#  - the sizes asked for are the sizes run: -b 1M -e 1M runs 1M, statically
+#    and (with "dht") under --rendezvous=dht, which ran 256K before;
+#  - the JSON carries schema_version, timestamp, host, library version and
+#    git commit, and the transport's details;
+#  - the automatic grid of 8 peers or fewer is one group: the header says
+#    Moshpit then runs as one butterfly and how to get a grid (not with
+#    --grid);
+#  - --minmax adds min_time and max_time (19 columns), time being the max;
+#  - multi-host (two ranks over MP_PEERS): time is the max over the ranks.
+mpbench=$1
+dht=$2
+tmp=$(mktemp -d /tmp/mpbench_report.XXXXXX) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+bad() {
+	echo "FAIL: $*"
+	fail=1
+}
+# field FILE KEY: the first value of "KEY": in FILE.
+field() {
+	sed -n "s/.*\"$2\": \([^,}]*\).*/\1/p" "$1" | head -n 1
+}
+rows_are() {
+	# rows_are JSON BYTES: exactly one result row, of BYTES bytes.
+	n=$(grep -c '"bytes":' "$1")
+	got=$(field "$1" bytes)
+	[ "$n" -eq 1 ] && [ "$got" = "$2" ] || bad "$1: $n row(s) of ${got:-no} bytes, want 1 of $2"
+}
+
+# Static, one process per peer: 4 peers, -b 1M -e 1M, --minmax.
+"$mpbench" --peers=4 -b 1M -e 1M -n 1 -w 0 --minmax --json="$tmp/s.json" >"$tmp/s" 2>&1 ||
+	bad "static run exited $?: $(tail -n 3 "$tmp/s")"
+rows_are "$tmp/s.json" 1048576
+[ "$(field "$tmp/s.json" schema_version)" = 2 ] || bad "schema_version is not 2"
+field "$tmp/s.json" timestamp | grep -qE '^"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z"$' ||
+	bad "timestamp $(field "$tmp/s.json" timestamp) is not ISO 8601 UTC"
+[ "$(field "$tmp/s.json" host)" = "\"$(hostname)\"" ] || bad "host is $(field "$tmp/s.json" host)"
+grep -q '"library": {"version": "[0-9]*\.[0-9]*\.[0-9]*", "git_commit": "[^"]\+"}' \
+	"$tmp/s.json" || bad "no library version and git commit: $(grep library "$tmp/s.json")"
+grep -q '"transport_detail": {"name": "tcp"}' "$tmp/s.json" || bad "no transport_detail"
+[ "$(field "$tmp/s.json" time_is)" = '"max over peers"' ] || bad "time_is $(field "$tmp/s.json" time_is)"
+grep -q "^# note: the automatic grid for 4 peers is one group (8 peers or fewer): Moshpit runs as one butterfly all-reduce; --grid=MxN (e.g. --grid=2x2)" "$tmp/s" ||
+	bad "no butterfly note for 4 peers on the automatic grid"
+hdr=$(grep '^# *size ' "$tmp/s" | wc -w)
+row=$(grep '^ *1048576 ' "$tmp/s" | wc -w)
+# "#" and 17 columns, plus min_time and max_time.
+[ "$hdr" -eq 20 ] && [ "$row" -eq 19 ] || bad "--minmax: header of $hdr words, row of $row, want 20 and 19"
+tmin=$(field "$tmp/s.json" time_min_us)
+tmax=$(field "$tmp/s.json" time_us)
+awk -v a="$tmin" -v b="$tmax" 'BEGIN { exit !(a > 0 && a <= b) }' ||
+	bad "time_min_us $tmin, time_us $tmax: want 0 < min <= max"
+
+# A grid given: no note.
+"$mpbench" --peers=4 --grid=2x2 -b 4K -e 4K -n 1 -w 0 >"$tmp/g" 2>&1 || bad "--grid=2x2 run exited $?"
+grep -q "one butterfly" "$tmp/g" && bad "butterfly note with --grid=2x2"
+
+# Multi-host: two ranks over MP_PEERS; rank 0 reports the max over ranks.
+port=$((20000 + $$ % 20000))
+peers="127.0.0.1:$port,127.0.0.1:$((port + 1))"
+MP_PEERS=$peers timeout 120 "$mpbench" --rank=1 -b 64K -e 64K -n 2 -w 1 >"$tmp/m1" 2>&1 &
+pid1=$!
+MP_PEERS=$peers timeout 120 "$mpbench" --rank=0 -b 64K -e 64K -n 2 -w 1 --minmax \
+	--json="$tmp/m.json" >"$tmp/m0" 2>&1 || bad "multi-host rank 0 exited $?: $(tail -n 3 "$tmp/m0")"
+wait $pid1 || bad "multi-host rank 1 exited $?: $(tail -n 3 "$tmp/m1")"
+grep -q "^# time: the slowest rank's (max over the 2 ranks, as nccl-tests)" "$tmp/m0" ||
+	bad "multi-host: the header does not say time is the max over ranks"
+[ "$(field "$tmp/m.json" time_is)" = '"max over ranks"' ] || bad "multi-host time_is $(field "$tmp/m.json" time_is)"
+grep -qF "\"peer_hosts\": \"$peers\"" "$tmp/m.json" || bad "peer_hosts: $(grep peer_hosts "$tmp/m.json")"
+tmin=$(field "$tmp/m.json" time_min_us)
+tmax=$(field "$tmp/m.json" time_us)
+awk -v a="$tmin" -v b="$tmax" 'BEGIN { exit !(a > 0 && a <= b) }' ||
+	bad "multi-host time_min_us $tmin, time_us $tmax: want 0 < min <= max"
+
+# The DHT rendezvous: -b 1M -e 1M runs 1M.
+if [ "$dht" = dht ]; then
+	"$mpbench" --rendezvous=dht --peers=4 -b 1M -e 1M -n 1 -w 0 --json="$tmp/d.json" \
+		>"$tmp/d" 2>&1 || bad "dht run exited $?: $(tail -n 3 "$tmp/d")"
+	rows_are "$tmp/d.json" 1048576
+	grep -q "^# minBytes 1048576  maxBytes 1048576" "$tmp/d" || bad "dht header: $(grep minBytes "$tmp/d")"
+fi
+[ "$fail" -eq 0 ] && echo "ok"
+exit $fail
