@@ -640,7 +640,10 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 	 * and the live set is fixed for this one (probe.c). */
 	uint32_t R = ctx->cfg.algo == MP_ALGO_MOSHPIT ?
 		(uint32_t)(ctx->cfg.rounds ? ctx->cfg.rounds : ctx->grid.ndims) : 1;
+	/* Handshakes refused before the first exchange count in this result. */
+	ctx->cur_res = &req->res;
 	rc = mp_fm_begin(ctx, R);
+	ctx->cur_res = NULL;
 	if (rc)
 		return rc;
 	uint32_t base = ctx->round;
