@@ -588,10 +588,7 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	/* A static peer that reached nobody is cut off from a fixed membership;
 	 * in a dht run, rounds alone are churn, counted in rounds_alone. */
 	if (!rc && !ok_rounds && rounds > 0 && ctx->npeers > 1 && !ctx->dynamic) {
-		if (ctx->nlive == 1)
-			mp_set_error(ctx, "every other peer is down (probed in the background)");
-		else
-			mp_set_error(ctx, "no round could reach any group member");
+		mp_set_error(ctx, "no round could reach any group member");
 		rc = -EHOSTUNREACH;
 	}
 out:
@@ -647,6 +644,15 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 	if (rc)
 		return rc;
 	uint32_t base = ctx->round;
+	if (!ctx->dynamic && ctx->npeers > 1 && ctx->nlive == 1) {
+		/* Averaging alone is no average: say so, and keep the values. */
+		mp_set_error(ctx, "every other peer is down (probed in the background; the next "
+			     "average takes back those that answer)");
+		mp_fm_end(ctx, base, R);
+		req->res.weight = a.weight;
+		req->res.peers = 1;
+		return -EHOSTUNREACH;
+	}
 	switch (ctx->cfg.algo) {
 	case MP_ALGO_RING:
 		rc = mp_ring_allreduce(ctx, ctx->round++, &a);

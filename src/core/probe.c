@@ -12,10 +12,11 @@
  *
  * A restarted process starts with round 0, and its peers have it down.
  * Before its first average it asks every peer where the run is (a QUERY
- * probe, answered in the CHALLENGE's round). If the run is ahead, it
- * announces to every peer that it takes part from the average two ahead
- * (an ANNOUNCE probe): each peer takes it back at that same round, so the
- * views agree, and it starts its own averages there.
+ * probe, answered in the CHALLENGE's round). If the run is ahead, it asks
+ * again 100 ms later to see how fast the run goes, then announces to every
+ * peer the round it takes part from (an ANNOUNCE probe), far enough ahead
+ * that no peer passes it first: each peer takes it back at that same
+ * round, so the views agree, and it starts its own averages there.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -108,8 +109,9 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 		probe_all(ctx, MP_PROBE_QUERY, ctx->round);
 		ctx->querying = 0;
 		if (ctx->seen_round > ctx->round) {
-			uint64_t end = mp_now_ns() + (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
-			uint32_t margin = 2 * R, join;
+			uint32_t seen1 = ctx->seen_round, join;
+			uint64_t t1 = mp_now_ns(), t2;
+			double rate;
 
 			MP_INFO("the run is at round %u and this peer at %u: it was restarted, and "
 				"rejoins", ctx->seen_round, ctx->round);
@@ -117,20 +119,30 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 				if (i != ctx->rank && ctx->peers[i].probe_failed)
 					mp_peer_mark_down(ctx, i, "no answer when this peer rejoined");
 			/*
-			 * Announce a round the run has not reached: each peer
-			 * takes us back there, all at once. A peer that answers
-			 * from that round or later had passed it and ignores the
-			 * announce: announce again further ahead, until every
-			 * peer answered from before it.
+			 * Announce, once, a round the run has not reached: each
+			 * peer takes us back there, all at once. How far ahead:
+			 * four averages, plus what the run does in 250 ms at the
+			 * rate two queries 100 ms apart show, so that no peer
+			 * passes it before our announce reaches it. (A peer that
+			 * has passed it ignores the announce, and takes us back
+			 * at a probe later.)
 			 */
-			do {
-				join = ctx->seen_round + margin;
-				ctx->round = ctx->avg_round = ctx->next_start = join;
-				probe_all(ctx, MP_PROBE_ANNOUNCE, join);
-				margin = margin < (1u << 20) ? margin * 2 : margin;
-			} while (ctx->seen_round >= join && mp_now_ns() < end &&
-				 !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE));
-			MP_INFO("rejoined at round %u", join);
+			while (mp_now_ns() - t1 < 100000000ull && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+				mp_conn_poll(ctx);
+				ctx->ops->progress(ctx->drv, 1);
+			}
+			ctx->querying = 1;
+			probe_all(ctx, MP_PROBE_QUERY, ctx->round);
+			ctx->querying = 0;
+			t2 = mp_now_ns();
+			rate = (double)(ctx->seen_round - seen1) * 1e9 / (double)(t2 - t1);
+			join = ctx->seen_round + 4 * R + (uint32_t)(rate * 0.25 / R + 1.0) * R;
+			ctx->round = ctx->avg_round = ctx->next_start = join;
+			probe_all(ctx, MP_PROBE_ANNOUNCE, join);
+			if (ctx->seen_round >= join)
+				MP_WARN("rejoining at round %u, but a peer answered from round %u: it takes "
+					"this peer back at a later probe", join, ctx->seen_round);
+			MP_INFO("rejoins at round %u (the run does %.0f rounds/s)", join, rate);
 		}
 		ctx->synced = 1;
 	}
