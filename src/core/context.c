@@ -87,6 +87,14 @@ static int static_bandwidths(struct mp_ctx *ctx)
 
 static void *progress_main(void *arg);
 
+/* Static runs: while an exchange waits, due probes of down peers go out too
+ * (the engine calls this in place of mp_conn_poll). */
+static void fm_exchange_hook(struct mp_ctx *ctx)
+{
+	mp_fm_tick_probes(ctx);
+	mp_conn_poll(ctx);
+}
+
 int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 {
 	struct mp_config cfg;
@@ -208,6 +216,8 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		rc = mp_ctrl_init(ctx);
 	if (rc)
 		goto fail;
+	if (!ctx->dynamic && !ctx->exchange_hook)
+		ctx->exchange_hook = fm_exchange_hook;
 
 	/* listen (client peers are unreachable by definition: they only dial) */
 	const char *bind = ctx->listen_addr;
@@ -534,7 +544,9 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 {
 	const struct mp_grouping_ops *go = ctx->grouping;
 	void *st = ctx->grouping_st;
-	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : ctx->grid.ndims;
+	/* Static runs with peers down group on the live grid (probe.c). */
+	const struct mp_grid *grid = ctx->dynamic ? &ctx->grid : mp_grid_grouping_grid(&ctx->grid_grouping);
+	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : grid->ndims;
 	int cap = ctx->npeers > MP_MAX_GROUP ? ctx->npeers : MP_MAX_GROUP;
 	int *members = malloc((size_t)cap * sizeof(int));
 	int rc = 0, ok_rounds = 0;
@@ -543,7 +555,7 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		return -ENOMEM;
 	if (go->begin && (rc = go->begin(st)))
 		goto out;
-	for (int t = 0; go->lookahead && t < rounds && t < ctx->grid.ndims; t++) {
+	for (int t = 0; go->lookahead && t < rounds && t < grid->ndims; t++) {
 		struct mp_group g = {.members = members};
 		if (!go->form(st, ctx->round + (uint32_t)t, ctx->rank, &g))
 			dial_ahead(ctx, g.members, g.size);
@@ -604,7 +616,16 @@ static int run_butterfly(struct mp_ctx *ctx, struct mp_avg *a)
 		return -ENOMEM;
 	for (int i = 0; i < ctx->npeers; i++)
 		members[i] = i;
-	dial_ahead(ctx, members, ctx->npeers);
+	if (ctx->live && ctx->nlive < ctx->npeers) {
+		/* One group of the live peers (failure memory). */
+		g.size = ctx->nlive;
+		for (int i = 0; i < ctx->nlive; i++) {
+			members[i] = ctx->live[i];
+			if (members[i] == ctx->rank)
+				g.my_index = i;
+		}
+	}
+	dial_ahead(ctx, members, g.size);
 	g.id = round * 2654435761u;
 	rc = mp_group_allreduce(ctx, &g, round, a);
 	free(members);
@@ -621,6 +642,26 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 
 	req->res.codec = req->codec->id;
 	a.influence = 1;
+	/* Static runs: the round moves on by the same count in every average,
+	 * and the live set is fixed for this one (probe.c). */
+	uint32_t R = ctx->cfg.algo == MP_ALGO_MOSHPIT ?
+		(uint32_t)(ctx->cfg.rounds ? ctx->cfg.rounds : ctx->grid.ndims) : 1;
+	/* Handshakes refused before the first exchange count in this result. */
+	ctx->cur_res = &req->res;
+	rc = mp_fm_begin(ctx, R);
+	ctx->cur_res = NULL;
+	if (rc)
+		return rc;
+	uint32_t base = ctx->round;
+	if (!ctx->dynamic && ctx->npeers > 1 && ctx->nlive == 1) {
+		/* Averaging alone is no average: say so, and keep the values. */
+		mp_set_error(ctx, "every other peer is down (probed in the background; the next "
+			     "average takes back those that answer)");
+		mp_fm_end(ctx, base, R);
+		req->res.weight = a.weight;
+		req->res.peers = 1;
+		return -EHOSTUNREACH;
+	}
 	switch (ctx->cfg.algo) {
 	case MP_ALGO_RING:
 		rc = mp_ring_allreduce(ctx, ctx->round++, &a);
@@ -632,6 +673,7 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 		rc = run_moshpit(ctx, &a);
 		break;
 	}
+	mp_fm_end(ctx, base, R);
 	req->res.weight = a.weight;
 	req->res.peers = (int)a.influence;
 	return rc;
@@ -675,8 +717,29 @@ static void *progress_main(void *arg)
 	for (;;) {
 		struct mp_request *req;
 
-		while (!ctx->core->queue.n && !ctx->stop)
-			pthread_cond_wait(&ctx->core->cv, &ctx->core->mu);
+		while (!ctx->core->queue.n && !ctx->stop) {
+			if (ctx->dynamic || !ctx->peers_set) {
+				pthread_cond_wait(&ctx->core->cv, &ctx->core->mu);
+				continue;
+			}
+			/* Static runs: between averages the thread probes down
+			 * peers and answers others' handshakes (probe.c): every
+			 * 5 ms while probes are due or under way, else 50 ms. */
+			struct timespec dl;
+			long ns = mp_fm_busy(ctx) ? 5000000L : 50000000L;
+			clock_gettime(CLOCK_REALTIME, &dl);
+			dl.tv_nsec += ns;
+			if (dl.tv_nsec >= 1000000000L) {
+				dl.tv_sec++;
+				dl.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&ctx->core->cv, &ctx->core->mu, &dl);
+			if (ctx->core->queue.n || ctx->stop)
+				break;
+			pthread_mutex_unlock(&ctx->core->mu);
+			mp_fm_tick(ctx);
+			pthread_mutex_lock(&ctx->core->mu);
+		}
 		if (ctx->stop)
 			break;
 		req = mp_reqq_pop_entry(&ctx->core->queue, struct mp_request, qlink);
@@ -1065,6 +1128,7 @@ int mp_finalize(mp_ctx *ctx)
 	}
 	mp_dht_stop(ctx);
 	mp_conn_fini(ctx);
+	free(ctx->live);
 	mp_peers_free(ctx);
 	pthread_cond_destroy(&ctx->core->cv);
 	pthread_mutex_destroy(&ctx->core->mu);

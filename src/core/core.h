@@ -76,4 +76,11 @@ struct mp_core {
 	struct mp_fb *fbs;        /* error-feedback residues (under mu) */
 };
 
+/* Failure memory of static runs (probe.c). */
+void mp_fm_tick(struct mp_ctx *ctx);
+void mp_fm_tick_probes(struct mp_ctx *ctx);
+int mp_fm_busy(const struct mp_ctx *ctx);
+int mp_fm_begin(struct mp_ctx *ctx, uint32_t rounds);
+void mp_fm_end(struct mp_ctx *ctx, uint32_t base, uint32_t rounds);
+
 #endif

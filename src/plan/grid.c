@@ -122,6 +122,48 @@ int mp_grid_auto(int npeers, struct mp_grid *g)
 	return 0;
 }
 
+int mp_grid_exact(int n, int maxdims, struct mp_grid *g)
+{
+	int primes[32], np = 0, m = n;
+
+	if (n < 1 || maxdims < 1 || !g)
+		return -EINVAL;
+	if (maxdims > MP_MAX_GRID_DIMS)
+		maxdims = MP_MAX_GRID_DIMS;
+	for (int f = 2; (long)f * f <= m; f++)
+		while (m % f == 0) {
+			primes[np++] = f;
+			m /= f;
+		}
+	if (m > 1)
+		primes[np++] = m;
+	memset(g, 0, sizeof(*g));
+	for (int i = 0; i < maxdims; i++)
+		g->dims[i] = 1;
+	/* Largest factor first onto the smallest side: even sides. */
+	for (int i = np - 1; i >= 0; i--) {
+		int s = 0;
+		for (int j = 1; j < maxdims; j++)
+			if (g->dims[j] < g->dims[s])
+				s = j;
+		g->dims[s] *= primes[i];
+	}
+	/* Longer sides first; sides of 1 dropped (one dimension at least). */
+	for (int i = 0; i < maxdims; i++)
+		for (int j = i + 1; j < maxdims; j++)
+			if (g->dims[j] > g->dims[i]) {
+				int t = g->dims[i];
+				g->dims[i] = g->dims[j];
+				g->dims[j] = t;
+			}
+	g->ndims = 1;
+	while (g->ndims < maxdims && g->dims[g->ndims] > 1)
+		g->ndims++;
+	for (int i = g->ndims; i < MP_MAX_GRID_DIMS; i++)
+		g->dims[i] = 0;
+	return 0;
+}
+
 uint64_t mp_grid_cells(const struct mp_grid *g)
 {
 	uint64_t cells = 1;
@@ -213,21 +255,52 @@ int mp_grid_line(const struct mp_grid *g, uint64_t cell, uint32_t round,
 	return n;
 }
 
-/* Rank r sits in cell r: the first npeers cells are occupied. */
+/* Rank r sits in cell r: the first npeers cells are occupied. With peers
+ * down, the i-th live rank sits in cell i of the live grid. */
 static int grid_occupant(void *arg, uint64_t cell)
 {
 	const struct mp_grid_grouping *gg = arg;
 
+	if (gg->live)
+		return cell < (uint64_t)gg->nlive ? gg->live[cell] : -1;
 	return cell < (uint64_t)gg->npeers ? (int)cell : -1;
+}
+
+const struct mp_grid *mp_grid_grouping_grid(const struct mp_grid_grouping *gg)
+{
+	return gg->live ? &gg->lgrid : &gg->grid;
+}
+
+int mp_grid_grouping_set_live(struct mp_grid_grouping *gg, const int *live, int nlive)
+{
+	if (!live || nlive >= gg->npeers) {
+		gg->live = NULL;
+		gg->nlive = gg->npeers;
+		return 0;
+	}
+	if (nlive < 1)
+		return -EINVAL;
+	gg->live = live;
+	gg->nlive = nlive;
+	return mp_grid_exact(nlive, gg->grid.ndims, &gg->lgrid);
 }
 
 static int grid_form(void *state, uint32_t round, int rank, struct mp_group *out)
 {
 	struct mp_grid_grouping *gg = state;
+	uint64_t cell = (uint64_t)rank;
 
 	if (!gg || !out || !out->members || rank < 0 || rank >= gg->npeers)
 		return -EINVAL;
-	out->size = mp_grid_line(&gg->grid, (uint64_t)rank, round, grid_occupant, gg, out->members,
+	if (gg->live) {
+		int i = 0;
+		while (i < gg->nlive && gg->live[i] != rank)
+			i++;
+		if (i == gg->nlive)
+			return -EHOSTUNREACH; /* not live ourselves: cannot happen */
+		cell = (uint64_t)i;
+	}
+	out->size = mp_grid_line(mp_grid_grouping_grid(gg), cell, round, grid_occupant, gg, out->members,
 				 &out->id);
 	out->my_index = -1;
 	for (int i = 0; i < out->size; i++)
@@ -251,6 +324,30 @@ const struct mp_grouping_ops mp_grid_grouping_ops = {
 	.after_round = grid_after_round,
 };
 
+uint32_t mp_plan_hash(uint32_t group_id, uint32_t view, int k, const uint64_t *ids,
+		      const uint8_t *modes, const uint64_t *lens)
+{
+	/* FNV-1a over the fields, little-endian, then mixed: identical on
+	 * every member and every build. */
+	uint64_t h = 0xcbf29ce484222325ull;
+#define MIX_IN(v, bytes)                                            \
+	do {                                                          \
+		uint64_t v_ = (v);                                    \
+		for (int b_ = 0; b_ < (bytes); b_++, v_ >>= 8)        \
+			h = (h ^ (v_ & 0xff)) * 0x100000001b3ull;      \
+	} while (0)
+	MIX_IN(group_id, 4);
+	MIX_IN(view, 4);
+	MIX_IN((uint32_t)k, 4);
+	for (int m = 0; m < k; m++) {
+		MIX_IN(ids[m], 8);
+		MIX_IN(modes ? modes[m] : 0, 1);
+		MIX_IN(lens[m], 8);
+	}
+#undef MIX_IN
+	return mix32((uint32_t)h ^ (uint32_t)(h >> 32));
+}
+
 int mp_grid_grouping_init(struct mp_grid_grouping *gg, const struct mp_grid *g, int npeers)
 {
 	if (!gg || !grid_valid(g) || npeers < 1 || (uint64_t)npeers > mp_grid_cells(g))
@@ -258,5 +355,6 @@ int mp_grid_grouping_init(struct mp_grid_grouping *gg, const struct mp_grid *g, 
 	memset(gg, 0, sizeof(*gg));
 	gg->grid = *g;
 	gg->npeers = npeers;
+	gg->nlive = npeers;
 	return 0;
 }

@@ -45,6 +45,8 @@ struct mp_link {
 	uint64_t retry_at_ns;       /* dialer: when to dial again after a failure */
 	unsigned auth_fails;        /* dialer: CHALLENGEs refused in a row (log rate) */
 	int err;                    /* dialer: last failure, until mp_conn_get reports it */
+	int probe_kind;             /* the probe slot (index nconn): MP_PROBE_* of the probe */
+	uint32_t probe_round;       /* ... and the round its HELLO carries */
 	struct mp_drv_req *sreq;    /* dialer: our HELLO, then our AUTH, in flight */
 	struct mp_drv_req *rreq;    /* dialer: the CHALLENGE's receive */
 	uint8_t nonce_d[MP_NONCE_BYTES];
@@ -63,6 +65,9 @@ struct mp_pending {
 	int got_hello;
 	uint32_t idx;               /* from the HELLO: connection index */
 	uint64_t id;                /* from the HELLO: the dialer's id, unproven until AUTH */
+	int probe_kind;             /* from the HELLO on the probe index: MP_PROBE_* */
+	uint32_t round;             /* from the HELLO: where the dialer's averages are */
+	int late;                   /* an announce for a round we had passed: ignored */
 	int mode;
 	double bandwidth;
 	uint8_t nonce_d[MP_NONCE_BYTES], nonce_a[MP_NONCE_BYTES];
@@ -149,6 +154,9 @@ static struct mp_wire_hdr hs_header(const struct mp_ctx *ctx, uint8_t type, uint
 		.offset = ctx->self_id,
 		.aux = idx,
 		.length = length,
+		/* Where this peer's averages are: a restarted peer learns the
+		 * run's round from its first handshakes (failure memory). */
+		.round = ctx->avg_round,
 	};
 	return h;
 }
@@ -193,7 +201,8 @@ static struct mp_link *link_make(struct mp_ctx *ctx, int peer, int idx)
 		ctx->links = nl;
 		ctx->nlinks = n;
 	}
-	if (!ctx->links[peer] && !(ctx->links[peer] = calloc((size_t)ctx->nconn, sizeof(struct mp_link))))
+	/* One slot more than the connections: the probe slot (index nconn). */
+	if (!ctx->links[peer] && !(ctx->links[peer] = calloc((size_t)ctx->nconn + 1, sizeof(struct mp_link))))
 		return NULL;
 	return &ctx->links[peer][idx];
 }
@@ -259,7 +268,8 @@ static int we_dial(const struct mp_ctx *ctx, const struct mp_peer *p)
 }
 
 /* HELLO for connection @idx into @buf; returns the frame's bytes. */
-static size_t hello_frame(const struct mp_ctx *ctx, int idx, const uint8_t *nonce, uint8_t *buf)
+static size_t hello_frame(const struct mp_ctx *ctx, int idx, const struct mp_link *l,
+			  const uint8_t *nonce, uint8_t *buf)
 {
 	uint8_t *pl = buf + MP_WIRE_HDR_SIZE;
 	/* A client accepts nothing, so it has no address to give. */
@@ -270,6 +280,11 @@ static size_t hello_frame(const struct mp_ctx *ctx, int idx, const uint8_t *nonc
 					 (uint32_t)(MP_HELLO_FIXED + alen));
 
 	h.count = ctx->dynamic ? 0 : (uint32_t)ctx->npeers;
+	if (idx == ctx->nconn) {
+		/* A probe says what it asks in the group id (MP_PROBE_*). */
+		h.group_id = (uint32_t)l->probe_kind;
+		h.round = l->probe_round;
+	}
 	memcpy(pl, nonce, MP_NONCE_BYTES);
 	pl[MP_NONCE_BYTES] = (uint8_t)ctx->mode;
 	memcpy(&bw, &ctx->cfg.bandwidth, sizeof(bw));
@@ -293,7 +308,7 @@ static int dial(struct mp_ctx *ctx, int peer, int idx)
 		return rc;
 	mp_auth_random(l->nonce_d, sizeof(l->nonce_d));
 	iov.base = l->sbuf;
-	iov.len = hello_frame(ctx, idx, l->nonce_d, l->sbuf);
+	iov.len = hello_frame(ctx, idx, l, l->nonce_d, l->sbuf);
 	rc = ctx->ops->irecv(c, l->rbuf, sizeof(l->rbuf), NULL, &l->rreq);
 	if (!rc)
 		rc = ctx->ops->isend(c, &iov, 1, NULL, &l->sreq);
@@ -353,6 +368,9 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 				l->auth_fails);
 		return -EACCES;
 	}
+	uint32_t remote_round = h.round;
+	if (remote_round > ctx->seen_round)
+		ctx->seen_round = remote_round;
 	hs_mac(ctx, MP_AUTH_RESPONSE, &s, mac, 0);
 	l->token = hs_token(ctx, &s);
 	h = hs_header(ctx, MP_MSG_AUTH, (uint32_t)idx, MP_MAC_BYTES);
@@ -368,6 +386,14 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 	/* Dialled to CHALLENGE: the connect and HELLO's round trips, the
 	 * peer's answer included (mp_peers_info reports it). */
 	mp_peer_rtt(ctx, peer, mp_now_ns() - l->since_ns);
+	if (idx == ctx->nconn) {
+		/* A probe: the peer holds the key and answers; closed once the
+		 * AUTH is out (mp_conn_poll). */
+		MP_TRACE("probe of peer %s (%s) answered: its averages start at round %u", name,
+			 p->addr, remote_round);
+		mp_peer_probe_done(ctx, peer, 0, remote_round);
+		return 0;
+	}
 	MP_INFO("connected to peer %s (%s) connection %d", name, p->addr, idx);
 	return 0;
 }
@@ -427,6 +453,11 @@ failed:
 	mp_conn_drop(ctx, peer, idx);
 	l->retry_at_ns = mp_now_ns() + RETRY_NS;
 	l->err = rc;
+	if (idx == ctx->nconn) {
+		/* A probe is not retried here: peers.c schedules the next. */
+		l->err = 0;
+		mp_peer_probe_done(ctx, peer, rc, 0);
+	}
 }
 
 struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err)
@@ -534,12 +565,22 @@ static int hello_payload(struct mp_ctx *ctx, struct mp_pending *pd, const struct
 	memcpy(pd->nonce_d, pl, MP_NONCE_BYTES);
 	strcpy(pd->addr, addr);
 	id_str(ctx, pd->id, name);
-	if (!isfinite(pd->bandwidth) || pd->idx >= (uint32_t)ctx->nconn || pd->id == ctx->self_id) {
+	/* The probe index (nconn) is a static run's: either side dials it. */
+	int probe = !ctx->dynamic && pd->idx == (uint32_t)ctx->nconn;
+	pd->probe_kind = probe ? (int)h->group_id : 0;
+	pd->round = h->round;
+	/* Decided now, as our CHALLENGE tells our round: an announce for a
+	 * round our averages have reached is too late (the peer sees it in
+	 * the CHALLENGE and announces a later one). */
+	pd->late = pd->probe_kind == MP_PROBE_ANNOUNCE && pd->round <= ctx->avg_round;
+	if (!isfinite(pd->bandwidth) || (pd->idx >= (uint32_t)ctx->nconn && !probe) ||
+	    pd->id == ctx->self_id) {
 		reject(ctx, pd, MP_REJ_UNEXPECTED, "HELLO from peer %s: bad bandwidth, connection "
 		       "index %u or our own id", name, pd->idx);
 		return -EPROTO;
 	}
-	if (ctx->mode == MP_MODE_CLIENT || (pd->mode != MP_MODE_CLIENT && pd->id > ctx->self_id)) {
+	if (ctx->mode == MP_MODE_CLIENT ||
+	    (!probe && pd->mode != MP_MODE_CLIENT && pd->id > ctx->self_id)) {
 		reject(ctx, pd, MP_REJ_UNEXPECTED, "peer %s dialled, but %s", name,
 		       ctx->mode == MP_MODE_CLIENT ? "a client accepts no connections"
 						   : "the lower id dials");
@@ -659,6 +700,20 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 		pend_close(ctx, pd);
 		return;
 	}
+	if (pd->round > ctx->seen_round)
+		ctx->seen_round = pd->round;
+	if (pd->idx == (uint32_t)ctx->nconn) {
+		/* A probe: it only tells us that the peer is alive, where its
+		 * averages are, and (an announce) when it rejoins. */
+		if (pd->probe_kind == MP_PROBE_ANNOUNCE && !pd->late) {
+			/* A restarted process: our connections of its old one are dead. */
+			for (int i = 0; i < ctx->nconn; i++)
+				mp_conn_drop(ctx, peer, i);
+			mp_peer_probed_by(ctx, peer, pd->probe_kind, pd->round);
+		}
+		pend_close(ctx, pd);
+		return;
+	}
 	p = &ctx->peers[peer];
 	l = link_make(ctx, peer, (int)pd->idx);
 	if (!l) {
@@ -721,9 +776,19 @@ void mp_conn_poll(struct mp_ctx *ctx)
 	 * say) has then finished connecting to the groupmates of its later
 	 * rounds, who would otherwise give up on it at their connect timeout. */
 	for (int i = 0; i < ctx->npeers && i < ctx->nlinks; i++)
-		for (int k = 0; k < ctx->nconn && ctx->links[i]; k++)
-			if (ctx->links[i][k].conn && !ctx->links[i][k].ready)
+		for (int k = 0; k <= ctx->nconn && ctx->links[i]; k++) {
+			struct mp_link *l = &ctx->links[i][k];
+			int done = 0;
+
+			if (l->conn && !l->ready)
 				handshake(ctx, i, k);
+			else if (k == ctx->nconn && l->conn &&
+				 (!l->sreq || (ctx->ops->test(l->sreq, &done, NULL), done))) {
+				/* A probe whose AUTH is out has done its work. */
+				l->sreq = NULL;
+				mp_conn_drop(ctx, i, k);
+			}
+		}
 	if (!ctx->listener)
 		return;
 	while ((rc = ctx->ops->accept(ctx->listener, &c)) == 0) {
@@ -784,8 +849,32 @@ void mp_conn_close_all(struct mp_ctx *ctx)
 		ctx->pend[i].buf = NULL;
 	}
 	for (int p = 0; p < ctx->nlinks; p++)
-		for (int s = 0; s < ctx->nconn; s++)
+		for (int s = 0; s <= ctx->nconn; s++)
 			mp_conn_drop(ctx, p, s);
+}
+
+int mp_conn_probe(struct mp_ctx *ctx, int peer, int kind, uint32_t round)
+{
+	struct mp_link *l = link_make(ctx, peer, ctx->nconn);
+	int rc;
+
+	if (!l)
+		return -ENOMEM;
+	if (l->conn)
+		return -EBUSY;
+	if (!ctx->peers[peer].blob_len || ctx->peers[peer].gone || peer == ctx->rank)
+		return -ENOTCONN;
+	l->probe_kind = kind;
+	l->probe_round = round;
+	rc = dial(ctx, peer, ctx->nconn);
+	if (rc)
+		mp_peer_probe_done(ctx, peer, rc, 0);
+	return rc;
+}
+
+int mp_conn_probing(const struct mp_ctx *ctx, int peer)
+{
+	return mp_conn_open(ctx, peer, ctx->nconn);
 }
 
 void mp_conn_fini(struct mp_ctx *ctx)

@@ -38,6 +38,16 @@ void mp_conn_fini(struct mp_ctx *ctx);
 /* The peer left or died: mark it gone in the table and close its
  * connections; it is never dialled again. */
 void mp_conn_peer_gone(struct mp_ctx *ctx, int idx);
+/*
+ * Static runs' failure memory: probe @peer with a handshake on the probe
+ * slot (index nconn), dialled from either side, closed once authenticated.
+ * Its HELLO asks @kind (MP_PROBE_*) and carries @round. The outcome goes to
+ * mp_peer_probe_done; the peer sees mp_peer_probed_by. -EBUSY: a probe is
+ * under way; -ENOTCONN: no address.
+ */
+int mp_conn_probe(struct mp_ctx *ctx, int peer, int kind, uint32_t round);
+/* 1 while a probe of @peer is under way. */
+int mp_conn_probing(const struct mp_ctx *ctx, int peer);
 /* Release a request whose connection was closed (it completes with
  * -ECANCELED; bounded, in case a driver needs a progress call for it). */
 void mp_reap(struct mp_ctx *ctx, struct mp_drv_req *req);

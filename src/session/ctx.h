@@ -56,6 +56,16 @@ struct mp_peer {
 	size_t blob_len;
 	double bandwidth;           /* part-size weight; < 0 unknown, 0 client */
 	struct mp_peer_meas meas;   /* measured on exchanges: zero until then */
+	/* Failure memory of a static run (peers.c; doc/design.md, "Failure
+	 * memory"): a peer that failed is down, left out of averages and
+	 * probed in the background until a handshake with it succeeds. */
+	int down;
+	uint64_t down_since_ns;     /* when it went down (0: live) */
+	uint64_t next_probe_ns;     /* next background probe */
+	uint32_t probe_ms;          /* backoff: doubles per failed probe, capped */
+	uint32_t up_at_round;       /* live again from the average starting at this round (0: not yet) */
+	uint8_t excused;            /* its next drop is not its failure (plan mismatch) */
+	uint8_t probe_failed;       /* the last probe of it failed */
 };
 
 /* Peer table (peers.c). Static runs: n entries, id = rank, fixed. DHT runs:
@@ -89,6 +99,27 @@ int mp_peers_publish(struct mp_ctx *ctx);
 /* Up to @max entries of the last published copy into @out, @elem bytes
  * apart, each its first @elem bytes; returns how many peers it holds. */
 int mp_peers_snapshot(struct mp_ctx *ctx, void *out, int max, size_t elem);
+
+/* Failure memory of a static run (peers.c). What other modules may read:
+ * whether a peer is down, since when (mp_now_ns), and when it is probed
+ * next. A dht run's peers are never down here (its matchmaker keeps
+ * suspects). */
+int mp_peer_is_down(const struct mp_ctx *ctx, int idx);
+uint64_t mp_peer_down_since_ns(const struct mp_ctx *ctx, int idx);
+uint64_t mp_peer_next_probe_ns(const struct mp_ctx *ctx, int idx);
+/* A probe of @idx ended: @err 0 (it answered, its average starts at
+ * @round) or why not. */
+void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int err, uint32_t round);
+/* Peer @idx probed us (an authenticated handshake): @kind MP_PROBE_*; an
+ * announce says it takes part from the average that starts at @round. */
+void mp_peer_probed_by(struct mp_ctx *ctx, int idx, int kind, uint32_t round);
+/* Mark @idx down now (@why is logged). */
+void mp_peer_mark_down(struct mp_ctx *ctx, int idx, const char *why);
+/* Take a down peer back in for the average starting at @round when it is due. */
+void mp_peers_apply_up(struct mp_ctx *ctx, uint32_t round);
+
+/* What a probe asks (the HELLO's group id on the probe connection). */
+enum { MP_PROBE_ALIVE = 1, MP_PROBE_QUERY = 2, MP_PROBE_ANNOUNCE = 3 };
 
 enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_STAGE, MP_SCR_MAX };
 
@@ -166,6 +197,19 @@ struct mp_ctx {
 	/* mp_peers_publish's copy of the table, under peers.c's lock */
 	struct mp_peer_snap *snap;
 	int nsnap, snap_cap;
+	/* Failure memory of a static run (peers.c, src/core/probe.c): the live
+	 * peers of the average that runs (ranks, ascending) and a digest of
+	 * the down set, which the plan hash covers. */
+	int *live;
+	int nlive;
+	uint32_t view;
+	uint32_t avg_round;     /* round at which the current or next average starts */
+	uint32_t next_start;    /* round at which the next average will start */
+	uint32_t seen_round;    /* largest average start a peer's handshake showed */
+	int synced;             /* this peer's rounds are the run's (fresh peers learn them) */
+	int sweep;              /* a plan mismatch: probe every peer once this average ends */
+	int querying;           /* a fresh peer asks where the run is: failed probes mean nothing yet */
+	int ndown;
 
 	/* scratch memory for frames, grown between operations, registered */
 	uint8_t *slab;

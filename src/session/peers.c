@@ -175,12 +175,134 @@ int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double band
 	return idx;
 }
 
+/* Failure memory (static runs): backoff of the background probes. */
+#define PROBE_MIN_MS 1000u
+#define PROBE_MAX_MS 30000u
+
+/* Peer @idx is down from now on: left out of the averages that start later,
+ * probed after PROBE_MIN_MS, then less and less often. */
+static void mark_down(struct mp_ctx *ctx, int idx, const char *why)
+{
+	struct mp_peer *p = &ctx->peers[idx];
+
+	p->up_at_round = 0;
+	if (p->down)
+		return;
+	p->down = 1;
+	p->down_since_ns = mp_now_ns();
+	p->probe_ms = PROBE_MIN_MS;
+	p->next_probe_ns = p->down_since_ns + (uint64_t)PROBE_MIN_MS * 1000000ull;
+	ctx->ndown++;
+	MP_WARN("peer %d (%s) is down (%s): left out of later averages, probed in the background "
+		"every %u s doubling to %u s", idx, p->addr, why, PROBE_MIN_MS / 1000, PROBE_MAX_MS / 1000);
+}
+
+static void mark_up(struct mp_ctx *ctx, int idx, const char *why)
+{
+	struct mp_peer *p = &ctx->peers[idx];
+
+	if (!p->down)
+		return;
+	p->down = 0;
+	p->down_since_ns = 0;
+	p->up_at_round = 0;
+	p->probe_ms = 0;
+	ctx->ndown--;
+	MP_INFO("peer %d (%s) is back (%s): it takes part from this average on", idx, p->addr, why);
+}
+
+void mp_peer_mark_down(struct mp_ctx *ctx, int idx, const char *why)
+{
+	if (!ctx->dynamic && idx != ctx->rank && !ctx->peers[idx].gone)
+		mark_down(ctx, idx, why);
+}
+
+int mp_peer_is_down(const struct mp_ctx *ctx, int idx)
+{
+	return ctx->peers[idx].down;
+}
+
+uint64_t mp_peer_down_since_ns(const struct mp_ctx *ctx, int idx)
+{
+	return ctx->peers[idx].down_since_ns;
+}
+
+uint64_t mp_peer_next_probe_ns(const struct mp_ctx *ctx, int idx)
+{
+	return ctx->peers[idx].down ? ctx->peers[idx].next_probe_ns : 0;
+}
+
+void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int err, uint32_t round)
+{
+	struct mp_peer *p = &ctx->peers[idx];
+
+	if (ctx->dynamic || idx == ctx->rank)
+		return;
+	p->probe_failed = err != 0;
+	if (err && ctx->querying)
+		return; /* at a start, peers not up yet are no news */
+	if (err) {
+		if (!p->down) {
+			/* A sweep after a plan mismatch: a peer we counted on is gone. */
+			mark_down(ctx, idx, mp_strerror(err));
+			return;
+		}
+		if (p->probe_ms < PROBE_MAX_MS)
+			p->probe_ms = p->probe_ms * 2 > PROBE_MAX_MS ? PROBE_MAX_MS : p->probe_ms * 2;
+		p->next_probe_ns = mp_now_ns() + (uint64_t)p->probe_ms * 1000000ull;
+		MP_TRACE("probe of peer %d (%s) failed: %s; next in %u ms", idx, p->addr,
+			 mp_strerror(err), p->probe_ms);
+		return;
+	}
+	if (!p->down || p->up_at_round)
+		return;
+	if (round < ctx->avg_round) {
+		/* It answers, but its averages are behind ours: restarted. It
+		 * learns the run's round and announces when it rejoins. */
+		p->next_probe_ns = mp_now_ns() + (uint64_t)p->probe_ms * 1000000ull;
+		return;
+	}
+	/* Alive and in step: back from the next average that starts. */
+	p->up_at_round = ctx->next_start;
+	MP_INFO("peer %d (%s) answers again: live from round %u", idx, p->addr, p->up_at_round);
+}
+
+void mp_peer_probed_by(struct mp_ctx *ctx, int idx, int kind, uint32_t round)
+{
+	struct mp_peer *p = &ctx->peers[idx];
+
+	if (ctx->dynamic || idx == ctx->rank || kind != MP_PROBE_ANNOUNCE)
+		return;
+	/* A restarted peer: what we held of its old process is dead. Every
+	 * peer takes it back at the round it announced, all at once. */
+	MP_INFO("peer %d (%s) announces it rejoins at round %u", idx, p->addr, round);
+	if (!p->down)
+		mark_down(ctx, idx, "restarted");
+	p->up_at_round = round;
+}
+
+void mp_peers_apply_up(struct mp_ctx *ctx, uint32_t round)
+{
+	for (int i = 0; i < ctx->npeers && ctx->ndown; i++)
+		if (ctx->peers[i].down && ctx->peers[i].up_at_round && round >= ctx->peers[i].up_at_round)
+			mark_up(ctx, i, "its probe succeeded");
+}
+
 void mp_peer_suspect(struct mp_ctx *ctx, int idx, const char *why)
 {
 	struct mp_peer *p = &ctx->peers[idx];
 
 	if (p->gone || idx == ctx->rank)
 		return;
+	if (!ctx->dynamic) {
+		/* Static runs remember failures (mark_down); a drop for a plan
+		 * mismatch is not one: the peer is alive, its view differs. */
+		if (p->excused)
+			p->excused = 0;
+		else
+			mark_down(ctx, idx, why ? why : "dropped from an exchange");
+		return;
+	}
 	if (why && !p->failed_ns) {
 		MP_INFO("peer %016llx (%s) %s: taken as gone until a newer record",
 			(unsigned long long)p->id, p->addr, why);
@@ -209,7 +331,11 @@ int mp_peer_state(const struct mp_ctx *ctx, int idx)
 		return MP_PEER_SELF;
 	if (p->gone)
 		return MP_PEER_GONE;
-	/* Down: the last thing that happened with it was a failure. */
+	/* Down: a static run's failure memory has it down (probed in the
+	 * background), or, in a dht run, the last thing that happened with it
+	 * was a failure. */
+	if (mp_peer_is_down(ctx, idx))
+		return MP_PEER_DOWN;
 	if (p->failed_ns && p->meas.progress_ns <= p->failed_ns)
 		return MP_PEER_DOWN;
 	return MP_PEER_LIVE;

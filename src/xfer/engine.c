@@ -183,6 +183,13 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 			 x->what, x->round, h.round, h.group_id, ch->peer);
 		return;
 	}
+	if (!ctx->dynamic && h.sender == (uint32_t)ctx->peers[ch->peer].id && h.round > x->round) {
+		/* A static peer already in a later round finished this exchange
+		 * without us (its view of who is live differed): alive, so not
+		 * down (failure memory); probe everyone once the average ends. */
+		ctx->peers[ch->peer].excused = 1;
+		ctx->sweep = 1;
+	}
 	if (h.round != x->round || h.group_id != x->group_id ||
 	    h.sender != (uint32_t)ctx->peers[ch->peer].id || h.codec != x->codec->id) {
 		MP_TRACE("unexpected frame: round %u/%u group %u/%u sender %u/%d codec %u/%u", h.round,

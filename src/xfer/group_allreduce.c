@@ -93,6 +93,7 @@ struct gar {
 	struct gchan *gc;      /* per channel */
 	struct mp_chan *ch;
 	uint32_t ncontributors; /* members that are not aux */
+	uint32_t plan;         /* plan hash: SCATTER's aux (mp_plan_hash) */
 	/* our part */
 	float *cbuf;           /* slots of len[me] values, one per other contributor */
 	int *who;              /* contributions used, member order */
@@ -330,6 +331,7 @@ static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct
 	h->offset = r->mb[j].off + c * r->C;
 	h->count = chunk_count(r, j, c);
 	h->weight = r->a->weight;
+	h->aux = r->plan;
 	*pl = (struct mp_payload){.kind = MP_PAYLOAD_VALUES, .values = r->a->x + h->offset};
 	gc->scat_next += (uint64_t)r->S;
 	return 1;
@@ -344,6 +346,22 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 
 	if (h->type == MP_MSG_SCATTER) {
 		uint64_t c = gc->rscat_next;
+		if (h->aux != r->plan && serves(r, j)) {
+			/*
+			 * The member plans this exchange otherwise: another live
+			 * set, or other part sizes. Its values are never combined
+			 * with ours; it is dropped from this exchange, but alive,
+			 * so not marked down, and every peer is probed once this
+			 * average ends so that the views agree again.
+			 */
+			if (!mj->got)
+				MP_WARN("round %u: peer %d plans this exchange otherwise (plan %08x, ours "
+					"%08x: another live set or other part sizes); its contribution "
+					"is left out", r->round, r->g->members[j], h->aux, r->plan);
+			r->ctx->peers[r->g->members[j]].excused = !r->ctx->dynamic;
+			r->ctx->sweep |= !r->ctx->dynamic;
+			return -EPROTO;
+		}
 		if (!serves(r, j) || c >= r->mb[me].nch || h->part != (uint32_t)me ||
 		    h->offset != r->mb[me].off + c * r->C || h->count != chunk_count(r, me, c))
 			return -EPROTO;
@@ -484,6 +502,18 @@ static int plan_parts(struct gar *r)
 		r->mb[m].off = m ? r->mb[m - 1].off + r->mb[m - 1].len : 0;
 		r->mb[m].nch = (len[m] + r->C - 1) / r->C;
 		r->ncontributors += contributes(r, m);
+	}
+	if (!rc) {
+		/* Ids and modes reuse the bandwidth array's room. */
+		uint64_t *ids = (uint64_t *)bw;
+		uint8_t modes[MP_MAX_GROUP], *md = k <= MP_MAX_GROUP ? modes : NULL;
+
+		for (int m = 0; m < k; m++) {
+			ids[m] = member_id(r, m);
+			if (md)
+				md[m] = r->mb[m].mode;
+		}
+		r->plan = mp_plan_hash(g->id, ctx->dynamic ? 0 : ctx->view, k, ids, md, len);
 	}
 	free(bw);
 	free(len);
@@ -670,8 +700,10 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	for (int m = 0; m < k; m++)
 		alive += m != r.me && !r.mb[m].failed && contributes(&r, m);
 	a->influence *= alive;
-	if (a->influence > (uint64_t)ctx->npeers)
-		a->influence = (uint64_t)ctx->npeers;
+	/* (Static runs with peers down: the live ones.) */
+	int cap = !ctx->dynamic && ctx->nlive > 0 ? ctx->nlive : ctx->npeers;
+	if (a->influence > (uint64_t)cap)
+		a->influence = (uint64_t)cap;
 	a->res->rounds++;
 out:
 	free(r.gc);

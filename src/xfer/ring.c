@@ -179,12 +179,21 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 			    .user_mr = a->dmr, .res = a->res, .what = "ring all-reduce",
 			    .codec = a->codec};
 
+	/* Failure memory (static runs): the ring closes over the live peers,
+	 * in rank order, so a down peer is skipped, not waited for. */
+	if (ctx->live && ctx->nlive < ctx->npeers) {
+		N = g.N = ctx->nlive;
+		g.steps = 2 * (N - 1);
+		for (int i = 0; i < N; i++)
+			if (ctx->live[i] == ctx->rank)
+				g.r = i;
+	}
 	if (N < 2) {
 		a->res->rounds++;
 		return 0;
 	}
-	g.left = mod(g.r - 1, N);
-	g.right = mod(g.r + 1, N);
+	g.left = ctx->live && ctx->nlive < ctx->npeers ? ctx->live[mod(g.r - 1, N)] : mod(g.r - 1, N);
+	g.right = ctx->live && ctx->nlive < ctx->npeers ? ctx->live[mod(g.r + 1, N)] : mod(g.r + 1, N);
 	g.off = calloc((size_t)N * 4, sizeof(uint64_t));
 	g.sst = calloc((size_t)S * 2, sizeof(int));
 	g.sc = calloc((size_t)S * 4, sizeof(uint64_t));

@@ -390,6 +390,77 @@ static void test_ids(void **st)
 	assert_int_not_equal(a.id, b.id);
 }
 
+/* Failure memory: the live grid is full, so every line is whole. */
+static void test_exact_live_grid(void **st)
+{
+	static const struct { int n, maxd, nd, d0, d1, d2; } cases[] = {
+		{7, 3, 1, 7, 0, 0},  {15, 2, 2, 5, 3, 0}, {16, 2, 2, 4, 4, 0},
+		{12, 3, 3, 3, 2, 2}, {1, 2, 1, 1, 0, 0},  {255, 2, 2, 17, 15, 0},
+		{8, 3, 3, 2, 2, 2},  {6, 1, 1, 6, 0, 0},
+	};
+	struct mp_grid g;
+
+	(void)st;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		assert_int_equal(mp_grid_exact(cases[i].n, cases[i].maxd, &g), 0);
+		assert_int_equal(g.ndims, cases[i].nd);
+		assert_int_equal(g.dims[0], cases[i].d0);
+		assert_int_equal(g.dims[1], cases[i].d1);
+		assert_int_equal(g.dims[2], cases[i].d2);
+		assert_int_equal(mp_grid_cells(&g), (uint64_t)cases[i].n);
+	}
+	assert_int_equal(mp_grid_exact(0, 2, &g), -EINVAL);
+
+	/* 16 peers on 4x4 with ranks 5 and 10 down: 14 live on 7x2, and every
+	 * live rank meets groups that cover all 14 in two rounds. */
+	struct mp_grid_grouping gg;
+	int live[14], n = 0, members[16];
+	struct mp_group grp = {.members = members};
+	assert_int_equal(mp_grid_parse("4x4", &g), 0);
+	assert_int_equal(mp_grid_grouping_init(&gg, &g, 16), 0);
+	for (int r = 0; r < 16; r++)
+		if (r != 5 && r != 10)
+			live[n++] = r;
+	assert_int_equal(mp_grid_grouping_set_live(&gg, live, n), 0);
+	assert_int_equal(mp_grid_grouping_grid(&gg)->dims[0], 7);
+	assert_int_equal(mp_grid_grouping_grid(&gg)->dims[1], 2);
+	for (int i = 0; i < n; i++) {
+		int sizes = 1;
+		for (uint32_t t = 0; t < 2; t++) {
+			assert_int_equal(mp_grid_grouping_ops.form(&gg, t, live[i], &grp), 0);
+			for (int m = 0; m < grp.size; m++)
+				assert_true(grp.members[m] != 5 && grp.members[m] != 10);
+			assert_int_equal(grp.members[grp.my_index], live[i]);
+			sizes *= grp.size;
+		}
+		assert_int_equal(sizes, 14);
+	}
+	/* Everyone back: the configured grid again. */
+	assert_int_equal(mp_grid_grouping_set_live(&gg, NULL, 16), 0);
+	assert_int_equal(mp_grid_grouping_grid(&gg)->dims[0], 4);
+}
+
+/* The plan hash tells apart every field a member may disagree on. */
+static void test_plan_hash(void **st)
+{
+	uint64_t ids[3] = {0, 1, 2}, lens[3] = {10, 10, 11};
+	uint8_t modes[3] = {0, 0, 0};
+	uint32_t h = mp_plan_hash(7, 0, 3, ids, modes, lens);
+
+	(void)st;
+	assert_int_equal(mp_plan_hash(7, 0, 3, ids, modes, lens), h);
+	assert_int_not_equal(mp_plan_hash(8, 0, 3, ids, modes, lens), h);
+	assert_int_not_equal(mp_plan_hash(7, 1, 3, ids, modes, lens), h);
+	lens[2] = 10, lens[1] = 11;
+	assert_int_not_equal(mp_plan_hash(7, 0, 3, ids, modes, lens), h);
+	lens[2] = 11, lens[1] = 10, ids[2] = 3;
+	assert_int_not_equal(mp_plan_hash(7, 0, 3, ids, modes, lens), h);
+	ids[2] = 2, modes[1] = 2;
+	assert_int_not_equal(mp_plan_hash(7, 0, 3, ids, modes, lens), h);
+	modes[1] = 0;
+	assert_int_not_equal(mp_plan_hash(7, 0, 2, ids, modes, lens), h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -404,6 +475,8 @@ int main(void)
 		cmocka_unit_test(test_partial_index),
 		cmocka_unit_test(test_exact_mean),
 		cmocka_unit_test(test_ids),
+		cmocka_unit_test(test_exact_live_grid),
+		cmocka_unit_test(test_plan_hash),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Failure memory of a static run (doc/design.md, "Failure memory"): which
+ * peers an average counts on, the background probes of the down ones, and
+ * how a restarted peer gets back in step with the run.
+ *
+ * A peer that failed is down (peers.c): the averages that start later leave
+ * it out, and the live ranks sit on a full grid of their own
+ * (mp_grid_exact), so the survivors' average stays exact. The progress
+ * thread probes it between and during averages, with a handshake on the
+ * probe slot (conn.c), 1 s after the failure, then doubling to 30 s.
+ *
+ * A restarted process starts with round 0, and its peers have it down.
+ * Before its first average it asks every peer where the run is (a QUERY
+ * probe, answered in the CHALLENGE's round). If the run is ahead, it asks
+ * again 100 ms later to see how fast the run goes, then announces to every
+ * peer the round it takes part from (an ANNOUNCE probe), far enough ahead
+ * that no peer passes it first: each peer takes it back at that same
+ * round, so the views agree, and it starts its own averages there.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "conn.h"
+#include "core.h"
+#include "log.h"
+
+static int static_run(const struct mp_ctx *ctx)
+{
+	return !ctx->dynamic && ctx->npeers > 1 && ctx->peers_set;
+}
+
+/* Start the probes that are due: down peers on their backoff, and every
+ * peer after a plan mismatch (a sweep). */
+void mp_fm_tick_probes(struct mp_ctx *ctx)
+{
+	uint64_t now = mp_now_ns();
+	int sweep = ctx->sweep;
+
+	if (!static_run(ctx))
+		return;
+	ctx->sweep = 0;
+	for (int i = 0; i < ctx->npeers && (ctx->ndown || sweep); i++) {
+		struct mp_peer *p = &ctx->peers[i];
+
+		if (i == ctx->rank || mp_conn_probing(ctx, i) || p->up_at_round)
+			continue;
+		if (sweep || (p->down && now >= p->next_probe_ns))
+			mp_conn_probe(ctx, i, MP_PROBE_ALIVE, ctx->avg_round);
+	}
+}
+
+/* Background work between averages: due probes, then the connections move on. */
+void mp_fm_tick(struct mp_ctx *ctx)
+{
+	if (!static_run(ctx))
+		return;
+	mp_fm_tick_probes(ctx);
+	mp_conn_poll(ctx);
+	ctx->ops->progress(ctx->drv, 0);
+}
+
+/* 1 while the progress thread has background work (probes to make or
+ * finish): it then wakes up every few milliseconds. */
+int mp_fm_busy(const struct mp_ctx *ctx)
+{
+	if (!static_run(ctx))
+		return 0;
+	if (ctx->ndown || ctx->sweep)
+		return 1;
+	for (int i = 0; i < ctx->npeers; i++)
+		if (mp_conn_probing(ctx, i))
+			return 1;
+	return 0;
+}
+
+/* Probe every other peer with @kind and wait until each answered or failed
+ * (or the connect timeout). */
+static void probe_all(struct mp_ctx *ctx, int kind, uint32_t round)
+{
+	uint64_t end = mp_now_ns() + (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
+	int open;
+
+	for (int i = 0; i < ctx->npeers; i++)
+		if (i != ctx->rank)
+			mp_conn_probe(ctx, i, kind, round);
+	do {
+		mp_conn_poll(ctx);
+		ctx->ops->progress(ctx->drv, 1);
+		open = 0;
+		for (int i = 0; i < ctx->npeers; i++)
+			open += mp_conn_probing(ctx, i);
+	} while (open && mp_now_ns() < end && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE));
+}
+
+/*
+ * Before an average of a static run that advances the round by @R: a
+ * fresh peer finds the run's round (and rejoins it), due peers come back,
+ * and the live set is fixed for the average. Returns 0 or -ENOMEM.
+ */
+int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
+{
+	int n = 0;
+
+	if (ctx->dynamic)
+		return 0;
+	if (!ctx->synced && ctx->npeers > 1) {
+		ctx->querying = 1;
+		probe_all(ctx, MP_PROBE_QUERY, ctx->round);
+		ctx->querying = 0;
+		if (ctx->seen_round > ctx->round) {
+			uint32_t seen1 = ctx->seen_round, join;
+			uint64_t t1 = mp_now_ns(), t2;
+			double rate;
+
+			MP_INFO("the run is at round %u and this peer at %u: it was restarted, and "
+				"rejoins", ctx->seen_round, ctx->round);
+			for (int i = 0; i < ctx->npeers; i++)
+				if (i != ctx->rank && ctx->peers[i].probe_failed)
+					mp_peer_mark_down(ctx, i, "no answer when this peer rejoined");
+			/*
+			 * Announce, once, a round the run has not reached: each
+			 * peer takes us back there, all at once. How far ahead:
+			 * four averages, plus what the run does in 250 ms at the
+			 * rate two queries 100 ms apart show, so that no peer
+			 * passes it before our announce reaches it. (A peer that
+			 * has passed it ignores the announce, and takes us back
+			 * at a probe later.)
+			 */
+			while (mp_now_ns() - t1 < 100000000ull && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+				mp_conn_poll(ctx);
+				ctx->ops->progress(ctx->drv, 1);
+			}
+			ctx->querying = 1;
+			probe_all(ctx, MP_PROBE_QUERY, ctx->round);
+			ctx->querying = 0;
+			t2 = mp_now_ns();
+			rate = (double)(ctx->seen_round - seen1) * 1e9 / (double)(t2 - t1);
+			join = ctx->seen_round + 4 * R + (uint32_t)(rate * 0.25 / R + 1.0) * R;
+			ctx->round = ctx->avg_round = ctx->next_start = join;
+			probe_all(ctx, MP_PROBE_ANNOUNCE, join);
+			if (ctx->seen_round >= join)
+				MP_WARN("rejoining at round %u, but a peer answered from round %u: it takes "
+					"this peer back at a later probe", join, ctx->seen_round);
+			MP_INFO("rejoins at round %u (the run does %.0f rounds/s)", join, rate);
+		}
+		ctx->synced = 1;
+	}
+	ctx->avg_round = ctx->round;
+	ctx->next_start = ctx->round + R;
+	mp_peers_apply_up(ctx, ctx->round);
+	if (!ctx->live) {
+		ctx->live = malloc((size_t)ctx->npeers * sizeof(int));
+		if (!ctx->live)
+			return -ENOMEM;
+	}
+	/* The view: which peers are down, as a digest the plan hash covers. */
+	ctx->view = 0;
+	for (int i = 0; i < ctx->npeers; i++) {
+		if (!ctx->peers[i].down) {
+			ctx->live[n++] = i;
+		} else {
+			uint32_t x = (uint32_t)i * 0x9e3779b9u + 0x7f4a7c15u;
+			x ^= x >> 15;
+			x *= 0x2c1b3c6du;
+			x ^= x >> 12;
+			ctx->view += x | 1;
+		}
+	}
+	ctx->nlive = n;
+	return mp_grid_grouping_set_live(&ctx->grid_grouping, n < ctx->npeers ? ctx->live : NULL, n);
+}
+
+/* After an average of a static run that started at @base: the round moves
+ * on by @R whatever the live grid's rounds were, so that peers whose views
+ * differed stay in step. */
+void mp_fm_end(struct mp_ctx *ctx, uint32_t base, uint32_t R)
+{
+	if (ctx->dynamic)
+		return;
+	ctx->round = base + R;
+	ctx->avg_round = ctx->next_start = ctx->round;
+}

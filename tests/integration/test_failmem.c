@@ -1,0 +1,387 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Failure memory of a static run (doc/design.md, "Failure memory"), with
+ * real processes over TCP on loopback, through the public API only.
+ *
+ * Every peer averages the same inputs again and again, free-running, and
+ * reports each result to the parent: which mean it holds (that of the 3
+ * survivors or of all 4, checked exactly over the whole vector), the
+ * counts of mp_result, and how long it took. The parent kills and
+ * restarts peers and judges the records:
+ *  - dead_peer_left_out: rank 3 never starts. The first average finds it
+ *    dead; every later one is the exact mean of the 3 survivors, names no
+ *    failed peer, and takes far less than the connect timeout.
+ *  - killed_peer_rejoins: rank 1 is killed with SIGKILL mid-run, then
+ *    restarted at the same address. The survivors go on with the exact mean
+ *    of 3; once it is back, every peer holds the exact mean of all 4 again.
+ * A result that claims no failed peer is never anything but an exact mean.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <moshpit/moshpit.h>
+#include "proc_io.h"
+
+#define NP 4
+#define COUNT 30011 /* several chunks, parts of unequal length */
+#define CONNECT_MS 4000
+
+/* What a peer holds after an average. */
+enum { HELD_ERROR = 0, HELD_ALL = 1, HELD_SURVIVORS = 2, HELD_OTHER = 3 };
+
+struct rec {
+	int held;
+	int rc, peers, failed;
+	double secs;
+};
+
+static float input(int rank, size_t i)
+{
+	return (float)((int)((rank * 31 + (int)i * 17) % 4001) - 2000) / 32.0f;
+}
+
+static float weight(int rank)
+{
+	return (float)(rank % 3 + 1);
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Is @x the exact weighted mean of the ranks in @mask? */
+static int holds_mean(const float *x, unsigned mask)
+{
+	double ws = 0;
+	for (int r = 0; r < NP; r++)
+		if (mask >> r & 1)
+			ws += weight(r);
+	for (size_t i = 0; i < COUNT; i++) {
+		double m = 0;
+		for (int r = 0; r < NP; r++)
+			if (mask >> r & 1)
+				m += weight(r) * (double)input(r, i);
+		if (fabs(x[i] - m / ws) > 1e-4)
+			return 0;
+	}
+	return 1;
+}
+
+/* A peer: averages until the parent says stop, a record per average. */
+static int child(const char *run, int rank, const char *listen, unsigned dead_mask, int to_parent,
+		 int from_parent)
+{
+	struct mp_config cfg;
+	mp_ctx *ctx;
+	char addrs[NP][MP_ADDR_STRLEN];
+	const char *ap[NP];
+	int rc;
+
+	mp_config_init(&cfg);
+	cfg.transport = "tcp";
+	cfg.run_name = run;
+	cfg.rank = rank;
+	cfg.npeers = NP;
+	cfg.listen = listen;
+	cfg.chunk_bytes = 16384;
+	cfg.connect_timeout_ms = CONNECT_MS;
+	cfg.round_timeout_ms = 5000;
+	rc = mp_init(&cfg, &ctx);
+	if (rc) {
+		fprintf(stderr, "rank %d: mp_init: %s: %s\n", rank, mp_strerror(rc), mp_last_error(NULL));
+		return 2;
+	}
+	mp_local_address(ctx, addrs[rank], MP_ADDR_STRLEN);
+	if (write_all(to_parent, addrs[rank], MP_ADDR_STRLEN) ||
+	    read_all(from_parent, addrs, sizeof(addrs), 20000))
+		return 2;
+	if (dead_mask >> rank & 1) {
+		/* Never starts: its listener closes with it. */
+		mp_finalize(ctx);
+		return 0;
+	}
+	for (int i = 0; i < NP; i++)
+		ap[i] = addrs[i];
+	if (mp_set_peers(ctx, ap, NP))
+		return 2;
+	float *buf = malloc(COUNT * sizeof(float));
+	for (;;) {
+		struct pollfd pf = {from_parent, POLLIN, 0};
+		if (poll(&pf, 1, 0) > 0)
+			break; /* stop (or the parent is gone) */
+		struct mp_result res;
+		struct rec r = {0};
+		for (size_t i = 0; i < COUNT; i++)
+			buf[i] = input(rank, i);
+		double t0 = now_s();
+		r.rc = mp_average(ctx, buf, COUNT, weight(rank), &res);
+		r.secs = now_s() - t0;
+		r.peers = res.peers;
+		r.failed = res.failed_peers;
+		if (r.rc)
+			r.held = HELD_ERROR;
+		else if (holds_mean(buf, 0xfu))
+			r.held = HELD_ALL;
+		else if (holds_mean(buf, 0xfu & ~(1u << 1)) || holds_mean(buf, 0xfu & ~(1u << 3)))
+			r.held = HELD_SURVIVORS;
+		else
+			r.held = HELD_OTHER;
+		if (write_all(to_parent, &r, sizeof(r)))
+			break;
+	}
+	mp_finalize(ctx);
+	free(buf);
+	return 0;
+}
+
+struct peer {
+	pid_t pid;
+	int up, down;    /* pipes: from the child, to the child */
+	int n;           /* records so far */
+	int run_all;     /* consecutive records holding the mean of all 4 */
+	int run_surv;    /* ... of the 3 survivors */
+	struct rec last;
+};
+
+static void spawn(struct peer *p, const char *run, int rank, const char *listen, unsigned dead)
+{
+	int up[2], down[2];
+
+	assert_int_equal(pipe(up), 0);
+	assert_int_equal(pipe(down), 0);
+	p->pid = fork();
+	assert_true(p->pid >= 0);
+	if (p->pid == 0) {
+		close(up[0]);
+		close(down[1]);
+		_exit(child(run, rank, listen, dead, up[1], down[0]));
+	}
+	close(up[1]);
+	close(down[0]);
+	p->up = up[0];
+	p->down = down[1];
+	p->n = p->run_all = p->run_surv = 0;
+}
+
+/* Failures the test found, with what they were. */
+static int violations;
+
+/* Read the records that arrived within @ms; check each. */
+static void pump(struct peer *ps, const char *what, int ms)
+{
+	struct pollfd pf[NP];
+
+	for (int r = 0; r < NP; r++)
+		pf[r] = (struct pollfd){ps[r].pid > 0 ? ps[r].up : -1, POLLIN, 0};
+	if (poll(pf, NP, ms) <= 0)
+		return;
+	for (int r = 0; r < NP; r++) {
+		struct rec x;
+		if (!(pf[r].revents & (POLLIN | POLLHUP)) || ps[r].pid <= 0)
+			continue;
+		if (read_all(ps[r].up, &x, sizeof(x), 1000)) {
+			ps[r].pid = -ps[r].pid; /* gone */
+			continue;
+		}
+		ps[r].n++;
+		ps[r].last = x;
+		/* Never a wrong number: a result that names no failed peer is the
+		 * exact mean of as many peers as it says. */
+		if (!x.rc && !x.failed &&
+		    !((x.held == HELD_ALL && x.peers == 4) || (x.held == HELD_SURVIVORS && x.peers == 3))) {
+			fprintf(stderr, "%s: rank %d average %d claims %d peers, 0 failed, but holds %d\n",
+				what, r, ps[r].n, x.peers, x.held);
+			violations++;
+		}
+		int clean = !x.rc && !x.failed;
+		ps[r].run_all = clean && x.held == HELD_ALL ? ps[r].run_all + 1 : 0;
+		ps[r].run_surv = clean && x.held == HELD_SURVIVORS ? ps[r].run_surv + 1 : 0;
+	}
+}
+
+static void stop_all(struct peer *ps)
+{
+	for (int r = 0; r < NP; r++) {
+		char b = 1;
+		if (ps[r].pid > 0)
+			write_all(ps[r].down, &b, 1);
+	}
+	for (int r = 0; r < NP; r++) {
+		int st;
+		if (ps[r].pid > 0) {
+			/* Drain, so that a child blocked on a write can see the stop. */
+			char sink[4096];
+			double end = now_s() + 30;
+			while (waitpid(ps[r].pid, &st, WNOHANG) == 0 && now_s() < end) {
+				struct pollfd pf = {ps[r].up, POLLIN, 0};
+				if (poll(&pf, 1, 50) > 0 && read(ps[r].up, sink, sizeof(sink)) <= 0)
+					usleep(10000);
+			}
+			if (now_s() >= end) {
+				kill(ps[r].pid, SIGKILL);
+				waitpid(ps[r].pid, &st, 0);
+			}
+			if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+				fprintf(stderr, "rank %d exited with %d\n", r, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+				violations++;
+			}
+		}
+		if (ps[r].up >= 0)
+			close(ps[r].up);
+		if (ps[r].down >= 0)
+			close(ps[r].down);
+	}
+}
+
+/* Start NP peers (those in @dead only to give an address), pass addresses. */
+static void start(struct peer *ps, const char *run, unsigned dead, char addrs[NP][MP_ADDR_STRLEN])
+{
+	for (int r = 0; r < NP; r++)
+		spawn(&ps[r], run, r, "127.0.0.1:0", dead);
+	for (int r = 0; r < NP; r++)
+		assert_int_equal(read_all(ps[r].up, addrs[r], MP_ADDR_STRLEN, 20000), 0);
+	for (int r = 0; r < NP; r++)
+		assert_int_equal(write_all(ps[r].down, addrs, sizeof(addrs[0]) * NP), 0);
+	for (int r = 0; r < NP; r++)
+		if (dead >> r & 1) {
+			int st;
+			waitpid(ps[r].pid, &st, 0);
+			close(ps[r].up);
+			close(ps[r].down);
+			ps[r].pid = 0;
+			ps[r].up = ps[r].down = -1;
+		}
+}
+
+static void dead_peer_left_out(void **s)
+{
+	(void)s;
+	struct peer ps[NP];
+	char addrs[NP][MP_ADDR_STRLEN], run[64];
+	int later = 0, slow = 0;
+	double end;
+
+	violations = 0;
+	snprintf(run, sizeof(run), "fm-dead-%d", (int)getpid());
+	start(ps, run, 1u << 3, addrs);
+	/* The first average of each survivor finds rank 3 dead. */
+	end = now_s() + 30;
+	while (now_s() < end && (ps[0].n < 1 || ps[1].n < 1 || ps[2].n < 1))
+		pump(ps, "dead", 200);
+	for (int r = 0; r < 3; r++) {
+		assert_int_equal(ps[r].n >= 1, 1);
+		/* It waited for the dead peer once, and says so. */
+		if (ps[r].n == 1 && (ps[r].last.failed < 1 || ps[r].last.peers != 3)) {
+			fprintf(stderr, "rank %d: first average rc %d, %d failed, %d peers\n", r,
+				ps[r].last.rc, ps[r].last.failed, ps[r].last.peers);
+			violations++;
+		}
+	}
+	/* Every later average: the exact mean of the 3, at once. */
+	int seen[3] = {ps[0].n, ps[1].n, ps[2].n};
+	end = now_s() + 30;
+	while (now_s() < end && (ps[0].run_surv < 10 || ps[1].run_surv < 10 || ps[2].run_surv < 10)) {
+		pump(ps, "dead", 200);
+		for (int r = 0; r < 3; r++)
+			if (ps[r].n > seen[r]) {
+				seen[r] = ps[r].n;
+				later++;
+				if (ps[r].last.held != HELD_SURVIVORS || ps[r].last.failed ||
+				    ps[r].last.peers != 3) {
+					fprintf(stderr, "rank %d average %d: held %d, %d failed, %d peers\n", r,
+						ps[r].n, ps[r].last.held, ps[r].last.failed, ps[r].last.peers);
+					violations++;
+				}
+				/* Far below the connect timeout: nobody waits for rank 3. */
+				slow += ps[r].last.secs > CONNECT_MS / 2000.0;
+			}
+	}
+	stop_all(ps);
+	assert_int_equal(violations, 0);
+	assert_int_equal(slow, 0);
+	assert_true(later >= 30);
+	for (int r = 0; r < 3; r++)
+		assert_true(ps[r].run_surv >= 10);
+}
+
+static void killed_peer_rejoins(void **s)
+{
+	(void)s;
+	struct peer ps[NP];
+	char addrs[NP][MP_ADDR_STRLEN], run[64];
+	double end;
+	int st;
+
+	violations = 0;
+	snprintf(run, sizeof(run), "fm-kill-%d", (int)getpid());
+	start(ps, run, 0, addrs);
+	end = now_s() + 30;
+	while (now_s() < end &&
+	       (ps[0].run_all < 5 || ps[1].run_all < 5 || ps[2].run_all < 5 || ps[3].run_all < 5))
+		pump(ps, "healthy", 200);
+	for (int r = 0; r < NP; r++)
+		assert_true(ps[r].run_all >= 5);
+
+	/* SIGKILL rank 1 while it averages. */
+	kill(ps[1].pid, SIGKILL);
+	waitpid(ps[1].pid, &st, 0);
+	close(ps[1].up);
+	close(ps[1].down);
+	ps[1].pid = 0;
+	ps[1].up = ps[1].down = -1;
+	end = now_s() + 30;
+	while (now_s() < end && (ps[0].run_surv < 10 || ps[2].run_surv < 10 || ps[3].run_surv < 10))
+		pump(ps, "killed", 200);
+	for (int r = 0; r < NP; r++)
+		if (r != 1)
+			assert_true(ps[r].run_surv >= 10);
+
+	/* Restarted at the same address: back in the mean of all 4. */
+	spawn(&ps[1], run, 1, addrs[1], 0);
+	char again[MP_ADDR_STRLEN];
+	assert_int_equal(read_all(ps[1].up, again, sizeof(again), 20000), 0);
+	assert_string_equal(again, addrs[1]);
+	assert_int_equal(write_all(ps[1].down, addrs, sizeof(addrs)), 0);
+	end = now_s() + 40;
+	while (now_s() < end &&
+	       (ps[0].run_all < 10 || ps[1].run_all < 10 || ps[2].run_all < 10 || ps[3].run_all < 10))
+		pump(ps, "restarted", 200);
+	int rejoined = 1;
+	for (int r = 0; r < NP; r++) {
+		if (ps[r].run_all < 10)
+			fprintf(stderr, "rank %d: %d averages in a row hold the mean of 4 (last: held %d, "
+				"rc %d, %d failed, %d peers)\n", r, ps[r].run_all, ps[r].last.held,
+				ps[r].last.rc, ps[r].last.failed, ps[r].last.peers);
+		rejoined &= ps[r].run_all >= 10;
+	}
+	stop_all(ps);
+	assert_int_equal(violations, 0);
+	assert_true(rejoined);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(dead_peer_left_out),
+		cmocka_unit_test(killed_peer_rejoins),
+	};
+	signal(SIGPIPE, SIG_IGN);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
