@@ -185,6 +185,11 @@ struct mp_config {
 	const char *contrib_log;/**< MP_CONTRIB_LOG: file this peer appends its rounds to: groups,
 	                             contributions reduced, parts applied (doc/control-plane.md) */
 	const char *fault;      /**< MP_FAULT: fault injection for tests (doc/control-plane.md) */
+	int check_finite;       /**< MP_CHECK_FINITE=1: a reducer leaves out of its part a
+	                             contribution that holds NaN or infinity (its sender is told,
+	                             see ::mp_average); moshpit and butterfly only; every peer of a
+	                             run must set it alike (default 0). Added at the end: the
+	                             struct only grows, and ::mp_config_init sets size */
 };
 
 /** Counters of one averaging operation. */

@@ -84,6 +84,7 @@ struct gmember {
 
 struct gar {
 	struct mp_ctx *ctx;
+	const struct mp_xfer *x;
 	const struct mp_group *g;
 	struct mp_avg *a;
 	uint32_t round;
@@ -259,7 +260,9 @@ static void reduce_part(struct gar *r)
 
 static void try_reduce(struct gar *r)
 {
-	if (r->done || !r->mb[r->me].len)
+	/* Not before every member's OPEN has shown that it averages our
+	 * length: the sum is written into the buffer. */
+	if (r->done || !r->mb[r->me].len || r->x->unopened > 0 || r->x->fatal)
 		return;
 	for (int m = 0; m < r->k; m++)
 		if (serves(r, m) && !r->mb[m].failed && r->mb[m].got < r->mb[r->me].nch)
@@ -411,6 +414,11 @@ static void g_peer_failed(void *op, int peer)
 	try_reduce(r);
 }
 
+static void g_opened(void *op)
+{
+	try_reduce(op);
+}
+
 static int g_drop(void *op, struct mp_chan *ch)
 {
 	struct gar *r = op;
@@ -444,6 +452,7 @@ static const struct mp_xfer_ops gar_ops = {
 	.recv_left = g_recv_left,
 	.send_left = g_send_left,
 	.peer_failed = g_peer_failed,
+	.opened = g_opened,
 	.drop = g_drop,
 	.waits_on_others = g_waits_on_others,
 };
@@ -588,7 +597,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	struct mp_xfer x = {.ctx = ctx, .xops = &gar_ops, .op = &r, .round = round,
 			    .group_id = g->id, .user_mr = a->dmr, .res = a->res,
 			    .what = "group all-reduce", .codec = a->codec, .residue = a->residue,
-			    .deadline_ms = ctx->cfg.allreduce_timeout_ms};
+			    .deadline_ms = ctx->cfg.allreduce_timeout_ms, .total = a->n};
 	int rc = -ENOMEM, k = g->size;
 
 	a->res->group_size = k;
@@ -616,6 +625,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	if (rc)
 		goto out;
 	r.ch = x.ch;
+	r.x = &x;
 	for (int m = 0, i = 0; m < k; m++) {
 		if (!sends_to(&r, m) && !serves(&r, m))
 			continue;
@@ -645,7 +655,9 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	/* Every contributor has delivered or failed now, unless cancelled. */
 	if (!rc)
 		try_reduce(&r);
-	int reached = finish(&r);
+	/* Given up (a peer's settings or length differ): no frame reached us,
+	 * and nothing of the round is applied; the buffer is as it was. */
+	int reached = x.fatal ? 0 : finish(&r);
 	mp_clog_end(ctx, round, g, a->weight);
 	if (rc)
 		goto out;
