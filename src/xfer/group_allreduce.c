@@ -80,6 +80,8 @@ struct gmember {
 	uint8_t mode;           /* enum mp_mode, as agreed in the roster */
 	uint8_t failed;
 	uint8_t stalled, cut;   /* fault injection: send nothing more / drop it */
+	uint8_t nonfinite;      /* MP_CHECK_FINITE: its contribution to our part held NaN or
+	                           infinity, and is left out; its results say so */
 };
 
 struct gar {
@@ -112,6 +114,7 @@ struct gar {
 	float *own;            /* aux: our part's values, restored at the end */
 	/* fault injection: frames sent in this round, per phase (scatter, gather) */
 	uint64_t sent[2];
+	int refused;           /* a reducer left our contribution out as non-finite */
 };
 
 /* Chunks at or after @next on the stream of @next's residue. */
@@ -189,9 +192,19 @@ static void reduce_part(struct gar *r)
 
 	r->nused = 0;
 	r->wsum = 0.0f;
+	if (ctx->cfg.check_finite && contributes(r, me))
+		for (uint64_t i = 0; i < L && !r->mb[me].nonfinite; i++)
+			r->mb[me].nonfinite = !isfinite(x[i]);
 	for (int m = 0; m < r->k; m++) {
 		if (m == me ? !contributes(r, me) : !serves(r, m) || r->mb[m].got < nc)
 			continue;
+		if (r->mb[m].nonfinite) {
+			/* Left out, not poisoning every member's result. */
+			MP_WARN("round %u: left out peer %d's contribution to part %d: it holds NaN or "
+				"infinity (MP_CHECK_FINITE)", r->round,
+				m == me ? ctx->rank : r->g->members[m], me);
+			continue;
+		}
 		r->who[r->nused] = m;
 		r->whow[r->nused] = m == me ? a->weight : r->mb[m].w;
 		r->wsum += r->whow[r->nused];
@@ -316,6 +329,8 @@ static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct
 		h->count = chunk_count(r, me, c);
 		h->weight = r->wsum;
 		h->aux = (uint32_t)r->nused;
+		if (r->mb[j].nonfinite)
+			h->flags = MP_WIRE_F_NONFINITE; /* the member learns why */
 		gc->gath_next += (uint64_t)r->S;
 		if (r->a->codec->id != MP_CODEC_NONE) {
 			/* Encoded once in reduce_part, for every member alike. */
@@ -353,9 +368,12 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		/* A member has one weight in a round: all its chunks carry it. */
 		if (mj->got && h->weight != mj->w)
 			return -EPROTO;
-		if (r->a->codec->decode(payload, h->length, r->cbuf + (size_t)mj->slot * r->mb[me].len + c * r->C,
-					h->count))
+		float *dst = r->cbuf + (size_t)mj->slot * r->mb[me].len + c * r->C;
+		if (r->a->codec->decode(payload, h->length, dst, h->count))
 			return -EPROTO;
+		if (r->ctx->cfg.check_finite)
+			for (uint32_t i = 0; i < h->count && !mj->nonfinite; i++)
+				mj->nonfinite = !isfinite(dst[i]);
 		mj->w = h->weight;
 		mj->got++;
 		gc->rscat_next += (uint64_t)r->S;
@@ -378,6 +396,7 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		mj->gw = h->weight;
 		mj->gn = h->aux;
 		mj->gotg++;
+		r->refused |= (h->flags & MP_WIRE_F_NONFINITE) != 0;
 		gc->rgath_next += (uint64_t)r->S;
 		return 0;
 	}
@@ -658,6 +677,10 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	/* Given up (a peer's settings or length differ): no frame reached us,
 	 * and nothing of the round is applied; the buffer is as it was. */
 	int reached = x.fatal ? 0 : finish(&r);
+	if (r.refused || (r.mb && r.mb[r.me].nonfinite))
+		mp_set_error(ctx, "round %u: this peer's contribution was left out of %s: it holds NaN "
+			     "or infinity (MP_CHECK_FINITE)", round,
+			     r.refused ? "the average by its reducers" : "its own part");
 	mp_clog_end(ctx, round, g, a->weight);
 	if (rc)
 		goto out;

@@ -55,6 +55,7 @@ struct job {
 	struct peer_cfg base;
 	struct peer_cfg odd[MAXP]; /* per rank: fields set here replace base's */
 	int odd_set[MAXP];
+	int nan_rank;      /* check_finite job: this rank's value 0 is NaN (part 0); 0: none */
 };
 
 /* What a child reports. */
@@ -63,6 +64,8 @@ struct report {
 	int unchanged;     /* the buffer holds its inputs bit for bit */
 	int failed_peers;
 	int peers;
+	int exact;         /* check_finite job: the result is the exact mean of the finite
+	                      contributions, part by part */
 	char err[MSG];
 };
 
@@ -138,6 +141,8 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 	float *buf = malloc(count * sizeof(float));
 	for (size_t i = 0; i < count; i++)
 		buf[i] = input(rank, i);
+	if (j->nan_rank && rank == j->nan_rank)
+		buf[0] = NAN;
 	memset(&res, 0, sizeof(res));
 	rc = mp_average(ctx, buf, count, pc.weight != 0.0f ? pc.weight : (float)(rank + 1), &res);
 	rep.rc = rc;
@@ -146,7 +151,24 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 		rep.unchanged &= memcmp(&buf[i], &(float){input(rank, i)}, sizeof(float)) == 0;
 	rep.failed_peers = res.failed_peers;
 	rep.peers = res.peers;
-	snprintf(rep.err, sizeof(rep.err), "%s", rc ? mp_last_error(ctx) : "");
+	snprintf(rep.err, sizeof(rep.err), "%s", mp_last_error(ctx));
+	if (j->nan_rank) {
+		/* Equal parts of count / npeers; part 0 (rank 0 reduces it)
+		 * leaves the NaN's sender out, the others take everyone. */
+		double maxerr = 0;
+		for (size_t i = 0; i < count; i++) {
+			double m = 0, w = 0;
+			for (int q = 0; q < j->npeers; q++) {
+				if (q == j->nan_rank && i < count / (size_t)j->npeers)
+					continue;
+				m += (q + 1) * (double)input(q, i);
+				w += q + 1;
+			}
+			double e = fabs(buf[i] - m / w);
+			maxerr = e > maxerr || isnan(e) ? e : maxerr;
+		}
+		rep.exact = maxerr < 1e-4 && !isnan(maxerr);
+	}
 	write_all(to_parent, &rep, sizeof(rep));
 	/* Everyone leaves together: a peer gone early would fail the others
 	 * for another reason. */
@@ -432,6 +454,29 @@ static void weight_negative(void **s)
 	bad_weight(-1.0f, "w-neg", "weight -1: must be finite and >= 0");
 }
 
+/*
+ * MP_CHECK_FINITE=1, three peers in one group, rank 2 with a NaN in part 0:
+ * rank 0, part 0's reducer, leaves rank 2's contribution to it out and
+ * tells rank 2; every peer, rank 2 included, holds the exact weighted mean
+ * of the finite contributions (part 0 of ranks 0 and 1, the rest of all
+ * three), and rank 2's mp_last_error says its contribution was left out.
+ */
+static void nonfinite_left_out(void **s)
+{
+	struct job j = {.name = "finite", .npeers = 3, .count = 999, .base = {.check_finite = 1},
+			.nan_rank = 2};
+	struct report rep[3];
+
+	(void)s;
+	launch(&j, rep);
+	for (int r = 0; r < 3; r++) {
+		if (rep[r].rc || !rep[r].exact)
+			fail_msg("rank %d: rc %d, exact %d, \"%s\"", r, rep[r].rc, rep[r].exact, rep[r].err);
+	}
+	assert_non_null(strstr(rep[2].err, "contribution was left out of the average by its "
+				       "reducers: it holds NaN or infinity (MP_CHECK_FINITE)"));
+}
+
 /* The same harness with nothing apart: every peer averages. */
 static void agreeing_peers_average(void **s)
 {
@@ -469,6 +514,7 @@ int main(void)
 		cmocka_unit_test(weight_nan),
 		cmocka_unit_test(weight_inf),
 		cmocka_unit_test(weight_negative),
+		cmocka_unit_test(nonfinite_left_out),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, NULL, NULL);
