@@ -187,6 +187,11 @@ struct mp_config {
 	const char *fault;      /**< MP_FAULT: fault injection for tests (doc/control-plane.md) */
 	int balance;            /**< MP_BALANCE: ::mp_balance, where part sizes come from
 	                             ("configured", the default, or "measured") */
+	int check_finite;       /**< MP_CHECK_FINITE=1: a reducer leaves out of its part a
+	                             contribution that holds NaN or infinity (its sender is told,
+	                             see ::mp_average); moshpit and butterfly only; every peer of a
+	                             run must set it alike (default 0). Added at the end: the
+	                             struct only grows, and ::mp_config_init sets size */
 };
 
 /** Where a group's part sizes come from (MP_BALANCE). */
@@ -338,12 +343,19 @@ MP_API int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
  * @param ctx context
  * @param buf values, replaced with the (weighted) average
  * @param count number of floats (> 0)
- * @param weight this peer's weight (>= 0, finite; 1 for a plain mean)
+ * @param weight this peer's weight (>= 0, finite; 1 for a plain mean): NaN,
+ *        infinite or negative is -EINVAL before anything is sent, said in
+ *        ::mp_last_error
  * @param mr registration covering @p buf, or NULL (registered internally)
  * @param[out] req request to test or wait on
  * @return 0; -EINVAL (also a buffer that is not float-aligned within its CUDA
  *         registration); -ENOTCONN if peers are not set; -ENOTSUP for a
  *         dma-buf registration (no device reducer); -ENOMEM
+ *
+ * NaN and infinity in @p buf are not checked by default: they are averaged
+ * like any value, so one peer's NaN reaches every result its values reach
+ * (the mean of a part holding it is NaN). With ::mp_config::check_finite
+ * (MP_CHECK_FINITE=1) a reducer leaves such a contribution out instead.
  */
 MP_API int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
 			    mp_request **req);
@@ -356,7 +368,12 @@ MP_API int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight,
  * @param[out] res counters of the operation (may be NULL); filled when done
  * @return 0 while running or on success; a negative errno if the operation
  *         failed (-ETIMEDOUT, -ECONNREFUSED, -EPROTO, -ECANCELED, -EIO when a
- *         copy of staged CUDA memory failed, ...)
+ *         copy of staged CUDA memory failed, ...); -EBADE when a peer it needed
+ *         runs with other run-shared settings (grid, codec, ...: refused at
+ *         connect), -EMSGSIZE when a peer averages another number of values:
+ *         ::mp_last_error names the peer, the field or the counts and both
+ *         values, and nothing of the exchange that met it was applied (see
+ *         ::mp_wait)
  */
 MP_API int mp_test(mp_request *req, int *done, struct mp_result *res);
 
@@ -368,7 +385,12 @@ MP_API int mp_test(mp_request *req, int *done, struct mp_result *res);
  * @return 0; -ETIMEDOUT if @p timeout_ms passed (the request stays valid;
  *         operations themselves never fail with -ETIMEDOUT: a peer that times
  *         out is dropped and counted in mp_result::failed_peers); or the
- *         operation's negative errno
+ *         operation's negative errno. -EBADE (mp_strerror: "settings differ
+ *         from a peer's") and -EMSGSIZE (another length) end the average at
+ *         the exchange that meets the peer, with nothing of that exchange
+ *         applied: the buffer is unchanged when it is the first (always for
+ *         ring, butterfly and one-group grids); in a later moshpit round it
+ *         keeps the exact group means of the rounds before
  */
 MP_API int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
 

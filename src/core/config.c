@@ -309,6 +309,7 @@ int mp_config_from_env(struct mp_config *cfg)
 	INT_VAR("MP_RECORD_TTL_MS", record_ttl_ms, 100, 1 << 30)
 	INT_VAR("MP_JOIN_TIMEOUT_MS", join_timeout_ms, 0, 1 << 30)
 	INT_VAR("MP_MIN_PART", min_part, 0, 1LL << 40)
+	INT_VAR("MP_CHECK_FINITE", check_finite, 0, 1)
 #undef INT_VAR
 	if ((s = env_str("MP_RENDEZVOUS")))
 		cfg->rendezvous = s;
@@ -743,6 +744,13 @@ common:
 		 * them on every hop, with nowhere to keep the error feedback. */
 		mp_set_init_error("config: codec %s needs the moshpit or butterfly algorithm, not ring",
 				  mp_codec_by_id((unsigned)out->codec)->name);
+		goto bad;
+	}
+	if (out->check_finite && out->algo == MP_ALGO_RING) {
+		/* The ring forwards partial sums: a contribution cannot be left
+		 * out of them once it is in. */
+		mp_set_init_error("config: check_finite (MP_CHECK_FINITE=1) needs the moshpit or "
+				  "butterfly algorithm, not ring");
 		goto bad;
 	}
 	if (out->chunk_bytes < 4 || out->chunk_bytes > (1u << 28) || out->chunk_bytes % 4) {

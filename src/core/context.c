@@ -212,6 +212,15 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	if (!rc && !ctx->dynamic)
 		rc = static_bandwidths(ctx);
 	ctx->cfg.bandwidths = NULL;
+	/* What every peer must share, fixed from here on: handshakes and
+	 * records carry it (settings.h). */
+	double *bws = ctx->dynamic ? NULL : malloc((size_t)ctx->npeers * sizeof(double));
+	for (int i = 0; bws && i < ctx->npeers; i++)
+		bws[i] = ctx->peers[i].bandwidth;
+	mp_settings_make(&ctx->settings, &ctx->cfg, &ctx->grid, ctx->streams, ctx->chunk_elems,
+			 ctx->codec_cfg, &ctx->cparams, bws, ctx->npeers, ctx->dynamic);
+	free(bws);
+	ctx->auth.settings_fp = mp_settings_fingerprint(&ctx->settings);
 	if (!rc)
 		rc = mp_ctrl_init(ctx);
 	if (rc)
@@ -550,6 +559,7 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	int cap = ctx->npeers > MP_MAX_GROUP ? ctx->npeers : MP_MAX_GROUP;
 	int *members = malloc((size_t)cap * sizeof(int));
 	int rc = 0, ok_rounds = 0;
+	const uint32_t end_round = ctx->round + (uint32_t)rounds;
 
 	if (!members)
 		return -ENOMEM;
@@ -594,6 +604,11 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	}
 	if (go->end)
 		go->end(st);
+	/* An average given up (settings or length differ from a peer's) still
+	 * spends its rounds: a static run counts them locally, and its next
+	 * average must meet its peers' in the same round. */
+	if (rc && !go->next_round && (int32_t)(end_round - ctx->round) > 0)
+		ctx->round = end_round;
 	/* A static peer that reached nobody is cut off from a fixed membership;
 	 * in a dht run, rounds alone are churn, counted in rounds_alone. */
 	if (!rc && !ok_rounds && rounds > 0 && ctx->npeers > 1 && !ctx->dynamic) {
@@ -826,9 +841,15 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	struct mp_request *req;
 	int rc;
 
-	if (!ctx || !buf || !count || !out || !isfinite(weight) || weight < 0.0f)
+	if (!ctx || !buf || !count || !out)
 		return -EINVAL;
 	*out = NULL;
+	if (!isfinite(weight) || weight < 0.0f) {
+		/* Checked before anything is sent: a peer's weight scales its
+		 * whole contribution, and NaN would poison every result. */
+		mp_set_error(ctx, "weight %g: must be finite and >= 0", (double)weight);
+		return -EINVAL;
+	}
 	if (count > (size_t)UINT32_MAX * ctx->chunk_elems || count > SIZE_MAX / sizeof(float)) {
 		mp_set_error(ctx, "%zu values are more than one operation can carry", count);
 		return -EINVAL;

@@ -40,6 +40,8 @@ struct mp_record {
 	double bandwidth;     /* < 0 unknown, 0 client */
 	char transport[16];   /* "tcp", ... */
 	char addr[MP_ADDR_STRLEN]; /* data-plane address; "" for client peers */
+	uint64_t settings;    /* fingerprint of its settings (settings.h); 0 on encode: the
+	                         encoder's own (mp_auth.settings_fp) */
 };
 
 /* Declaration mode past enum mp_mode: "peer id will not come to this
@@ -130,7 +132,8 @@ extern const struct mp_rdv_ops *const mp_rdv_dht_ops;
 
 /* Record and declaration encodings (rdv_record.c; exposed for tests). Encoded
  * values carry the MAC; decode verifies it and returns -EACCES on a bad MAC,
- * -EBADMSG when malformed, -EPROTO for another run's record. @key binds a
+ * -EBADMSG when malformed, -EPROTO for another run's record, -EBADE for a
+ * record whose settings fingerprint is not the reader's (mp_auth.settings_fp). @key binds a
  * declaration to its group key. */
 #define MP_RECORD_WIRE_MAX 256
 int mp_record_encode(const struct mp_auth *a, const char *run_name, const struct mp_record *r,

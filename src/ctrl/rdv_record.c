@@ -3,11 +3,11 @@
  * What peers of a dht run put on the rendezvous: membership records and
  * matchmaking declarations, fixed layouts, all integers little-endian.
  *
- * Record (kind 1), 242 bytes:
+ * Record (kind 1), 250 bytes:
  *
  *   off  size  field
  *     0     1  magic 0x6d ('m')
- *     1     1  version 2
+ *     1     1  version 3
  *     2     1  kind 1
  *     3     1  mode (enum mp_mode, <= MP_MODE_AUX)
  *     4     1  bye (0 or 1)
@@ -21,12 +21,13 @@
  *    58     8  bandwidth: IEEE-754 binary64 bits, finite
  *    66    16  transport: NUL-terminated, zero-padded
  *    82   128  addr: NUL-terminated, zero-padded
- *   210    32  MAC = mp_auth_mac(MP_AUTH_RECORD, bytes 0..209)
+ *   210     8  settings: fingerprint of the run-shared settings (settings.h)
+ *   218    32  MAC = mp_auth_mac(MP_AUTH_RECORD, bytes 0..217)
  *
  * Declaration (kind 2), 58 bytes:
  *
  *     0     1  magic 0x6d
- *     1     1  version 2
+ *     1     1  version 3
  *     2     1  kind 2
  *     3     1  mode (<= MP_MODE_AUX, MP_DECL_ABSENT, MP_DECL_PLACING or MP_DECL_MOVED)
  *     4     2  coord (int16)
@@ -38,8 +39,11 @@
  * The group key is a second MAC piece, not stored: a declaration copied
  * under another key does not verify there. Decoding checks length, magic,
  * version and kind (-EBADMSG), then the MAC (-EACCES), then the run id of a
- * record (-EPROTO: a peer holding the key but in another run), then every
- * field, padding included (-EBADMSG), so that one value has one encoding.
+ * record (-EPROTO: a peer holding the key but in another run), then its
+ * settings fingerprint against the reader's (-EBADE: a peer of this run
+ * configured otherwise, which no handshake with it would accept; the
+ * reader counts it), then every field, padding included (-EBADMSG), so that
+ * one value has one encoding.
  */
 #include <errno.h>
 #include <math.h>
@@ -52,7 +56,7 @@
 #include "wire.h"
 
 #define MAGIC 0x6d
-#define VERSION 2
+#define VERSION 3
 #define KIND_RECORD 1
 #define KIND_DECL 2
 
@@ -69,7 +73,8 @@
 #define R_TRANSPORT (R_BW + 8)
 #define TRANSPORT_LEN 16
 #define R_ADDR (R_TRANSPORT + TRANSPORT_LEN)
-#define R_MAC (R_ADDR + MP_ADDR_STRLEN)
+#define R_SETTINGS (R_ADDR + MP_ADDR_STRLEN)
+#define R_MAC (R_SETTINGS + 8)
 #define RECORD_LEN (R_MAC + MP_MAC_BYTES)
 
 #define D_MODE 3
@@ -80,7 +85,7 @@
 #define D_MAC 26
 #define DECL_LEN (D_MAC + MP_MAC_BYTES)
 
-_Static_assert(RECORD_LEN == 242, "record layout as documented");
+_Static_assert(RECORD_LEN == 250, "record layout as documented");
 _Static_assert(RECORD_LEN <= MP_RECORD_WIRE_MAX, "a record fits MP_RECORD_WIRE_MAX");
 _Static_assert(DECL_LEN <= MP_RECORD_WIRE_MAX, "a declaration fits MP_RECORD_WIRE_MAX");
 _Static_assert(sizeof(((struct mp_record *)0)->transport) == TRANSPORT_LEN, "transport field");
@@ -143,6 +148,9 @@ int mp_record_encode(const struct mp_auth *a, const char *run_name, const struct
 		mp_le_put16(buf + R_COORDS + 2 * i, (uint16_t)r->coords[i]);
 	memcpy(&bw, &r->bandwidth, sizeof(bw));
 	mp_le_put64(buf + R_BW, bw);
+	/* The writer's settings: its own, not the record's (a record passed
+	 * on keeps the fingerprint it was signed with). */
+	mp_le_put64(buf + R_SETTINGS, r->settings ? r->settings : a->settings_fp);
 	if (put_str(buf + R_TRANSPORT, TRANSPORT_LEN, r->transport) ||
 	    put_str(buf + R_ADDR, MP_ADDR_STRLEN, r->addr))
 		return -EINVAL;
@@ -164,7 +172,10 @@ int mp_record_decode(const struct mp_auth *a, const char *run_name, const uint8_
 		return -EACCES;
 	if (mp_le_get64(buf + R_RUN) != mp_wire_run_id(run_name))
 		return -EPROTO;
+	if (a->settings_fp && mp_le_get64(buf + R_SETTINGS) != a->settings_fp)
+		return -EBADE;
 	memset(&r, 0, sizeof(r));
+	r.settings = mp_le_get64(buf + R_SETTINGS);
 	r.mode = buf[R_MODE];
 	r.bye = buf[R_BYE];
 	r.ndims = buf[R_NDIMS];

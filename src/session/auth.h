@@ -34,6 +34,11 @@ struct mp_auth {
 	 * anyone who knows the name can join, and the log says so. */
 	int from_name;
 	char source[64]; /* "MP_RUN_KEY", "file /path", "run name" (for logs) */
+	/* Fingerprint of the settings every peer of a dht run must share
+	 * (mp_settings_fingerprint), set by mp_init: membership records carry
+	 * it, and a record with another one is refused (-EBADE) like one
+	 * under another key. 0: not checked (tests that build records alone). */
+	uint64_t settings_fp;
 };
 
 /*

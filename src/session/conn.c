@@ -29,12 +29,17 @@
 #define RETRY_NS (100ull * 1000 * 1000)
 
 /* Handshake frames (doc/protocol.md, "Connection handshake"): HELLO carries
- * a nonce, the dialer's mode, bandwidth and NUL-terminated address; CHALLENGE
- * a nonce and a MAC; AUTH a MAC. */
-#define MP_HELLO_FIXED (MP_NONCE_BYTES + 1 + 8)
-#define MP_HELLO_MAX (MP_WIRE_HDR_SIZE + MP_HELLO_FIXED + MP_ADDR_STRLEN)
-#define MP_CHALLENGE_LEN (MP_WIRE_HDR_SIZE + MP_NONCE_BYTES + MP_MAC_BYTES)
+ * a nonce, the dialer's mode, bandwidth, its settings (a u16 length, then
+ * the entries of settings.h) and NUL-terminated address; CHALLENGE a nonce,
+ * a MAC and the acceptor's settings the same way; AUTH a MAC. */
+#define MP_HELLO_FIXED (MP_NONCE_BYTES + 1 + 8 + 2)
+#define MP_HELLO_MAX (MP_WIRE_HDR_SIZE + MP_HELLO_FIXED + MP_SETTINGS_MAX + MP_ADDR_STRLEN)
+#define MP_CHALLENGE_FIXED (MP_NONCE_BYTES + MP_MAC_BYTES + 2)
+#define MP_CHALLENGE_LEN (MP_WIRE_HDR_SIZE + MP_CHALLENGE_FIXED + MP_SETTINGS_MAX)
 #define MP_AUTH_LEN (MP_WIRE_HDR_SIZE + MP_MAC_BYTES)
+/* A peer whose settings differ is dialled again this often: it may be
+ * restarted with the right ones, but each try is refused on both sides. */
+#define SETTINGS_RETRY_NS (1000ull * 1000 * 1000)
 
 /* One connection slot to a peer: the connection, its handshake and session. */
 struct mp_link {
@@ -44,6 +49,10 @@ struct mp_link {
 	uint64_t since_ns;          /* dialer: when the dial began (handshake deadline) */
 	uint64_t retry_at_ns;       /* dialer: when to dial again after a failure */
 	unsigned auth_fails;        /* dialer: CHALLENGEs refused in a row (log rate) */
+	unsigned settings_fails;    /* handshakes refused in a row for settings (log rate) */
+	int settings_bad;           /* the last handshake found the peer's settings differ:
+	                               mp_conn_get reports -EBADE until one agrees */
+	int refusing;               /* dialer: settings differ; our AUTH goes out, then we close */
 	int err;                    /* dialer: last failure, until mp_conn_get reports it */
 	int probe_kind;             /* the probe slot (index nconn): MP_PROBE_* of the probe */
 	uint32_t probe_round;       /* ... and the round its HELLO carries */
@@ -52,6 +61,9 @@ struct mp_link {
 	uint8_t nonce_d[MP_NONCE_BYTES];
 	uint8_t sbuf[MP_HELLO_MAX];
 	uint8_t rbuf[MP_CHALLENGE_LEN];
+	uint8_t sset[MP_SETTINGS_MAX]; /* dialer: our settings as the HELLO carried them */
+	size_t sset_len;
+	char differ[160];           /* with settings_bad: which field, both values */
 };
 
 /* An accepted connection in its handshake: waiting for the HELLO, then (our
@@ -72,6 +84,9 @@ struct mp_pending {
 	double bandwidth;
 	uint8_t nonce_d[MP_NONCE_BYTES], nonce_a[MP_NONCE_BYTES];
 	char addr[MP_ADDR_STRLEN];
+	uint8_t dset[MP_SETTINGS_MAX]; /* the dialer's settings as its HELLO carried them */
+	size_t dset_len;
+	char differ[160];               /* "" or how the dialer's settings differ from ours */
 	/* MP_HELLO_MAX received, then MP_CHALLENGE_LEN sent: allocated apart,
 	 * since the driver writes into it while ctx->pend may be reallocated */
 	uint8_t *buf;
@@ -84,11 +99,36 @@ static const char *id_str(const struct mp_ctx *ctx, uint64_t id, char buf[24])
 	return buf;
 }
 
-/* What one handshake binds together. */
+/*
+ * A handshake with @peer (its slot @l) found that its settings differ from
+ * ours (@differ: the field and both values). Refused on this side; the slot
+ * remembers it, so that every exchange that needs the peer fails with
+ * -EBADE at once instead of at its connect timeout. Logged at powers of two
+ * of refusals in a row: the peer is dialled again every second.
+ */
+static void settings_refused(struct mp_ctx *ctx, struct mp_link *l, const char *name,
+			     const char *addr, const char *differ)
+{
+	ctx->rejected[MP_REJ_SETTINGS]++;
+	if (ctx->cur_res)
+		ctx->cur_res->frames_rejected++;
+	l->settings_bad = 1;
+	snprintf(l->differ, sizeof(l->differ), "%s", differ);
+	l->settings_fails++;
+	if (!(l->settings_fails & (l->settings_fails - 1)))
+		mp_set_error(ctx, "peer %s (%s): %s (refused; %u in a row)", name, addr, differ,
+			     l->settings_fails);
+}
+
+/* What one handshake binds together. Each side's MAC covers its own
+ * settings as it sent them, so that a refusal for settings is the peer's
+ * word and not a stranger's. */
 struct hs {
 	const uint8_t *nonce_d, *nonce_a;
 	uint64_t dialer, acceptor;
 	uint32_t idx;
+	const uint8_t *set;  /* CHALLENGE: the acceptor's settings; AUTH: the dialer's */
+	size_t set_len;
 };
 
 /*
@@ -101,7 +141,7 @@ static int hs_mac(const struct mp_ctx *ctx, enum mp_auth_domain d, const struct 
 		  uint8_t mac[MP_MAC_BYTES], int check)
 {
 	uint8_t dialer[8], acceptor[8], idx[4], run[8];
-	struct mp_auth_piece pc[5];
+	struct mp_auth_piece pc[6];
 	int n = 0;
 
 	mp_le_put64(dialer, s->dialer);
@@ -116,6 +156,7 @@ static int hs_mac(const struct mp_ctx *ctx, enum mp_auth_domain d, const struct 
 	pc[n++] = (struct mp_auth_piece){idx, sizeof(idx)};
 	if (d == MP_AUTH_CHALLENGE)
 		pc[n++] = (struct mp_auth_piece){run, sizeof(run)};
+	pc[n++] = (struct mp_auth_piece){s->set, s->set_len};
 	if (check)
 		return mp_auth_verify(&ctx->auth, d, pc, n, mac);
 	mp_auth_mac(&ctx->auth, d, pc, n, mac);
@@ -243,6 +284,13 @@ uint32_t mp_conn_token(struct mp_ctx *ctx, int peer, int idx)
 	return l && l->ready ? l->token : 0;
 }
 
+const char *mp_conn_settings_diff(const struct mp_ctx *ctx, int peer, int idx)
+{
+	const struct mp_link *l = link_get(ctx, peer, idx);
+
+	return l && l->settings_bad ? l->differ : NULL;
+}
+
 void mp_conn_peer_gone(struct mp_ctx *ctx, int idx)
 {
 	struct mp_peer *p = &ctx->peers[idx];
@@ -275,9 +323,10 @@ static size_t hello_frame(const struct mp_ctx *ctx, int idx, const struct mp_lin
 	/* A client accepts nothing, so it has no address to give. */
 	const char *addr = ctx->listener && ctx->mode != MP_MODE_CLIENT ? ctx->local_addr : "";
 	size_t alen = strlen(addr) + 1;
+	size_t slen = mp_settings_encode(&ctx->settings, pl + MP_HELLO_FIXED);
 	uint64_t bw;
 	struct mp_wire_hdr h = hs_header(ctx, MP_MSG_HELLO, (uint32_t)idx,
-					 (uint32_t)(MP_HELLO_FIXED + alen));
+					 (uint32_t)(MP_HELLO_FIXED + slen + alen));
 
 	h.count = ctx->dynamic ? 0 : (uint32_t)ctx->npeers;
 	if (idx == ctx->nconn) {
@@ -289,7 +338,8 @@ static size_t hello_frame(const struct mp_ctx *ctx, int idx, const struct mp_lin
 	pl[MP_NONCE_BYTES] = (uint8_t)ctx->mode;
 	memcpy(&bw, &ctx->cfg.bandwidth, sizeof(bw));
 	mp_le_put64(pl + MP_NONCE_BYTES + 1, bw);
-	memcpy(pl + MP_HELLO_FIXED, addr, alen);
+	mp_le_put16(pl + MP_NONCE_BYTES + 9, (uint16_t)slen);
+	memcpy(pl + MP_HELLO_FIXED + slen, addr, alen);
 	mp_wire_encode(&h, buf, pl);
 	return MP_WIRE_HDR_SIZE + h.length;
 }
@@ -309,6 +359,8 @@ static int dial(struct mp_ctx *ctx, int peer, int idx)
 	mp_auth_random(l->nonce_d, sizeof(l->nonce_d));
 	iov.base = l->sbuf;
 	iov.len = hello_frame(ctx, idx, l, l->nonce_d, l->sbuf);
+	l->sset_len = mp_le_get16(l->sbuf + MP_WIRE_HDR_SIZE + MP_NONCE_BYTES + 9);
+	memcpy(l->sset, l->sbuf + MP_WIRE_HDR_SIZE + MP_HELLO_FIXED, l->sset_len);
 	rc = ctx->ops->irecv(c, l->rbuf, sizeof(l->rbuf), NULL, &l->rreq);
 	if (!rc)
 		rc = ctx->ops->isend(c, &iov, 1, NULL, &l->sreq);
@@ -338,18 +390,23 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 	const uint8_t *pl = l->rbuf + MP_WIRE_HDR_SIZE;
 	enum mp_wire_reject why = MP_REJ_NONE;
 	struct hs s = {.nonce_d = l->nonce_d, .nonce_a = pl, .dialer = ctx->self_id,
-		       .acceptor = p->id, .idx = (uint32_t)idx};
+		       .acceptor = p->id, .idx = (uint32_t)idx,
+		       .set = pl + MP_CHALLENGE_FIXED};
+	struct mp_settings theirs;
 	uint8_t mac[MP_MAC_BYTES];
+	char differ[160];
 	struct mp_wire_hdr h;
 	struct mp_iov iov;
 	char name[24];
-	int rc;
+	int rc, bad;
 
 	id_str(ctx, p->id, name);
 	if (mp_wire_decode(l->rbuf, len, ctx->run_id, mp_codec_count(), &h, &why) == 0 &&
 	    (h.type != MP_MSG_CHALLENGE || h.token || h.offset != p->id ||
 	     h.sender != (uint32_t)p->id || h.aux != (uint32_t)idx ||
-	     h.length != MP_NONCE_BYTES + MP_MAC_BYTES))
+	     h.length < MP_CHALLENGE_FIXED ||
+	     h.length != MP_CHALLENGE_FIXED + (s.set_len = mp_le_get16(pl + MP_NONCE_BYTES + MP_MAC_BYTES)) ||
+	     mp_settings_decode(s.set, s.set_len, &theirs)))
 		why = MP_REJ_UNEXPECTED;
 	if (why) {
 		count_reject(ctx, why);
@@ -371,6 +428,12 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 	uint32_t remote_round = h.round;
 	if (remote_round > ctx->seen_round)
 		ctx->seen_round = remote_round;
+	/* The acceptor's settings are its word now: compare. Our AUTH goes
+	 * out either way (its MAC covers our settings as the HELLO gave
+	 * them), so that the acceptor refuses on its side too, and says why. */
+	bad = mp_settings_diff(&ctx->settings, &theirs, differ, sizeof(differ));
+	s.set = l->sset;
+	s.set_len = l->sset_len;
 	hs_mac(ctx, MP_AUTH_RESPONSE, &s, mac, 0);
 	l->token = hs_token(ctx, &s);
 	h = hs_header(ctx, MP_MSG_AUTH, (uint32_t)idx, MP_MAC_BYTES);
@@ -381,11 +444,19 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 	rc = ctx->ops->isend(l->conn, &iov, 1, NULL, &l->sreq);
 	if (rc)
 		return rc;
-	l->ready = 1;
 	l->auth_fails = 0;
 	/* Dialled to CHALLENGE: the connect and HELLO's round trips, the
 	 * peer's answer included (mp_peers_info reports it). */
 	mp_peer_rtt(ctx, peer, mp_now_ns() - l->since_ns);
+	if (bad) {
+		settings_refused(ctx, l, name, p->addr, differ);
+		l->token = 0;
+		l->refusing = 1;
+		return -EBADE;
+	}
+	l->ready = 1;
+	l->settings_bad = 0;
+	l->settings_fails = 0;
 	if (idx == ctx->nconn) {
 		/* A probe: the peer holds the key and answers; closed once the
 		 * AUTH is out (mp_conn_poll). */
@@ -408,6 +479,23 @@ static void handshake(struct mp_ctx *ctx, int peer, int idx)
 	int rc, done = 0;
 	char name[24];
 
+	if (l->refusing) {
+		/* Our AUTH of a refused handshake: once it is out (or the
+		 * connect timeout passed), close, and dial again later. */
+		if (l->sreq) {
+			ctx->ops->test(l->sreq, &done, NULL);
+			if (!done && mp_now_ns() - l->since_ns <=
+					     (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull)
+				return;
+			if (done)
+				l->sreq = NULL;
+		}
+		l->refusing = 0;
+		mp_conn_drop(ctx, peer, idx);
+		l->retry_at_ns = mp_now_ns() + SETTINGS_RETRY_NS;
+		l->err = -EBADE;
+		return;
+	}
 	/* The CHALLENGE is taken only once our HELLO is out, so that one send
 	 * request serves the HELLO and then the AUTH. */
 	if (l->sreq) {
@@ -431,6 +519,11 @@ static void handshake(struct mp_ctx *ctx, int peer, int idx)
 		rc = challenge_arrived(ctx, peer, idx, len);
 		if (!rc)
 			return;
+		if (rc == -EBADE) {
+			/* Refused for settings; the connection lives until our AUTH is out. */
+			l->err = rc;
+			return;
+		}
 	} else {
 		/* Refused or reset while connecting: in a static run the peer may
 		 * not listen yet. A dht peer publishes its record only once it
@@ -493,8 +586,9 @@ struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err)
 	}
 	rc = we_dial(ctx, p);
 	if (rc <= 0) {
-		/* 0: the other side dials, and mp_conn_poll adopts it. */
-		*err = rc;
+		/* 0: the other side dials, and mp_conn_poll adopts it; unless its
+		 * settings differ from ours, which its next try will not change. */
+		*err = rc ? rc : l->settings_bad ? -EBADE : 0;
 		return NULL;
 	}
 	now = mp_now_ns();
@@ -508,10 +602,15 @@ struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err)
 			l->err = rc;
 		}
 	}
-	/* The last failure, reported once (mp_conn_poll may have met it). */
+	/* The last failure, reported once (mp_conn_poll may have met it); a
+	 * difference in settings for as long as it lasts. */
 	*err = l->err;
 	l->err = 0;
-	return l->conn && l->ready ? l->conn : NULL;
+	if (l->conn && l->ready)
+		return l->conn;
+	if (l->settings_bad)
+		*err = -EBADE;
+	return NULL;
 }
 
 /* ---- acceptor side ----------------------------------------------------- */
@@ -546,17 +645,28 @@ static void reject(struct mp_ctx *ctx, struct mp_pending *pd, enum mp_wire_rejec
 static int hello_payload(struct mp_ctx *ctx, struct mp_pending *pd, const struct mp_wire_hdr *h)
 {
 	const uint8_t *pl = pd->buf + MP_WIRE_HDR_SIZE;
-	const char *addr = (const char *)pl + MP_HELLO_FIXED;
+	size_t slen = h->length >= MP_HELLO_FIXED ? mp_le_get16(pl + MP_NONCE_BYTES + 9) : 0;
+	const char *addr = (const char *)pl + MP_HELLO_FIXED + slen;
+	struct mp_settings theirs;
 	uint64_t bits;
 	char name[24];
 	int known;
 
-	if (h->length < MP_HELLO_FIXED + 1 ||
-	    memchr(addr, 0, h->length - MP_HELLO_FIXED) != addr + h->length - MP_HELLO_FIXED - 1 ||
+	if (h->length < MP_HELLO_FIXED + 1 || slen > MP_SETTINGS_MAX ||
+	    h->length < MP_HELLO_FIXED + slen + 1 ||
+	    memchr(addr, 0, h->length - MP_HELLO_FIXED - slen) !=
+		    addr + h->length - MP_HELLO_FIXED - slen - 1 ||
+	    mp_settings_decode(pl + MP_HELLO_FIXED, slen, &theirs) ||
 	    pl[MP_NONCE_BYTES] > MP_MODE_AUX || h->sender != (uint32_t)h->offset) {
 		reject(ctx, pd, MP_REJ_UNEXPECTED, "malformed HELLO");
 		return -EPROTO;
 	}
+	/* Unproven until the AUTH: judged then, so that a stranger's HELLO
+	 * cannot make us refuse a peer. */
+	memcpy(pd->dset, pl + MP_HELLO_FIXED, slen);
+	pd->dset_len = slen;
+	if (!mp_settings_diff(&ctx->settings, &theirs, pd->differ, sizeof(pd->differ)))
+		pd->differ[0] = 0;
 	pd->id = h->offset;
 	pd->idx = h->aux;
 	pd->mode = pl[MP_NONCE_BYTES];
@@ -586,9 +696,10 @@ static int hello_payload(struct mp_ctx *ctx, struct mp_pending *pd, const struct
 						   : "the lower id dials");
 		return -EPROTO;
 	}
-	if (ctx->dynamic ? h->count != 0
-			 : (pd->id >= (uint64_t)ctx->npeers || h->count != (uint32_t)ctx->npeers)) {
-		reject(ctx, pd, MP_REJ_UNEXPECTED, "HELLO from an unknown rank %s or with %u peers",
+	/* (A peer count that differs is a difference in settings, named at
+	 * the AUTH; a rank beyond ours cannot be placed at all.) */
+	if (ctx->dynamic ? h->count != 0 : pd->id >= (uint64_t)ctx->npeers) {
+		reject(ctx, pd, MP_REJ_UNEXPECTED, "HELLO from an unknown rank %s (%u peers)",
 		       name, h->count);
 		return -EPROTO;
 	}
@@ -623,12 +734,7 @@ static void hello_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 		reject(ctx, pd, why, "bad HELLO");
 		return;
 	}
-	if (h.part != (uint32_t)ctx->codec_cfg ||
-	    h.codec != (ctx->codec_cfg == MP_CODEC_AUTO ? MP_CODEC_NONE : ctx->codec_cfg)) {
-		/* Peers must agree on the codec; say so now, not at the first chunk. */
-		reject(ctx, pd, MP_REJ_CODEC, "the peer uses another codec");
-		return;
-	}
+	/* (The codec is one of the settings, compared with the others.) */
 	if (h.type != MP_MSG_HELLO || h.token) {
 		reject(ctx, pd, MP_REJ_UNEXPECTED, "first message is not a HELLO");
 		return;
@@ -636,14 +742,19 @@ static void hello_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 	if (hello_payload(ctx, pd, &h))
 		return;
 	mp_auth_random(pd->nonce_a, sizeof(pd->nonce_a));
+	/* Our settings go with the CHALLENGE even when the dialer's differ:
+	 * the dialer then refuses on its side too, naming the field. */
+	uint8_t *set = out + MP_WIRE_HDR_SIZE + MP_CHALLENGE_FIXED;
+	size_t slen = mp_settings_encode(&ctx->settings, set);
 	s = (struct hs){.nonce_d = pd->nonce_d, .nonce_a = pd->nonce_a, .dialer = pd->id,
-			.acceptor = ctx->self_id, .idx = pd->idx};
-	h = hs_header(ctx, MP_MSG_CHALLENGE, pd->idx, MP_NONCE_BYTES + MP_MAC_BYTES);
+			.acceptor = ctx->self_id, .idx = pd->idx, .set = set, .set_len = slen};
+	h = hs_header(ctx, MP_MSG_CHALLENGE, pd->idx, (uint32_t)(MP_CHALLENGE_FIXED + slen));
 	memcpy(out + MP_WIRE_HDR_SIZE, pd->nonce_a, MP_NONCE_BYTES);
 	hs_mac(ctx, MP_AUTH_CHALLENGE, &s, out + MP_WIRE_HDR_SIZE + MP_NONCE_BYTES, 0);
+	mp_le_put16(out + MP_WIRE_HDR_SIZE + MP_NONCE_BYTES + MP_MAC_BYTES, (uint16_t)slen);
 	mp_wire_encode(&h, out, out + MP_WIRE_HDR_SIZE);
 	iov.base = out;
-	iov.len = MP_CHALLENGE_LEN;
+	iov.len = MP_WIRE_HDR_SIZE + h.length;
 	rc = ctx->ops->irecv(pd->conn, pd->buf, MP_AUTH_LEN, NULL, &pd->req);
 	if (!rc)
 		rc = ctx->ops->isend(pd->conn, &iov, 1, NULL, &pd->sreq);
@@ -660,7 +771,8 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 {
 	enum mp_wire_reject why = MP_REJ_NONE;
 	struct hs s = {.nonce_d = pd->nonce_d, .nonce_a = pd->nonce_a, .dialer = pd->id,
-		       .acceptor = ctx->self_id, .idx = pd->idx};
+		       .acceptor = ctx->self_id, .idx = pd->idx, .set = pd->dset,
+		       .set_len = pd->dset_len};
 	struct mp_wire_hdr h;
 	struct mp_peer *p;
 	struct mp_link *l;
@@ -687,6 +799,21 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 	/* The dialer answered, so our CHALLENGE is out. */
 	mp_reap(ctx, pd->sreq);
 	pd->sreq = NULL;
+	if (pd->differ[0]) {
+		/* Its settings, now proven its own, differ: refused. A dht peer is
+		 * not learned for it; a known one's slot remembers the refusal. */
+		peer = ctx->dynamic ? mp_peer_find(ctx, pd->id) : (int)pd->id;
+		l = peer >= 0 ? link_make(ctx, peer, (int)pd->idx) : NULL;
+		if (l) {
+			settings_refused(ctx, l, name, ctx->dynamic ? pd->addr : ctx->peers[peer].addr,
+					 pd->differ);
+		} else {
+			ctx->rejected[MP_REJ_SETTINGS]++;
+			MP_WARN("peer %s (%s): %s (refused)", name, pd->addr, pd->differ);
+		}
+		pend_close(ctx, pd);
+		return;
+	}
 	if (ctx->dynamic) {
 		peer = mp_peer_learn(ctx, pd->id, pd->addr, pd->bandwidth, pd->mode);
 	} else {
@@ -729,6 +856,8 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 	}
 	l->conn = pd->conn;
 	l->ready = 1;
+	l->settings_bad = 0;
+	l->settings_fails = 0;
 	l->token = hs_token(ctx, &s);
 	pd->conn = NULL;
 	mp_peer_rtt(ctx, peer, mp_now_ns() - pd->chal_ns);

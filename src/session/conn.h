@@ -17,7 +17,9 @@
  * peer dials, NULL until mp_conn_poll has adopted the peer's connection.
  * *err: the last connection error (0 if none): -ENOTCONN at once when the
  * two can never connect (both clients) or the peer is gone; -EACCES when the
- * peer failed authentication (retried after a pause, like a refused dial).
+ * peer failed authentication (retried after a pause, like a refused dial);
+ * -EBADE while the peer's settings differ from ours (mp_conn_settings_diff;
+ * dialled again every second, in case it was restarted with the right ones).
  */
 struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err);
 /* The connection @idx to @peer if it is ready, else NULL; never dials. */
@@ -26,6 +28,10 @@ struct mp_drv_conn *mp_conn_ready(const struct mp_ctx *ctx, int peer, int idx);
 int mp_conn_open(const struct mp_ctx *ctx, int peer, int idx);
 /* Session token of connection @idx to @peer (0 while it is not ready). */
 uint32_t mp_conn_token(struct mp_ctx *ctx, int peer, int idx);
+/* How @peer's settings differ from ours ("grid differs: ours 4, theirs 2x2"),
+ * while its last handshake on connection @idx was refused for them; else
+ * NULL. mp_conn_get reports such a peer with -EBADE. */
+const char *mp_conn_settings_diff(const struct mp_ctx *ctx, int peer, int idx);
 /* Move every handshake on: our own dials (so that they complete while an
  * exchange waits for other peers) and accepted connections, adopted once
  * their AUTH checks out. */

@@ -20,6 +20,7 @@
 #include "auth.h"
 #include "codec.h"
 #include "grid.h"
+#include "settings.h"
 #include "wire.h"
 
 struct mp_core;
@@ -137,6 +138,7 @@ struct mp_ctx {
 	size_t frame_rx_max;               /* largest frame any peer's settings can produce */
 	struct mp_grid grid;
 	struct mp_grid_grouping grid_grouping; /* the static grouping's state */
+	struct mp_settings settings;       /* what every peer must share (settings.h), from mp_init */
 
 	/* identity and session */
 	struct mp_auth auth;

@@ -32,6 +32,7 @@ const char *mp_strerror(int err)
 	case EAGAIN: return "try again";
 	case ENOSPC: return "buffer too small";
 	case EHOSTUNREACH: return "peer unreachable";
+	case EBADE: return "settings differ from a peer's";
 	default: return err < 0 ? strerror(-err) : "not an error code";
 	}
 }

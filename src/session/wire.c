@@ -48,6 +48,8 @@ static const char *const reject_names[MP_REJ_MAX] = {
 	[MP_REJ_AUTH] = "auth",
 	[MP_REJ_TOKEN] = "token",
 	[MP_REJ_STALE] = "stale",
+	[MP_REJ_SETTINGS] = "settings",
+	[MP_REJ_COUNT] = "count",
 };
 
 const char *mp_wire_reject_name(enum mp_wire_reject why)

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define MP_WIRE_MAGIC 0x4850534dU /* bytes "MSPH" on the wire */
-#define MP_WIRE_VERSION 2
+#define MP_WIRE_VERSION 3
 #define MP_WIRE_HDR_SIZE 64
 #define MP_WIRE_MAX_PAYLOAD (1u << 30)
 
@@ -31,12 +31,16 @@ enum mp_msg_type {
 	MP_MSG_ACCEPT = 12, /* matchmaking: leader took the JOIN; BEGIN follows by its deadline */
 	MP_MSG_DECL = 13,   /* matchmaking: a declaration for a round, as on the DHT */
 	MP_MSG_PEER = 14,   /* membership: a new peer's record, as on the DHT, passed on */
+	MP_MSG_OPEN = 15,   /* first frame on each channel of an exchange: the element count */
 	MP_MSG_RATE = 16,   /* MP_BALANCE=measured: a member's throughput (offset, B/s) */
 	MP_MSG_TYPE_MAX = MP_MSG_RATE,
 };
 
 #define MP_WIRE_F_PAYLOAD_CRC 0x01u /* checksum covers the payload too */
-#define MP_WIRE_F_KNOWN MP_WIRE_F_PAYLOAD_CRC
+/* GATHER: the reducer left the receiver's contribution out, as it held NaN
+ * or infinity (MP_CHECK_FINITE); OPEN: the sender holds such values. */
+#define MP_WIRE_F_NONFINITE 0x02u
+#define MP_WIRE_F_KNOWN (MP_WIRE_F_PAYLOAD_CRC | MP_WIRE_F_NONFINITE)
 
 /* Host view of the header. Byte offsets on the wire are given per field. */
 struct mp_wire_hdr {
@@ -75,6 +79,8 @@ enum mp_wire_reject {
 	MP_REJ_AUTH,        /* handshake MAC wrong: the peer lacks the run key */
 	MP_REJ_TOKEN,       /* frame with another connection's session token */
 	MP_REJ_STALE,       /* frame of an exchange this peer has left (an earlier round) */
+	MP_REJ_SETTINGS,    /* handshake: the peer's run-shared settings differ from ours */
+	MP_REJ_COUNT,       /* OPEN: the peer averages another number of values */
 	MP_REJ_MAX,
 };
 

@@ -111,6 +111,23 @@ static void reap_slots(struct mp_ctx *ctx, struct mp_xslot *sl, int head, int n,
 	}
 }
 
+static void reject(struct mp_xfer *x, struct mp_chan *ch, enum mp_wire_reject why);
+
+/* Close @ch: its connection, and the requests posted on it. */
+static void close_chan(struct mp_xfer *x, struct mp_chan *ch, int err)
+{
+	struct mp_ctx *ctx = x->ctx;
+
+	ch->failed = err ? err : -EPROTO;
+	if (!ch->open_got && --x->unopened == 0 && !x->fatal && x->xops->opened)
+		x->xops->opened(x->op);
+	/* Closing cancels what is posted; the slots are then reaped. */
+	mp_conn_drop(ctx, ch->peer, ch->stream);
+	reap_slots(ctx, ch->ss, ch->s_head, ch->s_n, ctx->window);
+	reap_slots(ctx, ch->rs, ch->r_head, ch->r_n, ctx->window);
+	ch->s_n = ch->r_n = 0;
+}
+
 static void fail_peer(struct mp_xfer *x, int peer, int err, const char *why)
 {
 	struct mp_ctx *ctx = x->ctx;
@@ -125,12 +142,7 @@ static void fail_peer(struct mp_xfer *x, int peer, int err, const char *why)
 				ctx->peers[peer].addr, why, mp_strerror(err));
 			first = 0;
 		}
-		ch->failed = err ? err : -EPROTO;
-		/* Closing cancels what is posted; the slots are then reaped. */
-		mp_conn_drop(ctx, peer, ch->stream);
-		reap_slots(ctx, ch->ss, ch->s_head, ch->s_n, ctx->window);
-		reap_slots(ctx, ch->rs, ch->r_head, ch->r_n, ctx->window);
-		ch->s_n = ch->r_n = 0;
+		close_chan(x, ch, err);
 	}
 	if (!first) {
 		ctx->peers[peer].meas.failures++;
@@ -140,6 +152,60 @@ static void fail_peer(struct mp_xfer *x, int peer, int err, const char *why)
 		x->res->failed_peers++;
 		x->xops->peer_failed(x->op, peer);
 	}
+}
+
+/*
+ * Give the exchange up (@err: -EBADE or -EMSGSIZE, @msg naming @peer and
+ * both values, into mp_last_error): the peers disagree on what is being
+ * averaged, so no result of it may stand. Only before the algorithm may
+ * have written anything (some OPEN still out); after that, which takes a
+ * peer restarted with other settings mid-exchange, it is dropped as any
+ * failed peer. The culprit's channels close; the others go on only until
+ * the OPENs have crossed (connections made, ours sent, theirs checked), so
+ * that every member hears of the difference from every other, and fails
+ * loudly too instead of at a timeout. mp_xfer_run then closes them.
+ */
+static void give_up(struct mp_xfer *x, int peer, int err, const char *msg)
+{
+	struct mp_ctx *ctx = x->ctx;
+
+	if (x->unopened <= 0 && !x->fatal) {
+		fail_peer(x, peer, err, msg);
+		return;
+	}
+	if (!x->fatal)
+		mp_set_error(ctx, "%s round %u: peer %d (%s): %s", x->what, x->round, peer,
+			     ctx->peers[peer].addr, msg);
+	else
+		MP_WARN("%s round %u: peer %d (%s): %s", x->what, x->round, peer,
+			ctx->peers[peer].addr, msg);
+	x->fatal = x->fatal ? x->fatal : err;
+	x->res->failed_peers++;
+	for (int i = 0; i < x->nch; i++)
+		if (!x->ch[i].failed && x->ch[i].peer == peer)
+			close_chan(x, &x->ch[i], err);
+}
+
+/* The peer's OPEN on @ch: the length it averages must be ours. */
+static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_wire_hdr *h)
+{
+	char msg[160];
+
+	if (h->count || h->length || h->part || h->aux) {
+		reject(x, ch, MP_REJ_UNEXPECTED);
+		return;
+	}
+	if (h->offset != x->total) {
+		x->ctx->rejected[MP_REJ_COUNT]++;
+		x->res->frames_rejected++;
+		snprintf(msg, sizeof(msg), "peer %d averages %llu values, this peer %llu", ch->peer,
+			 (unsigned long long)h->offset, (unsigned long long)x->total);
+		give_up(x, ch->peer, -EMSGSIZE, msg);
+		return;
+	}
+	ch->open_got = 1;
+	if (--x->unopened == 0 && !x->fatal && x->xops->opened)
+		x->xops->opened(x->op);
 }
 
 static void reject(struct mp_xfer *x, struct mp_chan *ch, enum mp_wire_reject why)
@@ -197,6 +263,20 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 		reject(x, ch, MP_REJ_UNEXPECTED);
 		return;
 	}
+	if (!ch->open_got || h.type == MP_MSG_OPEN) {
+		/* The OPEN comes first, once. */
+		if (ch->open_got || h.type != MP_MSG_OPEN)
+			reject(x, ch, MP_REJ_UNEXPECTED);
+		else
+			open_arrived(x, ch, &h);
+		ch->received++;
+		return;
+	}
+	if (x->fatal) {
+		/* Given up: only the OPENs still matter. */
+		ch->received++;
+		return;
+	}
 	if (x->xops->consume(x->op, ch, &h, s->buf + MP_WIRE_HDR_SIZE)) {
 		reject(x, ch, MP_REJ_UNEXPECTED);
 		return;
@@ -224,6 +304,12 @@ static int put_payload(struct mp_xfer *x, struct mp_wire_hdr *h, const struct mp
 		s->iovcnt = 1;
 		break;
 	case MP_PAYLOAD_ENCODED:
+		if (!p->len) {
+			/* A header alone (OPEN): fits every slot. */
+			plen = 0;
+			s->iovcnt = 1;
+			break;
+		}
 		/* Encoded with this exchange's codec for a chunk of at most
 		 * chunk_elems values, so it fits, unless the slot holds only
 		 * a header (codec none). */
@@ -279,15 +365,25 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 
 		memset(&h, 0, sizeof(h));
 		memset(&p, 0, sizeof(p));
-		if (!x->xops->produce(x->op, ch, &h, &p))
+		if (x->fatal && ch->open_sent)
 			return 0;
+		if (!ch->open_sent) {
+			/* Our length, first on every channel: sent with the data that
+			 * follows it, not waited for. */
+			h.type = MP_MSG_OPEN;
+			h.offset = x->total;
+			p.kind = MP_PAYLOAD_ENCODED;
+			ch->open_sent = 1;
+		} else if (!x->xops->produce(x->op, ch, &h, &p)) {
+			return 0;
+		}
 		h.codec = (uint8_t)x->codec->id;
 		h.run_id = ctx->run_id;
 		h.round = x->round;
 		h.group_id = x->group_id;
 		h.sender = (uint32_t)ctx->self_id;
 		h.token = mp_conn_token(ctx, ch->peer, ch->stream);
-		h.flags = ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
+		h.flags |= ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
 		rc = put_payload(x, &h, &p, s);
 		if (rc) {
 			fail_peer(x, ch->peer, rc, "encode failed");
@@ -312,6 +408,17 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 	ch->s_n++;
 	ch->send_posted++;
 	return 1;
+}
+
+/* What is still due on @ch, the OPENs included. */
+static uint64_t recv_left(struct mp_xfer *x, struct mp_chan *ch)
+{
+	return !ch->open_got + (x->fatal ? 0 : x->xops->recv_left(x->op, ch));
+}
+
+static uint64_t send_left(struct mp_xfer *x, struct mp_chan *ch)
+{
+	return !ch->open_sent + (x->fatal ? 0 : x->xops->send_left(x->op, ch));
 }
 
 /* Lays out slots for every channel in the slab. */
@@ -422,6 +529,8 @@ int mp_xfer_run(struct mp_xfer *x)
 	conn_err = (int *)(last + x->nch);
 	for (int i = 0; i < x->nch; i++)
 		last[i] = start;
+	x->unopened = x->nch;
+	x->fatal = 0;
 	ctx->cur_res = x->res;
 
 	for (;;) {
@@ -457,6 +566,11 @@ int mp_xfer_run(struct mp_xfer *x)
 			conn = mp_conn_get(ctx, ch->peer, ch->stream, &err);
 			if (err)
 				conn_err[i] = err;
+			if (!conn && err == -EBADE) {
+				const char *d = mp_conn_settings_diff(ctx, ch->peer, ch->stream);
+				give_up(x, ch->peer, -EBADE, d ? d : "settings differ");
+				continue;
+			}
 			if (!conn) {
 				/* A dht peer listens before it publishes its record,
 				 * so a refusal, or a connection of its seen closed
@@ -508,6 +622,11 @@ int mp_xfer_run(struct mp_xfer *x)
 				struct mp_xslot *s = &ch->rs[ch->r_head];
 				size_t len = 0;
 				int done = 0;
+				/* Past its OPEN, a channel's frames wait in their slots
+				 * until every channel's OPEN is in (or failed), where
+				 * the algorithm writes the buffer as frames arrive. */
+				if (x->gate && ch->open_got && x->unopened > 0)
+					break;
 				rc = ctx->ops->test(s->req, &done, &len);
 				if (!done)
 					break;
@@ -537,7 +656,7 @@ int mp_xfer_run(struct mp_xfer *x)
 			}
 			moved |= chmoved;
 			/* Post more receives and sends, up to the window. */
-			while (ch->r_n < ctx->window && (uint64_t)ch->r_n < x->xops->recv_left(x->op, ch)) {
+			while (ch->r_n < ctx->window && (uint64_t)ch->r_n < recv_left(x, ch)) {
 				struct mp_xslot *s = &ch->rs[(ch->r_head + ch->r_n) % ctx->window];
 				rc = ctx->ops->irecv(conn, s->buf, fmax, ctx->slab_mr, &s->req);
 				/* With receives posted, their completions say why the
@@ -557,13 +676,15 @@ int mp_xfer_run(struct mp_xfer *x)
 				moved = 1;
 			if (ch->failed)
 				continue;
-			if (ch->s_n || ch->r_n || ch->staged || x->xops->send_left(x->op, ch) ||
-			    x->xops->recv_left(x->op, ch)) {
+			if (ch->s_n || ch->r_n || ch->staged || send_left(x, ch) || recv_left(x, ch)) {
 				active = 1;
+				/* Held at the OPEN gate: the wait is on other peers. */
+				if (x->gate && ch->open_got && x->unopened > 0)
+					last[i] = now;
 				/* Silence is the peer's fault only if it owes us
 				 * something it can send on its own: it counts from
 				 * the end of a wait on others. */
-				if (!ch->s_n && !ch->staged && x->xops->waits_on_others &&
+				if (!ch->s_n && !ch->staged && !x->fatal && x->xops->waits_on_others &&
 				    x->xops->waits_on_others(x->op, ch))
 					last[i] = now;
 				if (now - last[i] > round_to) {
@@ -601,10 +722,14 @@ int mp_xfer_run(struct mp_xfer *x)
 					fail_peer(x, x->ch[i].peer, rc, "transport failure");
 		}
 	}
+	/* Given up: what the OPENs left posted is cancelled. */
+	for (int i = 0; x->fatal && i < x->nch; i++)
+		if (!x->ch[i].failed)
+			close_chan(x, &x->ch[i], -ECANCELED);
 	ctx->cur_res = NULL;
 	measure(x);
 	mp_peers_publish(ctx);
 	free(x->ch[0].ss);
 	free(last);
-	return rc;
+	return rc ? rc : x->fatal;
 }

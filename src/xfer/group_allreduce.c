@@ -80,10 +80,13 @@ struct gmember {
 	uint8_t mode;           /* enum mp_mode, as agreed in the roster */
 	uint8_t failed;
 	uint8_t stalled, cut;   /* fault injection: send nothing more / drop it */
+	uint8_t nonfinite;      /* MP_CHECK_FINITE: its contribution to our part held NaN or
+	                           infinity, and is left out; its results say so */
 };
 
 struct gar {
 	struct mp_ctx *ctx;
+	const struct mp_xfer *x;
 	const struct mp_group *g;
 	struct mp_avg *a;
 	uint32_t round;
@@ -112,6 +115,7 @@ struct gar {
 	float *own;            /* aux: our part's values, restored at the end */
 	/* fault injection: frames sent in this round, per phase (scatter, gather) */
 	uint64_t sent[2];
+	int refused;           /* a reducer left our contribution out as non-finite */
 };
 
 /* Chunks at or after @next on the stream of @next's residue. */
@@ -189,9 +193,19 @@ static void reduce_part(struct gar *r)
 
 	r->nused = 0;
 	r->wsum = 0.0f;
+	if (ctx->cfg.check_finite && contributes(r, me))
+		for (uint64_t i = 0; i < L && !r->mb[me].nonfinite; i++)
+			r->mb[me].nonfinite = !isfinite(x[i]);
 	for (int m = 0; m < r->k; m++) {
 		if (m == me ? !contributes(r, me) : !serves(r, m) || r->mb[m].got < nc)
 			continue;
+		if (r->mb[m].nonfinite) {
+			/* Left out, not poisoning every member's result. */
+			MP_WARN("round %u: left out peer %d's contribution to part %d: it holds NaN or "
+				"infinity (MP_CHECK_FINITE)", r->round,
+				m == me ? ctx->rank : r->g->members[m], me);
+			continue;
+		}
 		r->who[r->nused] = m;
 		r->whow[r->nused] = m == me ? a->weight : r->mb[m].w;
 		r->wsum += r->whow[r->nused];
@@ -260,7 +274,9 @@ static void reduce_part(struct gar *r)
 
 static void try_reduce(struct gar *r)
 {
-	if (r->done || !r->mb[r->me].len)
+	/* Not before every member's OPEN has shown that it averages our
+	 * length: the sum is written into the buffer. */
+	if (r->done || !r->mb[r->me].len || r->x->unopened > 0 || r->x->fatal)
 		return;
 	for (int m = 0; m < r->k; m++)
 		if (serves(r, m) && !r->mb[m].failed && r->mb[m].got < r->mb[r->me].nch)
@@ -314,6 +330,8 @@ static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct
 		h->count = chunk_count(r, me, c);
 		h->weight = r->wsum;
 		h->aux = (uint32_t)r->nused;
+		if (r->mb[j].nonfinite)
+			h->flags = MP_WIRE_F_NONFINITE; /* the member learns why */
 		gc->gath_next += (uint64_t)r->S;
 		if (r->a->codec->id != MP_CODEC_NONE) {
 			/* Encoded once in reduce_part, for every member alike. */
@@ -368,9 +386,12 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		/* A member has one weight in a round: all its chunks carry it. */
 		if (mj->got && h->weight != mj->w)
 			return -EPROTO;
-		if (r->a->codec->decode(payload, h->length, r->cbuf + (size_t)mj->slot * r->mb[me].len + c * r->C,
-					h->count))
+		float *dst = r->cbuf + (size_t)mj->slot * r->mb[me].len + c * r->C;
+		if (r->a->codec->decode(payload, h->length, dst, h->count))
 			return -EPROTO;
+		if (r->ctx->cfg.check_finite)
+			for (uint32_t i = 0; i < h->count && !mj->nonfinite; i++)
+				mj->nonfinite = !isfinite(dst[i]);
 		mj->w = h->weight;
 		mj->got++;
 		gc->rscat_next += (uint64_t)r->S;
@@ -393,6 +414,7 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		mj->gw = h->weight;
 		mj->gn = h->aux;
 		mj->gotg++;
+		r->refused |= (h->flags & MP_WIRE_F_NONFINITE) != 0;
 		gc->rgath_next += (uint64_t)r->S;
 		return 0;
 	}
@@ -429,6 +451,11 @@ static void g_peer_failed(void *op, int peer)
 	try_reduce(r);
 }
 
+static void g_opened(void *op)
+{
+	try_reduce(op);
+}
+
 static int g_drop(void *op, struct mp_chan *ch)
 {
 	struct gar *r = op;
@@ -462,6 +489,7 @@ static const struct mp_xfer_ops gar_ops = {
 	.recv_left = g_recv_left,
 	.send_left = g_send_left,
 	.peer_failed = g_peer_failed,
+	.opened = g_opened,
 	.drop = g_drop,
 	.waits_on_others = g_waits_on_others,
 };
@@ -627,7 +655,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	struct mp_xfer x = {.ctx = ctx, .xops = &gar_ops, .op = &r, .round = round,
 			    .group_id = g->id, .user_mr = a->dmr, .res = a->res,
 			    .what = "group all-reduce", .codec = a->codec, .residue = a->residue,
-			    .deadline_ms = ctx->cfg.allreduce_timeout_ms};
+			    .deadline_ms = ctx->cfg.allreduce_timeout_ms, .total = a->n};
 	int rc = -ENOMEM, k = g->size;
 
 	a->res->group_size = k;
@@ -655,6 +683,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	if (rc)
 		goto out;
 	r.ch = x.ch;
+	r.x = &x;
 	for (int m = 0, i = 0; m < k; m++) {
 		if (!sends_to(&r, m) && !serves(&r, m))
 			continue;
@@ -685,7 +714,13 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	/* Every contributor has delivered or failed now, unless cancelled. */
 	if (!rc)
 		try_reduce(&r);
-	int reached = finish(&r);
+	/* Given up (a peer's settings or length differ): no frame reached us,
+	 * and nothing of the round is applied; the buffer is as it was. */
+	int reached = x.fatal ? 0 : finish(&r);
+	if (r.refused || (r.mb && r.mb[r.me].nonfinite))
+		mp_set_error(ctx, "round %u: this peer's contribution was left out of %s: it holds NaN "
+			     "or infinity (MP_CHECK_FINITE)", round,
+			     r.refused ? "the average by its reducers" : "its own part");
 	mp_clog_end(ctx, round, g, a->weight);
 	if (rc)
 		goto out;

@@ -9,6 +9,8 @@
  *
  * The ring is not fault tolerant, by design of the algorithm: if any peer
  * fails, the operation fails with -EHOSTUNREACH and the buffer is undefined.
+ * An exchange given up at its start (a neighbour's settings or length
+ * differ, found before any frame is applied) leaves the buffer as it was.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -177,7 +179,8 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 			 .steps = 2 * (N - 1), .C = ctx->chunk_elems};
 	struct mp_xfer x = {.ctx = ctx, .xops = &ring_ops, .op = &g, .round = round, .group_id = 0,
 			    .user_mr = a->dmr, .res = a->res, .what = "ring all-reduce",
-			    .codec = a->codec};
+			    .codec = a->codec, .total = a->n, .gate = 1};
+	float *own = NULL;
 
 	/* Failure memory (static runs): the ring closes over the live peers,
 	 * in rank order, so a down peer is skipped, not waited for. */
@@ -245,9 +248,21 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 			x.ch[S + s].stream = s;
 		}
 	}
-	if (a->weight != 1.0f)
+	if (a->weight != 1.0f) {
+		/* Our part goes out as w·x; kept as it was, for an exchange given
+		 * up before anything arrived (the engine's OPEN check). */
+		own = malloc(g.len[g.r] * sizeof(float) + 1);
+		if (!own) {
+			free(g.wsum);
+			rc = -ENOMEM;
+			goto out;
+		}
+		memcpy(own, a->x + g.off[g.r], g.len[g.r] * sizeof(float));
 		mp_k_scale(a->x + g.off[g.r], a->x + g.off[g.r], a->weight, g.len[g.r]);
+	}
 	rc = mp_xfer_run(&x);
+	if (x.fatal && own)
+		memcpy(a->x + g.off[g.r], own, g.len[g.r] * sizeof(float));
 	if (!rc && g.broken) {
 		mp_set_error(ctx, "ring all-reduce round %u failed: a peer dropped out (the ring cannot "
 			     "finish without every peer; the buffer is undefined)", round);
@@ -261,6 +276,7 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 	}
 	free(g.wsum);
 out:
+	free(own);
 	free(g.enc);
 	free(g.scr);
 	free(x.ch);

@@ -50,6 +50,9 @@ struct mp_xfer_ops {
 	void (*peer_failed)(void *op, int peer);
 	/* Optional: nonzero to drop @ch's peer now (fault injection: a cut connection). */
 	int (*drop)(void *op, struct mp_chan *ch);
+	/* Optional: every channel has had its OPEN, or failed: the lengths
+	 * agree, and what waited on that may go on (the reducer's sum). */
+	void (*opened)(void *op);
 	/* Optional: nonzero when all that is still expected on @ch waits on
 	 * other peers first (a result needs every contribution): silence there
 	 * is not the peer's fault, and only the exchange's deadline applies. */
@@ -72,6 +75,7 @@ struct mp_chan {
 	/* measurement (mp_peer_measure): frame bytes completed, and the time
 	 * from the channel's first post to its last completion */
 	uint64_t m_sent, m_recv, m_first, m_last;
+	int open_sent, open_got;         /* our OPEN produced; the peer's OPEN checked */
 };
 
 struct mp_xfer {
@@ -90,14 +94,35 @@ struct mp_xfer {
 	int deadline_ms;           /* the whole exchange; members still missing then are dropped (0 = none) */
 	int no_rate;               /* a few header-only frames (RATE): their bytes are counted,
 	                              but a rate from them would measure latency, not bandwidth */
+	uint64_t total;            /* values the whole vector holds: every OPEN carries it */
+	int gate;                  /* hold every frame past the OPENs until all are in: for an
+	                              algorithm that writes the buffer as frames arrive (ring) */
+	/* engine-private */
+	int unopened;              /* channels neither failed nor past their OPEN (read-only
+	                              for algorithms) */
+	int fatal;                 /* the exchange was given up (-EBADE, -EMSGSIZE): nothing of
+	                              it may be applied */
 };
 
 /* Largest frame this context must be able to receive (engine.c). */
 size_t mp_frame_rx_max(const struct mp_ctx *ctx);
 
-/* Run an exchange until every channel is done or failed. Returns 0 when the
- * exchange finished (maybe with failed peers), or a negative errno when the
- * context is stopping (-ECANCELED). */
+/*
+ * Run an exchange until every channel is done or failed. Returns 0 when the
+ * exchange finished (maybe with failed peers), or a negative errno: the
+ * context is stopping (-ECANCELED), or the exchange was given up before any
+ * frame reached the algorithm, because a peer's settings differ from ours
+ * (-EBADE) or it averages another number of values (-EMSGSIZE, x->total
+ * against its OPEN); mp_last_error names the peer and both values, and the
+ * algorithm must apply nothing.
+ *
+ * Every channel starts with an OPEN in each direction, which the engine
+ * sends and checks itself before any other frame of that channel reaches
+ * the algorithm. The algorithm writes the user's buffer only once every
+ * channel has had its OPEN (x->unopened is 0, ops->opened is called): the
+ * group all-reduce holds its sum until then, and for the ring (x->gate)
+ * the engine holds every later frame until then.
+ */
 int mp_xfer_run(struct mp_xfer *x);
 
 /* ---- algorithms ---------------------------------------------------------- */

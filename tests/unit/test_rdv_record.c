@@ -16,8 +16,8 @@
 
 #define RUN "test-run"
 #define GKEY "round-7/dim-1/cell-3"
-#define RECORD_LEN 242
-#define REC_MAC 210
+#define RECORD_LEN 250
+#define REC_MAC 218
 #define DECL_LEN 58
 #define DECL_MAC 26
 
@@ -107,7 +107,7 @@ static void test_record_layout(void **state)
 	(void)state;
 	assert_int_equal(mp_record_encode(&auth, RUN, &r, buf, sizeof(buf), &len), 0);
 	assert_int_equal(buf[0], 0x6d);
-	assert_int_equal(buf[1], 2);
+	assert_int_equal(buf[1], 3);
 	assert_int_equal(buf[2], 1);
 	assert_int_equal(buf[3], MP_MODE_AUX);
 	assert_int_equal(buf[4], 1);
@@ -144,6 +144,27 @@ static void test_record_tamper(void **state)
 			assert_int_equal(rc, i < 3 ? -EBADMSG : -EACCES);
 		}
 	}
+}
+
+/* A record signed under the run key but with other settings is refused
+ * with its own reason (-EBADE), before any field is believed. */
+static void test_record_other_settings(void **state)
+{
+	uint8_t buf[MP_RECORD_WIRE_MAX];
+	struct mp_record r = sample_record(), out;
+	struct mp_auth writer = auth, reader = auth;
+	size_t len;
+
+	(void)state;
+	writer.settings_fp = 0x1111;
+	reader.settings_fp = 0x2222;
+	assert_int_equal(mp_record_encode(&writer, RUN, &r, buf, sizeof(buf), &len), 0);
+	assert_int_equal(buf[210], 0x11); /* the fingerprint, little-endian */
+	assert_int_equal(buf[211], 0x11);
+	assert_int_equal(mp_record_decode(&reader, RUN, buf, len, &out), -EBADE);
+	reader.settings_fp = 0x1111;
+	assert_int_equal(mp_record_decode(&reader, RUN, buf, len, &out), 0);
+	assert_true(out.settings == 0x1111);
 }
 
 static void test_record_wrong_key_and_run(void **state)
@@ -391,6 +412,7 @@ int main(void)
 		cmocka_unit_test(test_record_layout),
 		cmocka_unit_test(test_record_tamper),
 		cmocka_unit_test(test_record_wrong_key_and_run),
+		cmocka_unit_test(test_record_other_settings),
 		cmocka_unit_test(test_record_lengths),
 		cmocka_unit_test(test_record_encode_rejects),
 		cmocka_unit_test(test_record_decode_validates),

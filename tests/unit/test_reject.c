@@ -12,7 +12,10 @@
  * in both directions, proves the harness can pass.
  *
  * The fake computes the handshake's MACs and token on its own, from
- * doc/protocol.md, so the test also pins down the wire format of version 2.
+ * doc/protocol.md, so the test also pins down the wire format of version 3:
+ * the settings each side carries in HELLO and CHALLENGE (a dialer whose
+ * codec differs is refused with -EBADE, naming the codec), and the OPEN that
+ * starts every channel of an exchange.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,6 +34,7 @@
 
 #include "auth.h"
 #include "conn.h"
+#include "settings.h"
 #include "core.h"
 #include "xfer.h"
 #include "wire.h"
@@ -116,32 +120,47 @@ static void le(uint8_t *b, uint64_t v, int n)
 		b[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* MAC_challenge over (nonce_d, dialer id, acceptor id, index, run id). */
+/* MAC_challenge over (nonce_d, dialer id, acceptor id, index, run id,
+ * the acceptor's settings). */
 static void mac_challenge(const struct mp_auth *a, const uint8_t *nd, uint64_t dialer,
-			  uint64_t acceptor, uint32_t idx, uint8_t out[MP_MAC_BYTES])
+			  uint64_t acceptor, uint32_t idx, const uint8_t *set, size_t slen,
+			  uint8_t out[MP_MAC_BYTES])
 {
 	uint8_t d[8], ac[8], ix[4], run[8];
-	struct mp_auth_piece pc[5] = {{nd, MP_NONCE_BYTES}, {d, 8}, {ac, 8}, {ix, 4}, {run, 8}};
+	struct mp_auth_piece pc[6] = {{nd, MP_NONCE_BYTES}, {d, 8}, {ac, 8}, {ix, 4}, {run, 8},
+				      {set, slen}};
 
 	le(d, dialer, 8);
 	le(ac, acceptor, 8);
 	le(ix, idx, 4);
 	le(run, mp_wire_run_id(RUN), 8);
-	mp_auth_mac(a, MP_AUTH_CHALLENGE, pc, 5, out);
+	mp_auth_mac(a, MP_AUTH_CHALLENGE, pc, 6, out);
 }
 
-/* MAC_response over (nonce_a, nonce_d, dialer id, acceptor id, index). */
+/* MAC_response over (nonce_a, nonce_d, dialer id, acceptor id, index, the
+ * dialer's settings). */
 static void mac_response(const struct mp_auth *a, const uint8_t *na, const uint8_t *nd,
-			 uint64_t dialer, uint64_t acceptor, uint32_t idx, uint8_t out[MP_MAC_BYTES])
+			 uint64_t dialer, uint64_t acceptor, uint32_t idx, const uint8_t *set,
+			 size_t slen, uint8_t out[MP_MAC_BYTES])
 {
 	uint8_t d[8], ac[8], ix[4];
-	struct mp_auth_piece pc[5] = {{na, MP_NONCE_BYTES}, {nd, MP_NONCE_BYTES}, {d, 8}, {ac, 8},
-				      {ix, 4}};
+	struct mp_auth_piece pc[6] = {{na, MP_NONCE_BYTES}, {nd, MP_NONCE_BYTES}, {d, 8}, {ac, 8},
+				      {ix, 4}, {set, slen}};
 
 	le(d, dialer, 8);
 	le(ac, acceptor, 8);
 	le(ix, idx, 4);
-	mp_auth_mac(a, MP_AUTH_RESPONSE, pc, 5, out);
+	mp_auth_mac(a, MP_AUTH_RESPONSE, pc, 6, out);
+}
+
+/* The OPEN that starts each channel: the length of the whole vector. */
+static size_t open_frame(uint64_t run_id, uint64_t sender, uint32_t token, uint8_t *out)
+{
+	struct mp_wire_hdr h = {.type = MP_MSG_OPEN, .codec = MP_CODEC_NONE, .run_id = run_id,
+				.sender = (uint32_t)sender, .offset = N, .token = token};
+
+	mp_wire_encode(&h, out, NULL);
+	return MP_WIRE_HDR_SIZE;
 }
 
 static uint32_t token_of(const struct mp_auth *a, const uint8_t *nd, const uint8_t *na)
@@ -226,6 +245,7 @@ struct outcome {
 	struct mp_result res;
 	uint64_t rejected[MP_REJ_MAX];
 	int adopted;  /* the context holds a ready connection to the fake */
+	char err[256];
 	float buf[N];
 	float orig[N];
 	float fake_vals[N];
@@ -237,6 +257,7 @@ static void observe(mp_ctx *ctx, int fake_rank, struct outcome *o)
 {
 	memcpy(o->rejected, ctx->rejected, sizeof(o->rejected));
 	o->adopted = 0;
+	snprintf(o->err, sizeof(o->err), "%s", mp_last_error(ctx));
 	for (int i = 0; i < ctx->nconn; i++)
 		o->adopted |= mp_conn_ready(ctx, fake_rank, i) != NULL;
 }
@@ -271,51 +292,61 @@ static mp_ctx *start_ctx(int rank, const char *fake_addr, struct outcome *o, mp_
 
 /* The fake (rank 0) dials the context and runs the handshake; HELLO
  * mutations stop after the HELLO. */
-static void fake_dial(struct fake *f, const char *addr, enum mutation m, uint64_t run_id)
+static void fake_dial(struct fake *f, const char *addr, enum mutation m, uint64_t run_id,
+		      const struct mp_settings *ours)
 {
-	uint8_t blob[MP_DRV_ADDR_MAX], pl[32], nd[MP_NONCE_BYTES], out[HS_BUF], in[HS_BUF];
-	size_t blen = sizeof(blob), len = 0;
+	uint8_t blob[MP_DRV_ADDR_MAX], pl[HS_BUF], nd[MP_NONCE_BYTES], out[HS_BUF], in[HS_BUF];
+	size_t blen = sizeof(blob), len = 0, slen;
+	struct mp_settings st = *ours;
 	struct mp_wire_hdr h;
 	enum mp_wire_reject why;
 
 	assert_int_equal(f->ops->addr_parse(f->drv, addr, blob, &blen), 0);
 	assert_int_equal(f->ops->connect(f->drv, blob, blen, &f->conn), 0);
 
-	/* HELLO: nonce, mode normal, bandwidth unknown (-1), no address. */
+	/* HELLO: nonce, mode normal, bandwidth unknown (-1), the settings (a
+	 * rank 0 of the same run has the context's), no address. */
 	mp_auth_random(nd, sizeof(nd));
 	memcpy(pl, nd, MP_NONCE_BYTES);
 	pl[16] = MP_MODE_NORMAL;
 	le(pl + 17, 0xbff0000000000000ull, 8);
-	pl[25] = 0;
 	h = base_hdr(m == M_FOREIGN_HELLO ? mp_wire_run_id("other-run") : run_id, MP_MSG_HELLO);
 	h.count = 2;
 	if (m == M_HELLO_CODEC) {
 		h.codec = MP_CODEC_FP16; /* the context runs codec none */
 		h.part = MP_CODEC_FP16;
+		st.codec = MP_CODEC_FP16;
 	}
-	if (m == M_HELLO_AUTO)
+	if (m == M_HELLO_AUTO) {
 		h.part = MP_CODEC_AUTO; /* frames start as none, but the policy differs */
-	fake_send(f, out, hs_frame(&h, 0, pl, 26, out));
-	if (m == M_FOREIGN_HELLO || m == M_HELLO_CODEC || m == M_HELLO_AUTO)
+		st.codec = MP_CODEC_AUTO;
+	}
+	slen = mp_settings_encode(&st, pl + 27);
+	le(pl + 25, slen, 2);
+	pl[27 + slen] = 0;
+	fake_send(f, out, hs_frame(&h, 0, pl, (uint32_t)(27 + slen + 1), out));
+	if (m == M_FOREIGN_HELLO)
 		return;
 
-	/* CHALLENGE from rank 1: its nonce and MAC over ours. */
+	/* CHALLENGE from rank 1: its nonce, MAC over ours, its settings. */
 	assert_int_equal(fake_recv(f, in, sizeof(in), &len), 0);
 	assert_int_equal(mp_wire_decode(in, len, run_id, mp_codec_count(), &h, &why), 0);
 	assert_int_equal(h.type, MP_MSG_CHALLENGE);
-	assert_int_equal(h.length, MP_NONCE_BYTES + MP_MAC_BYTES);
-	assert_true(h.offset == 1 && h.sender == 1 && h.aux == 0 && h.token == 0);
 	const uint8_t *na = in + MP_WIRE_HDR_SIZE;
+	size_t alen = (size_t)na[48] | (size_t)na[49] << 8;
+	assert_int_equal(h.length, MP_NONCE_BYTES + MP_MAC_BYTES + 2 + alen);
+	assert_true(h.offset == 1 && h.sender == 1 && h.aux == 0 && h.token == 0);
 	uint8_t mac[MP_MAC_BYTES];
-	mac_challenge(&f->auth, nd, 0, 1, 0, mac);
+	mac_challenge(&f->auth, nd, 0, 1, 0, na + 50, alen, mac);
 	/* Only a holder of the same key makes this MAC. */
 	if (m == M_WRONG_KEY)
 		assert_memory_not_equal(mac, na + MP_NONCE_BYTES, MP_MAC_BYTES);
 	else
 		assert_memory_equal(mac, na + MP_NONCE_BYTES, MP_MAC_BYTES);
 
-	/* AUTH: our MAC over both nonces (a wrong one with the wrong key). */
-	mac_response(&f->auth, na, nd, 0, 1, 0, mac);
+	/* AUTH: our MAC over both nonces and our settings (a wrong one with
+	 * the wrong key). */
+	mac_response(&f->auth, na, nd, 0, 1, 0, pl + 27, slen, mac);
 	h = base_hdr(run_id, MP_MSG_AUTH);
 	fake_send(f, out, hs_frame(&h, 0, mac, MP_MAC_BYTES, out));
 	f->token = token_of(&f->auth, nd, na);
@@ -337,7 +368,9 @@ static void exchange(enum mutation m, struct outcome *o)
 	double t0 = now_s();
 
 	/* The fake dials (rank 0 < 1) and introduces itself. */
-	fake_dial(&f, addr, m, run_id);
+	fake_dial(&f, addr, m, run_id, &ctx->settings);
+	if (m != M_FOREIGN_HELLO && m != M_HELLO_CODEC && m != M_HELLO_AUTO && m != M_WRONG_KEY)
+		fake_send(&f, fr, open_frame(run_id, 0, f.token, fr));
 
 	if (m == M_TOKEN) {
 		/* Values that must never arrive, under another session's token. */
@@ -473,8 +506,38 @@ REJECT_TEST(oversized_message, M_OVERSIZE)
 REJECT_TEST(garbage_bytes, M_GARBAGE)
 REJECT_TEST(truncated_frame, M_TRUNCATED)
 REJECT_TEST(foreign_run_hello, M_FOREIGN_HELLO)
-REJECT_TEST(other_codec_hello, M_HELLO_CODEC)
-REJECT_TEST(other_codec_policy_hello, M_HELLO_AUTO)
+
+/* A dialer whose codec differs completes the handshake (its settings are
+ * its own word then), and is refused: -EBADE, the field and both values in
+ * mp_last_error, counted as settings, the buffer as it was. */
+static void check_settings_refused(enum mutation m, const char *differ)
+{
+	struct outcome o;
+
+	exchange(m, &o);
+	if (o.rc != -EBADE)
+		fail_msg("rc %d (%s), expected -EBADE", o.rc, mp_strerror(o.rc));
+	assert_int_equal(o.rejected[MP_REJ_SETTINGS], 1);
+	assert_int_equal(o.res.failed_peers, 1);
+	assert_false(o.adopted);
+	assert_true(o.seconds < 5.0);
+	if (!strstr(o.err, differ))
+		fail_msg("mp_last_error \"%s\" does not say \"%s\"", o.err, differ);
+	for (int i = 0; i < N; i++)
+		assert_true(o.buf[i] == o.orig[i]);
+}
+
+static void other_codec_hello(void **s)
+{
+	(void)s;
+	check_settings_refused(M_HELLO_CODEC, "codec differs: ours none, theirs fp16");
+}
+
+static void other_codec_policy_hello(void **s)
+{
+	(void)s;
+	check_settings_refused(M_HELLO_AUTO, "codec differs: ours none, theirs auto");
+}
 
 /* A dialer with another run key: its AUTH fails, it is never adopted. */
 static void dialer_with_wrong_key_refused(void **s)
@@ -522,7 +585,7 @@ static void dialled(int right_key, struct outcome *o)
 	mp_ctx *ctx;
 	mp_request *req;
 	char faddr[MP_ADDR_STRLEN], caddr[MP_ADDR_STRLEN];
-	uint8_t blob[MP_DRV_ADDR_MAX], in[HS_BUF], out[HS_BUF], pl[64], na[MP_NONCE_BYTES];
+	uint8_t blob[MP_DRV_ADDR_MAX], in[HS_BUF], out[HS_BUF], pl[HS_BUF], na[MP_NONCE_BYTES];
 	uint8_t mac[MP_MAC_BYTES];
 	size_t blen = sizeof(blob), len = 0;
 	uint64_t run_id = mp_wire_run_id(RUN);
@@ -559,22 +622,30 @@ static void dialled(int right_key, struct outcome *o)
 	/* The context's HELLO, as doc/protocol.md lays it out. */
 	assert_int_equal(h.type, MP_MSG_HELLO);
 	assert_true(h.sender == 0 && h.offset == 0 && h.count == 2 && h.aux == 0 && h.token == 0);
-	assert_int_equal(h.length, MP_NONCE_BYTES + 1 + 8 + strlen(caddr) + 1);
 	const uint8_t *nd = in + MP_WIRE_HDR_SIZE;
+	size_t dlen = (size_t)nd[25] | (size_t)nd[26] << 8;
+	assert_int_equal(h.length, MP_NONCE_BYTES + 1 + 8 + 2 + dlen + strlen(caddr) + 1);
 	assert_int_equal(nd[16], MP_MODE_NORMAL);
 	uint64_t bw = 0;
 	for (int i = 7; i >= 0; i--)
 		bw = bw << 8 | nd[17 + i];
 	assert_true(bw == 0xbff0000000000000ull); /* -1.0: bandwidth not given */
-	assert_string_equal((const char *)nd + 25, caddr);
+	struct mp_settings got;
+	assert_int_equal(mp_settings_decode(nd + 27, dlen, &got), 0);
+	assert_int_equal(got.npeers, 2);
+	assert_int_equal(got.algo, MP_ALGO_BUTTERFLY);
+	assert_string_equal((const char *)nd + 27 + dlen, caddr);
 
-	/* CHALLENGE under the fake's key. */
+	/* CHALLENGE under the fake's key, with the same settings. */
 	for (int i = 0; i < MP_NONCE_BYTES; i++)
 		na[i] = (uint8_t)(i * 13 + 5);
 	memcpy(pl, na, MP_NONCE_BYTES);
-	mac_challenge(&f.auth, nd, 0, 1, 0, pl + MP_NONCE_BYTES);
+	size_t alen = mp_settings_encode(&ctx->settings, pl + 50);
+	mac_challenge(&f.auth, nd, 0, 1, 0, pl + 50, alen, pl + MP_NONCE_BYTES);
+	pl[48] = (uint8_t)alen;
+	pl[49] = (uint8_t)(alen >> 8);
 	h = base_hdr(run_id, MP_MSG_CHALLENGE);
-	fake_send(&f, out, hs_frame(&h, 1, pl, MP_NONCE_BYTES + MP_MAC_BYTES, out));
+	fake_send(&f, out, hs_frame(&h, 1, pl, (uint32_t)(50 + alen), out));
 
 	rc = fake_recv(&f, in + 256, 256, &len);
 	if (!right_key) {
@@ -585,12 +656,18 @@ static void dialled(int right_key, struct outcome *o)
 		assert_int_equal(mp_wire_decode(in + 256, len, run_id, mp_codec_count(), &h, &why), 0);
 		assert_int_equal(h.type, MP_MSG_AUTH);
 		assert_true(h.offset == 0 && h.aux == 0 && h.token == 0 && h.length == MP_MAC_BYTES);
-		mac_response(&f.auth, na, nd, 0, 1, 0, mac);
+		mac_response(&f.auth, na, nd, 0, 1, 0, nd + 27, dlen, mac);
 		assert_memory_equal(mac, in + 256 + MP_WIRE_HDR_SIZE, MP_MAC_BYTES);
 		f.token = token_of(&f.auth, nd, na);
 
-		/* Rank 1 reduces part 1: the context's SCATTER carries the token. */
+		/* Rank 1 reduces part 1: the context's OPEN, then its SCATTER,
+		 * carry the token. */
 		uint8_t *fr = calloc(1, 4096);
+		assert_int_equal(fake_recv(&f, fr, 4096, &len), 0);
+		assert_int_equal(mp_wire_decode(fr, len, run_id, mp_codec_count(), &h, &why), 0);
+		assert_true(h.type == MP_MSG_OPEN && h.offset == N && h.count == 0 && h.length == 0 &&
+			    h.token == f.token);
+		fake_send(&f, fr, open_frame(run_id, 1, f.token, fr));
 		assert_int_equal(fake_recv(&f, fr, 4096, &len), 0);
 		assert_int_equal(mp_wire_decode(fr, len, run_id, mp_codec_count(), &h, &why), 0);
 		assert_true(h.type == MP_MSG_SCATTER && h.token == f.token && h.sender == 0);

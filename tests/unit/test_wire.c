@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "settings.h"
 #include "wire.h"
 
 /* Table implementation, exported by crc32c.c for this comparison. */
@@ -218,7 +219,7 @@ static void test_round_trip(void **st)
 static void test_layout(void **st)
 {
 	static const unsigned char expect[60] = {
-		0x4d, 0x53, 0x50, 0x48, 0x02, 0x02, 0x01, 0x00,             /* magic ver type codec flags */
+		0x4d, 0x53, 0x50, 0x48, 0x03, 0x02, 0x01, 0x00,             /* magic ver type codec flags */
 		0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,             /* run_id (patched below) */
 		0x04, 0x03, 0x02, 0x01, 0xef, 0xbe, 0xad, 0xde,             /* round group */
 		0x4d, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00,             /* sender part */
@@ -344,7 +345,8 @@ static void test_flags(void **st)
 	unsigned char buf[64];
 
 	(void)st;
-	for (int bit = 1; bit < 8; bit++) {
+	for (int bit = 2; bit < 8; bit++) {
+		/* (bit 1: MP_WIRE_F_NONFINITE, known since version 3) */
 		encode_into(buf, 0, 0);
 		buf[7] = (unsigned char)(1u << bit);
 		reseal(buf, 64);
@@ -383,25 +385,57 @@ static void test_token(void **st)
 /*
  * The HELLO example of doc/protocol.md, byte for byte: peer 0 opens data
  * stream 1 to peer 1 in a static run of 8 peers, run "moshpit", codec none,
- * nonce 00 01 .. 0f, mode normal, bandwidth unknown (-1.0), listening on
- * 10.0.0.1:29500.
+ * nonce 00 01 .. 0f, mode normal, bandwidth unknown (-1.0), settings of a
+ * 2x2x2 moshpit run (3 rounds, 256 KiB chunks, 2 streams, 8 peers, equal
+ * bandwidths, balance configured), listening on 10.0.0.1:29500.
  */
 static void test_hello_golden(void **st)
 {
-	static const unsigned char golden[64 + 40] = {
-		0x4d, 0x53, 0x50, 0x48, 0x02, 0x01, 0x00, 0x01, 0xa7, 0xf7, 0x9f, 0xd3, 0x4c, 0xef, 0x70, 0xcb,
+	static const unsigned char golden[64 + 27 + 103 + 15] = {
+		0x4d, 0x53, 0x50, 0x48, 0x03, 0x01, 0x00, 0x01, 0xa7, 0xf7, 0x9f, 0xd3, 0x4c, 0xef, 0x70, 0xcb,
 		0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
-		0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x08, 0x00, 0x00, 0x00, 0x28, 0x00, 0x00, 0x00,
-		0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x32, 0x91, 0x38, 0x73,
+		0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x08, 0x00, 0x00, 0x00, 0x91, 0x00, 0x00, 0x00,
+		0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xad, 0xd1, 0xde, 0xad,
 		0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
 		0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xf0, 0xbf,
+		0x67, 0x00, /* settings: 103 bytes of entries (tag, length, value) */
+		0x01, 0x01, 0x00,                                     /* algorithm moshpit */
+		0x02, 0x07, 0x03, 0x02, 0x00, 0x02, 0x00, 0x02, 0x00, /* grid 2x2x2 */
+		0x03, 0x04, 0x03, 0x00, 0x00, 0x00,                   /* rounds 3 */
+		0x04, 0x11, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+		0x00, 0x00, 0x00, 0x00,                               /* codec none, no parameters */
+		0x05, 0x08, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, /* chunk 65536 values */
+		0x06, 0x04, 0x02, 0x00, 0x00, 0x00,                   /* streams 2 */
+		0x07, 0x04, 0x08, 0x00, 0x00, 0x00,                   /* peers 8 */
+		0x08, 0x17, 0xa5, 0xbb, 0xb0, 0xd3, 0x26, 0x4f, 0x25, 0x01, /* bandwidths: fingerprint, */
+		'1', ',', '1', ',', '1', ',', '1', ',', '1', ',', '1', ',', '1', ',', '1', /* text */
+		0x09, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* min part 0 */
+		0x0a, 0x01, 0x00,                                     /* check finite 0 */
+		0x0b, 0x01, 0x00,                                     /* rendezvous static */
+		0x0c, 0x01, 0x00,                                     /* balance configured */
 		'1', '0', '.', '0', '.', '0', '.', '1', ':', '2', '9', '5', '0', '0', 0x00,
 	};
 	unsigned char buf[sizeof(golden)];
-	double bw = -1.0;
+	double bw = -1.0, one = 1.0;
 	struct mp_wire_hdr h, out;
+	struct mp_settings s, back;
 
 	(void)st;
+	memset(&s, 0, sizeof(s));
+	s.ndims = 3;
+	s.dims[0] = s.dims[1] = s.dims[2] = 2;
+	s.rounds = 3;
+	s.chunk_elems = 65536;
+	s.streams = 2;
+	s.npeers = 8;
+	/* FNV-1a 64 over the 8 bandwidths' binary64 bytes, rank order. */
+	s.bw_fp = 0xcbf29ce484222325ull;
+	for (int i = 0; i < 8; i++)
+		for (int k = 0; k < 8; k++) {
+			s.bw_fp ^= ((const unsigned char *)&one)[k];
+			s.bw_fp *= 0x100000001b3ull;
+		}
+	strcpy(s.bw_text, "1,1,1,1,1,1,1,1");
 	memset(&h, 0, sizeof(h));
 	h.type = MP_MSG_HELLO;
 	h.codec = 0;
@@ -411,16 +445,74 @@ static void test_hello_golden(void **st)
 	h.offset = 0;
 	h.count = 8;
 	h.aux = 1;
-	h.length = 40;
+	h.length = 27 + 103 + 15;
 	for (int i = 0; i < 16; i++)
 		buf[64 + i] = (unsigned char)i;
 	buf[64 + 16] = 0;
 	memcpy(buf + 64 + 17, &bw, 8); /* little-endian host: the codec code insists on it */
-	memcpy(buf + 64 + 25, "10.0.0.1:29500", 15);
+	assert_int_equal(mp_settings_encode(&s, buf + 64 + 27), 103);
+	buf[64 + 25] = 103;
+	buf[64 + 26] = 0;
+	memcpy(buf + 64 + 130, "10.0.0.1:29500", 15);
 	mp_wire_encode(&h, buf, buf + 64);
 	assert_memory_equal(buf, golden, sizeof(golden));
 	assert_int_equal(mp_wire_decode(buf, sizeof(buf), h.run_id, NCODECS, &out, NULL), 0);
 	assert_int_equal(out.token, 0);
+	assert_int_equal(mp_settings_decode(golden + 64 + 27, 103, &back), 0);
+	s.present = back.present;
+	assert_memory_equal(&s, &back, sizeof(s));
+}
+
+/* Settings: each field that differs is named with both values; unknown
+ * entries (a later version's) are skipped; a run over the end is refused. */
+static void test_settings_diff(void **st)
+{
+	struct mp_settings a, b;
+	char msg[200];
+	uint8_t buf[MP_SETTINGS_MAX + 8];
+	size_t n;
+
+	(void)st;
+	memset(&a, 0, sizeof(a));
+	a.ndims = 1;
+	a.dims[0] = 4;
+	a.rounds = 1;
+	a.chunk_elems = 1024;
+	a.streams = 1;
+	a.npeers = 4;
+	b = a;
+	assert_int_equal(mp_settings_diff(&a, &b, msg, sizeof(msg)), 0);
+	b.ndims = 2;
+	b.dims[0] = b.dims[1] = 2;
+	assert_int_equal(mp_settings_diff(&a, &b, msg, sizeof(msg)), -EBADE);
+	assert_string_equal(msg, "grid differs: ours 4, theirs 2x2");
+	b = a;
+	b.streams = 2;
+	assert_int_equal(mp_settings_diff(&a, &b, msg, sizeof(msg)), -EBADE);
+	assert_string_equal(msg, "streams (MP_NSTREAMS) differs: ours 1, theirs 2");
+	b = a;
+	b.npeers = 0; /* not set (a dht peer): not compared */
+	assert_int_equal(mp_settings_diff(&a, &b, msg, sizeof(msg)), 0);
+	b = a;
+	b.bw_fp = 7;
+	assert_int_equal(mp_settings_diff(&a, &b, msg, sizeof(msg)), -EBADE);
+	assert_non_null(strstr(msg, "bandwidths (MP_BANDWIDTHS) differs"));
+	b.dynamic = 1;
+	assert_int_equal(mp_settings_diff(&a, &b, msg, sizeof(msg)), -EBADE);
+	assert_string_equal(msg, "rendezvous differs: ours static, theirs dht");
+	a.dynamic = 1; /* dht: each peer announces its own bandwidth */
+	assert_int_equal(mp_settings_diff(&a, &b, msg, sizeof(msg)), 0);
+	assert_int_equal(mp_settings_fingerprint(&a), mp_settings_fingerprint(&b));
+	b.topk_ratio = 0.5f;
+	assert_true(mp_settings_fingerprint(&a) != mp_settings_fingerprint(&b));
+
+	n = mp_settings_encode(&a, buf);
+	buf[n] = 200; /* an entry of a later version */
+	buf[n + 1] = 2;
+	buf[n + 2] = buf[n + 3] = 0xee;
+	assert_int_equal(mp_settings_decode(buf, n + 4, &b), 0);
+	assert_int_equal(mp_settings_diff(&a, &b, msg, sizeof(msg)), 0);
+	assert_int_equal(mp_settings_decode(buf, n + 3, &b), -EBADMSG);
 }
 
 static void test_length(void **st)
@@ -555,6 +647,7 @@ int main(void)
 		cmocka_unit_test(test_flags),
 		cmocka_unit_test(test_token),
 		cmocka_unit_test(test_hello_golden),
+		cmocka_unit_test(test_settings_diff),
 		cmocka_unit_test(test_length),
 		cmocka_unit_test(test_checksum),
 		cmocka_unit_test(test_weight),
