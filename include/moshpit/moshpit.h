@@ -98,7 +98,8 @@ enum mp_codec {
 enum mp_mode {
 	MP_MODE_NORMAL = 0, /**< sends its values and reduces a part */
 	MP_MODE_CLIENT = 1, /**< behind NAT: dials out only, sends its values, reduces nothing */
-	MP_MODE_AUX = 2,    /**< reduces a part but contributes nothing (weight 0) */
+	MP_MODE_AUX = 2,    /**< no values of its own: averages at weight 0 (pass 0), reduces a
+			         part, and then holds the group's values like any member */
 };
 
 /** Log verbosity, as set by MP_DEBUG=WARN|INFO|TRACE. */
