@@ -247,6 +247,8 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 			mp_set_init_error("%s", mp_last_error(ctx));
 			goto fail;
 		}
+		if (cfg.npeers > 0)
+			mp_log_set_rank(mp_rank(ctx)); /* log lines tell the peers apart */
 	}
 
 	rc = pthread_create(&ctx->core->thread, NULL, progress_main, ctx);
@@ -266,8 +268,9 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	char gbuf[64];
 	mp_grid_format(&ctx->grid, gbuf, sizeof(gbuf));
 	if (ctx->dynamic)
-		MP_INFO("peer %016llx, run %s, rendezvous dht, transport %s, listening on %s, grid %s, "
-			"codec %s, %d stream(s)", (unsigned long long)ctx->self_id, ctx->run_name,
+		MP_INFO("peer %016llx (rank %d of %d), run %s, rendezvous dht, transport %s, listening "
+			"on %s, grid %s, codec %s, %d stream(s)", (unsigned long long)ctx->self_id,
+			mp_rank(ctx), mp_npeers(ctx), ctx->run_name,
 			ctx->transport, ctx->local_addr[0] ? ctx->local_addr : "(client: none)", gbuf,
 			mp_codec_name(ctx->codec_cfg), ctx->streams);
 	else
