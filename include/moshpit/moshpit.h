@@ -98,7 +98,8 @@ enum mp_codec {
 enum mp_mode {
 	MP_MODE_NORMAL = 0, /**< sends its values and reduces a part */
 	MP_MODE_CLIENT = 1, /**< behind NAT: dials out only, sends its values, reduces nothing */
-	MP_MODE_AUX = 2,    /**< reduces a part but contributes nothing (weight 0) */
+	MP_MODE_AUX = 2,    /**< no values of its own: averages at weight 0 (pass 0), reduces a
+			         part, and then holds the group's values like any member */
 };
 
 /** Log verbosity, as set by MP_DEBUG=WARN|INFO|TRACE. */
@@ -273,9 +274,23 @@ MP_API int mp_local_address(mp_ctx *ctx, char *buf, size_t len);
  */
 MP_API int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n);
 
-/** This peer's rank. @param ctx context @return rank (>= 0) */
+/**
+ * This peer's rank. Static runs: its place in the peer list. Dht runs: the
+ * index of its id among the sorted ids of the members it saw when it
+ * placed itself, which with npeers (MP_NPEERS) is in ::mp_init, so that the
+ * starting set has the distinct ranks 0..npeers-1; without npeers it is 0
+ * until the first average places the peer. A peer that joins later gets its
+ * index among the members it sees then, which may repeat a rank: use
+ * ::mp_peer_id for identity. It does not change as peers come and go.
+ * @param ctx context @return rank (>= 0)
+ */
 MP_API int mp_rank(const mp_ctx *ctx);
-/** Number of peers. @param ctx context @return peer count (>= 1) */
+/**
+ * Number of peers. Static runs: the list's length. Dht runs: the members
+ * seen when this peer placed itself (see ::mp_rank; 1 before that), not
+ * updated as peers come and go.
+ * @param ctx context @return peer count (>= 1)
+ */
 MP_API int mp_npeers(const mp_ctx *ctx);
 
 /**

@@ -664,9 +664,11 @@ int mp_config_resolve(const struct mp_config *in, struct mp_config *out, char **
 		out->rank = 0;
 		goto common;
 	}
-	if (out->mode != MP_MODE_NORMAL) {
-		/* Every member must know every peer's mode: records carry it. */
-		mp_set_init_error("config: client and aux modes need the dht rendezvous");
+	if (out->mode == MP_MODE_CLIENT) {
+		/* Every member must know a client's mode (it reduces nothing and
+		 * accepts no connection): records carry it. An aux peer needs no
+		 * such word: it only starts at weight 0. */
+		mp_set_init_error("config: client mode needs the dht rendezvous");
 		return -EINVAL;
 	}
 	if (out->rank < 0 || out->npeers == 0) {

@@ -265,6 +265,15 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 		if (rc)
 			goto fail;
 		ctx->peers_set = 1;
+		/* With MP_NPEERS, the starting set is known when mp_init returns,
+		 * and so are mp_rank and mp_npeers (before the progress thread
+		 * exists: place() has the context to itself). */
+		if (cfg.npeers > 0 && (rc = mp_dht_join(ctx))) {
+			mp_set_init_error("%s", mp_last_error(ctx));
+			goto fail;
+		}
+		if (cfg.npeers > 0)
+			mp_log_set_rank(mp_rank(ctx)); /* log lines tell the peers apart */
 	}
 
 	rc = pthread_create(&ctx->core->thread, NULL, progress_main, ctx);
@@ -286,8 +295,9 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	char gbuf[64];
 	mp_grid_format(&ctx->grid, gbuf, sizeof(gbuf));
 	if (ctx->dynamic)
-		MP_INFO("peer %016llx, run %s, rendezvous dht, transport %s, listening on %s, grid %s, "
-			"codec %s, %d stream(s)", (unsigned long long)ctx->self_id, ctx->run_name,
+		MP_INFO("peer %016llx (rank %d of %d), run %s, rendezvous dht, transport %s, listening "
+			"on %s, grid %s, codec %s, %d stream(s)", (unsigned long long)ctx->self_id,
+			mp_rank(ctx), mp_npeers(ctx), ctx->run_name,
 			ctx->transport, ctx->local_addr[0] ? ctx->local_addr : "(client: none)", gbuf,
 			mp_codec_name(ctx->codec_cfg), ctx->streams);
 	else
@@ -424,13 +434,25 @@ int mp_leave(mp_ctx *ctx)
 	return 0;
 }
 
+/* dht runs: ctx->rank and ctx->npeers are the peer table's (this peer is
+ * entry 0, and the table grows as peers are learnt); the caller gets the
+ * index among the members seen at the join, and their count (matchmaker.h),
+ * or 0 and 1 (this peer alone) before it placed itself. */
 int mp_rank(const mp_ctx *ctx)
 {
+	if (ctx->dynamic && ctx->dht) {
+		int r = __atomic_load_n(&ctx->dht->join_rank, __ATOMIC_ACQUIRE);
+		return r >= 0 ? r : 0;
+	}
 	return ctx->rank;
 }
 
 int mp_npeers(const mp_ctx *ctx)
 {
+	if (ctx->dynamic && ctx->dht) {
+		int n = __atomic_load_n(&ctx->dht->join_npeers, __ATOMIC_ACQUIRE);
+		return n > 0 ? n : 1;
+	}
 	return ctx->npeers;
 }
 

@@ -538,6 +538,7 @@ int mp_dht_start(struct mp_ctx *ctx)
 		return -ENOMEM;
 	ctx->dht->ctx = ctx;
 	ctx->dht->rdv = mp_rdv_dht_ops;
+	ctx->dht->join_rank = -1;
 	ctx->grouping = &mp_dht_grouping_ops;
 	ctx->grouping_st = ctx->dht;
 	/* Others bootstrap from the host our data plane listens on. */
@@ -569,11 +570,63 @@ int mp_dht_start(struct mp_ctx *ctx)
 	return 0;
 }
 
+void mp_dht_count_refused(struct mp_dht *dht, int reason)
+{
+	if (dht && reason >= 0 && reason < MP_RDV_REFUSED_N)
+		__atomic_add_fetch(&dht->refused_by[reason], 1, __ATOMIC_RELAXED);
+}
+
+/* "; refused 6 record(s): 6 not made with this run's key (...)", or "" when
+ * nothing was refused: what a join that saw too few peers tells the user. */
+static void refusals_text(struct mp_ctx *ctx, char *buf, size_t len)
+{
+	static const char *const why[MP_RDV_REFUSED_N] = {
+		[MP_RDV_REFUSED_KEY] = "not made with this run's key (the MAC does not verify: "
+				       "another MP_RUN_KEY?)",
+		[MP_RDV_REFUSED_RUN] = "of another run",
+		[MP_RDV_REFUSED_SETTINGS] = "with other settings than this peer's",
+		[MP_RDV_REFUSED_MALFORMED] = "malformed",
+		[MP_RDV_REFUSED_WELCOME] = "from askers of this peer's welcome without the run's key",
+	};
+	uint64_t by[MP_RDV_REFUSED_N] = {0}, total = 0;
+	size_t off;
+
+	if (ctx->dht->rdv->refusals)
+		ctx->dht->rdv->refusals(ctx->dht->rdv_st, by);
+	for (int i = 0; i < MP_RDV_REFUSED_N; i++) {
+		by[i] += __atomic_load_n(&ctx->dht->refused_by[i], __ATOMIC_RELAXED);
+		total += by[i];
+	}
+	buf[0] = 0;
+	if (!total) {
+		snprintf(buf, len, "; no record was refused");
+		return;
+	}
+	off = (size_t)snprintf(buf, len, "; refused %" PRIu64 " record(s):", total);
+	for (int i = 0, n = 0; i < MP_RDV_REFUSED_N && off < len; i++)
+		if (by[i])
+			off += (size_t)snprintf(buf + off, len - off, "%s %" PRIu64 " %s", n++ ? "," : "",
+						by[i], why[i]);
+}
+
+/* Index of this peer's id among the sorted ids of the @n records seen. */
+static int rank_among(const struct mp_ctx *ctx, int n)
+{
+	int below = 0;
+
+	for (int i = 0; i < n; i++)
+		below += ctx->dht->recs[i].id < ctx->self_id;
+	return below;
+}
+
 /*
  * Before the first round: wait to see the whole starting set (cfg.npeers),
- * so that everybody places it alike, then take a cell. Done by the progress
- * thread, so that mp_init returns at once and a launcher can read the first
- * peer's DHT address before the others exist.
+ * so that everybody places it alike, then take a cell. With cfg.npeers,
+ * mp_init does this (mp_dht_join), so that mp_rank and mp_npeers mean
+ * something when it returns; a launcher that must read the first peer's
+ * DHT address before the others exist gives it MP_DHT_PORT. Without, the
+ * first average does it, on the progress thread, and mp_init returns at
+ * once.
  */
 static int place(struct mp_ctx *ctx)
 {
@@ -614,12 +667,19 @@ static int place(struct mp_ctx *ctx)
 		nanosleep(&ts, NULL);
 	}
 	if (n < ctx->cfg.npeers) {
-		mp_set_error(ctx, "dht rendezvous: saw %d of the %d peers within %d ms (bootstrap %s)",
-			     n, ctx->cfg.npeers, ctx->cfg.join_timeout_ms,
-			     ctx->cfg.bootstrap ? ctx->cfg.bootstrap : "none");
+		char why[512];
+
+		refusals_text(ctx, why, sizeof(why));
+		mp_set_error(ctx, "dht rendezvous: saw %d of the %d peers (MP_NPEERS) within %d ms "
+			     "(MP_JOIN_TIMEOUT_MS; bootstrap %s)%s", n, ctx->cfg.npeers,
+			     ctx->cfg.join_timeout_ms, ctx->cfg.bootstrap ? ctx->cfg.bootstrap : "none",
+			     why);
+		MP_WARN("%s", mp_last_error(ctx));
 		return -ETIMEDOUT;
 	}
 	take_cell(ctx, n);
+	__atomic_store_n(&ctx->dht->join_npeers, n, __ATOMIC_RELEASE);
+	__atomic_store_n(&ctx->dht->join_rank, rank_among(ctx, n), __ATOMIC_RELEASE);
 	uint32_t r = 0;
 	sync_members(ctx, &r);
 	ctx->round = r;
@@ -633,8 +693,14 @@ static int place(struct mp_ctx *ctx)
 	int len = 0;
 	for (int i = 0; i < ctx->grid.ndims; i++)
 		len += snprintf(cbuf + len, sizeof(cbuf) - (size_t)len, i ? ",%d" : "%d", ctx->dht->coords[i]);
-	MP_INFO("dht: sees %d peer(s); cell (%s), round %u", n, cbuf, ctx->round);
+	MP_INFO("dht: sees %d peer(s); rank %d, cell (%s), round %u", n, ctx->dht->join_rank, cbuf,
+		ctx->round);
 	return 0;
+}
+
+int mp_dht_join(struct mp_ctx *ctx)
+{
+	return place(ctx);
 }
 
 void mp_dht_stop(struct mp_ctx *ctx)

@@ -45,6 +45,14 @@ struct mp_dht {
 	uint64_t suspects_seen;       /* ctx->suspects when the round was last told */
 	double bw[MP_MAX_GROUP];      /* the roster of the group formed last */
 	uint8_t mode[MP_MAX_GROUP];
+	/* mp_rank and mp_npeers (atomic: set by whichever thread places the
+	 * peer, read by the caller's): this peer's index among the sorted ids
+	 * of the members seen when it placed itself, and their count; -1 and
+	 * 0 until then. */
+	int join_rank, join_npeers;
+	/* Refusals seen above the rendezvous (mp_dht_count_refused), by enum
+	 * mp_rdv_refusal; the join's error adds them to the rendezvous' own. */
+	uint64_t refused_by[MP_RDV_REFUSED_N];
 };
 
 /* The matchmaker as the context's grouping (ctx->grouping, state ctx->dht):
@@ -55,6 +63,15 @@ extern const struct mp_grouping_ops mp_dht_grouping_ops;
  * matchmaker the context's grouping. The first average then waits for
  * cfg.npeers peers, when set, and takes a cell. */
 int mp_dht_start(struct mp_ctx *ctx);
+/* mp_init, dht runs with cfg.npeers: wait until that many authenticated
+ * peers are seen (or cfg.join_timeout_ms, with an error naming how many
+ * were seen and how many records were refused, and why), then take a cell.
+ * Without cfg.npeers the first average does this instead. */
+int mp_dht_join(struct mp_ctx *ctx);
+/* Count a refusal (enum mp_rdv_refusal) for the join's error message; for
+ * checks above the rendezvous that refuse a peer's record or word. Thread
+ * safe. */
+void mp_dht_count_refused(struct mp_dht *dht, int reason);
 /* mp_finalize: stop the rendezvous and free ctx->dht. */
 void mp_dht_stop(struct mp_ctx *ctx);
 /* The address others bootstrap from (mp_dht_address); -ENOTSUP if none. */

@@ -20,6 +20,7 @@
 #ifndef MP_RDV_H
 #define MP_RDV_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <moshpit/moshpit.h>
@@ -120,11 +121,42 @@ struct mp_rdv_ops {
 	/* Records, declarations and welcome askers refused (bad MAC, malformed,
 	 * foreign run). */
 	uint64_t (*refused)(void *st);
+	/* The same, by reason: @by gets MP_RDV_REFUSED_N counts (enum
+	 * mp_rdv_refusal). May be NULL. */
+	void (*refusals)(void *st, uint64_t *by);
 	/* 1 when init already learnt the run's members from a peer (dht: its
 	 * bootstrap peer's welcome), so the view need not settle first. May be
 	 * NULL. */
 	int (*welcomed)(void *st);
 };
+
+/*
+ * Why a record or declaration was refused, for the join's error message
+ * (mp_init, dht runs: "refused 6 records: 6 not made with this run's key").
+ * mp_rdv_refusal_of maps a decode's error to its reason; a check that
+ * refuses for another reason (the settings a run's peers must share) adds
+ * its errno there.
+ */
+enum mp_rdv_refusal {
+	MP_RDV_REFUSED_KEY,       /* -EACCES: the MAC does not verify (another run key) */
+	MP_RDV_REFUSED_RUN,       /* -EPROTO: a record of another run */
+	MP_RDV_REFUSED_SETTINGS,  /* settings that differ from this peer's */
+	MP_RDV_REFUSED_MALFORMED, /* anything else: cut, or fields out of range */
+	MP_RDV_REFUSED_WELCOME,   /* an asker of our welcome (no key, another run) */
+	MP_RDV_REFUSED_N
+};
+
+static inline int mp_rdv_refusal_of(int rc)
+{
+	switch (rc) {
+	case -EACCES:
+		return MP_RDV_REFUSED_KEY;
+	case -EPROTO:
+		return MP_RDV_REFUSED_RUN;
+	default:
+		return MP_RDV_REFUSED_MALFORMED;
+	}
+}
 
 extern const struct mp_rdv_ops mp_rdv_static_ops;
 /* NULL when the library is built without OpenDHT. */

@@ -150,9 +150,17 @@ struct rdv_dht {
 	char welcome_from[MP_ADDR_STRLEN]; /* the bootstrap peer that welcomed us */
 
 	uint64_t refused;
+	uint64_t refused_by[MP_RDV_REFUSED_N]; /* the same, by reason */
 	uint64_t last_warn_ms;
 	uint64_t unlogged;       /* refusals since the last warning line */
 };
+
+/* Count a refusal of decode error @rc, by its reason. Mutex held. */
+static void refuse(struct rdv_dht *st, int rc)
+{
+	st->refused++;
+	st->refused_by[mp_rdv_refusal_of(rc)]++;
+}
 
 /* Wait on st->cv for at most @ms; the mutex is held. */
 static void wait_ms(struct rdv_dht *st, uint64_t ms)
@@ -354,7 +362,7 @@ static bool on_value(const dht_value *v, bool expired, void *arg)
 		rc = take_record(st, dv.data, dv.size, now);
 	}
 	if (rc && rc != -ENOMEM) {
-		st->refused++;
+		refuse(st, rc);
 		if (now - st->last_warn_ms >= WARN_EVERY_MS) {
 			warn = true;
 			if (l->dk)
@@ -643,7 +651,7 @@ static size_t welcome_fill(void *arg, const uint8_t *in, size_t inlen, uint8_t *
 
 	pthread_mutex_lock(&st->mu);
 	if (inlen && (rc = take_record(st, in, inlen, now)) && rc != -ENOMEM)
-		st->refused++;
+		refuse(st, rc);
 	for (int i = 0; i < st->nm; i++) {
 		if (!rec_live(&st->m[i].r, now) || cap - off < 2 + MP_RECORD_WIRE_MAX)
 			continue;
@@ -678,7 +686,7 @@ static int welcome_take(struct rdv_dht *st, const uint8_t *p, size_t len)
 		if (!trc)
 			n++;
 		else if (trc != -ENOMEM)
-			st->refused++;
+			refuse(st, trc);
 		off += 2 + rl;
 	}
 	pthread_mutex_unlock(&st->mu);
@@ -1042,7 +1050,7 @@ static int dht_learn_record(void *arg, const uint8_t *buf, size_t len)
 	pthread_mutex_lock(&st->mu);
 	rc = take_record(st, buf, len, mp_wall_ms());
 	if (rc && rc != -ENOMEM)
-		st->refused++;
+		refuse(st, rc);
 	pthread_mutex_unlock(&st->mu);
 	return rc;
 }
@@ -1123,6 +1131,16 @@ static uint64_t dht_refused(void *arg)
 	return n + mp_welcome_refused(st->welcome);
 }
 
+static void dht_refusals(void *arg, uint64_t *by)
+{
+	struct rdv_dht *st = arg;
+
+	pthread_mutex_lock(&st->mu);
+	memcpy(by, st->refused_by, sizeof(st->refused_by));
+	pthread_mutex_unlock(&st->mu);
+	by[MP_RDV_REFUSED_WELCOME] += mp_welcome_refused(st->welcome);
+}
+
 static int dht_welcomed(void *arg)
 {
 	return ((struct rdv_dht *)arg)->welcomed;
@@ -1144,6 +1162,7 @@ static const struct mp_rdv_ops dht_ops = {
 	.forget = dht_forget,
 	.leave = dht_leave,
 	.refused = dht_refused,
+	.refusals = dht_refusals,
 	.welcomed = dht_welcomed,
 };
 

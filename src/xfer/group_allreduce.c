@@ -24,10 +24,13 @@
  * each part holds.
  *
  * Modes (DeDLOC): a client member reduces nothing (bandwidth 0, no part) but
- * contributes and takes the results; an aux member reduces a part but
- * contributes nothing: it sends no SCATTER, receives no GATHER, and leaves
- * with its buffer and weight unchanged. Every member derives the same plan
- * from the roster.
+ * contributes and takes the results. An aux member is, inside a group, a
+ * member like any other: it averages at weight 0 (moshpit.h), so what it
+ * sends in its first round counts for nothing, and what it holds after a
+ * round weighs like anyone's. Were it to keep its buffer
+ * instead (DeDLOC's one all-reduce), its cell would be a hole in every later
+ * round, and a grid with aux peers would not reach the exact mean in d
+ * rounds. Every member derives the same plan from the roster.
  *
  * Weights: a part's result is Σ w·x / Σ w over its contributions, and each
  * member leaves with the mean weight Σ w / contributors of its own part if
@@ -95,7 +98,7 @@ struct gar {
 	struct gmember *mb;    /* per member */
 	struct gchan *gc;      /* per channel */
 	struct mp_chan *ch;
-	uint32_t ncontributors; /* members that are not aux */
+	uint32_t ncontributors; /* members that contribute: all of them (aux at weight 0) */
 	uint32_t plan;         /* plan hash: SCATTER's aux (mp_plan_hash) */
 	/* our part */
 	float *cbuf;           /* slots of len[me] values, one per other contributor */
@@ -112,7 +115,6 @@ struct gar {
 	/* the others' parts */
 	float *stage;          /* their results, compact (our part left out) */
 	float *esave;          /* sparse codecs: residue of the parts we send, as it was */
-	float *own;            /* aux: our part's values, restored at the end */
 	/* fault injection: frames sent in this round, per phase (scatter, gather) */
 	uint64_t sent[2];
 	int refused;           /* a reducer left our contribution out as non-finite */
@@ -131,21 +133,16 @@ static uint32_t chunk_count(const struct gar *r, int member, uint64_t c)
 	return (uint32_t)(n < r->C ? n : r->C);
 }
 
-static int contributes(const struct gar *r, int m)
-{
-	return r->mb[m].mode != MP_MODE_AUX;
-}
-
 /* We send our values of part j to its reducer j and take its result back. */
 static int sends_to(const struct gar *r, int j)
 {
-	return j != r->me && contributes(r, r->me) && r->mb[j].len > 0;
+	return j != r->me && r->mb[j].len > 0;
 }
 
 /* Member m sends us its values of our part and takes our result back. */
 static int serves(const struct gar *r, int m)
 {
-	return m != r->me && contributes(r, m) && r->mb[r->me].len > 0;
+	return m != r->me && r->mb[r->me].len > 0;
 }
 
 /* Where part j sits in the compact staging (everything but our own part). */
@@ -197,7 +194,7 @@ static void reduce_part(struct gar *r)
 		for (uint64_t i = 0; i < L && !r->mb[me].nonfinite; i++)
 			r->mb[me].nonfinite = !isfinite(x[i]);
 	for (int m = 0; m < r->k; m++) {
-		if (m == me ? !contributes(r, me) : !serves(r, m) || r->mb[m].got < nc)
+		if (m != me && (!serves(r, m) || r->mb[m].got < nc))
 			continue;
 		if (r->mb[m].nonfinite) {
 			/* Left out, not poisoning every member's result. */
@@ -212,7 +209,7 @@ static void reduce_part(struct gar *r)
 		r->nused++;
 		recipients += m != me && !r->mb[m].failed;
 	}
-	if (r->nused > 1 && a->residue && contributes(r, me)) {
+	if (r->nused > 1 && a->residue) {
 		/* Our own contribution reaches the result without the wire: it
 		 * carries its held-back residue along in full (mass moves, none
 		 * is lost). */
@@ -237,13 +234,12 @@ static void reduce_part(struct gar *r)
 		 * all nused members that take it, each with weight wsum/nused.
 		 * The reducer keeps that whole mass in its own residue (nused
 		 * times the difference, at its new weight), so Σ w·(x + residue)
-		 * over all peers is unchanged by the round (doc/codecs.md). An
-		 * aux reducer never sends its residue: that mass is lost.
+		 * over all peers is unchanged by the round (doc/codecs.md).
 		 */
 		void *scr = codec->scratch_size ?
 			mp_scratch(ctx, MP_SCR_ENCODE, codec->scratch_size(&ctx->cparams, ctx->chunk_elems)) :
 			NULL;
-		int refill = (codec->flags & MP_CODEC_F_SPARSE) && a->residue && contributes(r, me);
+		int refill = (codec->flags & MP_CODEC_F_SPARSE) && a->residue;
 
 		for (uint64_t c = 0; c < nc; c++) {
 			uint32_t n = chunk_count(r, me, c);
@@ -529,7 +525,7 @@ static int plan_parts(struct gar *r)
 		r->mb[m].len = len[m];
 		r->mb[m].off = m ? r->mb[m - 1].off + r->mb[m - 1].len : 0;
 		r->mb[m].nch = (len[m] + r->C - 1) / r->C;
-		r->ncontributors += contributes(r, m);
+		r->ncontributors++;
 	}
 	if (!rc) {
 		/* Ids and modes reuse the bandwidth array's room. */
@@ -577,22 +573,18 @@ static int setup_memory(struct gar *r)
 	r->whow = (float *)(r->who + r->k);
 	r->enc = (uint8_t *)r->cbuf + fixed;
 
-	/* Layout: stage | esave | own */
-	uint64_t rest = contributes(r, me) ? a->n - L : 0;
+	/* Layout: stage | esave */
+	uint64_t rest = a->n - L;
 	uint64_t saved = a->residue ? rest : 0;
-	uint64_t own = contributes(r, me) ? 0 : L;
-	r->stage = mp_scratch(ctx, MP_SCR_STAGE, (rest + saved + own) * sizeof(float));
+	r->stage = mp_scratch(ctx, MP_SCR_STAGE, (rest + saved) * sizeof(float));
 	if (!r->stage)
 		return -ENOMEM;
 	r->esave = saved ? r->stage + rest : NULL;
-	r->own = own ? r->stage + rest + saved : NULL;
 	if (r->esave)
 		for (int j = 0; j < r->k; j++)
 			if (sends_to(r, j))
 				memcpy(r->esave + stage_off(r, j), a->residue + r->mb[j].off,
 				       r->mb[j].len * sizeof(float));
-	if (r->own)
-		memcpy(r->own, a->x + r->mb[me].off, L * sizeof(float));
 	return 0;
 }
 
@@ -605,7 +597,7 @@ static int finish(struct gar *r)
 {
 	struct mp_avg *a = r->a;
 	const int me = r->me;
-	int first = -1, reached = r->done && r->nused > (contributes(r, me) ? 1 : 0);
+	int first = -1, reached = r->done && r->nused > 1;
 
 	for (int j = 0; j < r->k; j++) {
 		if (!sends_to(r, j))
@@ -624,12 +616,6 @@ static int finish(struct gar *r)
 		mp_clog_apply(r->ctx, r->round, r->g, j, whole);
 	}
 	reached |= first >= 0;
-	if (r->own) {
-		/* Aux: we reduced for the others, with our buffer as the source
-		 * of the results; it goes back to what it was. */
-		memcpy(a->x + r->mb[me].off, r->own, r->mb[me].len * sizeof(float));
-		return reached;
-	}
 	float wold = a->weight;
 	if (r->done && r->nused)
 		a->weight = r->wsum / (float)r->nused;
@@ -733,7 +719,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	 * count is capped at the number of peers. */
 	uint64_t alive = 1;
 	for (int m = 0; m < k; m++)
-		alive += m != r.me && !r.mb[m].failed && contributes(&r, m);
+		alive += m != r.me && !r.mb[m].failed;
 	a->influence *= alive;
 	/* (Static runs with peers down: the live ones.) */
 	int cap = !ctx->dynamic && ctx->nlive > 0 ? ctx->nlive : ctx->npeers;

@@ -38,6 +38,7 @@ struct scenario {
 	int expect_rounds; /* 0 = do not check */
 	int expect_peers;  /* 0 = do not check */
 	const char *bandwidths;
+	int naux;          /* the last naux ranks are aux peers (MP_MODE_AUX) */
 };
 
 struct shared {
@@ -60,8 +61,16 @@ static float input(int rank, size_t i)
 	return (float)((long)(((long)rank * 7919 + (long)i * 104729) % 2001) - 1000) / 64.0f;
 }
 
+static int is_aux(const struct scenario *sc, int rank)
+{
+	return rank >= sc->npeers - sc->naux;
+}
+
+/* An aux peer's values count for nothing: it averages at weight 0. */
 static float weight_of(const struct scenario *sc, int rank)
 {
+	if (is_aux(sc, rank))
+		return 0.0f;
 	return sc->weighted ? (float)(rank + 1) : 1.0f;
 }
 
@@ -89,6 +98,8 @@ static void *peer_main(void *p)
 	cfg.connect_timeout_ms = 5000;
 	cfg.round_timeout_ms = 5000;
 	cfg.bandwidths = sc->bandwidths;
+	if (is_aux(sc, a->rank))
+		cfg.mode = MP_MODE_AUX;
 	if (sc->chunk_bytes)
 		cfg.chunk_bytes = sc->chunk_bytes;
 	rc = mp_init(&cfg, &ctx);
@@ -171,7 +182,7 @@ static double run_err(const struct scenario *sc)
 		assert_int_equal(sh.res[r].frames_rejected, 0);
 		if (sc->npeers > 1)
 			assert_true(sh.res[r].bytes_sent > 0 && sh.res[r].bytes_received > 0);
-		if (sc->weighted && sc->expect_peers == sc->npeers)
+		if ((sc->weighted || sc->naux) && sc->expect_peers == sc->npeers)
 			assert_float_equal(sh.res[r].weight, wsum / sc->npeers, 1e-4);
 	}
 	if (sc->bandwidths) {
@@ -202,14 +213,14 @@ static void run(const struct scenario *sc)
 static void moshpit_2x2x2(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m222", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 10000, 0, 1e-5, 0, 3, 8, NULL};
+	struct scenario sc = {"m222", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 10000, 0, 1e-5, 0, 3, 8, NULL, 0};
 	run(&sc);
 }
 
 static void moshpit_4x4(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m44", 16, "4x4", MP_ALGO_MOSHPIT, 0, 0, 0, 4096, 12345, 0, 1e-5, 0, 2, 16, NULL};
+	struct scenario sc = {"m44", 16, "4x4", MP_ALGO_MOSHPIT, 0, 0, 0, 4096, 12345, 0, 1e-5, 0, 2, 16, NULL, 0};
 	run(&sc);
 }
 
@@ -218,14 +229,14 @@ static void moshpit_one_round_is_not_the_mean(void **s)
 	/* One round of a 2x2x2 grid averages pairs only: the peers must still
 	 * differ from the global mean, or the check above proves nothing. */
 	(void)s;
-	struct scenario sc = {"m222r1", 8, "2x2x2", MP_ALGO_MOSHPIT, 1, 0, 0, 0, 1000, 0, 1e-5, 0, 1, 2, NULL};
+	struct scenario sc = {"m222r1", 8, "2x2x2", MP_ALGO_MOSHPIT, 1, 0, 0, 0, 1000, 0, 1e-5, 0, 1, 2, NULL, 0};
 	assert_true(run_err(&sc) > 1.0);
 }
 
 static void moshpit_weighted(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m222w", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 5000, 1, 1e-5, 0, 3, 8, NULL};
+	struct scenario sc = {"m222w", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 5000, 1, 1e-5, 0, 3, 8, NULL, 0};
 	run(&sc);
 }
 
@@ -234,56 +245,89 @@ static void moshpit_partial_grid_converges(void **s)
 	(void)s;
 	/* 6 peers on 8 cells: never exact in d rounds, but mean-preserving, so
 	 * enough rounds reach the exact mean to float precision. */
-	struct scenario sc = {"m6", 6, "2x2x2", MP_ALGO_MOSHPIT, 60, 0, 0, 0, 777, 0, 1e-4, 0, 60, 0, NULL};
+	struct scenario sc = {"m6", 6, "2x2x2", MP_ALGO_MOSHPIT, 60, 0, 0, 0, 777, 0, 1e-4, 0, 60, 0, NULL, 0};
 	run(&sc);
 }
 
 static void moshpit_streams_small_chunks(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m222s3", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 3, 64, 1001, 0, 1e-5, 0, 3, 8, NULL};
+	struct scenario sc = {"m222s3", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 3, 64, 1001, 0, 1e-5, 0, 3, 8, NULL, 0};
+	run(&sc);
+}
+
+/*
+ * Aux peers (DeDLOC) on static grids: weight 0 at first, then members like
+ * any other, so the grid has no holes and d rounds give the exact mean of
+ * the others, aux peers included. The two aux of 4x4 share a line (ranks
+ * 14 and 15), the worst case: before, that line's cells were holes in the
+ * next round, and the result was off by whole units.
+ */
+static void moshpit_4x4_aux(void **s)
+{
+	(void)s;
+	struct scenario sc = {"m44aux", 16, "4x4", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 5003, 1, 1e-5, 0, 2,
+			      16, NULL, 2};
+	run(&sc);
+}
+
+static void moshpit_3x3x3_aux(void **s)
+{
+	(void)s;
+	struct scenario sc = {"m333aux", 27, "3x3x3", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 2001, 0, 1e-5, 0,
+			      3, 27, NULL, 3};
+	run(&sc);
+}
+
+/* A partial grid with an aux peer: mean-preserving, so it converges to the
+ * others' exact mean as a partial grid of normal peers does. */
+static void moshpit_partial_grid_aux(void **s)
+{
+	(void)s;
+	struct scenario sc = {"m6aux", 6, "2x2x2", MP_ALGO_MOSHPIT, 60, 0, 0, 0, 777, 0, 1e-4, 0, 60,
+			      0, NULL, 1};
 	run(&sc);
 }
 
 static void ring_8(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 1024, 10007, 1, 1e-5, 0, 1, 8, NULL};
+	struct scenario sc = {"ring8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 1024, 10007, 1, 1e-5, 0, 1, 8, NULL, 0};
 	run(&sc);
 }
 
 static void ring_3_streams(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring3", 3, NULL, MP_ALGO_RING, 0, 0, 2, 256, 999, 0, 1e-5, 0, 1, 3, NULL};
+	struct scenario sc = {"ring3", 3, NULL, MP_ALGO_RING, 0, 0, 2, 256, 999, 0, 1e-5, 0, 1, 3, NULL, 0};
 	run(&sc);
 }
 
 static void ring_fewer_values_than_peers(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring5of8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 0, 5, 0, 1e-5, 0, 1, 8, NULL};
+	struct scenario sc = {"ring5of8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 0, 5, 0, 1e-5, 0, 1, 8, NULL, 0};
 	run(&sc);
 }
 
 static void ring_2(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring2", 2, NULL, MP_ALGO_RING, 0, 0, 0, 128, 1000, 1, 1e-5, 0, 1, 2, NULL};
+	struct scenario sc = {"ring2", 2, NULL, MP_ALGO_RING, 0, 0, 0, 128, 1000, 1, 1e-5, 0, 1, 2, NULL, 0};
 	run(&sc);
 }
 
 static void butterfly_8(void **s)
 {
 	(void)s;
-	struct scenario sc = {"bf8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 10000, 1, 1e-5, 1, 1, 8, NULL};
+	struct scenario sc = {"bf8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 10000, 1, 1e-5, 1, 1, 8, NULL, 0};
 	run(&sc);
 }
 
 static void butterfly_tiny(void **s)
 {
 	(void)s;
-	struct scenario sc = {"bf3of8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 3, 0, 1e-5, 0, 1, 8, NULL};
+	struct scenario sc = {"bf3of8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 3, 0, 1e-5, 0, 1, 8, NULL, 0};
 	run(&sc);
 }
 
@@ -293,7 +337,7 @@ static void butterfly_fp16(void **s)
 	/* Inputs within ±16: fp16 keeps 11 significant bits, so each peer's
 	 * contribution and the returned mean are off by at most 2^-7 each. */
 	struct scenario sc = {"bf16", 4, NULL, MP_ALGO_BUTTERFLY, 0, MP_CODEC_FP16, 0, 1024, 5000, 0,
-			      2.0 / 128, 0, 1, 4, NULL};
+			      2.0 / 128, 0, 1, 4, NULL, 0};
 	run(&sc);
 }
 
@@ -301,14 +345,14 @@ static void butterfly_bandwidth_weighted_parts(void **s)
 {
 	(void)s;
 	struct scenario sc = {"bfbw", 4, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 4096, 40000, 1, 1e-5, 0, 1, 4,
-			      "1,0,2,1"};
+			      "1,0,2,1", 0};
 	run(&sc);
 }
 
 static void single_peer(void **s)
 {
 	(void)s;
-	struct scenario sc = {"solo", 1, NULL, MP_ALGO_MOSHPIT, 0, 0, 0, 0, 100, 0, 0, 0, 0, 1, NULL};
+	struct scenario sc = {"solo", 1, NULL, MP_ALGO_MOSHPIT, 0, 0, 0, 0, 100, 0, 0, 0, 0, 1, NULL, 0};
 	run(&sc);
 }
 
@@ -439,6 +483,9 @@ int main(void)
 		cmocka_unit_test(moshpit_weighted),
 		cmocka_unit_test(moshpit_partial_grid_converges),
 		cmocka_unit_test(moshpit_streams_small_chunks),
+		cmocka_unit_test(moshpit_4x4_aux),
+		cmocka_unit_test(moshpit_3x3x3_aux),
+		cmocka_unit_test(moshpit_partial_grid_aux),
 		cmocka_unit_test(ring_8),
 		cmocka_unit_test(ring_3_streams),
 		cmocka_unit_test(ring_fewer_values_than_peers),

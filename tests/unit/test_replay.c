@@ -225,48 +225,55 @@ static void test_wrong_result(void **state)
 #define X 0x1003ULL
 #define J 0x1004ULL
 
-/* A normal peer P, a client Q (no part), an aux X (reduces, contributes
- * nothing, keeps its buffer); J joins in round 1 while Q and X are alone. */
+/* A normal peer P, a client Q (no part), an aux X (reduces, contributes at
+ * weight 0, takes the results like anyone); J joins in round 1 while Q and
+ * X are alone. W is 2/3 in fp32: each of the three leaves round 0 with the
+ * group's mean weight (1 + 1 + 0) / 3. */
+#define W "0x1.555556p-1"
 static void test_client_aux_joiner(void **state)
 {
 	static const char log_p[] =
 		"begin round=0 group=00000021 self=0000000000001001 index=0 size=3 weight=0x1p+0 "
 		"roster=0000000000001001:2:n,0000000000001002:0:c,0000000000001003:2:a\n"
 		"reduce round=0 group=00000021 part=0 off=0 len=2 wsum=0x1p+1 "
-		"contrib=0000000000001001:0x1p+0,0000000000001002:0x1p+0\n"
+		"contrib=0000000000001001:0x1p+0,0000000000001002:0x1p+0,0000000000001003:0x0p+0\n"
 		"apply round=0 group=00000021 part=2 status=applied\n"
-		"end round=0 group=00000021 weight=0x1p+0\n"
-		"begin round=1 group=00000022 self=0000000000001001 index=0 size=2 weight=0x1p+0 "
+		"end round=0 group=00000021 weight=" W "\n"
+		"begin round=1 group=00000022 self=0000000000001001 index=0 size=2 weight=" W " "
 		"roster=0000000000001001:2:n,0000000000001004:2:n\n"
-		"reduce round=1 group=00000022 part=0 off=0 len=2 wsum=0x1p+1 "
-		"contrib=0000000000001001:0x1p+0,0000000000001004:0x1p+0\n"
+		"reduce round=1 group=00000022 part=0 off=0 len=2 wsum=0x1.555556p+0 "
+		"contrib=0000000000001001:" W ",0000000000001004:" W "\n"
 		"apply round=1 group=00000022 part=1 status=own\n"
-		"end round=1 group=00000022 weight=0x1p+0\n";
+		"end round=1 group=00000022 weight=" W "\n";
 	static const char log_q[] =
 		"begin round=0 group=00000021 self=0000000000001002 index=1 size=3 weight=0x1p+0 "
 		"roster=0000000000001001:2:n,0000000000001002:0:c,0000000000001003:2:a\n"
 		"apply round=0 group=00000021 part=0 status=applied\n"
 		"apply round=0 group=00000021 part=2 status=applied\n"
-		"end round=0 group=00000021 weight=0x1p+0\n"
+		"end round=0 group=00000021 weight=" W "\n"
 		"alone round=1\n";
 	static const char log_x[] =
 		"begin round=0 group=00000021 self=0000000000001003 index=2 size=3 weight=0x0p+0 "
 		"roster=0000000000001001:2:n,0000000000001002:0:c,0000000000001003:2:a\n"
 		"reduce round=0 group=00000021 part=2 off=2 len=2 wsum=0x1p+1 "
-		"contrib=0000000000001001:0x1p+0,0000000000001002:0x1p+0\n"
-		"end round=0 group=00000021 weight=0x0p+0\n"
+		"contrib=0000000000001001:0x1p+0,0000000000001002:0x1p+0,0000000000001003:0x0p+0\n"
+		"apply round=0 group=00000021 part=0 status=applied\n"
+		"end round=0 group=00000021 weight=" W "\n"
 		"alone round=1\n";
 	static const char log_j[] =
-		"begin round=1 group=00000022 self=0000000000001004 index=1 size=2 weight=0x1p+0 "
+		"begin round=1 group=00000022 self=0000000000001004 index=1 size=2 weight=" W " "
 		"roster=0000000000001001:2:n,0000000000001004:2:n\n"
-		"reduce round=1 group=00000022 part=1 off=2 len=2 wsum=0x1p+1 "
-		"contrib=0000000000001001:0x1p+0,0000000000001004:0x1p+0\n"
+		"reduce round=1 group=00000022 part=1 off=2 len=2 wsum=0x1.555556p+0 "
+		"contrib=0000000000001001:" W ",0000000000001004:" W "\n"
 		"apply round=1 group=00000022 part=0 status=applied\n"
-		"end round=1 group=00000022 weight=0x1p+0\n";
+		"end round=1 group=00000022 weight=" W "\n";
+	/* Round 0: (1·1 + 1·3 + 0·9) / 2 = 2 everywhere, the aux's 9 left out
+	 * and overwritten; round 1: P and J average 2 and 6 on part 0, and J's
+	 * part 1 never reaches P. */
 	static const float xp[4] = { 1, 1, 1, 1 }, xq[4] = { 3, 3, 3, 3 },
 			   xx[4] = { 9, 9, 9, 9 }, xj[4] = { 6, 6, 6, 6 };
 	static const double ep[4] = { 4, 4, 2, 2 }, eq[4] = { 2, 2, 2, 2 },
-			    ex[4] = { 9, 9, 9, 9 }, ej[4] = { 4, 4, 4, 4 };
+			    ex[4] = { 2, 2, 2, 2 }, ej[4] = { 4, 4, 4, 4 };
 	struct replay *rp = replay_new(4);
 	const double *v;
 

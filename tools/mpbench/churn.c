@@ -674,7 +674,7 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 		if (first || fp->res.peers < row->peers)
 			row->peers = fp->res.peers;
 		first = 0;
-		/* An aux peer keeps its own values: no consensus to hold. A
+		/* An aux peer holds the run's values like anyone. A
 		 * replacement that never got into a group started after the
 		 * run's last round (rounds can take milliseconds, a new process
 		 * a few hundred): it never became a member of the run. */
@@ -682,7 +682,7 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 			idle++;
 			continue;
 		}
-		if (fp->vec && fp->s.mode != MP_MODE_AUX)
+		if (fp->vec)
 			vecs[nvec++] = fp->vec;
 	}
 	a->nrep = nsurv;
@@ -768,7 +768,7 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 
 		for (int k = 0; k < fc->n; k++) {
 			const struct fpeer *fp = &fc->p[k];
-			/* An auxiliary peer reduces but contributes nothing. */
+			/* An auxiliary peer's own values count for nothing (weight 0). */
 			double w = fp->s.mode == MP_MODE_AUX ? 0.0 : peer_weight(b, fp->s.idx);
 
 			if (fp->s.role != ROLE_INITIAL)
@@ -782,7 +782,8 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 			const struct fpeer *fp = &fc->p[k];
 			int64_t wrong = 0;
 
-			if (fp->s.role == ROLE_INTRUDER || fp->s.mode == MP_MODE_AUX || !fp->vec)
+			/* Aux peers included: they hold the mean too. */
+			if (fp->s.role == ROLE_INTRUDER || !fp->vec)
 				continue;
 			for (size_t i = 0; i < count; i++) {
 				double d = fabs((double)fp->vec[i] - mean[i] / wsum);

@@ -525,7 +525,10 @@ static int follow_rounds(struct peer *p, const struct fspec *s, struct summary *
 	const struct bench *b = p->b;
 	size_t count = (size_t)(b->sizes[0] / 4);
 	float *buf = xmalloc(count * sizeof(float));
-	float w = s->role == ROLE_INTRUDER ? 1.0f : peer_weight(b, s->idx);
+	/* An aux peer's own values count for nothing: weight 0 until a round
+	 * gives it the group's values (then carried like anyone's). */
+	float w = s->role == ROLE_INTRUDER ? 1.0f : s->mode == MP_MODE_AUX ? 0.0f :
+		  peer_weight(b, s->idx);
 	int R = b->rounds_eff, T = b->total_rounds, timed = 0;
 	int64_t last = -1;
 	struct clog_tail tail = { .fd = -1 };

@@ -742,7 +742,6 @@ static void settle(struct replay *rp, const struct begin_ev *b)
 {
 	struct rpeer *p = find_peer(rp, b->peer);
 	uint64_t off = 0, total = 0;
-	char mode;
 
 	for (int j = 0; j < b->nroster; j++)
 		total += b->roster[j].len;
@@ -759,9 +758,8 @@ static void settle(struct replay *rp, const struct begin_ev *b)
 		set_nan(p->x, rp->count);
 		return;
 	}
-	mode = b->roster[b->index].mode;
-	if (mode == 'a')
-		return; /* aux: contributes nothing, keeps its buffer */
+	/* Every mode takes the results: an aux member too (it contributed at
+	 * weight 0 in its first round), so that its cell holds values later. */
 	for (int j = 0; j < b->nroster; off += b->roster[j].len, j++) {
 		if (b->roster[j].len == 0)
 			continue;

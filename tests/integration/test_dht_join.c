@@ -1,0 +1,337 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The dht rendezvous' join, with real processes over TCP on loopback and
+ * the public API only, configured from the environment as the README's
+ * example is: MP_NPEERS=N makes mp_init wait for N authenticated peers, and
+ * mp_rank and mp_npeers are then distinct ranks 0..N-1 and N; the README's
+ * computation (each peer averages rank + 1) gives exactly 2.5 on 4 peers; a
+ * stranger with another run key neither counts nor holds the honest peers
+ * up, and its own mp_init fails naming the records it refused; a join that
+ * times out says how many peers it saw and that nothing was refused.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <moshpit/moshpit.h>
+#include "proc_io.h"
+
+#define MAXP 8
+#define COUNT 1024
+
+/* What a child reports over its pipe. */
+struct report {
+	int init_rc, avg_rc, rank, npeers;
+	float x0, xmin, xmax;
+	double join_s;           /* mp_init's duration */
+	char err[400];
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A UDP port free now, for the first peer's DHT node. */
+static int free_udp_port(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_DGRAM, 0), port = -1;
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+/* Whether something listens on UDP @port (the first DHT node is up). */
+static int udp_port_taken(int port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	int fd = socket(AF_INET, SOCK_DGRAM, 0), taken;
+
+	a.sin_addr.s_addr = htonl(INADDR_ANY);
+	taken = bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 && errno == EADDRINUSE;
+	close(fd);
+	return taken;
+}
+
+struct peer_env {
+	const char *key;
+	int npeers, dht_port, join_timeout_ms;
+	const char *bootstrap;
+};
+
+/* Child: the README's program, with the environment of @e. */
+static void child(const struct peer_env *e, int to_parent, int from_parent)
+{
+	struct report rep = {0};
+	struct mp_config cfg;
+	struct mp_result res;
+	mp_ctx *ctx = NULL;
+	char buf[64];
+	float x[COUNT];
+	double t0;
+
+	setenv("MP_RENDEZVOUS", "dht", 1);
+	setenv("MP_LISTEN", "127.0.0.1:0", 1);
+	snprintf(buf, sizeof(buf), "dht-join-%d", (int)getppid());
+	setenv("MP_RUN", buf, 1);
+	setenv("MP_RUN_KEY", e->key, 1);
+	snprintf(buf, sizeof(buf), "%d", e->npeers);
+	setenv("MP_NPEERS", buf, 1);
+	snprintf(buf, sizeof(buf), "%d", e->join_timeout_ms);
+	setenv("MP_JOIN_TIMEOUT_MS", buf, 1);
+	snprintf(buf, sizeof(buf), "%d", e->dht_port);
+	setenv("MP_DHT_PORT", buf, 1);
+	if (e->bootstrap)
+		setenv("MP_BOOTSTRAP", e->bootstrap, 1);
+	else
+		unsetenv("MP_BOOTSTRAP");
+	unsetenv("MP_PEERS");
+	unsetenv("MP_RANK");
+	setenv("MP_DEBUG", "WARN", 1);
+
+	mp_config_init(&cfg);
+	rep.init_rc = mp_config_from_env(&cfg);
+	t0 = now_s();
+	if (!rep.init_rc)
+		rep.init_rc = mp_init(&cfg, &ctx);
+	rep.join_s = now_s() - t0;
+	if (rep.init_rc) {
+		snprintf(rep.err, sizeof(rep.err), "%s", mp_last_error(NULL));
+		write_all(to_parent, &rep, sizeof(rep));
+		_exit(0);
+	}
+	rep.rank = mp_rank(ctx);
+	rep.npeers = mp_npeers(ctx);
+	for (int i = 0; i < COUNT; i++)
+		x[i] = (float)(mp_rank(ctx) + 1);
+	rep.avg_rc = mp_average(ctx, x, COUNT, 1.0f, &res);
+	if (rep.avg_rc)
+		snprintf(rep.err, sizeof(rep.err), "%s", mp_last_error(ctx));
+	rep.x0 = rep.xmin = rep.xmax = x[0];
+	for (int i = 0; i < COUNT; i++) {
+		rep.xmin = x[i] < rep.xmin ? x[i] : rep.xmin;
+		rep.xmax = x[i] > rep.xmax ? x[i] : rep.xmax;
+	}
+	write_all(to_parent, &rep, sizeof(rep));
+	/* Nobody leaves before everyone has reported. */
+	read_all(from_parent, buf, 1, 60000);
+	mp_finalize(ctx);
+	_exit(0);
+}
+
+struct kid {
+	pid_t pid;
+	int up, down;
+};
+
+static void spawn(struct kid *k, const struct peer_env *e)
+{
+	int up[2], down[2];
+
+	assert_int_equal(pipe(up), 0);
+	assert_int_equal(pipe(down), 0);
+	k->pid = fork();
+	assert_true(k->pid >= 0);
+	if (k->pid == 0) {
+		close(up[0]);
+		close(down[1]);
+		child(e, up[1], down[0]);
+	}
+	close(up[1]);
+	close(down[0]);
+	k->up = up[0];
+	k->down = down[1];
+}
+
+static void collect(struct kid *k, struct report *r)
+{
+	memset(r, 0, sizeof(*r));
+	if (read_all(k->up, r, sizeof(*r), 90000)) {
+		kill(k->pid, SIGKILL);
+		fail_msg("a peer sent no report within 90 s");
+	}
+}
+
+static void release(struct kid *k, int n)
+{
+	for (int i = 0; i < n; i++) {
+		int st;
+
+		write_all(k[i].down, "x", 1);
+		close(k[i].down);
+		close(k[i].up);
+		waitpid(k[i].pid, &st, 0);
+	}
+}
+
+/* Start the first peer and wait until its DHT node is up. */
+static void spawn_first(struct kid *k, struct peer_env *e, char *boot, size_t len)
+{
+	int port = free_udp_port();
+	double until;
+
+	assert_true(port > 0);
+	e->dht_port = port;
+	e->bootstrap = NULL;
+	spawn(k, e);
+	until = now_s() + 10.0;
+	while (!udp_port_taken(port) && now_s() < until)
+		usleep(10000);
+	snprintf(boot, len, "127.0.0.1:%d", port);
+}
+
+/*
+ * N honest peers, and optionally a stranger with another key started among
+ * them (@stranger 1) or first, so that every honest peer bootstraps from
+ * its DHT node and asks it for the welcome (@stranger 2): distinct ranks
+ * 0..N-1, npeers N, every value the exact mean of rank + 1, and each honest
+ * join done well before its timeout.
+ */
+static void honest_join(int n, int stranger)
+{
+	struct kid k[MAXP + 1];
+	struct report r[MAXP + 1];
+	char key[64], boot[64];
+	struct peer_env e = {.key = key, .npeers = n, .join_timeout_ms = 30000};
+	struct peer_env se = {.key = "not this run's key", .npeers = n,
+			      .join_timeout_ms = 5000};
+	int seen[MAXP] = {0}, total = n + (stranger != 0);
+	float mean = (float)(n + 1) / 2.0f;
+
+	snprintf(key, sizeof(key), "run key %d", (int)getpid());
+	if (stranger == 2)
+		spawn_first(&k[n], &se, boot, sizeof(boot));
+	else
+		spawn_first(&k[0], &e, boot, sizeof(boot));
+	e.bootstrap = boot;
+	e.dht_port = 0;
+	se.bootstrap = boot;
+	se.dht_port = 0;
+	for (int i = stranger == 2 ? 0 : 1; i < n; i++) {
+		if (stranger == 1 && i == 1)
+			spawn(&k[n], &se); /* among the first, so that it is there throughout */
+		spawn(&k[i], &e);
+	}
+	for (int i = 0; i < total; i++)
+		collect(&k[i], &r[i]);
+	for (int i = 0; i < n; i++) {
+		if (r[i].init_rc || r[i].avg_rc)
+			fail_msg("peer %d: mp_init %d, mp_average %d: %s", i, r[i].init_rc, r[i].avg_rc,
+				 r[i].err);
+		assert_int_equal(r[i].npeers, n);
+		assert_true(r[i].rank >= 0 && r[i].rank < n);
+		assert_int_equal(seen[r[i].rank], 0);
+		seen[r[i].rank] = 1;
+		/* The exact mean: every rank + 1 is a small integer, so the
+		 * float sums are exact. */
+		if (r[i].xmin != mean || r[i].xmax != mean)
+			fail_msg("peer %d (rank %d): values in [%g, %g], want %g", i, r[i].rank,
+				 (double)r[i].xmin, (double)r[i].xmax, (double)mean);
+		/* The join is done long before its 30 s timeout, stranger or
+		 * not: loopback and a loaded machine take seconds at most. */
+		if (r[i].join_s > 15.0)
+			fail_msg("peer %d: mp_init took %.1f s", i, r[i].join_s);
+	}
+	double slowest = 0.0;
+	for (int i = 0; i < n; i++)
+		slowest = r[i].join_s > slowest ? r[i].join_s : slowest;
+	printf("%d honest peers%s: the slowest mp_init took %.2f s\n", n,
+	       stranger == 2 ? ", a stranger first" : stranger ? ", a stranger among them" : "",
+	       slowest);
+	if (stranger) {
+		const struct report *s = &r[n];
+		char want[64];
+
+		snprintf(want, sizeof(want), "saw 1 of the %d peers", n);
+		assert_int_equal(s->init_rc, -ETIMEDOUT);
+		if (!strstr(s->err, want) || !strstr(s->err, "not made with this run's key"))
+			fail_msg("the stranger's error does not say what it saw and refused: %s",
+				 s->err);
+		printf("stranger: %s\n", s->err);
+	}
+	release(k, total);
+}
+
+/* The README's example under MP_RENDEZVOUS=dht: 4 peers print 2.5. */
+static void readme_example_4_peers(void **s)
+{
+	(void)s;
+	honest_join(4, 0);
+}
+
+static void ranks_of_8_peers(void **s)
+{
+	(void)s;
+	honest_join(8, 0);
+}
+
+static void stranger_does_not_hold_up_the_join(void **s)
+{
+	(void)s;
+	honest_join(4, 1);
+}
+
+/* The stranger is the node everyone bootstraps from: its welcome refuses
+ * them, and they meet through the DHT. */
+static void stranger_as_bootstrap_does_not_hold_up_the_join(void **s)
+{
+	(void)s;
+	honest_join(4, 2);
+}
+
+/* Alone with MP_NPEERS=3: the join times out, saying what it saw. */
+static void join_timeout_names_the_counts(void **s)
+{
+	struct kid k;
+	struct report r;
+	char key[64], boot[64];
+	struct peer_env e = {.key = key, .npeers = 3, .join_timeout_ms = 1500};
+
+	(void)s;
+	snprintf(key, sizeof(key), "run key %d", (int)getpid());
+	spawn_first(&k, &e, boot, sizeof(boot));
+	collect(&k, &r);
+	assert_int_equal(r.init_rc, -ETIMEDOUT);
+	if (!strstr(r.err, "saw 1 of the 3 peers") || !strstr(r.err, "1500 ms") ||
+	    !strstr(r.err, "no record was refused"))
+		fail_msg("unexpected join error: %s", r.err);
+	assert_true(r.join_s >= 1.4);
+	release(&k, 1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(readme_example_4_peers),
+		cmocka_unit_test(ranks_of_8_peers),
+		cmocka_unit_test(stranger_does_not_hold_up_the_join),
+		cmocka_unit_test(stranger_as_bootstrap_does_not_hold_up_the_join),
+		cmocka_unit_test(join_timeout_names_the_counts),
+	};
+
+	signal(SIGPIPE, SIG_IGN);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
