@@ -190,7 +190,7 @@ static void reduce_part(struct gar *r)
 
 	r->nused = 0;
 	r->wsum = 0.0f;
-	if (ctx->cfg.check_finite && contributes(r, me))
+	if (ctx->cfg.check_finite)
 		for (uint64_t i = 0; i < L && !r->mb[me].nonfinite; i++)
 			r->mb[me].nonfinite = !isfinite(x[i]);
 	for (int m = 0; m < r->k; m++) {
