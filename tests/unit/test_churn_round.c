@@ -2,7 +2,9 @@
 /*
  * One group all-reduce under churn: peers stall or cut their connections at
  * the scatter or the gather phase (MP_FAULT), one is killed outright (a
- * forked process), and clients and aux members take part. Every survivor's
+ * forked process), and clients and aux members take part (an aux member
+ * contributes at the weight 0 it passes and takes the results like any
+ * other member). Every survivor's
  * buffer is checked bit for bit, part by part, against a replay of the
  * contribution logs in fp32 with the library's summation order: a reduced
  * part is the weighted mean of exactly the contributions its reducer logged
@@ -55,6 +57,13 @@ static float input(int rank, size_t i)
 static float weight0(int rank)
 {
 	return 0.37f + 0.61f * (float)rank;
+}
+
+/* The weight a peer passes: an aux peer has no values of its own and must
+ * pass 0 (MP_MODE_AUX in moshpit.h, doc/control-plane.md). */
+static float weight_in(const uint8_t *modes, int rank)
+{
+	return modes && modes[rank] == MP_MODE_AUX ? 0.0f : weight0(rank);
 }
 
 static double now_s(void)
@@ -230,6 +239,7 @@ static void read_log(const char *path, struct plog *pl, uint64_t self)
 struct world {
 	int npeers;
 	size_t count;
+	const uint8_t *modes; /* NULL: every peer normal */
 	struct plog log[MAXP];
 	float *x[MAXP], *nx[MAXP]; /* values at the start of the round being replayed, and after */
 	float w[MAXP], nw[MAXP];
@@ -266,8 +276,10 @@ static void reduce_result(const struct world *wd, int q, int t, float *out)
 		for (int k = 0; k < lr->size; k++)
 			if (lr->ro[k].id == lr->cid[i])
 				m = k;
-		/* A member of the group, not aux, in member order, with its own weight. */
-		assert_true(m > last && lr->ro[m].mode != 'a');
+		/* A member of the group (an aux one too: it contributes at its
+		 * own weight, 0 in its first round), in member order, with its
+		 * own weight. */
+		assert_true(m > last);
 		last = m;
 		self_in |= m == lr->index;
 		if (memcmp(&lr->cw[i], &wd->w[c], sizeof(float)))
@@ -275,7 +287,8 @@ static void reduce_result(const struct world *wd, int q, int t, float *out)
 				 (double)lr->cw[i], c, (double)wd->w[c]);
 		wsum += lr->cw[i];
 	}
-	assert_true(self_in == (lr->ro[lr->index].mode != 'a'));
+	/* Every reducer, aux or not, counts its own contribution. */
+	assert_true(self_in);
 	assert_true(!memcmp(&wsum, &lr->wsum, sizeof(float)));
 	if (wsum == 0.0f) {
 		memcpy(out, wd->x[q] + off, len * sizeof(float));
@@ -300,7 +313,6 @@ static void replay_peer(struct world *wd, int p, int t)
 {
 	const struct lround *lr = &wd->log[p].r[t];
 	const int me = lr->index;
-	const int aux = lr->ro[me].mode == 'a';
 	int first = -1;
 
 	memcpy(wd->nx[p], wd->x[p], wd->count * sizeof(float));
@@ -327,10 +339,11 @@ static void replay_peer(struct world *wd, int p, int t)
 	}
 	assert_true(total == wd->count);
 	assert_true(lr->reduced == (lr->ro[me].len > 0));
-	if (lr->reduced && !aux)
+	/* Every mode takes the results, aux included. */
+	if (lr->reduced)
 		reduce_result(wd, p, t, wd->nx[p] + lr->roff);
 	for (int j = 0; j < lr->size; j++) {
-		int expect = j != me && !aux && lr->ro[j].len > 0;
+		int expect = j != me && lr->ro[j].len > 0;
 		assert_true((lr->status[j] >= 0) == expect);
 		if (lr->status[j] != 1)
 			continue;
@@ -339,12 +352,10 @@ static void replay_peer(struct world *wd, int p, int t)
 		if (first < 0)
 			first = q;
 	}
-	if (!aux) {
-		if (lr->reduced && lr->nc)
-			wd->nw[p] = lr->wsum / (float)lr->nc;
-		else if (first >= 0)
-			wd->nw[p] = wd->log[first].r[t].wsum / (float)wd->log[first].r[t].nc;
-	}
+	if (lr->reduced && lr->nc)
+		wd->nw[p] = lr->wsum / (float)lr->nc;
+	else if (first >= 0)
+		wd->nw[p] = wd->log[first].r[t].wsum / (float)wd->log[first].r[t].nc;
 	if (memcmp(&wd->nw[p], &lr->end_weight, sizeof(float)))
 		fail_msg("round %d: peer %d logged weight %a, expected %a", t, p, (double)lr->end_weight,
 			 (double)wd->nw[p]);
@@ -358,7 +369,7 @@ static void replay_and_check(struct world *wd, float *const *out, const float *w
 		wd->nx[p] = malloc(wd->count * sizeof(float));
 		for (size_t i = 0; i < wd->count; i++)
 			wd->x[p][i] = input(p, i);
-		wd->w[p] = weight0(p);
+		wd->w[p] = weight_in(wd->modes, p);
 	}
 	for (int t = 0; t < MAXR; t++) {
 		/* The dead stay as they were (nobody can have used them later). */
@@ -470,7 +481,7 @@ static int direct_round(mp_ctx *ctx, const struct scenario *sc, int rank, float 
 	rc = mp_mem_register(ctx, buf, sc->count * sizeof(float), MP_MEM_HOST, &mr);
 	if (rc)
 		return rc;
-	struct mp_avg a = {.x = buf, .n = sc->count, .weight = weight0(rank), .dmr = mr->dmr, .res = res,
+	struct mp_avg a = {.x = buf, .n = sc->count, .weight = weight_in(sc->modes, rank), .dmr = mr->dmr, .res = res,
 			   .influence = 1, .codec = mp_codec_by_id(MP_CODEC_NONE)};
 	/* The progress thread is idle: this thread runs the round in its place. */
 	rc = mp_group_allreduce(ctx, &g, 0, &a);
@@ -519,7 +530,7 @@ static void *peer_main(void *p)
 	if (!rc && sc->modes)
 		rc = direct_round(ctx, sc, a->rank, buf, &sh->res[a->rank], &sh->wout[a->rank]);
 	else if (!rc) {
-		rc = mp_average(ctx, buf, sc->count, weight0(a->rank), &sh->res[a->rank]);
+		rc = mp_average(ctx, buf, sc->count, weight_in(sc->modes, a->rank), &sh->res[a->rank]);
 		sh->wout[a->rank] = sh->res[a->rank].weight;
 	}
 	sh->seconds[a->rank] = now_s() - t0;
@@ -555,6 +566,7 @@ static void run(const struct scenario *sc, check_fn check)
 		pthread_join(th[r], NULL);
 	wd->npeers = sc->npeers;
 	wd->count = sc->count;
+	wd->modes = sc->modes;
 	for (int r = 0; r < sc->npeers; r++) {
 		/* Stalling or cutting peers survive too: they must hold the
 		 * right values like everyone else. */
@@ -749,52 +761,78 @@ static void deadline_ends_the_round(void **s)
 static const uint8_t modes4[] = {MP_MODE_NORMAL, MP_MODE_CLIENT, MP_MODE_AUX, MP_MODE_NORMAL};
 static const double bw4[] = {1.0, 5.0, 1.0, 2.0};
 
+/* The weighted mean of the non-aux peers' inputs (an aux peer passes
+ * weight 0 and adds nothing), within fp32 rounding. */
+static void expect_mean(const struct scenario *sc, struct shared *sh, const int *holders)
+{
+	double w = 0.0;
+
+	for (int c = 0; c < sc->npeers; c++)
+		w += weight_in(sc->modes, c);
+	for (size_t i = 0; i < sc->count; i++) {
+		double mean = 0.0;
+		for (int c = 0; c < sc->npeers; c++)
+			mean += weight_in(sc->modes, c) * (double)input(c, i);
+		mean /= w;
+		for (const int *p = holders; *p >= 0; p++)
+			if (fabs(sh->out[*p][i] - mean) > 1e-5 * (1 + fabs(mean)))
+				fail_msg("peer %d value %zu: %g, mean %g", *p, i, (double)sh->out[*p][i], mean);
+	}
+}
+
 static void check_modes(const struct scenario *sc, struct shared *sh, struct world *wd)
 {
 	const struct lround *lr = &wd->log[0].r[0];
-	uint64_t expect_rx = 0, aux_rx = 0, aux_tx = 0;
+	uint64_t bytes[4], others = 0;
 
-	/* The client reduces nothing despite its bandwidth. */
+	/* The client reduces nothing despite its bandwidth; the aux reduces a
+	 * part and began at weight 0. */
 	assert_true(lr->ro[1].len == 0 && lr->ro[1].mode == 'c' && lr->ro[2].mode == 'a');
+	assert_true(lr->ro[0].len > 0 && lr->ro[2].len > 0 && lr->ro[3].len > 0);
+	assert_true(wd->log[2].r[0].weight == 0.0f && !signbit(wd->log[2].r[0].weight));
 	for (int j = 0; j < 4; j++) {
 		uint64_t frames = (lr->ro[j].len * sizeof(float) + CHUNK_BYTES - 1) / CHUNK_BYTES;
-		uint64_t bytes = frames * MP_WIRE_HDR_SIZE + lr->ro[j].len * sizeof(float);
-		if (j != 1)
-			expect_rx += bytes;
-		if (j == 2) {
-			aux_rx = 3 * bytes; /* three contributions: 0, 1, 3 */
-			aux_tx = 3 * bytes; /* and the result to each of them */
-		}
+		bytes[j] = frames * MP_WIRE_HDR_SIZE + lr->ro[j].len * sizeof(float);
+		others += bytes[j];
 	}
-	/* Every channel starts with an OPEN each way (a header): one from
-	 * each of the three others. */
-	expect_rx += 3 * MP_WIRE_HDR_SIZE;
-	aux_rx += 3 * MP_WIRE_HDR_SIZE;
-	aux_tx += 3 * MP_WIRE_HDR_SIZE;
-	/* Client: results only. Aux: contributions to its part in, results
-	 * out, nothing else either way. */
-	assert_int_equal(sh->res[1].bytes_received, expect_rx);
-	assert_int_equal(sh->res[2].bytes_received, aux_rx);
-	assert_int_equal(sh->res[2].bytes_sent, aux_tx);
-	/* Aux: buffer and weight untouched. */
-	for (size_t i = 0; i < sc->count; i++)
-		assert_true(sh->out[2][i] == input(2, i));
-	assert_true(sh->wout[2] == weight0(2));
-	/* Every part is the exact weighted mean of the three contributors. */
-	expect_parts(wd, 0, (const int[]){0, 3, -1}, (const int[]){2, -1}, (const int[]){-1});
-	assert_true(used_by(wd, 0, 2, 0) && used_by(wd, 0, 2, 1) && used_by(wd, 0, 2, 3));
+	/* Every member, the aux one like the others, sends its values of
+	 * every other part to its reducer and takes every other part's result
+	 * back; a reducer takes three contributions to its part and returns
+	 * three results. Every channel starts with an OPEN each way (a
+	 * header): one from each of the three others. Nothing else either
+	 * way. */
+	for (int p = 0; p < 4; p++) {
+		uint64_t expect = 3 * MP_WIRE_HDR_SIZE + (others - bytes[p]) + 3 * bytes[p];
+		assert_int_equal(sh->res[p].bytes_received, expect);
+		assert_int_equal(sh->res[p].bytes_sent, expect);
+	}
+	/* All four contributed to every part (the aux at weight 0), and every
+	 * member applied every other part: the aux holds the group's values
+	 * now, like the others. */
+	expect_parts(wd, 0, (const int[]){0, 2, 3, -1}, (const int[]){-1}, (const int[]){-1});
+	for (int r = 0; r < 4; r++) {
+		if (r == 1)
+			continue;
+		assert_true(used_by(wd, 0, r, 1));
+		assert_int_equal(wd->log[r].r[0].nc, 4);
+	}
+	for (int q = 0; q < 4; q++)
+		if (q != 1)
+			assert_int_equal(applied(wd, 0, 1, q), 1);
+	/* Every peer, the aux too, leaves with the group's mean weight, Σ w in
+	 * member order (the aux's 0 included) over four contributors. */
+	volatile float wsum = weight0(0) + weight0(1);
+	wsum = wsum + 0.0f;
+	wsum = wsum + weight0(3);
+	float wend = wsum / 4.0f;
 	for (int p = 0; p < 4; p++)
-		for (int q = 0; q < 4; q++)
-			if (p != q && p != 2 && q != 1)
-				assert_int_equal(applied(wd, 0, p, q), 1);
-	float w = weight0(0) + weight0(1) + weight0(3);
-	for (size_t i = 0; i < sc->count; i++) {
-		double mean = (weight0(0) * (double)input(0, i) + weight0(1) * (double)input(1, i) +
-			       weight0(3) * (double)input(3, i)) / w;
-		for (int p = 0; p < 4; p++)
-			if (p != 2 && fabs(sh->out[p][i] - mean) > 1e-5 * (1 + fabs(mean)))
-				fail_msg("peer %d value %zu: %g, mean %g", p, i, (double)sh->out[p][i], mean);
-	}
+		if (memcmp(&sh->wout[p], &wend, sizeof(float)))
+			fail_msg("peer %d weight %a, the group's mean weight is %a", p, (double)sh->wout[p],
+				 (double)wend);
+	/* Every part is the exact weighted mean of the three peers with
+	 * values (the aux's, at weight 0, add nothing), at every peer: the
+	 * aux's buffer holds it too. */
+	expect_mean(sc, sh, (const int[]){0, 1, 2, 3, -1});
 	for (int p = 0; p < 4; p++)
 		assert_int_equal(sh->rc[p], 0);
 }
@@ -812,21 +850,48 @@ static const uint8_t modes6[] = {MP_MODE_NORMAL, MP_MODE_CLIENT, MP_MODE_AUX,
 static const double bw6[] = {1.0, 0.0, 3.0, 1.0, -1.0, 0.0};
 
 /* Client 5 never sends anything: every reducer goes on without it, and it
- * keeps its own values. */
+ * keeps its own values and weight. The aux peers 2 and 4 contribute at
+ * weight 0 and take the results like the others, so every peer but 5 ends
+ * with the weighted mean of 0, 1 and 3. */
 static void check_modes_fault(const struct scenario *sc, struct shared *sh, struct world *wd)
 {
-	(void)sc;
+	const struct lround *lr = &wd->log[0].r[0];
+
+	assert_true(lr->ro[2].mode == 'a' && lr->ro[4].mode == 'a');
+	assert_true(lr->ro[1].len == 0 && lr->ro[5].len == 0);
 	for (int r = 0; r < 5; r++)
-		if (r != 1)
+		if (r != 1) {
+			assert_true(lr->ro[r].len > 0);
 			assert_false(used_by(wd, 0, r, 5));
-	expect_parts(wd, 0, (const int[]){0, 3, -1}, (const int[]){5, -1}, (const int[]){-1});
+			assert_true(used_by(wd, 0, r, 1));
+			assert_int_equal(wd->log[r].r[0].nc, 5);
+		}
+	assert_true(wd->log[2].r[0].weight == 0.0f && wd->log[4].r[0].weight == 0.0f);
+	expect_parts(wd, 0, (const int[]){0, 2, 3, 4, -1}, (const int[]){5, -1}, (const int[]){-1});
 	for (int q = 0; q < 5; q++)
-		if (q != 1)
+		if (q != 1) {
+			assert_int_equal(applied(wd, 0, 1, q), 1);
 			assert_int_equal(applied(wd, 0, 5, q), 0);
+		}
 	assert_int_equal(sh->rc[5], -EHOSTUNREACH);
 	for (size_t i = 0; i < sc->count; i++)
-		assert_true(sh->out[5][i] == input(5, i) && sh->out[2][i] == input(2, i) &&
-			    sh->out[4][i] == input(4, i));
+		assert_true(sh->out[5][i] == input(5, i));
+	assert_true(sh->wout[5] == weight0(5));
+	/* Σ w in member order over the five that delivered, the aux's 0s
+	 * included; every peer but 5 leaves with the mean of it. */
+	volatile float wsum = weight0(0) + weight0(1);
+	wsum = wsum + 0.0f;
+	wsum = wsum + weight0(3);
+	wsum = wsum + 0.0f;
+	float wend = wsum / 5.0f;
+	for (int p = 0; p < 5; p++)
+		if (memcmp(&sh->wout[p], &wend, sizeof(float)))
+			fail_msg("peer %d weight %a, the group's mean weight is %a", p, (double)sh->wout[p],
+				 (double)wend);
+	/* The mean of the peers with values that delivered: 0, 1, 3. */
+	struct scenario without5 = *sc;
+	without5.npeers = 5;
+	expect_mean(&without5, sh, (const int[]){0, 1, 2, 3, 4, -1});
 }
 
 static void silent_client(void **s)
