@@ -206,11 +206,11 @@ static void other_key_refused(void **s)
 	for (size_t i = 0; i < COUNT; i++)
 		assert_true(sh.buf[bad][i] == input(&sh, bad, i));
 	/* It dialled peer 3 and refused its CHALLENGE; peers 0 and 1 dialled
-	 * it and refused its CHALLENGE. Peer 3 only saw a dialer hang up. */
+	 * it and refused its CHALLENGE. Peer 3 saw a dialer hang up, and may
+	 * since have probed it (failure memory) and refused its answer too. */
 	assert_true(sh.rejected[bad][MP_REJ_AUTH] >= 1);
 	assert_true(sh.rejected[0][MP_REJ_AUTH] >= 1);
 	assert_true(sh.rejected[1][MP_REJ_AUTH] >= 1);
-	assert_int_equal(sh.rejected[3][MP_REJ_AUTH], 0);
 	for (int r = 0; r < NP; r++)
 		for (int c = 0; c < STREAMS + 1; c++) {
 			assert_false(sh.ready[r][bad][c]);
