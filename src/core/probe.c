@@ -11,8 +11,9 @@
  * probe slot (conn.c), 1 s after the failure, then doubling to 30 s.
  *
  * A restarted process starts with round 0, and its peers have it down.
- * Before its first average it asks every peer where the run is (a QUERY
- * probe, answered in the CHALLENGE's round). If the run is ahead, it asks
+ * Before its first average it asks the next rank where the run is (a
+ * QUERY probe, answered in the CHALLENGE's round; every peer if that one
+ * does not answer). If the run is ahead, it asks
  * again 100 ms later to see how fast the run goes, then announces to every
  * peer the round it takes part from (an ANNOUNCE probe), far enough ahead
  * that no peer passes it first: each peer takes it back at that same
@@ -74,15 +75,15 @@ int mp_fm_busy(const struct mp_ctx *ctx)
 	return 0;
 }
 
-/* Probe every other peer with @kind and wait until each answered or failed
- * (or the connect timeout). */
-static void probe_all(struct mp_ctx *ctx, int kind, uint32_t round)
+/* Probe every other peer with @kind (or only @only, when >= 0) and wait
+ * until each answered or failed (or the connect timeout). */
+static void probe_some(struct mp_ctx *ctx, int kind, uint32_t round, int only)
 {
 	uint64_t end = mp_now_ns() + (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
 	int open;
 
 	for (int i = 0; i < ctx->npeers; i++)
-		if (i != ctx->rank)
+		if (i != ctx->rank && (only < 0 || i == only))
 			mp_conn_probe(ctx, i, kind, round);
 	do {
 		mp_conn_poll(ctx);
@@ -91,6 +92,11 @@ static void probe_all(struct mp_ctx *ctx, int kind, uint32_t round)
 		for (int i = 0; i < ctx->npeers; i++)
 			open += mp_conn_probing(ctx, i);
 	} while (open && mp_now_ns() < end && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE));
+}
+
+static void probe_all(struct mp_ctx *ctx, int kind, uint32_t round)
+{
+	probe_some(ctx, kind, round, -1);
 }
 
 /*
@@ -105,8 +111,19 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 	if (ctx->dynamic)
 		return 0;
 	if (!ctx->synced && ctx->npeers > 1) {
+		/*
+		 * Where is the run? One peer's answer says it: ask the next rank
+		 * first, and every peer only when it does not answer. At the
+		 * start of a run every peer asks, and asking all would open
+		 * n(n-1) connections at once, each pair dialling both ways
+		 * (libfabric's tcp provider then misses its connect timeouts).
+		 */
+		int next = (ctx->rank + 1) % ctx->npeers;
+
 		ctx->querying = 1;
-		probe_all(ctx, MP_PROBE_QUERY, ctx->round);
+		probe_some(ctx, MP_PROBE_QUERY, ctx->round, next);
+		if (ctx->peers[next].probe_failed)
+			probe_all(ctx, MP_PROBE_QUERY, ctx->round);
 		ctx->querying = 0;
 		if (ctx->seen_round > ctx->round) {
 			uint32_t seen1 = ctx->seen_round, join;
@@ -115,9 +132,6 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 
 			MP_INFO("the run is at round %u and this peer at %u: it was restarted, and "
 				"rejoins", ctx->seen_round, ctx->round);
-			for (int i = 0; i < ctx->npeers; i++)
-				if (i != ctx->rank && ctx->peers[i].probe_failed)
-					mp_peer_mark_down(ctx, i, "no answer when this peer rejoined");
 			/*
 			 * Announce, once, a round the run has not reached: each
 			 * peer takes us back there, all at once. How far ahead:
@@ -135,6 +149,9 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 			probe_all(ctx, MP_PROBE_QUERY, ctx->round);
 			ctx->querying = 0;
 			t2 = mp_now_ns();
+			for (int i = 0; i < ctx->npeers; i++)
+				if (i != ctx->rank && ctx->peers[i].probe_failed)
+					mp_peer_mark_down(ctx, i, "no answer when this peer rejoined");
 			rate = (double)(ctx->seen_round - seen1) * 1e9 / (double)(t2 - t1);
 			join = ctx->seen_round + 4 * R + (uint32_t)(rate * 0.25 / R + 1.0) * R;
 			ctx->round = ctx->avg_round = ctx->next_start = join;
