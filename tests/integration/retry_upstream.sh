@@ -16,8 +16,10 @@ rc=$?
 cat "$out"
 [ "$rc" -eq 0 ] && exit 0
 # The first frame after "terminated with signal" that is not the C
-# library's signal trampoline is where it crashed.
-frame=$(grep -A4 'terminated with signal' "$out" | grep -v 'terminated with signal' |
+# library's signal trampoline is where it crashed. Other peers' log lines
+# may come between (they write to the same terminal): frames are the lines
+# that start with a path.
+frame=$(grep -A12 'terminated with signal' "$out" | grep '^/' |
 	grep -v '/libc\.so' | head -n 1)
 if printf '%s\n' "$frame" | grep -q "$lib"; then
 	echo "retry_upstream: a process crashed inside $lib (upstream); running once more"
