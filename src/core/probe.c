@@ -12,8 +12,9 @@
  *
  * A restarted process starts with round 0, and its peers have it down.
  * Before its first average it asks the next rank where the run is (a
- * QUERY probe, answered in the CHALLENGE's round; every peer if that one
- * does not answer). If the run is ahead, it asks
+ * QUERY probe, answered in the CHALLENGE's round and whether that peer has
+ * it down; every peer if that one does not answer or is ahead). It was
+ * left behind only if a peer has it down. If the run is ahead, it asks
  * again 100 ms later to see how fast the run goes, then announces to every
  * peer the round it takes part from (an ANNOUNCE probe), far enough ahead
  * that no peer passes it first: each peer takes it back at that same
@@ -46,8 +47,10 @@ void mp_fm_tick_probes(struct mp_ctx *ctx)
 
 		if (i == ctx->rank || mp_conn_probing(ctx, i) || p->up_at_round)
 			continue;
-		if (sweep || (p->down && now >= p->next_probe_ns))
+		if (p->down && now >= p->next_probe_ns)
 			mp_conn_probe(ctx, i, MP_PROBE_ALIVE, ctx->avg_round);
+		else if (sweep && !p->down)
+			mp_conn_probe(ctx, i, MP_PROBE_SWEEP, ctx->avg_round);
 	}
 }
 
@@ -122,10 +125,20 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 
 		ctx->querying = 1;
 		probe_some(ctx, MP_PROBE_QUERY, ctx->round, next);
-		if (ctx->peers[next].probe_failed)
+		/* No answer, or the run is ahead: did anyone leave us behind? */
+		if (ctx->peers[next].probe_failed || ctx->seen_round > ctx->round)
 			probe_all(ctx, MP_PROBE_QUERY, ctx->round);
 		ctx->querying = 0;
-		if (ctx->seen_round > ctx->round) {
+		/*
+		 * Ahead is not enough: in a Moshpit run a group that does not
+		 * need this peer finishes its rounds while this peer starts,
+		 * and the groups that need it wait for it. Only a peer that
+		 * has it down has left it behind.
+		 */
+		if (ctx->seen_round > ctx->round && !ctx->seen_down)
+			MP_INFO("the run is at round %u and this peer at %u, but no peer has it down: "
+				"it starts late, at round %u", ctx->seen_round, ctx->round, ctx->round);
+		if (ctx->seen_round > ctx->round && ctx->seen_down) {
 			uint32_t seen1 = ctx->seen_round, join;
 			uint64_t t1 = mp_now_ns(), t2;
 			double rate;

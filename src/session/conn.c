@@ -425,7 +425,7 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 				l->auth_fails);
 		return -EACCES;
 	}
-	uint32_t remote_round = h.round;
+	uint32_t remote_round = h.round, remote_down = h.group_id;
 	if (remote_round > ctx->seen_round)
 		ctx->seen_round = remote_round;
 	/* The acceptor's settings are its word now: compare. Our AUTH goes
@@ -459,7 +459,10 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 	l->settings_fails = 0;
 	if (idx == ctx->nconn) {
 		/* A probe: the peer holds the key and answers; closed once the
-		 * AUTH is out (mp_conn_poll). */
+		 * AUTH is out (mp_conn_poll). An answer to a query says in its
+		 * group id whether the peer has us down. */
+		if (l->probe_kind == MP_PROBE_QUERY && remote_down)
+			ctx->seen_down = 1;
 		MP_TRACE("probe of peer %s (%s) answered: its averages start at round %u", name,
 			 p->addr, remote_round);
 		mp_peer_probe_done(ctx, peer, 0, remote_round);
@@ -749,6 +752,14 @@ static void hello_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 	s = (struct hs){.nonce_d = pd->nonce_d, .nonce_a = pd->nonce_a, .dialer = pd->id,
 			.acceptor = ctx->self_id, .idx = pd->idx, .set = set, .set_len = slen};
 	h = hs_header(ctx, MP_MSG_CHALLENGE, pd->idx, (uint32_t)(MP_CHALLENGE_FIXED + slen));
+	if (pd->probe_kind == MP_PROBE_QUERY) {
+		/* Tell a peer that asks where the run is whether we have it
+		 * down: only then was it left behind (restarted, or late past
+		 * our timeouts); a peer behind our round but not down is merely
+		 * slower to start, and the run waits for it. */
+		int q = mp_peer_find(ctx, pd->id);
+		h.group_id = q >= 0 && mp_peer_is_down(ctx, q);
+	}
 	memcpy(out + MP_WIRE_HDR_SIZE, pd->nonce_a, MP_NONCE_BYTES);
 	hs_mac(ctx, MP_AUTH_CHALLENGE, &s, out + MP_WIRE_HDR_SIZE + MP_NONCE_BYTES, 0);
 	mp_le_put16(out + MP_WIRE_HDR_SIZE + MP_NONCE_BYTES + MP_MAC_BYTES, (uint16_t)slen);
@@ -829,6 +840,10 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 	}
 	if (pd->round > ctx->seen_round)
 		ctx->seen_round = pd->round;
+	/* An ALIVE probe comes only from a peer that has us down: if we have
+	 * not averaged yet, we were left behind (restarted). */
+	if (pd->idx == (uint32_t)ctx->nconn && pd->probe_kind == MP_PROBE_ALIVE)
+		ctx->seen_down = 1;
 	if (pd->idx == (uint32_t)ctx->nconn) {
 		/* A probe: it only tells us that the peer is alive, where its
 		 * averages are, and (an announce) when it rejoins. */

@@ -120,7 +120,9 @@ void mp_peer_mark_down(struct mp_ctx *ctx, int idx, const char *why);
 void mp_peers_apply_up(struct mp_ctx *ctx, uint32_t round);
 
 /* What a probe asks (the HELLO's group id on the probe connection). */
-enum { MP_PROBE_ALIVE = 1, MP_PROBE_QUERY = 2, MP_PROBE_ANNOUNCE = 3 };
+/* ALIVE goes only to a peer the prober has down; SWEEP to every peer after
+ * a plan mismatch. */
+enum { MP_PROBE_ALIVE = 1, MP_PROBE_QUERY = 2, MP_PROBE_ANNOUNCE = 3, MP_PROBE_SWEEP = 4 };
 
 enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_STAGE, MP_SCR_MAX };
 
@@ -208,6 +210,7 @@ struct mp_ctx {
 	uint32_t avg_round;     /* round at which the current or next average starts */
 	uint32_t next_start;    /* round at which the next average will start */
 	uint32_t seen_round;    /* largest average start a peer's handshake showed */
+	int seen_down;          /* a peer answered our query: it has us down */
 	int synced;             /* this peer's rounds are the run's (fresh peers learn them) */
 	int sweep;              /* a plan mismatch: probe every peer once this average ends */
 	int querying;           /* a fresh peer asks where the run is: failed probes mean nothing yet */
