@@ -182,41 +182,34 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 static void launch(const struct job *j, struct report *out)
 {
 	pid_t pid[MAXP];
-	int up[MAXP][2], down[MAXP][2];
+	int up[MAXP], down[MAXP];
 	char addrs[MAXP][MP_ADDR_STRLEN];
 
 	for (int r = 0; r < j->npeers; r++) {
-		assert_int_equal(pipe(up[r]), 0);
-		assert_int_equal(pipe(down[r]), 0);
-		pid[r] = fork();
+		pid[r] = fork_piped(&up[r], &down[r]);
 		assert_true(pid[r] >= 0);
-		if (pid[r] == 0) {
-			close(up[r][0]);
-			close(down[r][1]);
-			_exit(child(j, r, up[r][1], down[r][0]));
-		}
-		close(up[r][1]);
-		close(down[r][0]);
+		if (pid[r] == 0)
+			_exit(child(j, r, up[r], down[r]));
 	}
 	for (int r = 0; r < j->npeers; r++)
-		assert_int_equal(read_all(up[r][0], addrs[r], MP_ADDR_STRLEN, 20000), 0);
+		assert_int_equal(read_all(up[r], addrs[r], MP_ADDR_STRLEN, 20000), 0);
 	for (int r = 0; r < j->npeers; r++)
-		assert_int_equal(write_all(down[r][1], addrs, sizeof(addrs[0]) * (size_t)j->npeers), 0);
+		assert_int_equal(write_all(down[r], addrs, sizeof(addrs[0]) * (size_t)j->npeers), 0);
 	for (int r = 0; r < j->npeers; r++)
-		if (read_all(up[r][0], &out[r], sizeof(out[r]), 60000)) {
+		if (read_all(up[r], &out[r], sizeof(out[r]), 60000)) {
 			for (int k = 0; k < j->npeers; k++)
 				kill(pid[k], SIGKILL);
 			fail_msg("%s: rank %d reported nothing within 60 s", j->name, r);
 		}
 	char b = 1;
 	for (int r = 0; r < j->npeers; r++)
-		write_all(down[r][1], &b, 1);
+		write_all(down[r], &b, 1);
 	for (int r = 0; r < j->npeers; r++) {
 		int st;
 		waitpid(pid[r], &st, 0);
 		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-		close(up[r][0]);
-		close(down[r][1]);
+		close(up[r]);
+		close(down[r]);
 	}
 }
 

@@ -162,21 +162,10 @@ struct peer {
 
 static void spawn(struct peer *p, const char *run, int rank, const char *listen, unsigned dead)
 {
-	int up[2], down[2];
-
-	assert_int_equal(pipe(up), 0);
-	assert_int_equal(pipe(down), 0);
-	p->pid = fork();
+	p->pid = fork_piped(&p->up, &p->down);
 	assert_true(p->pid >= 0);
-	if (p->pid == 0) {
-		close(up[0]);
-		close(down[1]);
-		_exit(child(run, rank, listen, dead, up[1], down[0]));
-	}
-	close(up[1]);
-	close(down[0]);
-	p->up = up[0];
-	p->down = down[1];
+	if (p->pid == 0)
+		_exit(child(run, rank, listen, dead, p->up, p->down));
 	p->n = p->run_all = p->run_surv = 0;
 }
 

@@ -138,42 +138,35 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 static void launch(const struct job *j, double max_seconds)
 {
 	pid_t pid[MAXP];
-	int up[MAXP][2], down[MAXP][2];
+	int up[MAXP], down[MAXP];
 	char addrs[MAXP][MP_ADDR_STRLEN];
 	struct timespec t0, t1;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (int r = 0; r < j->npeers; r++) {
-		assert_int_equal(pipe(up[r]), 0);
-		assert_int_equal(pipe(down[r]), 0);
-		pid[r] = fork();
+		pid[r] = fork_piped(&up[r], &down[r]);
 		assert_true(pid[r] >= 0);
-		if (pid[r] == 0) {
-			close(up[r][0]);
-			close(down[r][1]);
-			_exit(child(j, r, up[r][1], down[r][0]));
-		}
-		close(up[r][1]);
-		close(down[r][0]);
+		if (pid[r] == 0)
+			_exit(child(j, r, up[r], down[r]));
 	}
 	int ok = 1;
 	for (int r = 0; r < j->npeers && ok; r++)
-		ok = !read_all(up[r][0], addrs[r], MP_ADDR_STRLEN, 20000);
+		ok = !read_all(up[r], addrs[r], MP_ADDR_STRLEN, 20000);
 	for (int r = 0; r < j->npeers && ok; r++)
-		ok = !write_all(down[r][1], addrs, sizeof(addrs[0]) * (size_t)j->npeers);
+		ok = !write_all(down[r], addrs, sizeof(addrs[0]) * (size_t)j->npeers);
 	/* Done markers, then release everyone together. */
 	for (int r = 0; r < j->npeers && ok; r++) {
 		char b;
 		if (r == j->dead_rank)
 			continue;
-		ok = !read_all(up[r][0], &b, 1, 60000);
+		ok = !read_all(up[r], &b, 1, 60000);
 	}
 	for (int r = 0; r < j->npeers; r++) {
 		char b = 1;
 		if (ok)
-			write_all(down[r][1], &b, 1);
-		close(down[r][1]);
-		close(up[r][0]);
+			write_all(down[r], &b, 1);
+		close(down[r]);
+		close(up[r]);
 	}
 	int failed = 0;
 	for (int r = 0; r < j->npeers; r++) {

@@ -246,31 +246,24 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 static void launch(const struct job *j)
 {
 	pid_t pid[NP];
-	int up[NP][2], down[NP][2], ok = 1, failed = 0;
+	int up[NP], down[NP], ok = 1, failed = 0;
 	char addrs[NP][MP_ADDR_STRLEN], b;
 	uint64_t lens[NP][NP];
 
 	for (int r = 0; r < NP; r++) {
-		assert_int_equal(pipe(up[r]), 0);
-		assert_int_equal(pipe(down[r]), 0);
-		pid[r] = fork();
+		pid[r] = fork_piped(&up[r], &down[r]);
 		assert_true(pid[r] >= 0);
-		if (pid[r] == 0) {
-			close(up[r][0]);
-			close(down[r][1]);
-			_exit(child(j, r, up[r][1], down[r][0]));
-		}
-		close(up[r][1]);
-		close(down[r][0]);
+		if (pid[r] == 0)
+			_exit(child(j, r, up[r], down[r]));
 	}
 	for (int r = 0; r < NP && ok; r++)
-		ok = !read_all(up[r][0], addrs[r], MP_ADDR_STRLEN, 30000);
+		ok = !read_all(up[r], addrs[r], MP_ADDR_STRLEN, 30000);
 	for (int r = 0; r < NP && ok; r++)
-		ok = !write_all(down[r][1], addrs, sizeof(addrs));
+		ok = !write_all(down[r], addrs, sizeof(addrs));
 	for (int r = 0; r < NP && ok; r++) {
-		if (j->balance == MP_BALANCE_MEASURED && read_all(up[r][0], lens[r], sizeof(lens[r]), 120000))
+		if (j->balance == MP_BALANCE_MEASURED && read_all(up[r], lens[r], sizeof(lens[r]), 120000))
 			ok = 0;
-		ok = ok && !read_all(up[r][0], &b, 1, 120000) && b == 'A';
+		ok = ok && !read_all(up[r], &b, 1, 120000) && b == 'A';
 	}
 	for (int r = 1; r < NP && ok && j->balance == MP_BALANCE_MEASURED; r++)
 		if (memcmp(lens[r], lens[0], sizeof(lens[0]))) {
@@ -282,15 +275,15 @@ static void launch(const struct job *j)
 		waitpid(pid[NP - 1], NULL, 0);
 		pid[NP - 1] = -1;
 		for (int r = 0; r < NP - 1; r++)
-			write_all(down[r][1], "K", 1);
+			write_all(down[r], "K", 1);
 		for (int r = 0; r < NP - 1 && ok; r++)
-			ok = !read_all(up[r][0], &b, 1, 120000) && b == 'A';
+			ok = !read_all(up[r], &b, 1, 120000) && b == 'A';
 	}
 	for (int r = 0; r < NP; r++) {
 		if (ok && pid[r] > 0)
-			write_all(down[r][1], "E", 1);
-		close(down[r][1]);
-		close(up[r][0]);
+			write_all(down[r], "E", 1);
+		close(down[r]);
+		close(up[r]);
 	}
 	for (int r = 0; r < NP; r++) {
 		int st;

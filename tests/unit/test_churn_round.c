@@ -965,39 +965,32 @@ static void killed_at_scatter(void **s)
 {
 	char dir[64] = "/tmp/mp-churn-kill-XXXXXX", path[160];
 	pid_t pid[KILL_PEERS];
-	int up[KILL_PEERS][2], down[KILL_PEERS][2], ok = 1, st;
+	int up[KILL_PEERS], down[KILL_PEERS], ok = 1, st;
 	char addrs[KILL_PEERS][MP_ADDR_STRLEN];
 
 	(void)s;
 	assert_non_null(mkdtemp(dir));
 	for (int r = 0; r < KILL_PEERS; r++) {
-		assert_int_equal(pipe(up[r]), 0);
-		assert_int_equal(pipe(down[r]), 0);
-		pid[r] = fork();
+		pid[r] = fork_piped(&up[r], &down[r]);
 		assert_true(pid[r] >= 0);
-		if (pid[r] == 0) {
-			close(up[r][0]);
-			close(down[r][1]);
-			_exit(kill_child(dir, r, up[r][1], down[r][0]));
-		}
-		close(up[r][1]);
-		close(down[r][0]);
+		if (pid[r] == 0)
+			_exit(kill_child(dir, r, up[r], down[r]));
 	}
 	for (int r = 0; r < KILL_PEERS && ok; r++)
-		ok = !read_all(up[r][0], addrs[r], MP_ADDR_STRLEN, 20000);
+		ok = !read_all(up[r], addrs[r], MP_ADDR_STRLEN, 20000);
 	for (int r = 0; r < KILL_PEERS && ok; r++)
-		ok = !write_all(down[r][1], addrs, sizeof(addrs));
+		ok = !write_all(down[r], addrs, sizeof(addrs));
 	for (int r = 0; r < KILL_PEERS && ok; r++) {
 		char b;
 		if (r != KILLED)
-			ok = !read_all(up[r][0], &b, 1, 30000);
+			ok = !read_all(up[r], &b, 1, 30000);
 	}
 	for (int r = 0; r < KILL_PEERS; r++) {
 		char b = 1;
 		if (ok && r != KILLED)
-			write_all(down[r][1], &b, 1);
-		close(down[r][1]);
-		close(up[r][0]);
+			write_all(down[r], &b, 1);
+		close(down[r]);
+		close(up[r]);
 	}
 	int exited[KILL_PEERS];
 	for (int r = 0; r < KILL_PEERS; r++) {
