@@ -19,29 +19,38 @@ run() {
 }
 
 # 1. MP_OFI_DOMAIN=lo: both peers open domain lo (logged at INFO), the mean
-# is exact, and the JSON names the domain.
+# is exact, and the JSON names the domain. Without MP_OFI_PROVIDER the
+# provider is net (libfabric 1.17's native TCP RDM); named, tcp;ofi_rxm is
+# taken by its exact name.
+check_lo() {
+	name=$1
+	prov=$2
+	if [ "$(cat "$tmp/$name.rc")" -ne 0 ]; then
+		echo "FAIL: $name exited $(cat "$tmp/$name.rc")"
+		cat "$tmp/$name"
+		fail=1
+	fi
+	n=$(grep -c "ofi: provider $prov, domain lo," "$tmp/$name")
+	if [ "$n" -ne 2 ]; then
+		echo "FAIL: $name: $n peer(s) logged 'provider $prov, domain lo', want 2"
+		grep "ofi: provider" "$tmp/$name"
+		fail=1
+	fi
+	if ! grep -q "^# Out of bounds values : 0 OK" "$tmp/$name"; then
+		echo "FAIL: $name: the average is not the exact mean"
+		fail=1
+	fi
+	if ! grep -q '"ofi_domain": "lo"' "$tmp/$name.json" ||
+		! grep -q "\"ofi_provider\": \"$prov\"" "$tmp/$name.json"; then
+		echo "FAIL: $name: the JSON does not name the provider and domain"
+		grep transport_detail "$tmp/$name.json"
+		fail=1
+	fi
+}
 run lo MP_OFI_DOMAIN=lo MP_DEBUG=INFO
-if [ "$(cat "$tmp/lo.rc")" -ne 0 ]; then
-	echo "FAIL: MP_OFI_DOMAIN=lo exited $(cat "$tmp/lo.rc")"
-	cat "$tmp/lo"
-	fail=1
-fi
-n=$(grep -c "ofi: provider tcp;ofi_rxm, domain lo," "$tmp/lo")
-if [ "$n" -ne 2 ]; then
-	echo "FAIL: $n peer(s) logged 'domain lo', want 2"
-	grep "ofi: provider" "$tmp/lo"
-	fail=1
-fi
-if ! grep -q "^# Out of bounds values : 0 OK" "$tmp/lo"; then
-	echo "FAIL: MP_OFI_DOMAIN=lo: the average is not the exact mean"
-	fail=1
-fi
-if ! grep -q '"ofi_domain": "lo"' "$tmp/lo.json" ||
-	! grep -q '"ofi_provider": "tcp;ofi_rxm"' "$tmp/lo.json"; then
-	echo "FAIL: the JSON does not name the provider and domain"
-	grep transport_detail "$tmp/lo.json"
-	fail=1
-fi
+check_lo lo net
+run lo_rxm "MP_OFI_PROVIDER=tcp;ofi_rxm" MP_OFI_DOMAIN=lo MP_DEBUG=INFO
+check_lo lo_rxm "tcp;ofi_rxm"
 
 # 2. A domain and a provider that match nothing: a prompt failure whose last
 # line lists what there is (loopback's domain lo among them).
@@ -63,7 +72,7 @@ check_refused() {
 	esac
 }
 run nodomain MP_OFI_DOMAIN=nonsense
-check_refused nodomain "MP_OFI_DOMAIN=nonsense is not a domain of provider tcp;ofi_rxm; its domains are: "
+check_refused nodomain "MP_OFI_DOMAIN=nonsense is not a domain of provider net; its domains are: "
 grep -v '^#' "$tmp/nodomain" | tail -n 1 | grep -qE "domains are: .*\blo\b" ||
 	{ echo "FAIL: lo is not among the domains listed"; fail=1; }
 run noprov MP_OFI_PROVIDER=nonsense

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * The libfabric provider (drivers/ofi/ofi.c) through the RDMA-provider
- * table, on the real libfabric (default tcp;ofi_rxm, loopback): a write
- * aimed at an endpoint that ep_destroy has taken down must place nothing,
- * whether the provider parked the endpoint (libfabric 1.17, where closing
- * crashes) or closed it. The protocol hands a failed connection's receive
+ * table, on the real libfabric (the default provider or MP_OFI_PROVIDER's,
+ * loopback): a write aimed at an endpoint that ep_destroy has taken down
+ * must place nothing, whether the provider parked the endpoint (1.17's
+ * tcp;ofi_rxm, where closing crashes) or closed it. The protocol hands a failed connection's receive
  * buffers back right after ep_destroy, so a byte placed later would be
  * silent corruption. Exits 77 when libfabric offers no usable provider.
  */
