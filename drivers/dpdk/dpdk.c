@@ -225,6 +225,7 @@ static struct {
 	bool dials;            /* starting the port dials its peer (memif client) */
 	bool memif_zc;         /* memif zero-copy client: every frame must sit in EAL memory */
 	bool memif;            /* the port is net_memif: its peer leaves with a BYE */
+	char driver[32];       /* the port's PMD (rte_eth_dev_info.driver_name) */
 	atomic_bool quiet;     /* the memif peer said BYE: no bursts until the link went down */
 	atomic_uint bye_rx;    /* BYEs answered (the peer left while we ran) */
 	atomic_uint bye_bad;   /* malformed, or on a port that is not memif */
@@ -588,6 +589,7 @@ static int port_setup(uint16_t nq, uint16_t mtu, unsigned mbufs, uint16_t ring)
 	g.port = port;
 	g.nq = nq;
 	g.mtu = mtu;
+	snprintf(g.driver, sizeof(g.driver), "%s", info.driver_name ? info.driver_name : "unknown");
 	g.port_ready = true;
 	MP_INFO("dpdk: port %u (%s), %u queue pair(s) of %u descriptors, MTU %u, %u mbufs, "
 		"chained tx %s", port, info.driver_name, nq, ring, mtu, mbufs,
@@ -2130,6 +2132,21 @@ static void dpdk_wake(struct mp_drv *dd)
 		atomic_store(&d->woken, 1);
 }
 
+/* The port is configured once per process (port_setup) before any instance
+ * is handed out, and never changes after. */
+static int dpdk_describe(struct mp_drv *d, char *text, size_t cap)
+{
+	const struct dpdk_drv *dd = (const struct dpdk_drv *)(void *)d;
+	int n = snprintf(text, cap, "port=%u driver=%s queues=%u mtu=%u lanes=%u", (unsigned)g.port,
+			 g.driver, (unsigned)g.nq, (unsigned)g.mtu, (unsigned)dd->nlanes);
+
+	if (n < 0 || (size_t)n >= cap) {
+		text[0] = '\0';
+		return -ENOSPC;
+	}
+	return n;
+}
+
 const struct mp_driver_ops mp_dpdk_driver_ops = {
 	.size = sizeof(struct mp_driver_ops),
 	.abi = MP_DRIVER_ABI,
@@ -2153,4 +2170,5 @@ const struct mp_driver_ops mp_dpdk_driver_ops = {
 	.wake = dpdk_wake,
 	/* No address of its own: the IP comes from MP_DPDK_IP (parse_bind). */
 	.default_listen = "0.0.0.0:0",
+	.describe = dpdk_describe,
 };

@@ -694,6 +694,39 @@ static int ofi_poll(struct mp_rdma_prov *p, struct mp_rdma_cqe *out, int max)
 	return got;
 }
 
+/* Words with spaces (a domain or fabric name could hold some) get '_'. */
+static size_t put_word(char *text, size_t cap, size_t off, const char *key, const char *val)
+{
+	int n;
+
+	if (off >= cap)
+		return off;
+	n = snprintf(text + off, cap - off, "%s%s=", off ? " " : "", key);
+	if (n < 0)
+		return cap;
+	off += (size_t)n;
+	for (; val && *val && off < cap; val++)
+		text[off++] = *val == ' ' ? '_' : *val;
+	if (off < cap)
+		text[off] = '\0';
+	return off;
+}
+
+static int ofi_describe(struct mp_rdma_prov *p, char *text, size_t cap)
+{
+	struct ofi_prov *pv = prov_of(p);
+	size_t off = 0;
+
+	off = put_word(text, cap, off, "provider", pv->info->fabric_attr->prov_name);
+	off = put_word(text, cap, off, "domain", pv->info->domain_attr->name);
+	off = put_word(text, cap, off, "fabric", pv->info->fabric_attr->name);
+	if (off >= cap) {
+		text[0] = '\0';
+		return -ENOSPC;
+	}
+	return (int)off;
+}
+
 const struct mp_rdma_prov_ops mp_rdma_ofi_prov = {
 	.name = "ofi",
 	.open = ofi_open,
@@ -706,6 +739,7 @@ const struct mp_rdma_prov_ops mp_rdma_ofi_prov = {
 	.write = ofi_write,
 	.max_inline = ofi_max_inline,
 	.poll = ofi_poll,
+	.describe = ofi_describe,
 };
 
 /* The ofi transport: the clear-to-send protocol on this provider. */

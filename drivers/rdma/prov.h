@@ -124,6 +124,9 @@ struct mp_rdma_prov_ops {
 
 	/** Reap up to @p max completions; returns how many (0 = none), or a negative errno. */
 	int (*poll)(struct mp_rdma_prov *pv, struct mp_rdma_cqe *out, int max);
+
+	/** Optional: what open chose, as struct mp_driver_ops::describe words it. */
+	int (*describe)(struct mp_rdma_prov *pv, char *text, size_t cap);
 };
 
 #endif /* MP_RDMA_PROV_H */

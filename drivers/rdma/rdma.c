@@ -1446,6 +1446,17 @@ err_free:
 	return rc;
 }
 
+int mp_rdma_describe(struct mp_drv *dp, char *text, size_t cap)
+{
+	struct rdma_drv *d = rdma_drv_of(dp);
+
+	if (!d->po->describe) {
+		text[0] = '\0';
+		return 0;
+	}
+	return d->po->describe(d->pv, text, cap);
+}
+
 void mp_rdma_fini(struct mp_drv *dp)
 {
 	struct rdma_drv *d;

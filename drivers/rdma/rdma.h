@@ -38,6 +38,7 @@ int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops
 
 /* The protocol's entries, whatever the provider (struct mp_driver_ops documents them). */
 void mp_rdma_fini(struct mp_drv *d);
+int mp_rdma_describe(struct mp_drv *d, char *text, size_t cap);
 int mp_rdma_query(struct mp_drv *d, struct mp_drv_caps *caps);
 int mp_rdma_listen(struct mp_drv *d, const char *bind_text, void *blob, size_t *len,
 		   struct mp_drv_listener **out);
@@ -79,6 +80,7 @@ void mp_rdma_wake(struct mp_drv *d);
 	.test = mp_rdma_test,                          \
 	.progress = mp_rdma_progress,                  \
 	.wake = mp_rdma_wake,                          \
-	.default_listen = "127.0.0.1:0"
+	.default_listen = "127.0.0.1:0",               \
+	.describe = mp_rdma_describe
 
 #endif /* MP_RDMA_H */

@@ -1288,6 +1288,21 @@ static void vb_close(struct mp_rdma_prov *p)
 	free(pv);
 }
 
+static int vb_describe(struct mp_rdma_prov *p, char *text, size_t cap)
+{
+	struct vb_prov *pv = to_vb(p);
+	int n = snprintf(text, cap, "device=%s port=%u link=%s gid_index=%u", pv->dev_name,
+			 (unsigned)pv->port,
+			 pv->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
+			 (unsigned)pv->gid_index);
+
+	if (n < 0 || (size_t)n >= cap) {
+		text[0] = '\0';
+		return -ENOSPC;
+	}
+	return n;
+}
+
 const struct mp_rdma_prov_ops mp_rdma_verbs_prov = {
 	.name = "verbs",
 	.open = vb_open,
@@ -1300,6 +1315,7 @@ const struct mp_rdma_prov_ops mp_rdma_verbs_prov = {
 	.write = vb_write,
 	.max_inline = vb_max_inline,
 	.poll = vb_poll,
+	.describe = vb_describe,
 };
 
 /*

@@ -161,6 +161,16 @@ struct mp_driver_ops {
 	 * needs MP_LISTEN, or a peer list that gives this peer's address.
 	 */
 	const char *default_listen;
+	/**
+	 * What this instance chose where the configuration left a choice, for
+	 * reports (::mp_transport_detail): space-separated `key=value` pairs
+	 * written NUL-terminated to @p text, such as "provider=net domain=lo".
+	 * Values hold no spaces. Returns the length written (0: nothing to
+	 * say), -ENOSPC when @p cap is too small, or another negative errno.
+	 * May be called from any thread: it must read only what init set.
+	 * NULL: the transport has nothing to report.
+	 */
+	int (*describe)(struct mp_drv *d, char *text, size_t cap);
 };
 
 /** Longest driver name, without its NUL. */

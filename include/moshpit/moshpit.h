@@ -265,6 +265,23 @@ MP_API int mp_init(const struct mp_config *cfg, mp_ctx **out);
 MP_API int mp_local_address(mp_ctx *ctx, char *buf, size_t len);
 
 /**
+ * What the transport chose where the configuration left it a choice, as
+ * space-separated `key=value` pairs, for logs and reports: for `ofi`
+ * "provider=net domain=lo fabric=127.0.0.1/32", for `verbs`
+ * "device=mlx5_0 port=1 link=RoCE gid_index=3", for `dpdk`
+ * "port=0 driver=net_memif queues=1 mtu=1500". Values hold no spaces.
+ * Empty for transports with nothing to choose (`tcp`, `loop`).
+ * Thread-safe; valid from ::mp_init to ::mp_finalize.
+ * @param ctx context
+ * @param buf destination
+ * @param len size of @p buf; 256 always suffices for the built-in transports
+ * @return the length written (without the NUL), -EINVAL for a NULL
+ *         argument or @p len 0, -ENOSPC if @p buf is too small (it then
+ *         holds "")
+ */
+MP_API int mp_transport_detail(mp_ctx *ctx, char *buf, size_t len);
+
+/**
  * Set the addresses of all peers, in rank order (this peer's own entry included).
  * May be called once, before the first average.
  * @param ctx context

@@ -322,6 +322,20 @@ int mp_local_address(mp_ctx *ctx, char *buf, size_t len)
 	return 0;
 }
 
+int mp_transport_detail(mp_ctx *ctx, char *buf, size_t len)
+{
+	int rc;
+
+	if (!ctx || !buf || !len)
+		return -EINVAL;
+	rc = mp_driver_describe(ctx->ops, ctx->drv, buf, len);
+	if (rc < 0 || (size_t)rc >= len) {
+		buf[0] = '\0';
+		return rc < 0 ? rc : -ENOSPC;
+	}
+	return rc;
+}
+
 int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n)
 {
 	int rc;

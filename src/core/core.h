@@ -12,6 +12,8 @@ const struct mp_driver_ops *mp_driver_find(const char *name);
 void mp_driver_names(char *buf, size_t cap);
 /* What @o listens on by default (its optional default_listen), or NULL. */
 const char *mp_driver_default_listen(const struct mp_driver_ops *o);
+/* @o's optional describe on @d, or "" (0) when it has none. */
+int mp_driver_describe(const struct mp_driver_ops *o, struct mp_drv *d, char *text, size_t cap);
 
 struct mp_stage;
 

@@ -303,3 +303,12 @@ const char *mp_driver_default_listen(const struct mp_driver_ops *o)
 {
 	return o->size >= OPS_END(default_listen) ? o->default_listen : NULL;
 }
+
+int mp_driver_describe(const struct mp_driver_ops *o, struct mp_drv *d, char *text, size_t cap)
+{
+	if (o->size < OPS_END(describe) || !o->describe) {
+		text[0] = '\0';
+		return 0;
+	}
+	return o->describe(d, text, cap);
+}

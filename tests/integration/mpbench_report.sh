@@ -34,7 +34,7 @@ rows_are() {
 "$mpbench" --peers=4 -b 1M -e 1M -n 1 -w 0 --minmax --json="$tmp/s.json" >"$tmp/s" 2>&1 ||
 	bad "static run exited $?: $(tail -n 3 "$tmp/s")"
 rows_are "$tmp/s.json" 1048576
-[ "$(field "$tmp/s.json" schema_version)" = 2 ] || bad "schema_version is not 2"
+[ "$(field "$tmp/s.json" schema_version)" = 3 ] || bad "schema_version is not 3"
 field "$tmp/s.json" timestamp | grep -qE '^"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z"$' ||
 	bad "timestamp $(field "$tmp/s.json" timestamp) is not ISO 8601 UTC"
 [ "$(field "$tmp/s.json" host)" = "\"$(hostname)\"" ] || bad "host is $(field "$tmp/s.json" host)"

@@ -65,6 +65,13 @@ static void bad_arguments(void **st)
 	mp_local_address(ctx, a, sizeof(a));
 	addr[0] = a;
 	assert_int_equal(mp_set_peers(ctx, addr, 1), 0);
+	/* loop has nothing to choose: no describe entry, an empty detail. */
+	memset(a, 'x', sizeof(a));
+	assert_int_equal(mp_transport_detail(ctx, a, sizeof(a)), 0);
+	assert_string_equal(a, "");
+	assert_int_equal(mp_transport_detail(ctx, a, 0), -EINVAL);
+	assert_int_equal(mp_transport_detail(NULL, a, sizeof(a)), -EINVAL);
+	assert_int_equal(mp_local_address(ctx, a, sizeof(a)), 0);
 	assert_int_equal(mp_peers_info(NULL, t, 2, sizeof(t[0])), -EINVAL);
 	assert_int_equal(mp_peers_info(ctx, t, -1, sizeof(t[0])), -EINVAL);
 	assert_int_equal(mp_peers_info(ctx, NULL, 1, sizeof(t[0])), -EINVAL);

@@ -63,6 +63,8 @@ struct fcoord {
 	char logdir[PATH_MAX / 2]; /* room for "/<id>.log" in fspec.log */
 	int own_logdir;       /* a temporary directory of ours */
 	char boot[MP_ADDR_STRLEN]; /* peer 0's DHT node */
+	char tdetail[256];         /* the first hello's mp_transport_detail */
+	int tdetail_known;
 	char bootlist[MP_ADDR_STRLEN]; /* fboot's answer */
 	int rr;
 };
@@ -411,6 +413,11 @@ static int fhandle(struct fcoord *fc, struct fpeer *fp, struct msg *m)
 		h.dht[sizeof(h.dht) - 1] = '\0';
 		fp->id = h.id;
 		memcpy(fp->dht, h.dht, sizeof(fp->dht));
+		h.detail[sizeof(h.detail) - 1] = '\0';
+		if (h.detail_known && !fc->tdetail_known) {
+			memcpy(fc->tdetail, h.detail, sizeof(fc->tdetail));
+			fc->tdetail_known = 1;
+		}
 		fp->hello = 1;
 		return 0;
 	}
@@ -914,6 +921,8 @@ int run_follow(struct bench *b)
 		print_row(&a, 0);
 		a.next = 1;
 	}
+	memcpy(a.tdetail, fc.tdetail, sizeof(a.tdetail));
+	a.tdetail_known = fc.tdetail_known;
 	rc = report_finish(&a, "local-processes-followed", 0, rc != 0);
 	if (fails)
 		rc = EXIT_FAIL;

@@ -213,6 +213,17 @@ static int coordinate(const struct bench *b, struct coord *c, struct agg *a)
 			}
 			case MSG_HEARTBEAT:
 				break;
+			case MSG_DETAIL:
+				if (m.len >= sizeof(a->tdetail)) {
+					fprintf(stderr, PROG ": %s sent a bad transport detail\n", name);
+					free(m.data);
+					goto out;
+				}
+				if (m.len)
+					memcpy(a->tdetail, m.data, m.len);
+				a->tdetail[m.len] = '\0';
+				a->tdetail_known = 1;
+				break;
 			case MSG_PEER_STATS:
 				if (m.len % sizeof(struct mp_peer_info)) {
 					fprintf(stderr, PROG ": %s sent a malformed peer table\n", name);
@@ -580,6 +591,7 @@ int run_multi(struct bench *b, const char *how)
 	snprintf(mode, sizeof(mode), "multi-host (%s), rank %d of %d; errors are this rank's own",
 		 how, p.rank, p.npeers);
 	agg_init(&a, b, 1, p.rank == 0);
+	a.tdetail_known = mp_transport_detail(p.ctx, a.tdetail, sizeof(a.tdetail)) >= 0;
 	p.agg = &a;
 	if (a.print) {
 		print_header(b, mode);

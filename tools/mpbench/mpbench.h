@@ -48,6 +48,7 @@ enum {
 	MSG_SUMMARY = 11,  /* peer -> coord: struct summary, before MSG_DONE */
 	MSG_STOP = 12,     /* coord -> peer: the run is over, stop averaging */
 	MSG_PEER_STATS = 13, /* peer -> coord: its struct mp_peer_info table (--peer-stats) */
+	MSG_DETAIL = 14,   /* peer -> coord: mp_transport_detail (text; rank 0, after mp_init) */
 };
 
 struct msg {
@@ -222,6 +223,9 @@ struct agg {
 	/* --peer-stats: each rank's table (NULL until it reports) */
 	struct mp_peer_info **pstats;
 	int *npstats, npstats_ranks;
+	/* mp_transport_detail of a peer (rank 0's), "key=value ..." */
+	char tdetail[256];
+	int tdetail_known;
 };
 
 void agg_init(struct agg *a, const struct bench *b, int nrep, int print);
@@ -259,6 +263,8 @@ enum { ROLE_INITIAL, ROLE_LATE, ROLE_INTRUDER, ROLE_REPLACEMENT };
 struct hello {
 	uint64_t id;
 	char dht[MP_ADDR_STRLEN]; /* "" in static runs */
+	int detail_known;
+	char detail[256];         /* mp_transport_detail */
 };
 
 struct round_report {

@@ -430,6 +430,15 @@ int peer_main(const struct bench *b, int rank, const struct chan *up,
 		peer_fail(&p, "mp_init: %s: %s", mp_strerror(rc), mp_last_error(NULL));
 		return -1;
 	}
+	if (rank == 0) {
+		char detail[256];
+
+		/* What the transport chose, for the JSON; peers of a run agree on
+		 * the transport, so rank 0's stands for them. */
+		if (mp_transport_detail(p.ctx, detail, sizeof(detail)) >= 0)
+			chan_send(up, MSG_DETAIL, rank, detail, (uint32_t)strlen(detail),
+				  b->silence_ms);
+	}
 	rc = peer_exchange(&p);
 	if (rc == 0)
 		rc = peer_bench(&p);
@@ -681,6 +690,7 @@ int follow_peer(const struct bench *b, const struct fspec *s, const struct chan 
 		rc = peer_exchange(&p);
 	if (rc == 0) {
 		h.id = mp_peer_id(p.ctx);
+		h.detail_known = mp_transport_detail(p.ctx, h.detail, sizeof(h.detail)) >= 0;
 		if (b->dht && mp_dht_address(p.ctx, h.dht, sizeof(h.dht)))
 			h.dht[0] = '\0';
 		rc = chan_send(up, MSG_HELLO, p.rank, &h, sizeof(h), b->silence_ms);

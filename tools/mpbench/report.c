@@ -364,7 +364,7 @@ static void json_num(FILE *f, double v)
 }
 
 /* The version of the JSON's layout: raised when a field changes meaning. */
-#define JSON_SCHEMA_VERSION 2
+#define JSON_SCHEMA_VERSION 3
 
 /* A variable of the environment, or NULL (JSON null) when unset or empty. */
 static const char *env_or_null(const char *name)
@@ -376,11 +376,12 @@ static const char *env_or_null(const char *name)
 
 /*
  * The run's provenance: when, where, with which library build, and which
- * device or libfabric entry the transport was told to use. Host names: this
+ * device or libfabric entry the transport chose. Host names: this
  * one, and in multi-host runs those of the peer list or hostfile.
  */
-static void json_provenance(FILE *f, const struct bench *b)
+static void json_provenance(FILE *f, const struct agg *a)
 {
+	const struct bench *b = a->b;
 	char host[256] = "", stamp[32] = "";
 	time_t now = time(NULL);
 	struct tm tm;
@@ -400,20 +401,28 @@ static void json_provenance(FILE *f, const struct bench *b)
 	json_str(f, MPBENCH_GIT_COMMIT);
 	fprintf(f, "},\n  \"transport_detail\": {\"name\": ");
 	json_str(f, b->transport);
-	/* What the drivers select by (drivers/ofi, drivers/verbs); null is
-	 * their default: tcp;ofi_rxm, the provider's first domain, the first
-	 * device with an active port. A name that matches nothing fails the
-	 * run, so a name here is the one used. */
-	if (!strcmp(b->transport, "ofi")) {
-		fprintf(f, ", \"ofi_provider\": ");
-		json_str(f, env_or_null("MP_OFI_PROVIDER") ? env_or_null("MP_OFI_PROVIDER") :
-			 "tcp;ofi_rxm");
-		fprintf(f, ", \"ofi_domain\": ");
-		json_str(f, env_or_null("MP_OFI_DOMAIN"));
-	} else if (!strcmp(b->transport, "verbs")) {
-		fprintf(f, ", \"verbs_device\": ");
-		json_str(f, env_or_null("MP_IB_HCA"));
-	} else if (!strcmp(b->transport, "dpdk")) {
+	/* What the driver chose (mp_transport_detail), each "key=value" as
+	 * "<transport>_<key>": "value"; nothing more when no peer could say. */
+	if (a->tdetail_known) {
+		char words[sizeof(a->tdetail)], *save = NULL;
+
+		memcpy(words, a->tdetail, sizeof(words));
+		for (char *w = strtok_r(words, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+			char *eq = strchr(w, '=');
+
+			if (!eq)
+				continue;
+			char key[96];
+
+			*eq = '\0';
+			snprintf(key, sizeof(key), "%s_%s", b->transport, w);
+			fprintf(f, ", ");
+			json_str(f, key);
+			fprintf(f, ": ");
+			json_str(f, eq + 1);
+		}
+	}
+	if (!strcmp(b->transport, "dpdk")) {
 		fprintf(f, ", \"dpdk_eal\": ");
 		json_str(f, env_or_null("MP_DPDK_EAL"));
 	}
@@ -434,7 +443,7 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 	}
 	grid_format(&b->grid, g, sizeof(g));
 	fprintf(f, "{\n");
-	json_provenance(f, b);
+	json_provenance(f, a);
 	fprintf(f, "  \"settings\": {\n");
 	fprintf(f, "    \"version\": \"%d.%d.%d\",\n", MP_VERSION_MAJOR, MP_VERSION_MINOR,
 		MP_VERSION_PATCH);

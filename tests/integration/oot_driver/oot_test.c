@@ -72,6 +72,21 @@ static void *peer(void *arg)
 		return (void *)1;
 	}
 	mp_local_address(ctx, addrs[rank], sizeof(addrs[rank]));
+	if (rank == 0) {
+		char d[64], small[8];
+		int n = mp_transport_detail(ctx, d, sizeof(d));
+
+		/* The driver's describe entry, through the public call. */
+		CHECK(n > 0 && (size_t)n == strlen(d) && !strncmp(d, "pairs=socketpair name=", 22),
+		      "mp_transport_detail: %d \"%s\"", n, n >= 0 ? d : "");
+		memset(small, 'x', sizeof(small));
+		CHECK(mp_transport_detail(ctx, small, sizeof(small)) == -ENOSPC && !small[0],
+		      "mp_transport_detail into 8 bytes: not -ENOSPC with \"\"");
+		CHECK(mp_transport_detail(ctx, NULL, 8) == -EINVAL &&
+			      mp_transport_detail(NULL, d, sizeof(d)) == -EINVAL &&
+			      mp_transport_detail(ctx, d, 0) == -EINVAL,
+		      "mp_transport_detail: bad arguments not -EINVAL");
+	}
 	pthread_barrier_wait(&bar);
 	const char *list[NPEERS];
 

@@ -630,6 +630,19 @@ static int sp_progress(struct mp_drv *dd, int timeout_ms)
 	return 0;
 }
 
+/* The optional describe entry: what mp_transport_detail reports. */
+static int sp_describe(struct mp_drv *dd, char *text, size_t cap)
+{
+	int n = snprintf(text, cap, "pairs=socketpair name=%s", SP_NAME);
+
+	(void)dd;
+	if (n < 0 || (size_t)n >= cap) {
+		text[0] = '\0';
+		return -ENOSPC;
+	}
+	return n;
+}
+
 static void sp_wake(struct mp_drv *dd)
 {
 	wake_fd(drv_of(dd)->wake_wr);
@@ -678,6 +691,7 @@ const struct mp_driver_ops sockpair_driver_ops = {
 	.progress = sp_progress,
 	.wake = sp_wake,
 	.default_listen = SP_PREFIX "*",
+	.describe = sp_describe,
 };
 
 #ifdef SP_PLUGIN
