@@ -23,9 +23,10 @@ if ! ip netns add mpb-probe-$$ 2>/dev/null; then
 fi
 ip netns del mpb-probe-$$
 out=$(mktemp /tmp/dpdk_mpbench.XXXXXX) || exit 1
-trap 'rm -f "$out"' EXIT
+json=$(mktemp /tmp/dpdk_mpbench.XXXXXX) || exit 1
+trap 'rm -f "$out" "$json"' EXIT
 
-"$mpbench" --transport=dpdk "$@" >"$out" 2>&1
+"$mpbench" --transport=dpdk --json="$json" "$@" >"$out" 2>&1
 rc=$?
 cat "$out"
 if [ "$rc" -ne 0 ]; then
@@ -42,6 +43,12 @@ if ip netns list | grep -q "^mpb-"; then
 fi
 line=$(grep "^# dpdk counters" "$out" | tail -n 1)
 fail=0
+# The JSON names the port's PMD (mp_transport_detail), as the INFO log does.
+if ! grep -q '"dpdk_driver": "net_' "$json"; then
+	echo "FAIL: the JSON does not name the DPDK driver:"
+	grep transport_detail "$json"
+	fail=1
+fi
 # The line sums one counter file per peer, and nothing else.
 peers=$(printf '%s\n' "$@" | sed -n 's/^--peers=//p' | tail -n 1)
 if [ -n "$peers" ] && ! printf '%s\n' "$line" | grep -q "^# dpdk counters ($peers peers)"; then
