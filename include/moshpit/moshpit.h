@@ -193,6 +193,14 @@ struct mp_config {
 	                             see ::mp_average); moshpit and butterfly only; every peer of a
 	                             run must set it alike (default 0). Added at the end: the
 	                             struct only grows, and ::mp_config_init sets size */
+	int probe_min_ms;       /**< MP_PROBE_MIN_MS: static runs: a down peer is probed in the
+	                             background this long after it failed, then after twice as
+	                             long per failed probe (doc/design.md, "Failure memory");
+	                             10 to 3600000 (default 1000). A local setting: peers of a
+	                             run need not agree on it (a peer may probe less often) */
+	int probe_max_ms;       /**< MP_PROBE_MAX_MS: the longest interval the probes of a down
+	                             peer back off to; probe_min_ms to 3600000 (default 30000).
+	                             Local, as probe_min_ms */
 };
 
 /** Where a group's part sizes come from (MP_BALANCE). */

@@ -15,6 +15,15 @@
 
 #define MP_DEFAULT_PORT 29500
 
+/* Backoff of a static run's background probes of a down peer (peers.c):
+ * defaults and the range of both ends. An hour at most: a peer probed less
+ * often than that is as good as forgotten, and twice the longest interval
+ * stays far inside the uint32_t that holds it. */
+#define MP_PROBE_DEF_MIN_MS 1000
+#define MP_PROBE_DEF_MAX_MS 30000
+#define MP_PROBE_LO_MS 10
+#define MP_PROBE_HI_MS 3600000
+
 void mp_config_init(struct mp_config *cfg)
 {
 	memset(cfg, 0, sizeof(*cfg));
@@ -43,6 +52,8 @@ void mp_config_init(struct mp_config *cfg)
 	cfg->allreduce_timeout_ms = 60000;
 	cfg->record_ttl_ms = 15000;
 	cfg->join_timeout_ms = 30000;
+	cfg->probe_min_ms = MP_PROBE_DEF_MIN_MS;
+	cfg->probe_max_ms = MP_PROBE_DEF_MAX_MS;
 }
 
 int mp_mode_from_name(const char *s)
@@ -310,7 +321,18 @@ int mp_config_from_env(struct mp_config *cfg)
 	INT_VAR("MP_JOIN_TIMEOUT_MS", join_timeout_ms, 0, 1 << 30)
 	INT_VAR("MP_MIN_PART", min_part, 0, 1LL << 40)
 	INT_VAR("MP_CHECK_FINITE", check_finite, 0, 1)
+	INT_VAR("MP_PROBE_MIN_MS", probe_min_ms, MP_PROBE_LO_MS, MP_PROBE_HI_MS)
+	INT_VAR("MP_PROBE_MAX_MS", probe_max_ms, MP_PROBE_LO_MS, MP_PROBE_HI_MS)
 #undef INT_VAR
+	/* The backoff's ends in order, once the environment set either (the
+	 * other may be the caller's or the default). Neither is moved to fit
+	 * the other: a longest interval below the first is refused, never
+	 * raised. mp_config_resolve checks the struct the same way. */
+	if ((env_str("MP_PROBE_MIN_MS") || env_str("MP_PROBE_MAX_MS")) &&
+	    cfg->probe_max_ms < cfg->probe_min_ms)
+		env_bad(&bad, "MP_PROBE_MAX_MS (%d) is below MP_PROBE_MIN_MS (%d): the backoff goes "
+			"from MP_PROBE_MIN_MS up to MP_PROBE_MAX_MS, both in [%d, %d]",
+			cfg->probe_max_ms, cfg->probe_min_ms, MP_PROBE_LO_MS, MP_PROBE_HI_MS);
 	if ((s = env_str("MP_RENDEZVOUS")))
 		cfg->rendezvous = s;
 	if ((s = env_str("MP_BOOTSTRAP")))
@@ -758,6 +780,16 @@ common:
 	if (out->chunk_bytes < 4 || out->chunk_bytes > (1u << 28) || out->chunk_bytes % 4) {
 		mp_set_init_error("config: chunk_bytes %zu must be a multiple of 4 in [4, 256 MiB]",
 				  out->chunk_bytes);
+		goto bad;
+	}
+	if (out->probe_min_ms < MP_PROBE_LO_MS || out->probe_min_ms > MP_PROBE_HI_MS) {
+		mp_set_init_error("config: probe_min_ms %d out of range [%d, %d]", out->probe_min_ms,
+				  MP_PROBE_LO_MS, MP_PROBE_HI_MS);
+		goto bad;
+	}
+	if (out->probe_max_ms < out->probe_min_ms || out->probe_max_ms > MP_PROBE_HI_MS) {
+		mp_set_init_error("config: probe_max_ms %d out of range [probe_min_ms = %d, %d]",
+				  out->probe_max_ms, out->probe_min_ms, MP_PROBE_HI_MS);
 		goto bad;
 	}
 	if (out->window < 1 || out->window > 1024 || out->streams < 0 || out->streams > 64 ||

@@ -212,17 +212,30 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	if (!rc && !ctx->dynamic)
 		rc = static_bandwidths(ctx);
 	ctx->cfg.bandwidths = NULL;
+	if (rc)
+		goto fail;
 	/* What every peer must share, fixed from here on: handshakes and
-	 * records carry it (settings.h). */
-	double *bws = ctx->dynamic ? NULL : malloc((size_t)ctx->npeers * sizeof(double));
-	for (int i = 0; bws && i < ctx->npeers; i++)
-		bws[i] = ctx->peers[i].bandwidth;
+	 * records carry it (settings.h). A static run's cover every rank's
+	 * part weight: made without them (bws NULL), they would say that no
+	 * weights were set and disagree with the peers that had the memory,
+	 * so a failed allocation fails mp_init. */
+	double *bws = NULL;
+	if (!ctx->dynamic) {
+		bws = malloc((size_t)ctx->npeers * sizeof(double));
+		if (!bws) {
+			mp_set_init_error("out of memory for the part weights of %d peers (the settings "
+					  "every peer must share)", ctx->npeers);
+			rc = -ENOMEM;
+			goto fail;
+		}
+		for (int i = 0; i < ctx->npeers; i++)
+			bws[i] = ctx->peers[i].bandwidth;
+	}
 	mp_settings_make(&ctx->settings, &ctx->cfg, &ctx->grid, ctx->streams, ctx->chunk_elems,
 			 ctx->codec_cfg, &ctx->cparams, bws, ctx->npeers, ctx->dynamic);
 	free(bws);
 	ctx->auth.settings_fp = mp_settings_fingerprint(&ctx->settings);
-	if (!rc)
-		rc = mp_ctrl_init(ctx);
+	rc = mp_ctrl_init(ctx);
 	if (rc)
 		goto fail;
 	if (!ctx->dynamic && !ctx->exchange_hook)

@@ -8,7 +8,8 @@
  * it out, and the live ranks sit on a full grid of their own
  * (mp_grid_exact), so the survivors' average stays exact. The progress
  * thread probes it between and during averages, with a handshake on the
- * probe slot (conn.c), 1 s after the failure, then doubling to 30 s.
+ * probe slot (conn.c), MP_PROBE_MIN_MS (1 s) after the failure, then
+ * doubling to MP_PROBE_MAX_MS (30 s) (peers.c).
  *
  * A restarted process starts with round 0, and its peers have it down.
  * Before its first average it asks the next rank where the run is (a

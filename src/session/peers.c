@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,26 +176,59 @@ int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double band
 	return idx;
 }
 
-/* Failure memory (static runs): backoff of the background probes. */
-#define PROBE_MIN_MS 1000u
-#define PROBE_MAX_MS 30000u
+/*
+ * Failure memory (static runs): backoff of the background probes, from
+ * MP_PROBE_MIN_MS doubling to MP_PROBE_MAX_MS (mp_config_resolve checked
+ * 10 <= min <= max <= 3600000). Local settings, left out of those peers
+ * must share (settings.c): a peer that probes less often only takes a peer
+ * back later than the others do (one that comes back without restarting,
+ * or a restarted one whose announce came too late; the announce itself
+ * waits for no probe), and until then the plan hash keeps their parts
+ * apart, as after any difference of views.
+ */
+static uint32_t probe_min_ms(const struct mp_ctx *ctx)
+{
+	return (uint32_t)ctx->cfg.probe_min_ms;
+}
+
+static uint32_t probe_max_ms(const struct mp_ctx *ctx)
+{
+	return (uint32_t)ctx->cfg.probe_max_ms;
+}
+
+/* @ms as the WARN line says it: whole seconds as "30 s", else "250 ms". */
+static const char *ms_text(uint32_t ms, char *buf, size_t len)
+{
+	if (ms % 1000)
+		snprintf(buf, len, "%u ms", ms);
+	else
+		snprintf(buf, len, "%u s", ms / 1000);
+	return buf;
+}
 
 /* Peer @idx is down from now on: left out of the averages that start later,
- * probed after PROBE_MIN_MS, then less and less often. */
+ * probed after probe_min_ms, then less and less often. */
 static void mark_down(struct mp_ctx *ctx, int idx, const char *why)
 {
 	struct mp_peer *p = &ctx->peers[idx];
+	char lo[24], hi[24];
 
 	p->up_at_round = 0;
 	if (p->down)
 		return;
 	p->down = 1;
 	p->down_since_ns = mp_now_ns();
-	p->probe_ms = PROBE_MIN_MS;
-	p->next_probe_ns = p->down_since_ns + (uint64_t)PROBE_MIN_MS * 1000000ull;
+	p->probe_ms = probe_min_ms(ctx);
+	p->next_probe_ns = p->down_since_ns + (uint64_t)p->probe_ms * 1000000ull;
 	ctx->ndown++;
-	MP_WARN("peer %d (%s) is down (%s): left out of later averages, probed in the background "
-		"every %u s doubling to %u s", idx, p->addr, why, PROBE_MIN_MS / 1000, PROBE_MAX_MS / 1000);
+	ms_text(probe_min_ms(ctx), lo, sizeof(lo));
+	ms_text(probe_max_ms(ctx), hi, sizeof(hi));
+	if (probe_max_ms(ctx) > probe_min_ms(ctx))
+		MP_WARN("peer %d (%s) is down (%s): left out of later averages, probed in the "
+			"background every %s doubling to %s", idx, p->addr, why, lo, hi);
+	else
+		MP_WARN("peer %d (%s) is down (%s): left out of later averages, probed in the "
+			"background every %s", idx, p->addr, why, lo);
 }
 
 static void mark_up(struct mp_ctx *ctx, int idx, const char *why)
@@ -247,8 +281,9 @@ void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int err, uint32_t round)
 			mark_down(ctx, idx, mp_strerror(err));
 			return;
 		}
-		if (p->probe_ms < PROBE_MAX_MS)
-			p->probe_ms = p->probe_ms * 2 > PROBE_MAX_MS ? PROBE_MAX_MS : p->probe_ms * 2;
+		if (p->probe_ms < probe_max_ms(ctx))
+			p->probe_ms = p->probe_ms * 2 > probe_max_ms(ctx) ? probe_max_ms(ctx)
+									  : p->probe_ms * 2;
 		p->next_probe_ns = mp_now_ns() + (uint64_t)p->probe_ms * 1000000ull;
 		MP_TRACE("probe of peer %d (%s) failed: %s; next in %u ms", idx, p->addr,
 			 mp_strerror(err), p->probe_ms);

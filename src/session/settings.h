@@ -9,6 +9,10 @@
  * and CHALLENGE), both sides compare them before anything else is done, and
  * a difference is refused on both sides with the field named.
  *
+ * What only paces this peer is not here: the timeouts, and the backoff of
+ * the failure memory's probes (MP_PROBE_MIN_MS, MP_PROBE_MAX_MS; peers.c
+ * says why a peer may probe less often than the others).
+ *
  * On the wire the settings are a list of entries (tag u8, length u8, value),
  * so that a field can be added (the failure-memory work adds the sender's
  * current round) without breaking the others: a reader skips tags it does

@@ -501,7 +501,7 @@ static int plan_parts(struct gar *r)
 
 	rc = bw && len ? 0 : -ENOMEM;
 	for (int m = 0; !rc && m < k; m++) {
-		r->mb[m].mode = g->mode ? g->mode[m] : MP_MODE_NORMAL;
+		r->mb[m].mode = (uint8_t)mp_group_mode(g, m);
 		bw[m] = g->bw ? g->bw[m] : ctx->peers[g->members[m]].bandwidth;
 		if (r->mb[m].mode == MP_MODE_CLIENT)
 			bw[m] = 0.0;

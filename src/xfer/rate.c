@@ -109,11 +109,6 @@ static const struct mp_xfer_ops rate_ops = {
 	.peer_failed = r_peer_failed,
 };
 
-static int mode_of(const struct mp_group *g, int m)
-{
-	return g->mode ? g->mode[m] : MP_MODE_NORMAL;
-}
-
 int mp_rate_exchange(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
 		     struct mp_result *res, double *bw, uint8_t *failed)
 {
@@ -139,7 +134,8 @@ int mp_rate_exchange(struct mp_ctx *ctx, const struct mp_group *g, uint32_t roun
 	/* Every pair but two clients, who never reach each other and whose
 	 * figures size nothing (a client reduces no part). */
 	for (int m = 0; m < k; m++) {
-		if (m == me || (mode_of(g, m) == MP_MODE_CLIENT && mode_of(g, me) == MP_MODE_CLIENT))
+		if (m == me || (mp_group_mode(g, m) == MP_MODE_CLIENT &&
+				mp_group_mode(g, me) == MP_MODE_CLIENT))
 			continue;
 		x.ch[x.nch].peer = g->members[m];
 		x.ch[x.nch].stream = 0;
@@ -154,7 +150,7 @@ int mp_rate_exchange(struct mp_ctx *ctx, const struct mp_group *g, uint32_t roun
 		failed[m] = o.failed[m];
 		if (m != me && o.got[m])
 			ctx->peers[g->members[m]].meas.rate_Bps = o.fig[m];
-		if (mode_of(g, m) == MP_MODE_CLIENT)
+		if (mp_group_mode(g, m) == MP_MODE_CLIENT)
 			bw[m] = 0.0;
 		else
 			bw[m] = o.fig[m] ? (double)o.fig[m] : -1.0;

@@ -138,6 +138,16 @@ struct mp_avg {
 	float *residue;     /* n values of error feedback (sparse codecs), or NULL */
 };
 
+/* Member @m's enum mp_mode in group @g: the roster's word in a matchmade
+ * group, MP_MODE_NORMAL in a static one (grid.h, struct mp_group). One
+ * lookup for the group all-reduce, which sizes no part for a client, and
+ * the RATE exchange, which pairs no two clients: both must see the same
+ * clients. */
+static inline int mp_group_mode(const struct mp_group *g, int m)
+{
+	return g->mode ? g->mode[m] : MP_MODE_NORMAL;
+}
+
 /* One butterfly all-reduce in group @g (group_allreduce.c). */
 int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
 		       struct mp_avg *a);

@@ -14,6 +14,11 @@
  *  - killed_peer_rejoins: rank 1 is killed with SIGKILL mid-run, then
  *    restarted at the same address. The survivors go on with the exact mean
  *    of 3; once it is back, every peer holds the exact mean of all 4 again.
+ *  - probe_knobs_pace_probes: rank 3 never starts, and the survivors probe
+ *    it every MP_PROBE_MIN_MS = MP_PROBE_MAX_MS = 100 ms: rank 0's log (at
+ *    TRACE) says so in its WARN line and counts many failed probes "next
+ *    in 100 ms" within 2 s, where the default backoff (1 s, then 2 s)
+ *    would make one.
  * A result that claims no failed peer is never anything but an exact mean.
  */
 #include <stdarg.h>
@@ -39,6 +44,12 @@
 #define NP 4
 #define COUNT 30011 /* several chunks, parts of unequal length */
 #define CONNECT_MS 4000
+
+/* Set by a test before it starts its peers (they inherit them): the
+ * backoff of their probes (0: the default), and a log file for rank 0's
+ * TRACE lines (NULL: none). */
+static int probe_ms;
+static const char *rank0_log;
 
 /* What a peer holds after an average. */
 enum { HELD_ERROR = 0, HELD_ALL = 1, HELD_SURVIVORS = 2, HELD_OTHER = 3 };
@@ -103,6 +114,13 @@ static int child(const char *run, int rank, const char *listen, unsigned dead_ma
 	cfg.chunk_bytes = 16384;
 	cfg.connect_timeout_ms = CONNECT_MS;
 	cfg.round_timeout_ms = 5000;
+	if (probe_ms)
+		cfg.probe_min_ms = cfg.probe_max_ms = probe_ms;
+	if (rank0_log && rank == 0) {
+		/* Read by the logger when mp_init first sets it up. */
+		setenv("MP_DEBUG_FILE", rank0_log, 1);
+		cfg.log_level = MP_LOG_TRACE;
+	}
 	rc = mp_init(&cfg, &ctx);
 	if (rc) {
 		fprintf(stderr, "rank %d: mp_init: %s: %s\n", rank, mp_strerror(rc), mp_last_error(NULL));
@@ -365,11 +383,67 @@ static void killed_peer_rejoins(void **s)
 	assert_true(rejoined);
 }
 
+/* Lines of @path that hold @a and @b (NULL: any); -1 if it cannot be read. */
+static int count_lines(const char *path, const char *a, const char *b)
+{
+	FILE *f = fopen(path, "r");
+	char line[1024];
+	int n = 0;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, a) && (!b || strstr(line, b));
+	fclose(f);
+	return n;
+}
+
+static void probe_knobs_pace_probes(void **s)
+{
+	(void)s;
+	struct peer ps[NP];
+	char addrs[NP][MP_ADDR_STRLEN], run[64], log[128];
+	double end, t_down;
+	int probes, warn;
+
+	violations = 0;
+	snprintf(run, sizeof(run), "fm-probe-%d", (int)getpid());
+	snprintf(log, sizeof(log), "/tmp/mp-fm-probe-%d.log", (int)getpid());
+	unlink(log);
+	probe_ms = 100;
+	rank0_log = log;
+	start(ps, run, 1u << 3, addrs);
+	/* Rank 0's first average finds rank 3 dead and marks it down. */
+	end = now_s() + 30;
+	while (now_s() < end && ps[0].n < 1)
+		pump(ps, "probe", 200);
+	assert_true(ps[0].n >= 1);
+	/* 2 s of averages without rank 3: about 20 probes of it at 100 ms. */
+	t_down = now_s();
+	while (now_s() < t_down + 2.0)
+		pump(ps, "probe", 200);
+	stop_all(ps);
+	probe_ms = 0;
+	rank0_log = NULL;
+	/* "every 100 ms" and no more: no doubling when both ends are equal. */
+	warn = count_lines(log, "peer 3 (", "probed in the background every 100 ms\n");
+	probes = count_lines(log, "probe of peer 3 (", "; next in 100 ms");
+	fprintf(stderr, "rank 0: %d failed probes of rank 3, next in 100 ms, in %.1f s; %d in all "
+		"at any interval\n", probes, now_s() - t_down, count_lines(log, "probe of peer 3 (", NULL));
+	unlink(log);
+	assert_int_equal(violations, 0);
+	assert_int_equal(warn, 1);
+	/* At least a quarter of the expected 20, for a slow machine: the
+	 * default backoff makes at most one in 2 s, at 2000 ms. */
+	assert_true(probes >= 5);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(dead_peer_left_out),
 		cmocka_unit_test(killed_peer_rejoins),
+		cmocka_unit_test(probe_knobs_pace_probes),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,6 +25,7 @@ static void clear_env(void)
 				     "MP_CONNECT_TIMEOUT_MS", "MP_ROUND_TIMEOUT_MS", "MP_CHECKSUM",
 				     "MP_CODEC_BLOCK", "MP_CODEC_SIGMAS", "MP_TOPK_RATIO", "MP_ADACOMP_BIN",
 				     "MP_MIN_PART", "MP_MODE", "MP_PEER_ID", "MP_BANDWIDTH",
+				     "MP_PROBE_MIN_MS", "MP_PROBE_MAX_MS",
 				     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
 				     "SLURM_PROCID", "SLURM_NTASKS"};
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
@@ -454,6 +455,114 @@ static void resolve_codec_rules(void **s)
 	mp_free_list(list, n);
 }
 
+/*
+ * MP_PROBE_MIN_MS / MP_PROBE_MAX_MS, the backoff of a static run's probes
+ * of a down peer: defaults 1 s and 30 s, each in [10, 3600000] with the
+ * longest interval no shorter than the first; anything else refused with
+ * the range in mp_last_error(NULL), from the environment and from the
+ * struct alike, and a value out of range never taken.
+ */
+static void probe_backoff_knobs(void **s)
+{
+	struct mp_config c, out, before;
+	char **list;
+	int n, level = mp_log_get_level();
+
+	(void)s;
+	clear_env();
+	mp_config_init(&c);
+	assert_int_equal(c.probe_min_ms, 1000);
+	assert_int_equal(c.probe_max_ms, 30000);
+
+	/* Parsed like every *_MS variable, size grammar included. */
+	setenv("MP_PROBE_MIN_MS", "200", 1);
+	setenv("MP_PROBE_MAX_MS", "4K", 1);
+	assert_int_equal(mp_config_from_env(&c), 0);
+	assert_int_equal(c.probe_min_ms, 200);
+	assert_int_equal(c.probe_max_ms, 4096);
+	/* Both ends of the range, and a constant interval (min = max). */
+	clear_env();
+	mp_config_init(&c);
+	setenv("MP_PROBE_MIN_MS", "10", 1);
+	setenv("MP_PROBE_MAX_MS", "10", 1);
+	assert_int_equal(mp_config_from_env(&c), 0);
+	assert_int_equal(c.probe_min_ms, 10);
+	assert_int_equal(c.probe_max_ms, 10);
+	setenv("MP_PROBE_MIN_MS", "3600000", 1);
+	setenv("MP_PROBE_MAX_MS", "3600000", 1);
+	assert_int_equal(mp_config_from_env(&c), 0);
+	assert_int_equal(c.probe_min_ms, 3600000);
+	assert_int_equal(c.probe_max_ms, 3600000);
+
+	static const char *bad[][3] = {
+		{"MP_PROBE_MIN_MS", "9", "MP_PROBE_MIN_MS=9 is out of range [10, 3600000]"},
+		{"MP_PROBE_MIN_MS", "3600001", "MP_PROBE_MIN_MS=3600001 is out of range [10, 3600000]"},
+		{"MP_PROBE_MIN_MS", "0", "MP_PROBE_MIN_MS=0 is out of range [10, 3600000]"},
+		{"MP_PROBE_MAX_MS", "4G", "MP_PROBE_MAX_MS=4G is out of range [10, 3600000]"},
+		{"MP_PROBE_MIN_MS", "-5", "MP_PROBE_MIN_MS=-5: expected a whole number in [10, 3600000]"},
+		/* Alone above the default longest interval: refused, not raised. */
+		{"MP_PROBE_MIN_MS", "60000", "MP_PROBE_MAX_MS (30000) is below MP_PROBE_MIN_MS (60000)"},
+		{"MP_PROBE_MAX_MS", "999", "MP_PROBE_MAX_MS (999) is below MP_PROBE_MIN_MS (1000)"},
+	};
+	mp_log_set_level(MP_LOG_NONE);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		clear_env();
+		setenv(bad[i][0], bad[i][1], 1);
+		mp_note_init_error("%s", "");
+		mp_config_init(&c);
+		if (mp_config_from_env(&c) != -EINVAL)
+			fail_msg("%s=%s accepted", bad[i][0], bad[i][1]);
+		if (!init_error_says(bad[i][2]))
+			fail_msg("%s=%s: not named", bad[i][0], bad[i][1]);
+		/* An out-of-range value is not taken (the order check of a
+		 * value in range leaves it set, and the result says -EINVAL). */
+		if (strstr(bad[i][2], "out of range") || strstr(bad[i][2], "expected")) {
+			assert_int_equal(c.probe_min_ms, 1000);
+			assert_int_equal(c.probe_max_ms, 30000);
+		}
+	}
+	mp_log_set_level(level);
+	clear_env();
+
+	/* Set in the struct: mp_config_resolve checks them the same way. */
+	mp_config_init(&c);
+	c.npeers = 2;
+	c.rank = 0;
+	c.peers = "a:1,b:2";
+	c.probe_min_ms = 250;
+	c.probe_max_ms = 250;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), 0);
+	assert_int_equal(out.probe_min_ms, 250);
+	assert_int_equal(out.probe_max_ms, 250);
+	mp_free_list(list, n);
+	mp_log_set_level(MP_LOG_NONE);
+	before = c;
+	c.probe_min_ms = 9;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	assert_true(init_error_says("config: probe_min_ms 9 out of range [10, 3600000]"));
+	c.probe_min_ms = 3600001;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	assert_true(init_error_says("config: probe_min_ms 3600001 out of range [10, 3600000]"));
+	c = before;
+	c.probe_max_ms = 249;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	assert_true(init_error_says("config: probe_max_ms 249 out of range [probe_min_ms = 250, "
+				    "3600000]"));
+	c.probe_max_ms = 3600001;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	assert_true(init_error_says("config: probe_max_ms 3600001 out of range"));
+	mp_log_set_level(level);
+	/* A caller built against the struct before these fields gets the
+	 * defaults for them, whatever lies beyond its size. */
+	c = before;
+	c.size = offsetof(struct mp_config, probe_min_ms);
+	c.probe_min_ms = c.probe_max_ms = 0;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), 0);
+	assert_int_equal(out.probe_min_ms, 1000);
+	assert_int_equal(out.probe_max_ms, 30000);
+	mp_free_list(list, n);
+}
+
 static void hostfile_and_launcher(void **s)
 {
 	char path[] = "/tmp/mp-hostfile-XXXXXX";
@@ -547,6 +656,7 @@ int main(void)
 		cmocka_unit_test(resolve_rejects),
 		cmocka_unit_test(codec_specs),
 		cmocka_unit_test(resolve_codec_rules),
+		cmocka_unit_test(probe_backoff_knobs),
 	};
 
 	/* size_rejects reads the warnings on stderr, not in a log file. */

@@ -123,12 +123,79 @@ static void test_static(void **state)
 	free(ctx);
 }
 
+/*
+ * A down peer's probe backoff (peers.c) follows the context's
+ * probe_min_ms / probe_max_ms: first probe that long after the failure,
+ * then twice as long after each failed probe, capped at the longest. The
+ * clock is read around each step, so the checks are exact whatever the
+ * machine's speed.
+ */
+static void backoff_of(int min_ms, int max_ms, const uint32_t *want, int nwant)
+{
+	struct mp_ctx *ctx = calloc(1, sizeof(*ctx));
+	uint64_t t0, t1, next;
+
+	assert_non_null(ctx);
+	mp_config_init(&ctx->cfg);
+	if (min_ms)
+		ctx->cfg.probe_min_ms = min_ms;
+	if (max_ms)
+		ctx->cfg.probe_max_ms = max_ms;
+	ctx->nconn = 2;
+	ctx->rank = 0;
+	assert_int_equal(mp_peers_init(ctx, 3), 0);
+	t0 = mp_now_ns();
+	mp_peer_mark_down(ctx, 2, "test");
+	t1 = mp_now_ns();
+	assert_true(mp_peer_is_down(ctx, 2));
+	assert_int_equal(ctx->ndown, 1);
+	next = mp_peer_next_probe_ns(ctx, 2);
+	assert_int_equal(next - mp_peer_down_since_ns(ctx, 2), (uint64_t)want[0] * 1000000u);
+	assert_true(next >= t0 + (uint64_t)want[0] * 1000000u);
+	assert_true(next <= t1 + (uint64_t)want[0] * 1000000u);
+	for (int i = 1; i < nwant; i++) {
+		t0 = mp_now_ns();
+		mp_peer_probe_done(ctx, 2, -ECONNREFUSED, 0);
+		t1 = mp_now_ns();
+		next = mp_peer_next_probe_ns(ctx, 2);
+		if (ctx->peers[2].probe_ms != want[i] || next < t0 + (uint64_t)want[i] * 1000000u ||
+		    next > t1 + (uint64_t)want[i] * 1000000u)
+			fail_msg("min %d max %d: failed probe %d: next in %u ms, want %u", min_ms, max_ms,
+				 i, ctx->peers[2].probe_ms, want[i]);
+	}
+	assert_true(mp_peer_is_down(ctx, 2));
+	assert_false(mp_peer_is_down(ctx, 1));
+	mp_peers_free(ctx);
+	free(ctx);
+}
+
+static void test_probe_backoff(void **state)
+{
+	/* The defaults: 1 s doubling to 30 s. */
+	static const uint32_t def[] = {1000, 2000, 4000, 8000, 16000, 30000, 30000};
+	/* A cap that is no power of two times the first interval. */
+	static const uint32_t odd[] = {300, 600, 1000, 1000};
+	/* A constant interval: min = max. */
+	static const uint32_t flat[] = {200, 200, 200};
+	/* The range's ends. */
+	static const uint32_t ends[] = {10, 20, 40, 80, 160, 320, 640, 1280, 2560, 5120, 10240,
+					20480, 40960, 81920, 163840, 327680, 655360, 1310720,
+					2621440, 3600000, 3600000};
+
+	(void)state;
+	backoff_of(0, 0, def, 7);
+	backoff_of(300, 1000, odd, 4);
+	backoff_of(200, 200, flat, 3);
+	backoff_of(10, 3600000, ends, (int)(sizeof(ends) / sizeof(ends[0])));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_dynamic_index),
 		cmocka_unit_test(test_dynamic_unindexed),
 		cmocka_unit_test(test_static),
+		cmocka_unit_test(test_probe_backoff),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
