@@ -394,10 +394,8 @@ int mp_config_from_env(struct mp_config *cfg)
 			cfg->balance = MP_BALANCE_CONFIGURED;
 		else if (!strcasecmp(s, "measured"))
 			cfg->balance = MP_BALANCE_MEASURED;
-		else {
-			MP_WARN("MP_BALANCE=%s: expected configured or measured", s);
-			bad = 1;
-		}
+		else
+			env_bad(&bad, "MP_BALANCE=%s: expected configured or measured", s);
 	}
 	if ((s = env_str("MP_ALGO"))) {
 		rc = mp_algo_from_name(s);

@@ -25,7 +25,7 @@ static void clear_env(void)
 				     "MP_CONNECT_TIMEOUT_MS", "MP_ROUND_TIMEOUT_MS", "MP_CHECKSUM",
 				     "MP_CODEC_BLOCK", "MP_CODEC_SIGMAS", "MP_TOPK_RATIO", "MP_ADACOMP_BIN",
 				     "MP_MIN_PART", "MP_MODE", "MP_PEER_ID", "MP_BANDWIDTH",
-				     "MP_PROBE_MIN_MS", "MP_PROBE_MAX_MS",
+				     "MP_PROBE_MIN_MS", "MP_PROBE_MAX_MS", "MP_BALANCE",
 				     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
 				     "SLURM_PROCID", "SLURM_NTASKS"};
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
@@ -152,6 +152,7 @@ static void bad_env_named(void **s)
 		{"MP_MODE", "boss", "MP_MODE=boss: expected normal, client or aux"},
 		{"MP_PEER_ID", "xyz", "MP_PEER_ID=xyz: expected a non-zero hexadecimal id"},
 		{"MP_BANDWIDTH", "fast", "MP_BANDWIDTH=fast: expected a number"},
+		{"MP_BALANCE", "fastest", "MP_BALANCE=fastest: expected configured or measured"},
 	};
 	int level = mp_log_get_level();
 
