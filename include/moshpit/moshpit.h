@@ -410,10 +410,11 @@ MP_API int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight,
  *         failed (-ETIMEDOUT, -ECONNREFUSED, -EPROTO, -ECANCELED, -EIO when a
  *         copy of staged CUDA memory failed, ...); -EBADE when a peer it needed
  *         runs with other run-shared settings (grid, codec, ...: refused at
- *         connect), -EMSGSIZE when a peer averages another number of values:
- *         ::mp_last_error names the peer, the field or the counts and both
- *         values, and nothing of the exchange that met it was applied (see
- *         ::mp_wait)
+ *         connect) or sends this average otherwise (::MP_AVG_UNCOMPRESSED on
+ *         one side only), -EMSGSIZE when a peer averages another number of
+ *         values: ::mp_last_error names the peer, the field or the counts and
+ *         both values, and nothing of the exchange that met it was applied
+ *         (see ::mp_wait)
  */
 MP_API int mp_test(mp_request *req, int *done, struct mp_result *res);
 
@@ -426,7 +427,9 @@ MP_API int mp_test(mp_request *req, int *done, struct mp_result *res);
  *         operations themselves never fail with -ETIMEDOUT: a peer that times
  *         out is dropped and counted in mp_result::failed_peers); or the
  *         operation's negative errno. -EBADE (mp_strerror: "settings differ
- *         from a peer's") and -EMSGSIZE (another length) end the average at
+ *         from a peer's", also a peer that sends this average uncompressed
+ *         where this one compresses it, or the reverse: ::MP_AVG_UNCOMPRESSED)
+ *         and -EMSGSIZE (another length) end the average at
  *         the exchange that meets the peer, with nothing of that exchange
  *         applied: the buffer is unchanged when it is the first (always for
  *         ring, butterfly and one-group grids); in a later moshpit round it
@@ -445,6 +448,55 @@ MP_API int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
  * @return as ::mp_average_start and ::mp_wait
  */
 MP_API int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res);
+
+/**
+ * Flag of ::mp_average_start_ex and ::mp_average_ex: send this average
+ * uncompressed (codec none), whatever codec the context is configured with,
+ * "auto" included, for this call only. Exact to fp32 where the codec would
+ * round, at the codec's bandwidth saving: for small side averages that must
+ * be exact (counters, one-hot vectors), not for the training tensors. The
+ * buffer's error-feedback residue (sparse codecs) is neither used nor
+ * changed.
+ *
+ * Peers must agree per average: each channel's OPEN frame carries the codec
+ * the average sends (doc/protocol.md), so a peer that averages compressed
+ * against one that averages uncompressed fails with -EBADE on both sides,
+ * ::mp_last_error naming the peer and both ways ("peer 1 averages
+ * uncompressed (codec none), this peer with uniform8"), and nothing of that
+ * exchange is applied, as for a length that differs (see ::mp_wait). Where
+ * the configured codec is none, or "auto" picks none for the length, the
+ * flag changes nothing and peers that differ in it agree.
+ */
+#define MP_AVG_UNCOMPRESSED 0x1u
+
+/**
+ * ::mp_average_start with flags.
+ * @param ctx context
+ * @param buf values, replaced with the (weighted) average
+ * @param count number of floats (> 0)
+ * @param weight this peer's weight (as ::mp_average_start)
+ * @param mr registration covering @p buf, or NULL
+ * @param flags 0 (then exactly ::mp_average_start) or ::MP_AVG_UNCOMPRESSED
+ * @param[out] req request to test or wait on
+ * @return as ::mp_average_start; -EINVAL also for an unknown flag bit (said
+ *         in ::mp_last_error), before anything is sent
+ */
+MP_API int mp_average_start_ex(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+			       unsigned flags, mp_request **req);
+
+/**
+ * ::mp_average with flags: ::mp_average_start_ex then ::mp_wait.
+ * @param ctx context
+ * @param buf values, replaced with the average
+ * @param count number of floats
+ * @param weight this peer's weight
+ * @param flags 0 or ::MP_AVG_UNCOMPRESSED
+ * @param[out] res counters (may be NULL); mp_result::codec says what the
+ *        average sent (none with ::MP_AVG_UNCOMPRESSED)
+ * @return as ::mp_average_start_ex and ::mp_wait
+ */
+MP_API int mp_average_ex(mp_ctx *ctx, float *buf, size_t count, float weight, unsigned flags,
+			 struct mp_result *res);
 
 /**
  * Split @p total values into parts for @p n reducers by bandwidth, as
@@ -655,7 +707,8 @@ MP_API int mp_feedback_reset(mp_ctx *ctx, const float *buf);
 /**
  * Average @p buf plus its residue uncompressed (codec none) and clear the
  * residue: nothing the sparse codecs held back is lost. Every peer must call
- * it for the same operation, like ::mp_average.
+ * it for the same operation, like ::mp_average (a peer that averages with the
+ * codec meanwhile fails with -EBADE, as for ::MP_AVG_UNCOMPRESSED).
  * @return as ::mp_average; -EBUSY while another average of @p buf is in flight
  */
 MP_API int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight,

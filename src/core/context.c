@@ -993,6 +993,21 @@ int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr 
 	return start_op(ctx, buf, count, weight, mr, NULL, 0, out);
 }
 
+int mp_average_start_ex(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+			unsigned flags, mp_request **out)
+{
+	if (ctx && (flags & ~MP_AVG_UNCOMPRESSED)) {
+		/* A bit this library does not know may ask for something the
+		 * peers would then disagree on: refused before anything is sent. */
+		mp_set_error(ctx, "flags 0x%x: unknown bits 0x%x", flags, flags & ~MP_AVG_UNCOMPRESSED);
+		return -EINVAL;
+	}
+	/* Codec none for this call only: every OPEN of the exchange says so,
+	 * and a peer that averages with the configured codec refuses it. */
+	return start_op(ctx, buf, count, weight, mr,
+			(flags & MP_AVG_UNCOMPRESSED) ? mp_codec_by_id(MP_CODEC_NONE) : NULL, 0, out);
+}
+
 /* Called with ctx->core->mu held and req done: copy out and release. */
 static int finish_request(struct mp_request *req, struct mp_result *res)
 {
@@ -1068,6 +1083,17 @@ int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_re
 {
 	mp_request *req;
 	int rc = mp_average_start(ctx, buf, count, weight, NULL, &req);
+
+	if (rc)
+		return rc;
+	return mp_wait(req, -1, res);
+}
+
+int mp_average_ex(mp_ctx *ctx, float *buf, size_t count, float weight, unsigned flags,
+		  struct mp_result *res)
+{
+	mp_request *req;
+	int rc = mp_average_start_ex(ctx, buf, count, weight, NULL, flags, &req);
 
 	if (rc)
 		return rc;

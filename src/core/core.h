@@ -38,7 +38,8 @@ struct mp_fb {
 
 struct mp_request {
 	struct mp_ctx *ctx;
-	const struct mp_codec_ops *codec; /* resolved ("auto" chosen, flush forced to none) */
+	const struct mp_codec_ops *codec; /* resolved ("auto" chosen; flush and
+					     MP_AVG_UNCOMPRESSED forced to none) */
 	struct mp_fb *fb;                 /* sparse codecs: the buffer's residue */
 	float *buf;
 	float *x;                 /* where the operation runs: buf, or its place in

@@ -44,7 +44,7 @@ static size_t frame_max(const struct mp_xfer *x)
  * Receive room: decoders accept frames of any encoder settings (payloads
  * describe themselves), so size for the widest settings of every codec this
  * context can be sent: the configured one, or those "auto" picks, and none
- * (mp_average_flush).
+ * (mp_average_flush, MP_AVG_UNCOMPRESSED).
  */
 size_t mp_frame_rx_max(const struct mp_ctx *ctx)
 {
@@ -186,10 +186,28 @@ static void give_up(struct mp_xfer *x, int peer, int err, const char *msg)
 			close_chan(x, &x->ch[i], err);
 }
 
-/* The peer's OPEN on @ch: the length it averages must be ours. */
+/* How an exchange sends its values, for messages: "uncompressed (codec
+ * none)" or "with fp16". */
+static const char *codec_words(unsigned id, char *buf, size_t len)
+{
+	if (id == MP_CODEC_NONE)
+		return "uncompressed (codec none)";
+	snprintf(buf, len, "with %s", mp_codec_name((int)id));
+	return buf;
+}
+
+/*
+ * The peer's OPEN on @ch: the length it averages must be ours, and so must
+ * the codec it sends this average with. The codec is run-shared (agreed at
+ * connect), but a single average may be sent uncompressed
+ * (MP_AVG_UNCOMPRESSED, mp_average_flush): a peer that does so against one
+ * that does not would otherwise drop every frame of the other as
+ * unexpected, and each would finish the average without the other, a
+ * result that silently leaves peers out.
+ */
 static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_wire_hdr *h)
 {
-	char msg[160];
+	char msg[200], theirs[32], ours[32];
 
 	if (h->count || h->length || h->part || h->aux) {
 		reject(x, ch, MP_REJ_UNEXPECTED);
@@ -201,6 +219,18 @@ static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_
 		snprintf(msg, sizeof(msg), "peer %d averages %llu values, this peer %llu", ch->peer,
 			 (unsigned long long)h->offset, (unsigned long long)x->total);
 		give_up(x, ch->peer, -EMSGSIZE, msg);
+		return;
+	}
+	if (h->codec != x->codec->id) {
+		/* A per-average setting that differs: -EBADE, as for the
+		 * run-shared ones, counted with them. */
+		x->ctx->rejected[MP_REJ_SETTINGS]++;
+		x->res->frames_rejected++;
+		snprintf(msg, sizeof(msg), "peer %d averages %s, this peer %s (MP_AVG_UNCOMPRESSED or "
+			 "mp_average_flush on one side only)", ch->peer,
+			 codec_words(h->codec, theirs, sizeof(theirs)),
+			 codec_words(x->codec->id, ours, sizeof(ours)));
+		give_up(x, ch->peer, -EBADE, msg);
 		return;
 	}
 	ch->open_got = 1;
@@ -256,8 +286,10 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 		ctx->peers[ch->peer].excused = 1;
 		ctx->sweep = 1;
 	}
+	/* An OPEN's codec is judged by open_arrived, which says what differs. */
 	if (h.round != x->round || h.group_id != x->group_id ||
-	    h.sender != (uint32_t)ctx->peers[ch->peer].id || h.codec != x->codec->id) {
+	    h.sender != (uint32_t)ctx->peers[ch->peer].id ||
+	    (h.codec != x->codec->id && h.type != MP_MSG_OPEN)) {
 		MP_TRACE("unexpected frame: round %u/%u group %u/%u sender %u/%d codec %u/%u", h.round,
 			 x->round, h.group_id, x->group_id, h.sender, ch->peer, h.codec, x->codec->id);
 		reject(x, ch, MP_REJ_UNEXPECTED);

@@ -9,7 +9,10 @@
 #    Moshpit then runs as one butterfly and how to get a grid (not with
 #    --grid);
 #  - --minmax adds min_time and max_time (19 columns), time being the max;
-#  - multi-host (two ranks over MP_PEERS): time is the max over the ranks.
+#  - multi-host (ranks over MP_PEERS): time is the max over the ranks, their
+#    times gathered in uncompressed averages whatever the codec: two ranks
+#    with --codec=fp16, three on a partial grid with uniform8, and two with
+#    rank 1 an aux peer (MP_MODE=aux, weight 0 in the gather's first pass).
 mpbench=$1
 dht=$2
 tmp=$(mktemp -d /tmp/mpbench_report.XXXXXX) || exit 1
@@ -57,22 +60,55 @@ awk -v a="$tmin" -v b="$tmax" 'BEGIN { exit !(a > 0 && a <= b) }' ||
 "$mpbench" --peers=4 --grid=2x2 -b 4K -e 4K -n 1 -w 0 >"$tmp/g" 2>&1 || bad "--grid=2x2 run exited $?"
 grep -q "one butterfly" "$tmp/g" && bad "butterfly note with --grid=2x2"
 
-# Multi-host: two ranks over MP_PEERS; rank 0 reports the max over ranks.
+# Multi-host: ranks over MP_PEERS; rank 0 reports the max over ranks.
+# multi NAME NRANKS AUXRANK ARGS...: run NRANKS ranks (AUXRANK, unless -1,
+# with MP_MODE=aux), rank 0 with --minmax and --json=$tmp/NAME.json; check
+# the header, time_is, time_ranks, and that the fastest and slowest times
+# differ (two ranks' times arrived, not rank 0's twice).
 port=$((20000 + $$ % 20000))
-peers="127.0.0.1:$port,127.0.0.1:$((port + 1))"
-MP_PEERS=$peers timeout 120 "$mpbench" --rank=1 -b 64K -e 64K -n 2 -w 1 >"$tmp/m1" 2>&1 &
-pid1=$!
-MP_PEERS=$peers timeout 120 "$mpbench" --rank=0 -b 64K -e 64K -n 2 -w 1 --minmax \
-	--json="$tmp/m.json" >"$tmp/m0" 2>&1 || bad "multi-host rank 0 exited $?: $(tail -n 3 "$tmp/m0")"
-wait $pid1 || bad "multi-host rank 1 exited $?: $(tail -n 3 "$tmp/m1")"
-grep -q "^# time: the slowest rank's (max over the 2 ranks, as nccl-tests)" "$tmp/m0" ||
-	bad "multi-host: the header does not say time is the max over ranks"
-[ "$(field "$tmp/m.json" time_is)" = '"max over ranks"' ] || bad "multi-host time_is $(field "$tmp/m.json" time_is)"
-grep -qF "\"peer_hosts\": \"$peers\"" "$tmp/m.json" || bad "peer_hosts: $(grep peer_hosts "$tmp/m.json")"
-tmin=$(field "$tmp/m.json" time_min_us)
-tmax=$(field "$tmp/m.json" time_us)
-awk -v a="$tmin" -v b="$tmax" 'BEGIN { exit !(a > 0 && a <= b) }' ||
-	bad "multi-host time_min_us $tmin, time_us $tmax: want 0 < min <= max"
+multi() {
+	name=$1 n=$2 aux=$3
+	shift 3
+	peers="127.0.0.1:$port"
+	r=1
+	while [ "$r" -lt "$n" ]; do
+		peers="$peers,127.0.0.1:$((port + r))"
+		r=$((r + 1))
+	done
+	port=$((port + n))
+	pids=
+	r=1
+	while [ "$r" -lt "$n" ]; do
+		mode=normal
+		[ "$r" -eq "$aux" ] && mode=aux
+		MP_MODE=$mode MP_PEERS=$peers timeout 120 "$mpbench" --rank=$r "$@" \
+			>"$tmp/$name.$r" 2>&1 &
+		pids="$pids $!"
+		r=$((r + 1))
+	done
+	MP_PEERS=$peers timeout 120 "$mpbench" --rank=0 "$@" --minmax --json="$tmp/$name.json" \
+		>"$tmp/$name.0" 2>&1 || bad "$name: rank 0 exited $?: $(tail -n 3 "$tmp/$name.0")"
+	for pid in $pids; do
+		wait "$pid" || bad "$name: a rank exited $?: $(tail -n 3 "$tmp/$name".[1-9])"
+	done
+	grep -q "^# time: the slowest rank's (max over the $n ranks, as nccl-tests)" "$tmp/$name.0" ||
+		bad "$name: the header does not say time is the max over the $n ranks"
+	grep -q "time is the max over" "$tmp/$name.0" &&
+		bad "$name: $(grep "time is the max over" "$tmp/$name.0")"
+	[ "$(field "$tmp/$name.json" time_is)" = '"max over ranks"' ] ||
+		bad "$name: time_is $(field "$tmp/$name.json" time_is)"
+	[ "$(field "$tmp/$name.json" time_ranks)" = "$n" ] ||
+		bad "$name: time_ranks $(field "$tmp/$name.json" time_ranks), want $n"
+	grep -qF "\"peer_hosts\": \"$peers\"" "$tmp/$name.json" ||
+		bad "$name: peer_hosts: $(grep peer_hosts "$tmp/$name.json")"
+	tmin=$(field "$tmp/$name.json" time_min_us)
+	tmax=$(field "$tmp/$name.json" time_us)
+	awk -v a="$tmin" -v b="$tmax" 'BEGIN { exit !(a > 0 && a < b) }' ||
+		bad "$name: time_min_us $tmin, time_us $tmax: want 0 < min < max"
+}
+multi fp16 2 -1 -b 64K -e 64K -n 2 -w 1 --codec=fp16
+multi partial 3 -1 -b 64K -e 64K -n 2 -w 1 --codec=uniform8 --grid=2x2
+multi aux 2 1 -b 64K -e 64K -n 2 -w 1 --codec=fp16
 
 # The DHT rendezvous: -b 1M -e 1M runs 1M.
 if [ "$dht" = dht ]; then

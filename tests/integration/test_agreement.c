@@ -46,6 +46,7 @@ struct peer_cfg {
 	int check_finite;
 	size_t count;      /* 0: the job's */
 	float weight;      /* 0: rank + 1 */
+	unsigned flags;    /* mp_average_ex flags */
 };
 
 struct job {
@@ -86,7 +87,7 @@ static struct peer_cfg merged(const struct job *j, int rank)
 		c.f = o->f;
 	TAKE(grid) TAKE(algo) TAKE(rounds) TAKE(codec) TAKE(codec_block) TAKE(chunk_bytes)
 	TAKE(streams) TAKE(npeers) TAKE(bandwidths) TAKE(min_part) TAKE(check_finite) TAKE(count)
-	TAKE(weight)
+	TAKE(weight) TAKE(flags)
 #undef TAKE
 	return c;
 }
@@ -144,7 +145,8 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 	if (j->nan_rank && rank == j->nan_rank)
 		buf[0] = NAN;
 	memset(&res, 0, sizeof(res));
-	rc = mp_average(ctx, buf, count, pc.weight != 0.0f ? pc.weight : (float)(rank + 1), &res);
+	rc = mp_average_ex(ctx, buf, count, pc.weight != 0.0f ? pc.weight : (float)(rank + 1),
+			   pc.flags, &res);
 	rep.rc = rc;
 	rep.unchanged = 1;
 	for (size_t i = 0; i < count; i++)
@@ -411,6 +413,72 @@ static void count_differs_in_a_group_of_three(void **s)
 	assert_non_null(strstr(rep[0].err, "peer 2 averages 2999 values, this peer 3000"));
 }
 
+/*
+ * One peer averages uncompressed (MP_AVG_UNCOMPRESSED), the other with the
+ * configured uniform8: -EBADE on both, each naming the other's way and its
+ * own, buffers unchanged; never a result that leaves the other out.
+ */
+static void flags_mismatch(int algo, int npeers, const char *name)
+{
+	struct job j = {.name = name, .npeers = npeers, .count = 1000,
+			.base = {.algo = algo, .codec = MP_CODEC_UNIFORM8}};
+	struct report rep[MAXP];
+
+	j.odd[1] = (struct peer_cfg){.flags = MP_AVG_UNCOMPRESSED};
+	j.odd_set[1] = 1;
+	launch(&j, rep);
+	for (int r = 0; r < npeers; r++) {
+		/* Rank 1 names the first other peer whose OPEN it met. */
+		const char *want = r == 1 ? " averages with uniform8, this peer uncompressed "
+					    "(codec none) (MP_AVG_UNCOMPRESSED or mp_average_flush on "
+					    "one side only)"
+					  : "peer 1 averages uncompressed (codec none), this peer with "
+					    "uniform8";
+		if (rep[r].rc != -EBADE)
+			fail_msg("%s: rank %d: rc %d (%s), expected -EBADE; \"%s\"", name, r,
+				 rep[r].rc, mp_strerror(rep[r].rc), rep[r].err);
+		if (!strstr(rep[r].err, want))
+			fail_msg("%s: rank %d: \"%s\" does not say \"%s\"", name, r, rep[r].err, want);
+		assert_true(rep[r].unchanged);
+	}
+}
+
+static void flags_differ_moshpit(void **s)
+{
+	(void)s;
+	flags_mismatch(MP_ALGO_MOSHPIT, 2, "flags-moshpit");
+}
+
+static void flags_differ_ring(void **s)
+{
+	(void)s;
+	flags_mismatch(MP_ALGO_RING, 2, "flags-ring");
+}
+
+/* Four in one butterfly group, rank 1 uncompressed: all four fail. */
+static void flags_differ_in_a_group_of_four(void **s)
+{
+	(void)s;
+	flags_mismatch(MP_ALGO_BUTTERFLY, 4, "flags-4");
+}
+
+/* Every peer uncompressed against a uniform8 configuration: they agree. */
+static void flags_alike_average(void **s)
+{
+	struct job j = {.name = "flags-alike", .npeers = 2, .count = 1000,
+			.base = {.codec = MP_CODEC_UNIFORM8, .flags = MP_AVG_UNCOMPRESSED,
+				 .weight = 1.0f}};
+	struct report rep[2];
+
+	(void)s;
+	launch(&j, rep);
+	for (int r = 0; r < 2; r++) {
+		assert_int_equal(rep[r].rc, 0);
+		assert_int_equal(rep[r].peers, 2);
+		assert_false(rep[r].unchanged);
+	}
+}
+
 /* A weight that is NaN, infinite or negative: -EINVAL before anything is
  * sent, said in mp_last_error, the buffer as it was. The other peer, left
  * alone, fails as a static run without its peer does. */
@@ -504,6 +572,10 @@ int main(void)
 		cmocka_unit_test(count_differs_moshpit),
 		cmocka_unit_test(count_differs_ring),
 		cmocka_unit_test(count_differs_in_a_group_of_three),
+		cmocka_unit_test(flags_differ_moshpit),
+		cmocka_unit_test(flags_differ_ring),
+		cmocka_unit_test(flags_differ_in_a_group_of_four),
+		cmocka_unit_test(flags_alike_average),
 		cmocka_unit_test(weight_nan),
 		cmocka_unit_test(weight_inf),
 		cmocka_unit_test(weight_negative),

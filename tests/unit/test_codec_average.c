@@ -33,6 +33,7 @@ struct job {
 	int weighted;
 	int steps;         /* averages of fresh data before the checks (>= 1) */
 	int flush;         /* finish with mp_average_flush */
+	unsigned flags;    /* mp_average_ex flags of every average of the steps */
 };
 
 struct shared {
@@ -131,7 +132,8 @@ static void *peer_main(void *p)
 	for (int st = 0; st < j->steps && !rc; st++) {
 		for (size_t i = 0; i < j->count; i++)
 			buf[i] = input(a->rank, st, i);
-		rc = mp_average(ctx, buf, j->count, weight_of(j, a->rank), &sh->res[a->rank]);
+		rc = mp_average_ex(ctx, buf, j->count, weight_of(j, a->rank), j->flags,
+				   &sh->res[a->rank]);
 		if (rc)
 			fail_peer(sh, a->rank, rc, mp_last_error(ctx));
 	}
@@ -464,6 +466,165 @@ static void ring_and_butterfly(void **s)
 	assert_non_null(strstr(mp_last_error(NULL), "ring"));
 }
 
+/*
+ * MP_AVG_UNCOMPRESSED: with uniform8 configured, an average sent
+ * uncompressed is the exact mean to the bit, on a 2x2 grid, the ring and
+ * the butterfly alike. The inputs are multiples of 2^-15 and the weights
+ * 1, so every sum and each halving is exact in fp32: any rounding of the
+ * codec shows as a difference, and the same average without the flag shows
+ * that it does round them. With topk configured, the uncompressed average
+ * holds nothing back (no residue).
+ */
+static void uncompressed_flag_is_exact(void **s)
+{
+	static const struct {
+		const char *name, *codec, *grid;
+		int algo;
+	} cases[] = {
+		{"unc-moshpit", "uniform8", "2x2", MP_ALGO_MOSHPIT},
+		{"unc-ring", "uniform8", NULL, MP_ALGO_RING},
+		{"unc-butterfly", "uniform8", NULL, MP_ALGO_BUTTERFLY},
+		{"unc-topk", "topk:0.1", "2x2", MP_ALGO_MOSHPIT},
+	};
+
+	(void)s;
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		struct job j = {.name = cases[c].name, .npeers = 4, .grid = cases[c].grid,
+				.algo = cases[c].algo, .codec = cases[c].codec, .count = 5003,
+				.steps = 1, .flags = MP_AVG_UNCOMPRESSED};
+		struct shared *sh;
+		double e = run_job(&j, &sh);
+
+		print_message("%-14s uncompressed: max error %.3g\n", cases[c].name, e);
+		if (e != 0.0)
+			fail_msg("%s: uncompressed average off the exact mean by %g", cases[c].name, e);
+		for (int r = 0; r < 4; r++) {
+			assert_int_equal(sh->res[r].codec, MP_CODEC_NONE);
+			assert_int_equal(sh->have_residue[r], 0);
+			/* fp32 on the wire: at least 4 bytes per value sent. */
+			assert_true(sh->res[r].bytes_sent >= 4 * sh->res[r].values_sent);
+		}
+		free_shared(sh);
+		j.flags = 0;
+		e = run_job(&j, NULL);
+		print_message("%-14s compressed:   max error %.3g\n", cases[c].name, e);
+		assert_true(e > 1e-6);
+	}
+}
+
+/* Residue of peer @rank set before the average in uncompressed_flag_leaves_residue. */
+static float preset_residue(int rank, size_t i)
+{
+	return input(rank + 100, 0, i) / 8.0f;
+}
+
+static void *residue_peer(void *p)
+{
+	struct arg *a = p;
+	struct shared *sh = a->sh;
+	const struct job *j = sh->j;
+	int rc;
+	mp_ctx *ctx = join(sh, a->rank, 16 * 1024, &rc);
+	float *buf = sh->out[a->rank], *pre = malloc(j->count * sizeof(float));
+
+	if (!ctx) {
+		pthread_barrier_wait(&sh->bar);
+		free(pre);
+		return NULL;
+	}
+	for (size_t i = 0; i < j->count; i++) {
+		buf[i] = input(a->rank, 0, i);
+		pre[i] = preset_residue(a->rank, i);
+	}
+	if (!rc)
+		rc = mp_feedback_set(ctx, buf, j->count, pre);
+	if (!rc)
+		rc = mp_average_ex(ctx, buf, j->count, 1.0f, j->flags, &sh->res[a->rank]);
+	if (!rc)
+		rc = mp_feedback_get(ctx, buf, j->count, sh->residue[a->rank]);
+	if (rc)
+		fail_peer(sh, a->rank, rc, mp_last_error(ctx));
+	free(pre);
+	pthread_barrier_wait(&sh->bar);
+	mp_finalize(ctx);
+	return NULL;
+}
+
+/*
+ * topk configured, every peer with a residue of its own: an uncompressed
+ * average neither sends the residue nor changes it (the result is the
+ * exact mean of the values alone), where a compressed one folds it in and
+ * leaves another. An unknown flag bit is refused before anything is sent.
+ */
+static void uncompressed_flag_leaves_residue(void **s)
+{
+	(void)s;
+	for (int flags = MP_AVG_UNCOMPRESSED; flags >= 0; flags--) {
+		struct job j = {.name = "unc-residue", .npeers = 2, .codec = "topk:0.1",
+				.count = 3001, .steps = 1, .flags = (unsigned)flags};
+		struct shared *sh = calloc(1, sizeof(*sh));
+		pthread_t th[2];
+		struct arg args[2];
+		int same = 1;
+		double maxe = 0;
+
+		sh->j = &j;
+		pthread_barrier_init(&sh->bar, NULL, 2);
+		for (int r = 0; r < 2; r++) {
+			sh->out[r] = malloc(j.count * sizeof(float));
+			sh->residue[r] = calloc(j.count, sizeof(float));
+			args[r] = (struct arg){sh, r};
+			assert_int_equal(pthread_create(&th[r], NULL, residue_peer, &args[r]), 0);
+		}
+		for (int r = 0; r < 2; r++)
+			pthread_join(th[r], NULL);
+		for (int r = 0; r < 2; r++) {
+			if (sh->rc[r])
+				fail_msg("flags %d: peer %d: %s: %s", flags, r, mp_strerror(sh->rc[r]),
+					 sh->why[r]);
+			assert_int_equal(sh->res[r].codec, flags ? MP_CODEC_NONE : MP_CODEC_TOPK);
+			for (size_t i = 0; i < j.count; i++) {
+				double m = (input(0, 0, i) + (double)input(1, 0, i)) / 2;
+				double e = fabs(sh->out[r][i] - m);
+
+				same &= sh->residue[r][i] == preset_residue(r, i);
+				maxe = e > maxe ? e : maxe;
+			}
+		}
+		print_message("flags %d: residue unchanged %d, max |x - mean of values| %.3g\n", flags,
+			      same, maxe);
+		if (flags) {
+			assert_true(same);
+			assert_true(maxe == 0.0);
+		} else {
+			assert_false(same);
+			assert_true(maxe > 1e-3);
+		}
+		pthread_barrier_destroy(&sh->bar);
+		free_shared(sh);
+	}
+
+	/* An unknown bit: -EINVAL, said, on one peer alone. */
+	struct mp_config cfg;
+	mp_ctx *ctx;
+	char addr[MP_ADDR_STRLEN];
+	const char *addrs[1];
+	float buf[16] = {0};
+
+	mp_config_init(&cfg);
+	cfg.transport = "loop";
+	cfg.run_name = "codec-unc-flags";
+	cfg.rank = 0;
+	cfg.npeers = 1;
+	assert_int_equal(mp_init(&cfg, &ctx), 0);
+	assert_int_equal(mp_local_address(ctx, addr, sizeof(addr)), 0);
+	addrs[0] = addr;
+	assert_int_equal(mp_set_peers(ctx, addrs, 1), 0);
+	assert_int_equal(mp_average_ex(ctx, buf, 16, 1.0f, 0x6u, NULL), -EINVAL);
+	assert_non_null(strstr(mp_last_error(ctx), "flags 0x6: unknown bits 0x6"));
+	assert_int_equal(mp_finalize(ctx), 0);
+}
+
 static void feedback_api(void **s)
 {
 	struct mp_config cfg;
@@ -541,6 +702,8 @@ int main(void)
 		cmocka_unit_test(feedback_persists_across_calls),
 		cmocka_unit_test(auto_picks_by_size),
 		cmocka_unit_test(ring_and_butterfly),
+		cmocka_unit_test(uncompressed_flag_is_exact),
+		cmocka_unit_test(uncompressed_flag_leaves_residue),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

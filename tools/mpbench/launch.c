@@ -547,6 +547,27 @@ int run_local(struct bench *b)
 	return rc;
 }
 
+/*
+ * How many averages one gather of the ranks' times takes (gather_times,
+ * peer.c): the same on every rank, as it follows from run-shared settings
+ * only (algorithm, grid, rounds, peer count). An aux rank's pair enters
+ * after the first; the ring and the butterfly then spread it to everyone
+ * in one more, a Moshpit grid of d dimensions in d rounds, at rounds_eff
+ * rounds per average. A partial grid gets 2d: its holes can keep a rank's
+ * values from others for a while (rank 0 names any rank still missing).
+ */
+static int gather_passes(const struct bench *b)
+{
+	int d = b->grid.ndims > 0 ? b->grid.ndims : 1;
+	int R = b->rounds_eff > 0 ? b->rounds_eff : 1;
+
+	if (b->cfg.algo != MP_ALGO_MOSHPIT)
+		return 2;
+	if (b->grid.cells != (uint64_t)b->npeers)
+		d *= 2;
+	return 1 + (d + R - 1) / R;
+}
+
 int run_multi(struct bench *b, const char *how)
 {
 	struct mp_config cfg = b->cfg;
@@ -586,8 +607,8 @@ int run_multi(struct bench *b, const char *how)
 		p.npeers = mp_npeers(p.ctx);
 	}
 	bench_derive(b, p.npeers);
-	/* gather_times (peer.c) needs an exact average: codec none, exact grid. */
-	b->time_gathered = p.npeers > 1 && b->exact && b->cfg.codec == MP_CODEC_NONE;
+	b->time_gathered = p.npeers > 1;
+	b->gather_passes = gather_passes(b);
 	snprintf(mode, sizeof(mode), "multi-host (%s), rank %d of %d; errors are this rank's own",
 		 how, p.rank, p.npeers);
 	agg_init(&a, b, 1, p.rank == 0);

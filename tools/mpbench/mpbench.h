@@ -78,6 +78,8 @@ struct size_result {
 	int32_t lost;         /* followed runs: peers that died */
 	int32_t joined;       /* followed runs: peers that joined later and took part */
 	int32_t client_reduces; /* --clients: parts client peers reduced (0 is right) */
+	int32_t time_ranks;   /* multi-host: ranks whose times time_us is the max of
+	                         (npeers when every rank's arrived; 1: rank 0's own) */
 };
 
 struct gridinfo {
@@ -99,7 +101,8 @@ struct bench {
 	int tol_set;
 	const char *json;
 	int minmax;         /* --minmax: the fastest and slowest peer's time per row */
-	int time_gathered;  /* multi-host: every rank's time reaches rank 0 (times_gather) */
+	int time_gathered;  /* multi-host: the ranks' times travel to rank 0 (gather_times) */
+	int gather_passes;  /* multi-host: uncompressed averages per gather (launch.c) */
 	const char *transport;
 	const char *run;
 	char run_buf[64];

@@ -126,15 +126,16 @@ static void verify(struct peer *p, const float *out, size_t count, int it,
 	free(w);
 }
 
-/* One average, bounded by the library's deadlines and our safety limit. */
+/* One average, bounded by the library's deadlines and our safety limit.
+ * -ETIMEDOUT is that limit: the request is then still in flight. */
 static int peer_average(struct peer *p, float *buf, size_t count, float weight, mp_mr *mr,
-			struct mp_result *res, char *why, size_t whylen)
+			unsigned flags, struct mp_result *res, char *why, size_t whylen)
 {
 	mp_request *req = NULL;
 	double t0;
 	int rc;
 
-	rc = mp_average_start(p->ctx, buf, count, weight, mr, &req);
+	rc = mp_average_start_ex(p->ctx, buf, count, weight, mr, flags, &req);
 	if (rc) {
 		snprintf(why, whylen, "mp_average_start: %s: %s", mp_strerror(rc),
 			 mp_last_error(p->ctx));
@@ -156,36 +157,102 @@ static int peer_average(struct peer *p, float *buf, size_t count, float weight, 
  * Multi-host: the slowest and fastest rank's time of a size, so that rank 0
  * reports what nccl-tests does (the max over ranks), not its own time. The
  * ranks have only the library between them, so the times travel in an
- * average: rank r puts its time at index r of a vector of zeros, and the
- * mean times the peer count is every rank's time. Only done where that
- * average is the exact mean (bench_time_gather: codec none, exact grid),
- * to fp32 precision; elsewhere rank 0's own time stands, and the header
- * says so.
+ * average, sent uncompressed (MP_AVG_UNCOMPRESSED) whatever the codec, so
+ * that no codec rounds them. Rank r puts the pair (time, 1) at indices 2r
+ * and 2r + 1 of a vector of zeros. Every average is a weighted mean that
+ * treats all elements alike where no member fails, so whatever the
+ * weights, groups and grid (a partial one included), rank 0 ends with
+ * (c·time, c) for each rank, c that rank's share: the time is the ratio, to
+ * fp32 precision, and c = 0 says that the rank's pair never reached rank 0
+ * (it was down, or an aux peer still at weight 0). A failure treats only
+ * the parts it touches otherwise (a part whose reducer fails stays
+ * unaveraged), so a pair sits in adjacent elements, which one part nearly
+ * always holds both of: only a failure in the gather itself, at a part
+ * boundary between the two, could skew a ratio.
+ *
+ * An aux peer averages at weight 0 (moshpit.h), so its pair counts for
+ * nothing in the first pass. After it, it holds the group's values and a
+ * weight like any member: it writes its own pair into its slots (which only
+ * it writes, so they are still 0) and averages on with the weight it was
+ * left. Hence bench->gather_passes >= 2, so many that enough rounds follow
+ * the first pass for its pair to spread (see gather_passes in launch.c).
+ * Every rank runs every pass whatever fails, so that the ranks' calls stay
+ * in step, and the ranks' weights follow mp_result.weight between passes.
+ *
+ * Sets r->time_us (max), r->time_min_us and r->time_ranks: the ranks whose
+ * times they cover, this rank always (its own time needs no average).
+ * Returns 0, or -ETIMEDOUT when a pass ran past the safety limit (that
+ * average is still in flight: the run cannot go on); where a pass failed
+ * otherwise, or ranks are missing, rank 0 says so on stderr.
  */
-static int gather_times(struct peer *p, struct size_result *r, char *why, size_t whylen)
+static int gather_times(struct peer *p, uint64_t bytes, struct size_result *r)
 {
-	int n = p->npeers;
-	float *t = xcalloc((size_t)n, sizeof(float));
-	struct mp_result res;
-	int rc;
+	const struct bench *b = p->b;
+	const int n = p->npeers, me = p->rank, aux = b->cfg.mode == MP_MODE_AUX;
+	const double own = r->time_us;
+	float *v = xcalloc((size_t)2 * (size_t)n, sizeof(float));
+	float w = aux ? 0.0f : 1.0f;
+	char why[800] = "", missing[160] = "";
+	size_t mlen = 0;
+	int failed = 0, nmissing = 0;
 
-	t[p->rank] = (float)r->time_us;
-	memset(&res, 0, sizeof(res));
-	rc = peer_average(p, t, (size_t)n, 1.0f, NULL, &res, why, whylen);
-	if (rc == 0) {
-		r->time_us = 0.0;
-		r->time_min_us = INFINITY;
-		for (int i = 0; i < n; i++) {
-			double v = (double)t[i] * n;
+	v[2 * me] = (float)own;
+	v[2 * me + 1] = 1.0f;
+	for (int k = 0; k < b->gather_passes; k++) {
+		struct mp_result res;
+		char w2[768];
+		int rc;
 
-			if (v > r->time_us)
-				r->time_us = v;
-			if (v < r->time_min_us)
-				r->time_min_us = v;
+		if (k == 1 && aux) {
+			v[2 * me] = (float)own;
+			v[2 * me + 1] = 1.0f;
 		}
+		memset(&res, 0, sizeof(res));
+		rc = peer_average(p, v, (size_t)2 * (size_t)n, w, NULL, MP_AVG_UNCOMPRESSED, &res,
+				  w2, sizeof(w2));
+		if (rc == -ETIMEDOUT) {
+			peer_fail(p, "size %" PRIu64 " B, gathering the ranks' times: %s", bytes, w2);
+			free(v);
+			return rc;
+		}
+		if (rc) {
+			if (!failed++)
+				snprintf(why, sizeof(why), "pass %d: %s", k + 1, w2);
+			continue;
+		}
+		if (isfinite(res.weight) && res.weight > 0.0f)
+			w = res.weight;
 	}
-	free(t);
-	return rc;
+	r->time_us = -INFINITY;
+	r->time_min_us = INFINITY;
+	r->time_ranks = 0;
+	for (int q = 0; q < n; q++) {
+		double t = q == me ? own : v[2 * q + 1] > 0.0f ? (double)v[2 * q] / v[2 * q + 1] : NAN;
+
+		if (!(t >= 0.0) || !isfinite(t)) {
+			if (nmissing++ < 8 && mlen < sizeof(missing))
+				mlen += (size_t)snprintf(missing + mlen, sizeof(missing) - mlen, "%s%d",
+							 nmissing > 1 ? ", " : "", q);
+			continue;
+		}
+		r->time_us = t > r->time_us ? t : r->time_us;
+		r->time_min_us = t < r->time_min_us ? t : r->time_min_us;
+		r->time_ranks++;
+	}
+	if (me == 0 && (nmissing || failed)) {
+		fprintf(stderr, PROG ": warning: size %" PRIu64 ": time is the max over %d of %d ranks",
+			bytes, r->time_ranks, n);
+		if (nmissing)
+			fprintf(stderr, "; no time from rank%s %s%s (down, aux, or its average did "
+				"not reach rank 0)", nmissing > 1 ? "s" : "", missing,
+				nmissing > 8 ? ", ..." : "");
+		if (failed)
+			fprintf(stderr, "; the gather failed in %d of %d passes, first %s", failed,
+				b->gather_passes, why);
+		fprintf(stderr, "\n");
+	}
+	free(v);
+	return 0;
 }
 
 static void peer_report(struct peer *p, const struct size_result *r)
@@ -273,7 +340,7 @@ int peer_bench(struct peer *p)
 				}
 			}
 			t0 = mp_now_s();
-			rc = peer_average(p, buf, count, w, mr, &res, why, sizeof(why));
+			rc = peer_average(p, buf, count, w, mr, 0, &res, why, sizeof(why));
 			t1 = mp_now_s();
 			if (rc) {
 				peer_fail(p, "size %" PRIu64 " B, iteration %d: %s", bytes, it, why);
@@ -296,16 +363,9 @@ int peer_bench(struct peer *p)
 			break;
 		r.time_us = tsum / b->iters * 1e6;
 		r.time_min_us = r.time_us;
-		if (!p->up && b->time_gathered) {
-			char why[768];
-
-			rc = gather_times(p, &r, why, sizeof(why));
-			if (rc) {
-				peer_fail(p, "size %" PRIu64 " B, gathering the ranks' times: %s",
-					  bytes, why);
-				break;
-			}
-		}
+		r.time_ranks = 1;
+		if (!p->up && b->time_gathered && (rc = gather_times(p, bytes, &r)))
+			break;
 		r.bytes_sent = sent / b->iters;
 		r.bytes_received = recvd / b->iters;
 		r.values_sent = vals / b->iters;
@@ -563,7 +623,7 @@ static int follow_rounds(struct peer *p, const struct fspec *s, struct summary *
 			break;
 		memset(&res, 0, sizeof(res));
 		t0 = mp_now_s();
-		rc = peer_average(p, buf, count, w, NULL, &res, why, sizeof(why));
+		rc = peer_average(p, buf, count, w, NULL, 0, &res, why, sizeof(why));
 		t1 = mp_now_s();
 		/* A round whose whole group failed is not the end of the run;
 		 * an intruder's refusals are what it is here for. */

@@ -102,12 +102,11 @@ void print_header(const struct bench *b, const char *mode)
 	if (!b->multi)
 		printf("# time: the slowest peer's (max over the %d peers, as nccl-tests)%s\n",
 		       b->npeers, b->minmax ? "; min_time and max_time: fastest and slowest" : "");
-	else if (b->time_gathered)
+	else
+		/* A row whose gather missed ranks says so on stderr, and in
+		 * time_ranks and time_is in the JSON. */
 		printf("# time: the slowest rank's (max over the %d ranks, as nccl-tests)%s\n",
 		       b->npeers, b->minmax ? "; min_time and max_time: fastest and slowest" : "");
-	else
-		printf("# time: rank 0's own: the ranks' times travel in an average, which is exact "
-		       "only with --codec=none on a full grid\n");
 	if (!b->check)
 		printf("# check off: max_err and #wrong are not computed\n");
 	else if (b->exact && codec_sparse(c->codec))
@@ -429,6 +428,21 @@ static void json_provenance(FILE *f, const struct agg *a)
 	fprintf(f, "},\n");
 }
 
+/* What the rows' times are the max of: every peer's in local runs (a row
+ * waits for all), in multi-host runs the ranks gather_times reached. */
+static const char *time_is(const struct agg *a)
+{
+	int all = 1, own = 1;
+
+	if (!a->b->multi)
+		return "max over peers";
+	for (int s = 0; s < a->nrows; s++) {
+		all &= a->rows[s].time_ranks >= a->b->npeers;
+		own &= a->rows[s].time_ranks <= 1;
+	}
+	return all ? "max over ranks" : own ? "rank 0" : "max over the ranks that reported (time_ranks)";
+}
+
 /* Results are written one object per line (bench_vs_mpi.sh relies on it). */
 static int write_json(const struct agg *a, const char *mode, int rank)
 {
@@ -475,8 +489,7 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		c->connect_timeout_ms, c->round_timeout_ms);
 	fprintf(f, "    \"exact\": %s,\n    \"tolerance\": ", b->exact ? "true" : "false");
 	json_num(f, b->tol);
-	fprintf(f, ",\n    \"time_is\": \"%s\",\n", !b->multi ? "max over peers" :
-		b->time_gathered ? "max over ranks" : "rank 0");
+	fprintf(f, ",\n    \"time_is\": \"%s\",\n", time_is(a));
 	fprintf(f, "    \"rendezvous\": \"%s\",\n    \"followed\": %s,\n",
 		b->dht ? "dht" : "static", b->follow ? "true" : "false");
 	fprintf(f, "    \"total_rounds\": %d,\n    \"churn\": ", b->follow ? b->total_rounds : 0);
@@ -510,6 +523,10 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		json_num(f, r->time_us);
 		fprintf(f, ", \"time_min_us\": ");
 		json_num(f, r->time_min_us);
+		if (b->multi)
+			fprintf(f, ", \"time_ranks\": %d", r->time_ranks);
+		else
+			fprintf(f, ", \"time_ranks\": null");
 		fprintf(f, ", \"algbw_gbs\": ");
 		json_num(f, a->algbw[s]);
 		fprintf(f, ", \"busbw_gbs\": ");
