@@ -701,7 +701,14 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	if (!rc)
 		try_reduce(&r);
 	/* Given up (a peer's settings or length differ): no frame reached us,
-	 * and nothing of the round is applied; the buffer is as it was. */
+	 * and nothing of the round is applied; the buffer is as it was, and so
+	 * is the residue: the SCATTER frames that went out with the OPENs took
+	 * theirs from it as they were encoded. */
+	if (x.fatal && r.esave)
+		for (int j = 0; j < r.k; j++)
+			if (sends_to(&r, j))
+				memcpy(a->residue + r.mb[j].off, r.esave + stage_off(&r, j),
+				       r.mb[j].len * sizeof(float));
 	int reached = x.fatal ? 0 : finish(&r);
 	if (r.refused || (r.mb && r.mb[r.me].nonfinite))
 		mp_set_error(ctx, "round %u: this peer's contribution was left out of %s: it holds NaN "
