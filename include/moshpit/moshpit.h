@@ -378,8 +378,9 @@ MP_API int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
  * completes after that copy: when ::mp_test or ::mp_wait reports it, the
  * result is in device memory. The device buffer is written only then; an
  * operation that fails leaves it as it was (host memory, in contrast, may
- * keep the rounds completed before the failure), unless the copy back is
- * what failed (-EIO): CUDA does not say how much of the buffer it wrote.
+ * keep the rounds completed before the failure, except after -EBADE and
+ * -EMSGSIZE: see ::mp_wait), unless the copy back is what failed (-EIO):
+ * CUDA does not say how much of the buffer it wrote.
  * @param ctx context
  * @param buf values, replaced with the (weighted) average
  * @param count number of floats (> 0)
@@ -431,9 +432,15 @@ MP_API int mp_test(mp_request *req, int *done, struct mp_result *res);
  *         where this one compresses it, or the reverse: ::MP_AVG_UNCOMPRESSED)
  *         and -EMSGSIZE (another length) end the average at
  *         the exchange that meets the peer, with nothing of that exchange
- *         applied: the buffer is unchanged when it is the first (always for
- *         ring, butterfly and one-group grids); in a later moshpit round it
- *         keeps the exact group means of the rounds before
+ *         applied, and the buffer, its error-feedback residue and the
+ *         result's weight as they were passed, also when a later moshpit
+ *         round meets the peer: such an average copies the buffer before
+ *         its first round while a later groupmate has not yet agreed on the
+ *         settings and this length over the connection still open, and
+ *         puts it back. Without that copy (the steady state), a groupmate
+ *         that disagrees in a later round anyway is dropped from the round
+ *         like a failed peer and the average does not fail (doc/design.md,
+ *         "Two disagreements")
  */
 MP_API int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
 

@@ -594,6 +594,65 @@ static void dial_ahead(struct mp_ctx *ctx, const int *peers, int n)
 }
 
 /*
+ * Whether this average copies its buffer (and residue) before its first
+ * round, so that a disagreement met in a later round can put them back:
+ * -EBADE or -EMSGSIZE must leave the caller's buffer as it was (design.md,
+ * "Two disagreements"). The first round that exchanges needs no copy:
+ * nothing of a given-up exchange is applied. A later one does, since the
+ * rounds before wrote the whole vector.
+ *
+ * The copy is one pass over the vector, and memory to hold it, per average:
+ * small next to a round's own copies and reductions, but not free on a fast
+ * network. So it is taken only where a later round may meet a peer not
+ * known to agree: a groupmate of a later round without a ready connection
+ * on every stream (handshakes agree on the settings), or whose OPEN has not
+ * yet agreed on this length over the stream-0 connection still open
+ * (conn.h, mp_conn_agreed_len); and any peer when the grouping cannot say
+ * ahead who the later rounds meet (the dht matchmaker, whose rounds wait
+ * for matchmaking anyway). The first average of a length copies, as does
+ * the first after a peer restarted or reconnected; the steady state, the
+ * same lengths on the same connections, does not.
+ *
+ * Without the copy, a peer that disagrees anyway in a later round (it
+ * restarted with other settings during the average, or alone changed the
+ * length it averages) is dropped from that round as a failed peer
+ * (mp_avg.irreversible): the average goes on without it, as without a dead
+ * peer, and returns neither error. (The peer itself, and the groupmates for
+ * which the length is new, still fail loudly.) Verifying every round's
+ * groupmates before any data moves would cost a round trip per average
+ * instead; copying every time, a pass over the vector per average.
+ */
+static int undo_copy_needed(struct mp_ctx *ctx, const struct mp_grouping_ops *go, void *st,
+			    int rounds, int *members, uint64_t n)
+{
+	int first = 1;
+
+	if (!go->lookahead)
+		return rounds > 1;
+	for (int t = 0; t < rounds; t++) {
+		struct mp_group g = {.members = members};
+
+		if (go->form(st, ctx->round + (uint32_t)t, ctx->rank, &g) || g.size < 2)
+			continue;
+		if (first) {
+			first = 0;
+			continue;
+		}
+		for (int m = 0; m < g.size; m++) {
+			int p = g.members[m];
+
+			/* Two clients never connect, nor exchange anything. */
+			if (p == ctx->rank ||
+			    (ctx->mode == MP_MODE_CLIENT && ctx->peers[p].mode == MP_MODE_CLIENT))
+				continue;
+			if (!mp_conn_agreed_len(ctx, p, n))
+				return 1;
+		}
+	}
+	return 0;
+}
+
+/*
  * Moshpit rounds, static and dht alike: the grouping (ctx->grouping, the
  * grid or the matchmaker) forms each round's group, the group all-reduce
  * averages in it.
@@ -607,13 +666,43 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : grid->ndims;
 	int cap = ctx->npeers > MP_MAX_GROUP ? ctx->npeers : MP_MAX_GROUP;
 	int *members = malloc((size_t)cap * sizeof(int));
-	int rc = 0, ok_rounds = 0;
+	int rc = 0, ok_rounds = 0, wrote = 0, undo = 0;
 	const uint32_t end_round = ctx->round + (uint32_t)rounds;
+	uint32_t first_round = 0, last_round = 0;
+	const float w0 = a->weight;
+	float *save = NULL;
+	size_t nsave = 0;
 
 	if (!members)
 		return -ENOMEM;
 	if (go->begin && (rc = go->begin(st)))
 		goto out;
+	/* Decided before round 0 writes anything. */
+	undo = undo_copy_needed(ctx, go, st, rounds, members, a->n);
+	if (undo) {
+		/* Staged CUDA memory is copied back only after a success: its
+		 * device buffer needs no copy of ours. */
+		nsave = (a->x_is_copy ? 0 : a->n) + (a->residue ? a->n : 0);
+		if (nsave) {
+			save = mp_scratch(ctx, MP_SCR_UNDO, nsave * sizeof(float));
+			if (!save) {
+				rc = -ENOMEM;
+				goto end;
+			}
+			if (!a->x_is_copy)
+				memcpy(save, a->x, a->n * sizeof(float));
+			if (a->residue)
+				memcpy(save + nsave - a->n, a->residue, a->n * sizeof(float));
+			MP_TRACE("copied the buffer before round %u: a later round may meet a peer "
+				 "not known to agree", ctx->round);
+		}
+	} else if (ctx->scratch[MP_SCR_UNDO]) {
+		/* Every later groupmate is known to agree: the copy's memory goes
+		 * back until an average needs it again. */
+		free(ctx->scratch[MP_SCR_UNDO]);
+		ctx->scratch[MP_SCR_UNDO] = NULL;
+		ctx->scratch_size[MP_SCR_UNDO] = 0;
+	}
 	for (int t = 0; go->lookahead && t < rounds && t < grid->ndims; t++) {
 		struct mp_group g = {.members = members};
 		if (!go->form(st, ctx->round + (uint32_t)t, ctx->rank, &g))
@@ -623,6 +712,9 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		struct mp_group g = {.members = members};
 		uint32_t round = go->next_round ? go->next_round(st, ctx->round) : ctx->round;
 
+		if (!t)
+			first_round = round;
+		last_round = round;
 		ctx->round = round + 1;
 		rc = go->form(st, round, ctx->rank, &g);
 		if (rc == -EHOSTUNREACH) {
@@ -637,7 +729,12 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		MP_TRACE("round %u: group %08x of %d, part %d", round, g.id, g.size, g.my_index);
 		a->res->group_size = g.size;
 		dial_ahead(ctx, g.members, g.size);
+		/* A disagreement may end the average only while the buffer can
+		 * still be what the caller passed: before anything was written,
+		 * or with the copy to put back. */
+		a->irreversible = wrote && !undo && (!a->x_is_copy || a->residue);
 		rc = mp_group_allreduce(ctx, &g, round, a);
+		wrote |= g.size > 1 && rc != -EBADE && rc != -EMSGSIZE;
 		if (go->after_round)
 			go->after_round(st, round, &g);
 		if (rc == -EHOSTUNREACH) {
@@ -651,8 +748,23 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 			break;
 		ok_rounds++;
 	}
+end:
 	if (go->end)
 		go->end(st);
+	if ((rc == -EBADE || rc == -EMSGSIZE) && wrote && undo) {
+		/* The disagreement ends the average as if it had met it first:
+		 * the buffer, residue and weight as the caller passed them. */
+		if (!a->x_is_copy)
+			memcpy(a->x, save, a->n * sizeof(float));
+		if (a->residue)
+			memcpy(a->residue, save + nsave - a->n, a->n * sizeof(float));
+		a->weight = w0;
+		a->influence = 1;
+		mp_clog_restore(ctx, last_round, first_round);
+		MP_INFO("round %u: %s: the buffer is put back as it was before round %u",
+			last_round, rc == -EBADE ? "a peer's settings differ" : "a peer averages "
+			"another length", first_round);
+	}
 	/* An average given up (settings or length differ from a peer's) still
 	 * spends its rounds: a static run counts them locally, and its next
 	 * average must meet its peers' in the same round. */
@@ -701,7 +813,7 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 	struct mp_stage *s = req->mr->stage;
 	struct mp_avg a = {.x = req->x, .n = req->count, .weight = req->weight,
 			   .dmr = s ? s->dmr : req->mr->dmr, .res = &req->res, .codec = req->codec,
-			   .residue = req->fb ? req->fb->residue : NULL};
+			   .residue = req->fb ? req->fb->residue : NULL, .x_is_copy = s != NULL};
 	int rc;
 
 	req->res.codec = req->codec->id;

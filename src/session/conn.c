@@ -284,6 +284,36 @@ uint32_t mp_conn_token(struct mp_ctx *ctx, int peer, int idx)
 	return l && l->ready ? l->token : 0;
 }
 
+void mp_conn_agreed_note(struct mp_ctx *ctx, int peer, uint64_t n)
+{
+	struct mp_peer *p = &ctx->peers[peer];
+	uint32_t token = mp_conn_token(ctx, peer, 0);
+
+	if (!token || !n)
+		return;
+	for (int i = 0; i < MP_AGREED_LENS; i++)
+		if (p->agreed[i].n == n && p->agreed[i].token == token)
+			return;
+	p->agreed[p->agreed_next].n = n;
+	p->agreed[p->agreed_next].token = token;
+	p->agreed_next = (uint8_t)((p->agreed_next + 1) % MP_AGREED_LENS);
+}
+
+int mp_conn_agreed_len(const struct mp_ctx *ctx, int peer, uint64_t n)
+{
+	const struct mp_peer *p = &ctx->peers[peer];
+	const struct mp_link *l = link_get(ctx, peer, 0);
+	uint32_t token = l && l->ready ? l->token : 0;
+
+	for (int s = 0; s < ctx->streams; s++)
+		if (!mp_conn_ready(ctx, peer, s))
+			return 0;
+	for (int i = 0; token && i < MP_AGREED_LENS; i++)
+		if (p->agreed[i].n == n && p->agreed[i].token == token)
+			return 1;
+	return 0;
+}
+
 const char *mp_conn_settings_diff(const struct mp_ctx *ctx, int peer, int idx)
 {
 	const struct mp_link *l = link_get(ctx, peer, idx);

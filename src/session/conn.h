@@ -28,6 +28,14 @@ struct mp_drv_conn *mp_conn_ready(const struct mp_ctx *ctx, int peer, int idx);
 int mp_conn_open(const struct mp_ctx *ctx, int peer, int idx);
 /* Session token of connection @idx to @peer (0 while it is not ready). */
 uint32_t mp_conn_token(struct mp_ctx *ctx, int peer, int idx);
+/* @peer's OPEN agreed on @n values (n > 0): remembered with the session of
+ * its stream-0 connection, among its last MP_AGREED_LENS lengths. */
+void mp_conn_agreed_note(struct mp_ctx *ctx, int peer, uint64_t n);
+/* 1 if @peer's OPEN agreed on @n values on the stream-0 connection still
+ * open, with every data stream ready now (its handshakes agreed): an
+ * exchange with it can differ neither in settings nor in length unless it
+ * restarts or changes its length. */
+int mp_conn_agreed_len(const struct mp_ctx *ctx, int peer, uint64_t n);
 /* How @peer's settings differ from ours ("grid differs: ours 4, theirs 2x2"),
  * while its last handshake on connection @idx was refused for them; else
  * NULL. mp_conn_get reports such a peer with -EBADE. */

@@ -44,6 +44,10 @@ struct mp_peer_meas {
 	int failures;               /* exchanges that dropped it */
 };
 
+/* Lengths remembered per peer (struct mp_peer, agreed): a few tensors
+ * averaged in turn, each of its own length, take no copy. */
+#define MP_AGREED_LENS 4
+
 /* A peer as this context knows it. */
 struct mp_peer {
 	uint64_t id;                /* static: the rank; dht: from its record or HELLO */
@@ -67,6 +71,16 @@ struct mp_peer {
 	uint32_t up_at_round;       /* live again from the average starting at this round (0: not yet) */
 	uint8_t excused;            /* its next drop is not its failure (plan mismatch) */
 	uint8_t probe_failed;       /* the last probe of it failed */
+	/* The last lengths its OPEN agreed with ours on, each with the session
+	 * token of its stream-0 connection then (engine.c): a length it
+	 * averaged on the connection still open, which lets a Moshpit average
+	 * skip its copy (run_moshpit). A new connection has a new token
+	 * (conn.h, mp_conn_agreed_len). */
+	struct {
+		uint64_t n;
+		uint32_t token;
+	} agreed[MP_AGREED_LENS];
+	uint8_t agreed_next;
 };
 
 /* Peer table (peers.c). Static runs: n entries, id = rank, fixed. DHT runs:
@@ -124,7 +138,9 @@ void mp_peers_apply_up(struct mp_ctx *ctx, uint32_t round);
  * a plan mismatch. */
 enum { MP_PROBE_ALIVE = 1, MP_PROBE_QUERY = 2, MP_PROBE_ANNOUNCE = 3, MP_PROBE_SWEEP = 4 };
 
-enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_STAGE, MP_SCR_MAX };
+/* MP_SCR_UNDO: a Moshpit average's copy of its buffer and residue, while a
+ * later round may meet a peer not known to agree (run_moshpit). */
+enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_STAGE, MP_SCR_UNDO, MP_SCR_MAX };
 
 struct mp_ctx {
 	/* configuration, with strings owned */

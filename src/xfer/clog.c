@@ -178,3 +178,14 @@ void mp_clog_alone(struct mp_ctx *ctx, uint32_t round)
 	add(&l, "alone round=%u", round);
 	emit(ctx, &l);
 }
+
+void mp_clog_restore(struct mp_ctx *ctx, uint32_t round, uint32_t from)
+{
+	struct line l;
+
+	if (ctx->clog_fd < 0)
+		return;
+	line_init(&l);
+	add(&l, "restore round=%u from=%u", round, from);
+	emit(ctx, &l);
+}

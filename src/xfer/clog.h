@@ -11,12 +11,17 @@
  *   apply round=R group=G part=J status=applied|own
  *   end round=R group=G weight=W
  *   alone round=R
+ *   restore round=R from=F
  *
  * G is %08x; the roster lists the members in part order with their part
  * lengths and modes (n normal, c client, a aux). A reducer writes "reduce"
  * once its part is summed, before the first result leaves, listing the
  * contributions used, in member order (its own included). "apply" comes at
  * the end of the round for every part this peer expected a result for.
+ * "restore" follows the last round of an average given up in round R
+ * (-EBADE, -EMSGSIZE) after earlier rounds wrote the buffer: the values and
+ * the weight are back to what they were before round F, the average's
+ * first; round R's own begin and end then say nothing of its parts.
  */
 #ifndef MP_CLOG_H
 #define MP_CLOG_H
@@ -46,5 +51,8 @@ void mp_clog_apply(struct mp_ctx *ctx, uint32_t round, const struct mp_group *g,
 void mp_clog_end(struct mp_ctx *ctx, uint32_t round, const struct mp_group *g, float weight);
 /* No group formed in @round: values and weight kept. */
 void mp_clog_alone(struct mp_ctx *ctx, uint32_t round);
+/* The average was given up in @round and its values and weight are put back
+ * as they were before round @from, its first. */
+void mp_clog_restore(struct mp_ctx *ctx, uint32_t round, uint32_t from);
 
 #endif

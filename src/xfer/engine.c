@@ -160,7 +160,11 @@ static void fail_peer(struct mp_xfer *x, int peer, int err, const char *why)
  * averaged, so no result of it may stand. Only before the algorithm may
  * have written anything (some OPEN still out); after that, which takes a
  * peer restarted with other settings mid-exchange, it is dropped as any
- * failed peer. The culprit's channels close; the others go on only until
+ * failed peer. So it is too when an earlier round of the average wrote the
+ * buffer and no copy can put it back (x->no_give_up): failing then would
+ * return -EBADE or -EMSGSIZE over a buffer that is neither the input nor a
+ * result, where dropping leaves an average of the others, as for a dead
+ * peer. The culprit's channels close; the others go on only until
  * the OPENs have crossed (connections made, ours sent, theirs checked), so
  * that every member hears of the difference from every other, and fails
  * loudly too instead of at a timeout. mp_xfer_run then closes them.
@@ -169,7 +173,11 @@ static void give_up(struct mp_xfer *x, int peer, int err, const char *msg)
 {
 	struct mp_ctx *ctx = x->ctx;
 
-	if (x->unopened <= 0 && !x->fatal) {
+	if ((x->unopened <= 0 || x->no_give_up) && !x->fatal) {
+		if (x->no_give_up)
+			mp_set_error(ctx, "%s round %u: peer %d (%s): %s: dropped from the round (an "
+				     "earlier round's results cannot be taken back)", x->what,
+				     x->round, peer, ctx->peers[peer].addr, msg);
 		fail_peer(x, peer, err, msg);
 		return;
 	}
@@ -234,6 +242,10 @@ static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_
 		return;
 	}
 	ch->open_got = 1;
+	/* A later Moshpit average of this length with this peer, on this
+	 * connection, may skip its copy (run_moshpit). */
+	if (ch->stream == 0)
+		mp_conn_agreed_note(x->ctx, ch->peer, x->total);
 	if (--x->unopened == 0 && !x->fatal && x->xops->opened)
 		x->xops->opened(x->op);
 }

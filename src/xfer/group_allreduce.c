@@ -510,7 +510,8 @@ static int plan_parts(struct gar *r)
 		/* The members' measured figures replace the configured ones
 		 * (rate.c); a member dropped meanwhile is failed from the start. */
 		uint8_t *lost = calloc((size_t)k, 1);
-		rc = lost ? mp_rate_exchange(ctx, g, r->round, r->a->res, bw, lost) : -ENOMEM;
+		rc = lost ? mp_rate_exchange(ctx, g, r->round, r->a->res, bw, lost,
+					     r->a->irreversible) : -ENOMEM;
 		for (int m = 0; !rc && m < k; m++)
 			r->mb[m].failed = lost[m];
 		free(lost);
@@ -641,7 +642,8 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	struct mp_xfer x = {.ctx = ctx, .xops = &gar_ops, .op = &r, .round = round,
 			    .group_id = g->id, .user_mr = a->dmr, .res = a->res,
 			    .what = "group all-reduce", .codec = a->codec, .residue = a->residue,
-			    .deadline_ms = ctx->cfg.allreduce_timeout_ms, .total = a->n};
+			    .deadline_ms = ctx->cfg.allreduce_timeout_ms, .total = a->n,
+			    .no_give_up = a->irreversible};
 	int rc = -ENOMEM, k = g->size;
 
 	a->res->group_size = k;
@@ -701,7 +703,14 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	if (!rc)
 		try_reduce(&r);
 	/* Given up (a peer's settings or length differ): no frame reached us,
-	 * and nothing of the round is applied; the buffer is as it was. */
+	 * and nothing of the round is applied; the buffer is as it was, and so
+	 * is the residue: the SCATTER frames that went out with the OPENs took
+	 * theirs from it as they were encoded. */
+	if (x.fatal && r.esave)
+		for (int j = 0; j < r.k; j++)
+			if (sends_to(&r, j))
+				memcpy(a->residue + r.mb[j].off, r.esave + stage_off(&r, j),
+				       r.mb[j].len * sizeof(float));
 	int reached = x.fatal ? 0 : finish(&r);
 	if (r.refused || (r.mb && r.mb[r.me].nonfinite))
 		mp_set_error(ctx, "round %u: this peer's contribution was left out of %s: it holds NaN "

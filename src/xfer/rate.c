@@ -110,7 +110,7 @@ static const struct mp_xfer_ops rate_ops = {
 };
 
 int mp_rate_exchange(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
-		     struct mp_result *res, double *bw, uint8_t *failed)
+		     struct mp_result *res, double *bw, uint8_t *failed, int no_give_up)
 {
 	const int k = g->size, me = g->my_index;
 	struct rate_op o = {.g = g};
@@ -118,7 +118,8 @@ int mp_rate_exchange(struct mp_ctx *ctx, const struct mp_group *g, uint32_t roun
 			    .group_id = g->id, .res = res, .what = "rate exchange",
 			    .codec = mp_codec_by_id(ctx->codec_cfg == MP_CODEC_AUTO ? MP_CODEC_NONE
 										  : (unsigned)ctx->codec_cfg),
-			    .deadline_ms = ctx->cfg.round_timeout_ms, .no_rate = 1};
+			    .deadline_ms = ctx->cfg.round_timeout_ms, .no_rate = 1,
+			    .no_give_up = no_give_up};
 	int rc = -ENOMEM;
 
 	/* Whole bytes per second: the same number on every member, whatever

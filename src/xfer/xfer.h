@@ -102,6 +102,9 @@ struct mp_xfer {
 	                              for algorithms) */
 	int fatal;                 /* the exchange was given up (-EBADE, -EMSGSIZE): nothing of
 	                              it may be applied */
+	int no_give_up;            /* an earlier round of the average wrote the buffer and
+	                              nothing can put it back (struct mp_avg): a peer that
+	                              disagrees is dropped, never a reason to give up */
 };
 
 /* Largest frame this context must be able to receive (engine.c). */
@@ -114,7 +117,8 @@ size_t mp_frame_rx_max(const struct mp_ctx *ctx);
  * frame reached the algorithm, because a peer's settings differ from ours
  * (-EBADE) or it averages another number of values (-EMSGSIZE, x->total
  * against its OPEN); mp_last_error names the peer and both values, and the
- * algorithm must apply nothing.
+ * algorithm must apply nothing. With x->no_give_up such a peer is dropped
+ * instead, like one that failed, and the exchange goes on without it.
  *
  * Every channel starts with an OPEN in each direction, which the engine
  * sends and checks itself before any other frame of that channel reaches
@@ -136,6 +140,12 @@ struct mp_avg {
 	uint64_t influence; /* peers whose values can have reached ours (see mp_result.peers) */
 	const struct mp_codec_ops *codec;
 	float *residue;     /* n values of error feedback (sparse codecs), or NULL */
+	int x_is_copy;      /* x is staged CUDA memory's host copy: the caller's buffer is
+	                       written from it only after a success */
+	int irreversible;   /* an earlier round of this average wrote x (or the residue)
+	                       and no copy can put them back: a disagreement met now
+	                       drops the peer (mp_xfer.no_give_up) instead of failing
+	                       with -EBADE or -EMSGSIZE (run_moshpit, context.c) */
 };
 
 /* Member @m's enum mp_mode in group @g: the roster's word in a matchmade
@@ -157,10 +167,12 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
  * round timeout. @bw (g->size entries) is set from the figures: a member's
  * figure, or -1 (unknown: the mean of the known ones) for a member that sent
  * 0 or whose RATE did not come; clients keep 0. @failed[m] is set for the
- * members the exchange dropped. Returns 0, or -ECANCELED / -ENOMEM.
+ * members the exchange dropped. Returns 0, or -ECANCELED / -ENOMEM, or
+ * -EBADE when a member's settings differ (unless @no_give_up: see
+ * mp_xfer.no_give_up; the member is then dropped).
  */
 int mp_rate_exchange(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
-		     struct mp_result *res, double *bw, uint8_t *failed);
+		     struct mp_result *res, double *bw, uint8_t *failed, int no_give_up);
 /* Ring all-reduce over all peers (ring.c). */
 int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a);
 

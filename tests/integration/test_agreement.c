@@ -5,7 +5,10 @@
  * other at connect, and every average that needs the other fails with
  * -EBADE, its message naming the field and both values, the buffer as it
  * was; peers that average different lengths fail with -EMSGSIZE, naming both
- * counts; a bad weight is -EINVAL before anything is sent. Each child
+ * counts; either error leaves buffer, weight and error-feedback residue as
+ * they were passed, also when only a later Moshpit round meets the other
+ * peer (and without the copy that takes, in the steady state, such a peer
+ * is dropped instead); a bad weight is -EINVAL before anything is sent. Each child
  * reports its return code, its message and whether its buffer is unchanged
  * to the parent, which judges them all.
  */
@@ -47,6 +50,8 @@ struct peer_cfg {
 	size_t count;      /* 0: the job's */
 	float weight;      /* 0: rank + 1 */
 	unsigned flags;    /* mp_average_ex flags */
+	unsigned mean_of;  /* bit r set: the result must be the exact weighted mean of these
+	                      ranks' inputs (report.exact); 0: not checked */
 };
 
 struct job {
@@ -57,6 +62,9 @@ struct job {
 	struct peer_cfg odd[MAXP]; /* per rank: fields set here replace base's */
 	int odd_set[MAXP];
 	int nan_rank;      /* check_finite job: this rank's value 0 is NaN (part 0); 0: none */
+	int round_timeout_ms; /* 0: 5000 */
+	int warm;          /* every peer first averages j->count values once, all agreeing:
+	                      the average judged runs on connections already agreed */
 };
 
 /* What a child reports. */
@@ -66,7 +74,10 @@ struct report {
 	int failed_peers;
 	int peers;
 	int exact;         /* check_finite job: the result is the exact mean of the finite
-	                      contributions, part by part */
+	                      contributions, part by part; mean_of job: of those ranks */
+	int residue_zero;  /* the error-feedback residue (mp_feedback_get) is all zeros, or
+	                      there is none */
+	float weight;      /* mp_result.weight */
 	char err[MSG];
 };
 
@@ -87,7 +98,7 @@ static struct peer_cfg merged(const struct job *j, int rank)
 		c.f = o->f;
 	TAKE(grid) TAKE(algo) TAKE(rounds) TAKE(codec) TAKE(codec_block) TAKE(chunk_bytes)
 	TAKE(streams) TAKE(npeers) TAKE(bandwidths) TAKE(min_part) TAKE(check_finite) TAKE(count)
-	TAKE(weight) TAKE(flags)
+	TAKE(weight) TAKE(flags) TAKE(mean_of)
 #undef TAKE
 	return c;
 }
@@ -125,7 +136,7 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 	cfg.check_finite = pc.check_finite;
 	cfg.listen = "127.0.0.1:0";
 	cfg.connect_timeout_ms = 3000;
-	cfg.round_timeout_ms = 5000;
+	cfg.round_timeout_ms = j->round_timeout_ms ? j->round_timeout_ms : 5000;
 	rc = mp_init(&cfg, &ctx);
 	if (rc) {
 		fprintf(stderr, "rank %d: mp_init: %s: %s\n", rank, mp_strerror(rc), mp_last_error(NULL));
@@ -139,7 +150,11 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 		ap[i] = i < j->npeers ? addrs[i] : "127.0.0.1:1"; /* a rank nobody runs */
 	if (mp_set_peers(ctx, ap, np))
 		return 2;
-	float *buf = malloc(count * sizeof(float));
+	float *buf = malloc((count > j->count ? count : j->count) * sizeof(float));
+	if (j->warm && mp_average(ctx, buf, j->count, 1.0f, NULL)) {
+		fprintf(stderr, "rank %d: the warm-up average failed: %s\n", rank, mp_last_error(ctx));
+		return 2;
+	}
 	for (size_t i = 0; i < count; i++)
 		buf[i] = input(rank, i);
 	if (j->nan_rank && rank == j->nan_rank)
@@ -153,6 +168,19 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 		rep.unchanged &= memcmp(&buf[i], &(float){input(rank, i)}, sizeof(float)) == 0;
 	rep.failed_peers = res.failed_peers;
 	rep.peers = res.peers;
+	rep.weight = res.weight;
+	{
+		/* Sparse codecs: nothing held back yet, or as it was (zero). */
+		float *e = calloc(count, sizeof(float));
+		int frc = mp_feedback_get(ctx, buf, count, e);
+		rep.residue_zero = frc == -ENOENT;
+		if (!frc) {
+			rep.residue_zero = 1;
+			for (size_t i = 0; i < count; i++)
+				rep.residue_zero &= e[i] == 0.0f;
+		}
+		free(e);
+	}
 	snprintf(rep.err, sizeof(rep.err), "%s", mp_last_error(ctx));
 	if (j->nan_rank) {
 		/* Equal parts of count / npeers; part 0 (rank 0 reduces it)
@@ -162,6 +190,21 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 			double m = 0, w = 0;
 			for (int q = 0; q < j->npeers; q++) {
 				if (q == j->nan_rank && i < count / (size_t)j->npeers)
+					continue;
+				m += (q + 1) * (double)input(q, i);
+				w += q + 1;
+			}
+			double e = fabs(buf[i] - m / w);
+			maxerr = e > maxerr || isnan(e) ? e : maxerr;
+		}
+		rep.exact = maxerr < 1e-4 && !isnan(maxerr);
+	}
+	if (pc.mean_of) {
+		double maxerr = 0;
+		for (size_t i = 0; i < count; i++) {
+			double m = 0, w = 0;
+			for (int q = 0; q < j->npeers; q++) {
+				if (!(pc.mean_of >> q & 1))
 					continue;
 				m += (q + 1) * (double)input(q, i);
 				w += q + 1;
@@ -338,13 +381,15 @@ static void differ_check_finite(void **s)
 /*
  * The issue's case: 4 peers, rank 0 with MP_GRID=4, the others 2x2. Rank 0
  * (one group of all four) and rank 1 (its groupmate in round 0) refuse each
- * other at once, buffers unchanged; rank 2 meets rank 0 in round 1 and fails
- * -EBADE too (its buffer then holds round 0's exact mean with rank 3: see
- * doc/protocol.md). No peer returns a result that claims all four.
+ * other at once; rank 2 meets rank 0 in round 1 and fails -EBADE too, after
+ * round 0 with rank 3: its buffer is put back as it was (doc/design.md, "Two
+ * disagreements"). Rank 3 meets rank 1, who gave up in round 0, in round 1:
+ * it keeps round 0's mean with rank 2 (2 peers), rank 1 dropped silent.
  */
 static void issue_grid_4_against_2x2(void **s)
 {
-	struct job j = {.name = "issue-grid", .npeers = 4, .count = 1000, .base = {.grid = "2x2"}};
+	struct job j = {.name = "issue-grid", .npeers = 4, .count = 1000,
+			.base = {.grid = "2x2", .mean_of = 1u << 2 | 1u << 3}, .round_timeout_ms = 2500};
 	struct report rep[4];
 
 	(void)s;
@@ -358,9 +403,116 @@ static void issue_grid_4_against_2x2(void **s)
 		assert_int_equal(rep[r].rc, -EBADE);
 		assert_non_null(strstr(rep[r].err, r ? "grid differs: ours 2x2, theirs 4"
 						      : "grid differs: ours 4, theirs 2x2"));
+		assert_true(rep[r].unchanged);
 	}
-	assert_true(rep[0].unchanged && rep[1].unchanged);
-	assert_true(rep[3].rc != 0 || rep[3].peers < 4);
+	assert_non_null(strstr(rep[2].err, "round 1: peer 0 "));
+	assert_int_equal(rep[3].rc, 0);
+	assert_int_equal(rep[3].peers, 2);
+	assert_int_equal(rep[3].failed_peers, 1);
+	assert_true(rep[3].exact);
+}
+
+/*
+ * 2x2 grid: rounds 0 group {0,1} and {2,3}, round 1 {0,2} and {1,3}
+ * (MP_DEBUG=TRACE, "round N: group"). A disagreement that only a later round
+ * meets must leave every buffer that round 0 already averaged as it was
+ * passed in: -EBADE (resp. -EMSGSIZE) means nothing changed.
+ *
+ * Rank 3 alone with another MP_MIN_PART: rank 2 refuses it in round 0; rank
+ * 1 averages round 0 with rank 0 and meets rank 3 in round 1: -EBADE, its
+ * buffer put back. Rank 0 never meets rank 3: round 0 with rank 1, then its
+ * round-1 groupmate rank 2 has given up and stays silent (dropped at the
+ * round timeout), so it returns 0 with the exact mean of ranks 0 and 1:
+ * peers 2, one failed peer, weight (1 + 2) / 2.
+ */
+static void later_round_settings_one_peer(void **s)
+{
+	struct job j = {.name = "later-one", .npeers = 4, .count = 1000,
+			.base = {.grid = "2x2", .mean_of = 1u << 0 | 1u << 1}, .round_timeout_ms = 2500};
+	struct report rep[4];
+
+	(void)s;
+	j.odd[3] = (struct peer_cfg){.min_part = 16};
+	j.odd_set[3] = 1;
+	launch(&j, rep);
+	for (int r = 0; r < 4; r++)
+		fprintf(stderr, "rank %d: rc %d, peers %d, failed %d, unchanged %d, \"%s\"\n", r,
+			rep[r].rc, rep[r].peers, rep[r].failed_peers, rep[r].unchanged, rep[r].err);
+	for (int r = 1; r < 4; r++) {
+		if (rep[r].rc != -EBADE || !rep[r].unchanged)
+			fail_msg("rank %d: rc %d, unchanged %d, \"%s\"", r, rep[r].rc, rep[r].unchanged,
+				 rep[r].err);
+		assert_true(rep[r].weight == (float)(r + 1));
+	}
+	assert_non_null(strstr(rep[1].err, "group all-reduce round 1: peer 3 ("));
+	assert_non_null(strstr(rep[1].err, "min part (MP_MIN_PART) differs: ours 0, theirs 16"));
+	assert_non_null(strstr(rep[2].err, "group all-reduce round 0: peer 3 ("));
+	assert_non_null(strstr(rep[3].err, "group all-reduce round 0: peer 2 ("));
+	assert_non_null(strstr(rep[3].err, "min part (MP_MIN_PART) differs: ours 16, theirs 0"));
+	assert_int_equal(rep[0].rc, 0);
+	assert_int_equal(rep[0].peers, 2);
+	assert_int_equal(rep[0].failed_peers, 1);
+	assert_true(rep[0].exact);
+	assert_true(rep[0].weight == 1.5f);
+}
+
+/*
+ * Ranks 2 and 3 with another MP_MIN_PART, everyone on topk (error
+ * feedback): round 0 averages {0,1} and {2,3}, so every buffer and every
+ * residue has moved; round 1 pairs each with one of the others, and all
+ * four fail -EBADE with buffer, weight and residue as they were passed in.
+ */
+static void later_round_settings_all(void **s)
+{
+	struct job j = {.name = "later-all", .npeers = 4, .count = 1000,
+			.base = {.grid = "2x2", .codec = MP_CODEC_TOPK}};
+	struct report rep[4];
+
+	(void)s;
+	j.odd[2] = j.odd[3] = (struct peer_cfg){.min_part = 16};
+	j.odd_set[2] = j.odd_set[3] = 1;
+	launch(&j, rep);
+	for (int r = 0; r < 4; r++) {
+		fprintf(stderr, "rank %d: rc %d, unchanged %d, residue zero %d, \"%s\"\n", r, rep[r].rc,
+			rep[r].unchanged, rep[r].residue_zero, rep[r].err);
+		assert_int_equal(rep[r].rc, -EBADE);
+		assert_true(rep[r].unchanged);
+		assert_true(rep[r].residue_zero);
+		assert_true(rep[r].weight == (float)(r + 1));
+		assert_non_null(strstr(rep[r].err, "group all-reduce round 1: peer "));
+		assert_non_null(strstr(rep[r].err, r < 2 ? "ours 0, theirs 16" : "ours 16, theirs 0"));
+	}
+}
+
+/*
+ * Ranks 2 and 3 average 2048 values, ranks 0 and 1 1024, all on topk: round
+ * 0 agrees in both groups and averages; round 1's OPENs differ in each, and
+ * all four fail -EMSGSIZE, naming both counts, buffer, weight and residue
+ * as they were passed in.
+ */
+static void later_round_count(void **s)
+{
+	struct job j = {.name = "later-count", .npeers = 4, .count = 1024,
+			.base = {.grid = "2x2", .codec = MP_CODEC_TOPK}};
+	struct report rep[4];
+
+	(void)s;
+	j.odd[2] = j.odd[3] = (struct peer_cfg){.count = 2048};
+	j.odd_set[2] = j.odd_set[3] = 1;
+	launch(&j, rep);
+	for (int r = 0; r < 4; r++) {
+		fprintf(stderr, "rank %d: rc %d, unchanged %d, residue zero %d, \"%s\"\n", r, rep[r].rc,
+			rep[r].unchanged, rep[r].residue_zero, rep[r].err);
+		assert_int_equal(rep[r].rc, -EMSGSIZE);
+		assert_true(rep[r].unchanged);
+		assert_true(rep[r].residue_zero);
+		assert_true(rep[r].weight == (float)(r + 1));
+	}
+	assert_non_null(strstr(rep[0].err, "round 1: peer 2 (127.0.0.1:"));
+	assert_non_null(strstr(rep[0].err, "peer 2 averages 2048 values, this peer 1024"));
+	assert_non_null(strstr(rep[1].err, "peer 3 averages 2048 values, this peer 1024"));
+	assert_non_null(strstr(rep[2].err, "peer 0 averages 1024 values, this peer 2048"));
+	assert_non_null(strstr(rep[3].err, "peer 1 averages 1024 values, this peer 2048"));
 }
 
 /* Lengths differ: -EMSGSIZE on both, both counts named, buffers unchanged. */
@@ -386,6 +538,25 @@ static void count_differs_moshpit(void **s)
 {
 	(void)s;
 	count_mismatch(MP_ALGO_MOSHPIT, "count-moshpit");
+}
+
+/* The same on topk: the SCATTER frames that left with the OPENs took
+ * their part of the residue as they were encoded; giving up puts it back. */
+static void count_differs_topk(void **s)
+{
+	struct job j = {.name = "count-topk", .npeers = 2, .count = 1024,
+			.base = {.codec = MP_CODEC_TOPK}};
+	struct report rep[2];
+
+	(void)s;
+	j.odd[1] = (struct peer_cfg){.count = 2048};
+	j.odd_set[1] = 1;
+	launch(&j, rep);
+	for (int r = 0; r < 2; r++) {
+		if (rep[r].rc != -EMSGSIZE || !rep[r].unchanged || !rep[r].residue_zero)
+			fail_msg("rank %d: rc %d, unchanged %d, residue zero %d, \"%s\"", r, rep[r].rc,
+				 rep[r].unchanged, rep[r].residue_zero, rep[r].err);
+	}
 }
 
 static void count_differs_ring(void **s)
@@ -553,6 +724,52 @@ static void agreeing_peers_average(void **s)
 	}
 }
 
+/*
+ * The price of not copying every time (context.c, undo_copy_needed): an
+ * average takes no copy of its buffer once every later groupmate's
+ * handshake agreed and its OPEN agreed on this same length over the same
+ * connection; a groupmate that alone changed its length then cannot end the
+ * average with the buffer as it was. After a warm-up average of 1024
+ * values that every peer agrees on, ranks 2 and 3 average 2048 and ranks 0
+ * and 1 1024 again. Round 0 averages both pairs. In round 1, ranks 0 and 1
+ * (no copy: 1024 agreed before) drop their groupmate as a failed peer and
+ * return 0 with their pair's exact mean (peers 2, one failed peer); ranks 2
+ * and 3 (2048 is new: copied) fail -EMSGSIZE with their buffers as passed.
+ * Nobody returns -EMSGSIZE over a changed buffer.
+ */
+static void later_round_count_warm(void **s)
+{
+	struct job j = {.name = "later-warm", .npeers = 4, .count = 1024, .warm = 1,
+			.base = {.grid = "2x2", .mean_of = 1u << 0 | 1u << 1}};
+	struct report rep[4];
+
+	(void)s;
+	j.odd[2] = j.odd[3] = (struct peer_cfg){.count = 2048};
+	j.odd_set[2] = j.odd_set[3] = 1;
+	launch(&j, rep);
+	for (int r = 0; r < 4; r++)
+		fprintf(stderr, "rank %d: rc %d, peers %d, failed %d, exact %d, unchanged %d, \"%s\"\n",
+			r, rep[r].rc, rep[r].peers, rep[r].failed_peers, rep[r].exact,
+			rep[r].unchanged, rep[r].err);
+	for (int r = 0; r < 2; r++) {
+		assert_int_equal(rep[r].rc, 0);
+		assert_int_equal(rep[r].peers, 2);
+		assert_int_equal(rep[r].failed_peers, 1);
+		assert_true(rep[r].exact);
+		/* Its round's only other member (the WARN line says why it was
+		 * dropped): round 3 reached nobody, the average stands on round 2
+		 * (rounds 0 and 1 were the warm-up's). */
+		assert_string_equal(rep[r].err, "round 3: every other member failed: no values "
+						"reached this peer");
+	}
+	for (int r = 2; r < 4; r++) {
+		assert_int_equal(rep[r].rc, -EMSGSIZE);
+		assert_true(rep[r].unchanged);
+		assert_non_null(strstr(rep[r].err, "group all-reduce round 3: peer "));
+		assert_non_null(strstr(rep[r].err, "averages 1024 values, this peer 2048"));
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -569,7 +786,12 @@ int main(void)
 		cmocka_unit_test(differ_min_part),
 		cmocka_unit_test(differ_check_finite),
 		cmocka_unit_test(issue_grid_4_against_2x2),
+		cmocka_unit_test(later_round_settings_one_peer),
+		cmocka_unit_test(later_round_settings_all),
+		cmocka_unit_test(later_round_count),
+		cmocka_unit_test(later_round_count_warm),
 		cmocka_unit_test(count_differs_moshpit),
+		cmocka_unit_test(count_differs_topk),
 		cmocka_unit_test(count_differs_ring),
 		cmocka_unit_test(count_differs_in_a_group_of_three),
 		cmocka_unit_test(flags_differ_moshpit),

@@ -2,8 +2,9 @@
 /*
  * mpbench's contribution-log replay (tools/mpbench/replay.c) on hand-written
  * logs: 4 peers over 2 rounds with a weighted member, an excluded contributor
- * and a reducer killed mid-round; client, aux and joining members; logs that
- * contradict each other or the values the peers report.
+ * and a reducer killed mid-round; client, aux and joining members; an
+ * average given up and put back; logs that contradict each other or the
+ * values the peers report.
  */
 #include <errno.h>
 #include <math.h>
@@ -355,6 +356,77 @@ static void test_inconsistent(void **state)
 	replay_free(rp);
 }
 
+/*
+ * An average given up in a later round (-EBADE, -EMSGSIZE) puts its values
+ * back ('restore'): P and Q average round 0; P's round 1 with R is given up
+ * (begin and end, nothing reduced or applied) and both go back to their
+ * values before round 0 (R sat round 0 out); Q is alone in round 1. Round 2
+ * (the next average) pairs P, as it was, with Q, as round 0 left it.
+ */
+static void test_restore(void **state)
+{
+	static const char log_p[] =
+		"begin round=0 group=00000041 self=0000000000001001 index=0 size=2 weight=0x1p+0 "
+		"roster=0000000000001001:1:n,0000000000001002:1:n\n"
+		"reduce round=0 group=00000041 part=0 off=0 len=1 wsum=0x1p+1 "
+		"contrib=0000000000001001:0x1p+0,0000000000001002:0x1p+0\n"
+		"apply round=0 group=00000041 part=1 status=applied\n"
+		"end round=0 group=00000041 weight=0x1p+0\n"
+		"begin round=1 group=00000042 self=0000000000001001 index=0 size=2 weight=0x1p+0 "
+		"roster=0000000000001001:1:n,0000000000001003:1:n\n"
+		"end round=1 group=00000042 weight=0x1p+0\n"
+		"restore round=1 from=0\n"
+		"begin round=2 group=00000043 self=0000000000001001 index=0 size=2 weight=0x1p+0 "
+		"roster=0000000000001001:1:n,0000000000001002:1:n\n"
+		"reduce round=2 group=00000043 part=0 off=0 len=1 wsum=0x1p+1 "
+		"contrib=0000000000001001:0x1p+0,0000000000001002:0x1p+0\n"
+		"apply round=2 group=00000043 part=1 status=applied\n"
+		"end round=2 group=00000043 weight=0x1p+0\n";
+	static const char log_q[] =
+		"begin round=0 group=00000041 self=0000000000001002 index=1 size=2 weight=0x1p+0 "
+		"roster=0000000000001001:1:n,0000000000001002:1:n\n"
+		"reduce round=0 group=00000041 part=1 off=1 len=1 wsum=0x1p+1 "
+		"contrib=0000000000001001:0x1p+0,0000000000001002:0x1p+0\n"
+		"apply round=0 group=00000041 part=0 status=applied\n"
+		"end round=0 group=00000041 weight=0x1p+0\n"
+		"alone round=1\n"
+		"begin round=2 group=00000043 self=0000000000001002 index=1 size=2 weight=0x1p+0 "
+		"roster=0000000000001001:1:n,0000000000001002:1:n\n"
+		"reduce round=2 group=00000043 part=1 off=1 len=1 wsum=0x1p+1 "
+		"contrib=0000000000001001:0x1p+0,0000000000001002:0x1p+0\n"
+		"apply round=2 group=00000043 part=0 status=applied\n"
+		"end round=2 group=00000043 weight=0x1p+0\n";
+	static const char log_r[] =
+		"alone round=0\n"
+		"begin round=1 group=00000042 self=0000000000001003 index=1 size=2 weight=0x1p+0 "
+		"roster=0000000000001001:1:n,0000000000001003:1:n\n"
+		"end round=1 group=00000042 weight=0x1p+0\n"
+		"restore round=1 from=0\n";
+	static const float p0[2] = { 1, 2 }, q0[2] = { 3, 4 }, r0[2] = { 5, 6 };
+	struct replay *rp = replay_new(2);
+	const double *v;
+
+	(void)state;
+	assert_non_null(rp);
+	assert_int_equal(replay_add_peer(rp, P, p0), 0);
+	assert_int_equal(replay_add_peer(rp, Q, q0), 0);
+	assert_int_equal(replay_add_peer(rp, X, r0), 0);
+	assert_int_equal(replay_add_log(rp, P, log_p, strlen(log_p)), 0);
+	assert_int_equal(replay_add_log(rp, Q, log_q, strlen(log_q)), 0);
+	assert_int_equal(replay_add_log(rp, X, log_r, strlen(log_r)), 0);
+	assert_int_equal(replay_run(rp), 0);
+	if (replay_problems(rp))
+		fail_msg("%s", replay_first_problem(rp));
+	/* Round 2: P {1, 2} with Q {2, 3}. */
+	v = replay_values(rp, P);
+	assert_true(v[0] == 1.5 && v[1] == 2.5);
+	v = replay_values(rp, Q);
+	assert_true(v[0] == 1.5 && v[1] == 2.5);
+	v = replay_values(rp, X);
+	assert_true(v[0] == 5 && v[1] == 6);
+	replay_free(rp);
+}
+
 /* Logs come from files; a peer that never wrote one has an empty log. */
 static void test_files(void **state)
 {
@@ -404,6 +476,7 @@ int main(void)
 		cmocka_unit_test(test_wrong_result),
 		cmocka_unit_test(test_client_aux_joiner),
 		cmocka_unit_test(test_inconsistent),
+		cmocka_unit_test(test_restore),
 		cmocka_unit_test(test_files),
 	};
 

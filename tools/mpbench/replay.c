@@ -10,6 +10,7 @@
  *   apply round=3 group=0badcafe part=0 status=applied
  *   end round=3 group=0badcafe weight=0x1p+0
  *   alone round=4
+ *   restore round=5 from=4
  *
  * with ids in hexadecimal and weights in any form strtod reads (C99 %a).
  * Everything is first collected, then replayed round by round: the results
@@ -48,6 +49,16 @@ struct begin_ev {
 	int nroster;
 	signed char *apply; /* per part: ST_* */
 	int ended;
+	int restored;       /* a restore line followed: the round settles nothing */
+};
+
+/* An average given up in @round whose values went back to those before
+ * round @from ('restore'). */
+struct restore_ev {
+	uint64_t peer;
+	uint32_t round, from;
+	double *saved;      /* the peer's values before @from, once the replay is there */
+	int done;
 };
 
 struct contrib {
@@ -81,6 +92,8 @@ struct replay {
 	size_t nbegins, begins_cap;
 	struct reduce_ev *reduces;
 	size_t nreduces, reduces_cap;
+	struct restore_ev *restores;
+	size_t nrestores, restores_cap;
 	uint32_t rounds; /* highest round seen + 1 */
 	int64_t problems;
 	char first[256];
@@ -140,9 +153,12 @@ void replay_free(struct replay *rp)
 		free(rp->reduces[i].c);
 		free(rp->reduces[i].result);
 	}
+	for (size_t i = 0; i < rp->nrestores; i++)
+		free(rp->restores[i].saved);
 	free(rp->peers);
 	free(rp->begins);
 	free(rp->reduces);
+	free(rp->restores);
 	free(rp);
 }
 
@@ -290,7 +306,7 @@ bad:
 /* Fields of one line; a field absent from the line is NULL. */
 struct fields {
 	char *round, *group, *self, *index, *size, *weight, *roster, *part, *off, *len, *wsum,
-		*contrib, *status;
+		*contrib, *status, *from;
 };
 
 static void split_fields(char *line, struct fields *f)
@@ -312,6 +328,7 @@ static void split_fields(char *line, struct fields *f)
 		{ "wsum", offsetof(struct fields, wsum) },
 		{ "contrib", offsetof(struct fields, contrib) },
 		{ "status", offsetof(struct fields, status) },
+		{ "from", offsetof(struct fields, from) },
 	};
 
 	memset(f, 0, sizeof(*f));
@@ -455,7 +472,7 @@ static int parse_apply_end(struct replay *rp, struct logstate *ls, const struct 
 			   int is_end)
 {
 	struct begin_ev *b;
-	uint64_t r, g, part;
+	uint64_t r, g, part = 0; /* set unless is_end, which returns before its use */
 
 	if (!f->round || !f->group || parse_dec(f->round, UINT32_MAX, &r) ||
 	    parse_hex64(f->group, &g) || g > UINT32_MAX)
@@ -499,6 +516,33 @@ static int parse_alone(struct replay *rp, struct logstate *ls, const struct fiel
 	return 0;
 }
 
+/* The average that ended in round R went back to its values before round
+ * F: round R's begin (if it is the last one) settles nothing. */
+static int parse_restore(struct replay *rp, struct logstate *ls, const struct fields *f)
+{
+	struct restore_ev e = { .peer = ls->id };
+	uint64_t r, from;
+
+	if (!f->round || !f->from || parse_dec(f->round, UINT32_MAX, &r) ||
+	    parse_dec(f->from, UINT32_MAX, &from))
+		return 1;
+	if (from > r) {
+		problem(rp, "peer %016" PRIx64 ": restore in round %" PRIu64 " to round %" PRIu64
+			", which is later", ls->id, r, from);
+		return 0;
+	}
+	check_continues(rp, ls, (uint32_t)r);
+	note_round(rp, (uint32_t)r);
+	if (ls->cur >= 0 && rp->begins[ls->cur].round == r)
+		rp->begins[ls->cur].restored = 1;
+	e.round = (uint32_t)r;
+	e.from = (uint32_t)from;
+	if (grow((void **)&rp->restores, &rp->restores_cap, rp->nrestores + 1, sizeof(e)))
+		return -ENOMEM;
+	rp->restores[rp->nrestores++] = e;
+	return 0;
+}
+
 /* One line (NUL-terminated, writable): 0, or -ENOMEM. */
 static int parse_line(struct replay *rp, struct logstate *ls, char *line)
 {
@@ -524,6 +568,8 @@ static int parse_line(struct replay *rp, struct logstate *ls, char *line)
 		rc = parse_apply_end(rp, ls, &f, 1);
 	else if (strcmp(kind, "alone") == 0)
 		rc = parse_alone(rp, ls, &f);
+	else if (strcmp(kind, "restore") == 0)
+		rc = parse_restore(rp, ls, &f);
 	else
 		return 0; /* a kind this replay does not need */
 	if (rc > 0)
@@ -752,6 +798,8 @@ static void settle(struct replay *rp, const struct begin_ev *b)
 		set_nan(p->x, rp->count);
 		return;
 	}
+	if (b->restored)
+		return; /* given up: the values go back right after the round */
 	if (!b->ended) {
 		/* Killed in this round (or its log ends here): its values are
 		 * unknown from now on. */
@@ -774,6 +822,36 @@ static void settle(struct replay *rp, const struct begin_ev *b)
 				"with part %d", b->round, b->peer, j);
 			set_nan(p->x + off, b->roster[j].len);
 		}
+	}
+}
+
+/* Keep the values of every peer that will restore to a round <= @r. */
+static int save_restores(struct replay *rp, uint32_t r)
+{
+	for (size_t i = 0; i < rp->nrestores; i++) {
+		struct restore_ev *e = &rp->restores[i];
+		const struct rpeer *p = find_peer(rp, e->peer);
+
+		if (e->saved || e->from > r)
+			continue;
+		e->saved = malloc((rp->count ? rp->count : 1) * sizeof(double));
+		if (!e->saved)
+			return -ENOMEM;
+		memcpy(e->saved, p->x, rp->count * sizeof(double));
+	}
+	return 0;
+}
+
+/* Put back the values of the averages given up in a round before @end. */
+static void apply_restores(struct replay *rp, uint64_t end)
+{
+	for (size_t i = 0; i < rp->nrestores; i++) {
+		struct restore_ev *e = &rp->restores[i];
+
+		if (e->done || e->round >= end || !e->saved)
+			continue;
+		memcpy(find_peer(rp, e->peer)->x, e->saved, rp->count * sizeof(double));
+		e->done = 1;
 	}
 }
 
@@ -822,6 +900,11 @@ int replay_run(struct replay *rp)
 			r = rp->begins[bi].round;
 		if (ri < rp->nreduces && rp->reduces[ri].round < r)
 			r = rp->reduces[ri].round;
+		/* Values an average given up later goes back to: those at the
+		 * start of its first round (no round between moved them). */
+		if (save_restores(rp, r))
+			return -ENOMEM;
+		apply_restores(rp, r);
 		/* First every result of the round, from the values at its start... */
 		for (; ri < rp->nreduces && rp->reduces[ri].round == r; ri++) {
 			int rc = compute_reduce(rp, &rp->reduces[ri]);
@@ -832,7 +915,11 @@ int replay_run(struct replay *rp)
 		/* ...then what each member keeps. */
 		for (; bi < rp->nbegins && rp->begins[bi].round == r; bi++)
 			settle(rp, &rp->begins[bi]);
+		apply_restores(rp, (uint64_t)r + 1);
 	}
+	if (save_restores(rp, UINT32_MAX))
+		return -ENOMEM;
+	apply_restores(rp, UINT64_MAX);
 	return 0;
 }
 
