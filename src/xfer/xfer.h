@@ -94,7 +94,11 @@ struct mp_chan {
  * does not count, so on equal links the figure is the link's rate whatever
  * the part, and on a slower link it is lower. The union (one interval while
  * several channels send at once) makes it the member's link, not the sum of
- * its per-peer shares.
+ * its per-peer shares. Arrivals were tried and dropped: their rate over the
+ * union of streaming times is held to the slowest sender's (on shaped links
+ * every member measured the slow member's rate), and the sum of per-channel
+ * arrival rates grew with the part (on loopback one member ended up with the
+ * whole vector).
  *
  * Its limit: a send completes when the transport has taken it, and TCP's
  * socket buffers (MP_TCP_SOCKBUF, 4 MiB by default) take a part of a few
