@@ -207,7 +207,8 @@ struct mp_config {
 enum mp_balance {
 	MP_BALANCE_CONFIGURED = 0, /**< MP_BANDWIDTHS / MP_BANDWIDTH (equal parts without them) */
 	MP_BALANCE_MEASURED = 1,   /**< the throughput each member measured on earlier
-	                                exchanges, which it sends its group (RATE) before
+	                                exchanges (bytes sent over the time it had a send in
+	                                flight), which it sends its group (RATE) before
 	                                every group all-reduce: DeDLOC's balancer fed at run
 	                                time (doc/design.md) */
 };
@@ -548,8 +549,10 @@ struct mp_peer_info {
 	double since_progress_s;   /**< seconds since a frame last moved with it; -1 never */
 	double bandwidth_Bps;      /**< bytes moved with it per second while a transfer with it
 	                                was active, moving average over exchanges; for
-	                                ::MP_PEER_SELF the sum over the peers of an exchange
-	                                (this peer's throughput); 0 not measured yet */
+	                                ::MP_PEER_SELF the bytes this peer sent over the time
+	                                it had a send in flight (its own throughput, the
+	                                figure of MP_BALANCE=measured; sends only, weighted
+	                                1/16); 0 not measured yet */
 	double rtt_s;              /**< handshake round trip (our message to its answer),
 	                                moving average over connections; 0 not measured yet */
 	uint64_t bytes_sent;       /**< bytes of frames sent to it (headers included) */

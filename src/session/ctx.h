@@ -209,10 +209,13 @@ struct mp_ctx {
 	/* rounds */
 	uint32_t round; /* global round number, agreed by all peers */
 
-	/* Measured throughput (engine.c): moving average over exchanges of
-	 * the sum of the per-peer rates, the figure this peer sends in RATE
-	 * under MP_BALANCE=measured; and the last figure it sent (0 none). */
+	/* Measured throughput (engine.c, measure): moving average over
+	 * exchanges of the bytes this peer sent over the time it had a send
+	 * in flight (struct mp_busy), the figure it sends in RATE under
+	 * MP_BALANCE=measured; the exchanges measured so far; and the last
+	 * figure it sent (0 none). */
 	double self_Bps;
+	uint64_t self_samples;
 	uint64_t rate_sent;
 	/* mp_peers_publish's copy of the table, under peers.c's lock */
 	struct mp_peer_snap *snap;

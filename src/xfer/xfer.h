@@ -78,6 +78,73 @@ struct mp_chan {
 	int open_sent, open_got;         /* our OPEN produced; the peer's OPEN checked */
 };
 
+/*
+ * This member's own throughput figure (ctx->self_Bps, sent in RATE frames
+ * for MP_BALANCE=measured): the frame bytes it sent over its send-busy
+ * time, the union over all its channels of the intervals while at least
+ * one send was posted and not yet completed.
+ *
+ * Why not bytes over the whole exchange: in a butterfly every transfer
+ * stays active until the slowest member is done, so every member's time is
+ * about the same and a member with a larger part (more bytes) measured a
+ * larger figure, which earned it a larger part next time (positive
+ * feedback; doc/performance.md). A send in flight is a time the member's
+ * link (or its peer's receiving side, pushing back) was moving its data;
+ * the time it waits for others' contributions has no send in flight and
+ * does not count, so on equal links the figure is the link's rate whatever
+ * the part, and on a slower link it is lower. The union (one interval while
+ * several channels send at once) makes it the member's link, not the sum of
+ * its per-peer shares. Arrivals were tried and dropped: their rate over the
+ * union of streaming times is held to the slowest sender's (on shaped links
+ * every member measured the slow member's rate), and the sum of per-channel
+ * arrival rates grew with the part (on loopback one member ended up with the
+ * whole vector).
+ *
+ * Its limit: a send completes when the transport has taken it, and TCP's
+ * socket buffers (MP_TCP_SOCKBUF, 4 MiB by default) take a part of a few
+ * MiB at once, so a link only shows once a member's sends exceed them: on
+ * shaped 1 Gbit/s links with one member at half, the figures at 4 MiB were
+ * memory copies (GB/s, the slow member's no lower); at 32 MiB its figure
+ * was about half the others' (doc/performance.md).
+ *
+ * Cheap: it uses the engine loop's timestamp (one per pass, which exists
+ * anyway), so an interval is known to a pass of the loop: it may start
+ * before the encoding of its first send, and a send that completes within
+ * its post counts until the next pass.
+ */
+struct mp_busy {
+	int n;          /* sends in flight now, all channels together */
+	uint64_t since; /* start of the open busy interval (n > 0) */
+	uint64_t ns;    /* closed busy intervals, summed */
+	uint64_t bytes; /* frame bytes of the sends completed */
+};
+
+/* A send was posted at @now. */
+static inline void mp_busy_post(struct mp_busy *b, uint64_t now)
+{
+	if (b->n++ == 0)
+		b->since = now;
+}
+
+/* @k sends left flight at @now, having carried @bytes (0: failed or
+ * cancelled; they still end their busy time). */
+static inline void mp_busy_done(struct mp_busy *b, uint64_t now, int k, uint64_t bytes)
+{
+	b->bytes += bytes;
+	if (k <= 0 || b->n <= 0)
+		return;
+	b->n = k < b->n ? b->n - k : 0;
+	if (b->n == 0 && now > b->since)
+		b->ns += now - b->since;
+}
+
+/* Bytes per second over the busy time so far (closed intervals); 0 when
+ * nothing was measured. */
+static inline double mp_busy_rate(const struct mp_busy *b)
+{
+	return b->ns && b->bytes ? (double)b->bytes * 1e9 / (double)b->ns : 0.0;
+}
+
 struct mp_xfer {
 	struct mp_ctx *ctx;
 	const struct mp_xfer_ops *xops;
@@ -105,6 +172,7 @@ struct mp_xfer {
 	int no_give_up;            /* an earlier round of the average wrote the buffer and
 	                              nothing can put it back (struct mp_avg): a peer that
 	                              disagrees is dropped, never a reason to give up */
+	struct mp_busy busy;       /* this member's send-busy time: its own figure (measure) */
 };
 
 /* Largest frame this context must be able to receive (engine.c). */

@@ -655,7 +655,10 @@ static void flags_alike_average(void **s)
  * alone, fails as a static run without its peer does. */
 static void bad_weight(float w, const char *name, const char *said)
 {
-	struct job j = {.name = name, .npeers = 2, .count = 100};
+	/* Rank 1 only has to fail: it waits for rank 0's OPEN, which never
+	 * comes, one round timeout (1 s rather than 5: three cases, three
+	 * builds). */
+	struct job j = {.name = name, .npeers = 2, .count = 100, .round_timeout_ms = 1000};
 	struct report rep[2];
 
 	j.odd[0] = (struct peer_cfg){.weight = w};
