@@ -105,6 +105,7 @@ wait "$pid" 2>/dev/null
 [ -n "$(present "$pid")" ] || fail "SIGKILL: the bed vanished by itself (the test proves nothing)"
 "$bed" down "$pid" 2>/dev/null || fail "down $pid failed"
 # The run's command (sleep) outlives it too; it is ours to end.
+# shellcheck disable=SC2046 # one pid a word
 kill $(for p in $pids; do [ "$(cat /proc/"$p"/comm 2>/dev/null)" = sleep ] && echo "$p"; done) 2>/dev/null
 expect_gone "$pid" $pids
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the WAN test bed's tests (sourced): skip checks (exit 77 with a
 # reason) and the probe's path.
 #   wan_need_bed: root, ip, tc, python3, and a namespace can be made
