@@ -7,6 +7,9 @@ top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 need=(gcc meson ninja-build pkg-config libcmocka-dev libsodium-dev libopendht-dev libopendht-c-dev libunistring-dev libdpdk-dev libfabric-dev libibverbs-dev)
 # OpenMPI is the reference in tools/bench_vs_mpi.sh; tests do not need it.
 [ "${MP_WITH_MPI:-0}" = 1 ] && need+=(openmpi-bin libopenmpi-dev)
+# The WAN test bed's delay (tools/nfq_delay.c, tools/wan_bed.sh): its tests
+# skip without them.
+[ "${MP_WITH_WAN:-0}" = 1 ] && need+=(iptables libnetfilter-queue-dev)
 # gnuplot draws the plots of tools/convergence.sh; tests do not need it.
 [ "${MP_WITH_DOCS:-0}" = 1 ] && need+=(gnuplot-nox)
 
