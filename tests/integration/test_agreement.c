@@ -63,6 +63,7 @@ struct job {
 	int odd_set[MAXP];
 	int nan_rank;      /* check_finite job: this rank's value 0 is NaN (part 0); 0: none */
 	int round_timeout_ms; /* 0: 5000 */
+	int connect_timeout_ms; /* 0: 3000 */
 	int warm;          /* every peer first averages j->count values once, all agreeing:
 	                      the average judged runs on connections already agreed */
 };
@@ -135,7 +136,7 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 	cfg.min_part = pc.min_part;
 	cfg.check_finite = pc.check_finite;
 	cfg.listen = "127.0.0.1:0";
-	cfg.connect_timeout_ms = 3000;
+	cfg.connect_timeout_ms = j->connect_timeout_ms ? j->connect_timeout_ms : 3000;
 	cfg.round_timeout_ms = j->round_timeout_ms ? j->round_timeout_ms : 5000;
 	rc = mp_init(&cfg, &ctx);
 	if (rc) {
@@ -655,10 +656,11 @@ static void flags_alike_average(void **s)
  * alone, fails as a static run without its peer does. */
 static void bad_weight(float w, const char *name, const char *said)
 {
-	/* Rank 1 only has to fail: it waits for rank 0's OPEN, which never
-	 * comes, one round timeout (1 s rather than 5: three cases, three
-	 * builds). */
-	struct job j = {.name = name, .npeers = 2, .count = 100, .round_timeout_ms = 1000};
+	/* Rank 1 only has to fail: rank 0 never exchanges, and rank 1 gives up
+	 * reaching it after its connect timeouts (1 s rather than 3: three
+	 * cases, three builds). */
+	struct job j = {.name = name, .npeers = 2, .count = 100, .round_timeout_ms = 1000,
+			.connect_timeout_ms = 1000};
 	struct report rep[2];
 
 	j.odd[0] = (struct peer_cfg){.weight = w};
