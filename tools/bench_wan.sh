@@ -328,7 +328,7 @@ run_system() {
 		timeout -k 2 "$limit" ip netns exec "mpw-$id-0" unshare --uts sh -c 'hostname mpw0 && exec "$@"' sh \
 			mpirun --allow-run-as-root -np "$peers" --hostfile "$hosts" --map-by node \
 			--mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
-			--mca oob_tcp_if_include wan0 --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include wan0 \
+			--mca mpi_yield_when_idle 1 --mca oob_tcp_if_include wan0 --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include wan0 \
 			"$mpi_ref" -b "$r_minb" -e "$r_maxb" -f "$factor" -n "$r_iters" -w "$r_warmup" \
 			>"$dir/openmpi.txt" 2>"$dir/openmpi.log" &
 		kids+=($!)

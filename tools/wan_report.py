@@ -127,13 +127,14 @@ def load_rows(bed_dir: str, system: str, peers: int) -> list[dict[str, Any]]:
     return rows
 
 
-def last_line(path: str) -> str | None:
+def last_line(path: str, first: bool = False) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            lines = [ln.strip() for ln in f if ln.strip()]
+            # Not a rule of dashes (OpenMPI frames its messages in them).
+            lines = [ln.strip() for ln in f if ln.strip().strip("-=*")]
     except OSError:
         return None
-    return lines[-1][:200] if lines else None
+    return lines[0 if first else -1][:200] if lines else None
 
 
 def faults(bed_dir: str, peers: int) -> list[dict[str, Any]]:
@@ -160,7 +161,8 @@ def faults(bed_dir: str, peers: int) -> list[dict[str, Any]]:
                     # timeout(1) exits 124 when the bound ended the run.
                     "running_at_bound": e["rc"] == 124,
                     "ended_s_after_kill": after,
-                    "last_line": last_line(log),
+                    # mpirun's first line names the failure; a rank's last.
+                    "last_line": last_line(log, first=system == "openmpi"),
                 }
             )
         rows = []
