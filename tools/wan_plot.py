@@ -13,6 +13,13 @@ import os
 import sys
 
 
+def size_label(b: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return f"{b >> shift}{unit}"
+    return str(b)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -26,16 +33,24 @@ def main(argv: list[str]) -> int:
         doc = json.load(f)
     for bed in doc["beds"]:
         fig, ax = plt.subplots(figsize=(8, 5.5))
-        for s in bed["systems"]:
+        sizes: set[int] = set()
+        for i, s in enumerate(bed["systems"]):
             rows = sorted((r["bytes"], r["time_us"]) for r in s["rows"] if r["time_us"])
             if not rows:
                 continue
-            style = "--" if s["system"] in ("gloo", "openmpi") else "-"
-            ax.plot([b for b, _ in rows], [t / 1e3 for _, t in rows], style, marker="o",
-                    markersize=3, label=s["system"])
+            sizes.update(b for b, _ in rows)
+            # The baselines dashed and thick; 20 distinct colours, as more
+            # than the default cycle's 10 systems run.
+            base = s["system"] in ("gloo", "openmpi")
+            ax.plot([b for b, _ in rows], [t / 1e3 for _, t in rows], "--" if base else "-",
+                    marker="o", markersize=3, linewidth=2.2 if base else 1.2,
+                    color=plt.cm.tab20(i % 20), label=s["system"])
         ax.set_xscale("log", base=2)
+        ticks = sorted(sizes)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([size_label(b) for b in ticks], fontsize=8)
         ax.set_yscale("log")
-        ax.set_xlabel("message size (bytes, fp32)")
+        ax.set_xlabel("message size (fp32; K, M: 2^10, 2^20 bytes)")
         ax.set_ylabel("time of one all-reduce (ms)")
         rtt = f", round trip {bed['rtt_ms']:.2f} ms" if bed.get("rtt_ms") is not None else ""
         ax.set_title(f"{bed['peers']} peers, {bed['rate']} uplinks, delay {bed['delay']}{rtt}")
