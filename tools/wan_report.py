@@ -61,17 +61,20 @@ def read_status(path: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def json_results(path: str) -> list[dict[str, Any]]:
+    """The "results" list of a system's JSON file; empty when it wrote none."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["results"]
+
+
 def load_rows(bed_dir: str, system: str, peers: int) -> list[dict[str, Any]]:
     """One row per size that SYSTEM's output has."""
     fp32_wire = 2 * (peers - 1) / peers
     rows: list[dict[str, Any]] = []
     if system == "gloo":
-        path = os.path.join(bed_dir, "gloo.json")
-        if not os.path.exists(path):
-            return rows
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-        for r in doc["results"]:
+        for r in json_results(os.path.join(bed_dir, "gloo.json")):
             rows.append(
                 {
                     "bytes": r["bytes"],
@@ -105,12 +108,7 @@ def load_rows(bed_dir: str, system: str, peers: int) -> list[dict[str, Any]]:
                     }
                 )
     else:
-        path = os.path.join(bed_dir, system + ".json")
-        if not os.path.exists(path):
-            return rows
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-        for r in doc["results"]:
+        for r in json_results(os.path.join(bed_dir, system + ".json")):
             rows.append(
                 {
                     "bytes": r["bytes"],

@@ -413,6 +413,16 @@ static void issue_grid_4_against_2x2(void **s)
 	assert_true(rep[3].exact);
 }
 
+/* Rank @r failed with @rc and left buffer, residue and weight as passed. */
+static void refused_untouched(const struct report *rep, int r, int rc)
+{
+	if (rep[r].rc != rc || !rep[r].unchanged || !rep[r].residue_zero ||
+	    rep[r].weight != (float)(r + 1))
+		fail_msg("rank %d: rc %d (want %d), unchanged %d, residue zero %d, weight %g: \"%s\"",
+			 r, rep[r].rc, rc, rep[r].unchanged, rep[r].residue_zero,
+			 (double)rep[r].weight, rep[r].err);
+}
+
 /*
  * 2x2 grid: rounds 0 group {0,1} and {2,3}, round 1 {0,2} and {1,3}
  * (MP_DEBUG=TRACE, "round N: group"). A disagreement that only a later round
@@ -474,12 +484,7 @@ static void later_round_settings_all(void **s)
 	j.odd_set[2] = j.odd_set[3] = 1;
 	launch(&j, rep);
 	for (int r = 0; r < 4; r++) {
-		fprintf(stderr, "rank %d: rc %d, unchanged %d, residue zero %d, \"%s\"\n", r, rep[r].rc,
-			rep[r].unchanged, rep[r].residue_zero, rep[r].err);
-		assert_int_equal(rep[r].rc, -EBADE);
-		assert_true(rep[r].unchanged);
-		assert_true(rep[r].residue_zero);
-		assert_true(rep[r].weight == (float)(r + 1));
+		refused_untouched(rep, r, -EBADE);
 		assert_non_null(strstr(rep[r].err, "group all-reduce round 1: peer "));
 		assert_non_null(strstr(rep[r].err, r < 2 ? "ours 0, theirs 16" : "ours 16, theirs 0"));
 	}
@@ -502,12 +507,7 @@ static void later_round_count(void **s)
 	j.odd_set[2] = j.odd_set[3] = 1;
 	launch(&j, rep);
 	for (int r = 0; r < 4; r++) {
-		fprintf(stderr, "rank %d: rc %d, unchanged %d, residue zero %d, \"%s\"\n", r, rep[r].rc,
-			rep[r].unchanged, rep[r].residue_zero, rep[r].err);
-		assert_int_equal(rep[r].rc, -EMSGSIZE);
-		assert_true(rep[r].unchanged);
-		assert_true(rep[r].residue_zero);
-		assert_true(rep[r].weight == (float)(r + 1));
+		refused_untouched(rep, r, -EMSGSIZE);
 	}
 	assert_non_null(strstr(rep[0].err, "round 1: peer 2 (127.0.0.1:"));
 	assert_non_null(strstr(rep[0].err, "peer 2 averages 2048 values, this peer 1024"));
