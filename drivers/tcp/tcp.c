@@ -8,10 +8,23 @@
  * lets a receiver notice a stream that is not ours (or that lost sync) and
  * fail the connection with -EPROTO instead of scribbling into user buffers.
  *
- * Flow control is the kernel's: a connection polls EPOLLIN only while a
- * receive is posted, so unsolicited data stays in the socket buffer and TCP
- * pushes back on the sender. Payloads are read straight into the posted
- * buffer; only the 8-byte header goes through the connection.
+ * Flow control is the kernel's: a connection reads only while a receive is
+ * posted, so unsolicited data stays in the socket buffer (but for at most
+ * one read-ahead buffer's worth) and TCP pushes back on the sender.
+ *
+ * System calls per message matter more than copies for small messages: on
+ * a host with fewer cores than peers, each costs a few microseconds of the
+ * cores every peer shares. So
+ *  - receives read ahead: one readv fills the rest of the current payload
+ *    straight into its posted buffer and, behind it, up to TCP_RBUF bytes
+ *    into the connection's read-ahead buffer, where the next headers and
+ *    small messages wait to be copied out. A large payload still lands in
+ *    its posted buffer without a copy, but for what came in with a header.
+ *  - sends are gathered: isend queues the message and the next progress()
+ *    writes every queued message of the connection with one sendmsg (an
+ *    exchange's OPEN and its first data frame go out together).
+ *  - a listener is asked for a connection only after epoll reported it
+ *    readable since it last had none.
  *
  * Environment:
  *   MP_TCP_SOCKBUF  socket send and receive buffer size in bytes, optional
@@ -57,6 +70,7 @@ extern const struct mp_driver_ops mp_tcp_driver_ops;
 #define TCP_EVENTS 64         /* epoll events taken per wait */
 #define TCP_BACKLOG 1024
 #define TCP_SOCKBUF_DEFAULT (4 << 20)
+#define TCP_RBUF (32 << 10)   /* read-ahead buffer per connection */
 
 /* Address blob (inet.h): moved between hosts, so every field is a byte array. */
 _Static_assert(sizeof(struct mp_inet_addr) <= MP_DRV_ADDR_MAX, "address blob too large");
@@ -97,15 +111,19 @@ struct tcp_conn {
 	int64_t deadline;   /* connect deadline, ms on CLOCK_MONOTONIC; 0 = none */
 	struct mp_reqq sq;
 	struct mp_reqq rq;
-	unsigned char rhdr[TCP_HDR_SIZE];
-	size_t rhdr_got;    /* header bytes of the current incoming message */
+	int dirty;          /* sends queued since the last flush (on d->ndirty) */
+	int have_hdr;       /* the current incoming message's header is parsed */
+	int rdry;           /* the last read found the socket drained */
 	size_t rlen;        /* its payload length, once the header is in */
 	size_t rgot;        /* payload bytes already in the posted buffer */
+	unsigned char *rbuf; /* read-ahead, TCP_RBUF bytes, allocated on first read */
+	size_t roff, rend;  /* unread bytes of rbuf: [roff, rend) */
 };
 
 struct tcp_listener {
 	struct mp_sock_listener sk; /* on d->sp.listeners */
 	struct tcp_drv *drv;
+	int ready;          /* epoll saw it readable since accept last found none */
 };
 
 struct tcp_mr {
@@ -121,6 +139,7 @@ struct tcp_drv {
 	int sndbuf;         /* 0 = leave the kernel default */
 	int rcvbuf;
 	int nconnecting;
+	int ndirty;         /* connections with queued, unflushed sends */
 	struct mp_reqpool reqs;
 };
 
@@ -267,6 +286,10 @@ static void tcp_conn_fail(struct tcp_conn *c, int err)
 		c->drv->nconnecting--;
 	c->state = TCP_FAILED;
 	c->err = err;
+	if (c->dirty) {
+		c->dirty = 0;
+		c->drv->ndirty--;
+	}
 	mp_sock_close(&c->drv->sp, &c->sk);
 	mp_reqq_fail(&c->sq, tcp_req_fail, err);
 	mp_reqq_fail(&c->rq, tcp_req_fail, err);
@@ -326,6 +349,10 @@ static void tcp_conn_flush(struct tcp_conn *c)
 	struct iovec v[TCP_GATHER_MAX];
 	struct msghdr msg;
 
+	if (c->dirty) {
+		c->dirty = 0;
+		c->drv->ndirty--;
+	}
 	while (c->state == TCP_OPEN && c->sq.head) {
 		size_t want = 0;
 		ssize_t w;
@@ -369,13 +396,13 @@ static void tcp_conn_flush(struct tcp_conn *c)
 }
 
 /*
- * Handle a recv() result that is not a positive count. Returns 1 if reading
+ * Handle a read result that is not a positive count. Returns 1 if reading
  * should stop for now (would block, or the connection failed).
  */
 static int tcp_read_stop(struct tcp_conn *c, ssize_t n)
 {
 	if (n == 0) {
-		if (c->rhdr_got == 0)
+		if (!c->have_hdr && c->roff == c->rend)
 			MP_INFO("tcp: %s: peer closed the connection", c->sk.name);
 		else
 			MP_INFO("tcp: %s: peer closed the connection in the middle of a message",
@@ -385,10 +412,72 @@ static int tcp_read_stop(struct tcp_conn *c, ssize_t n)
 	}
 	if (errno == EINTR)
 		return 0;
-	if (errno == EAGAIN || errno == EWOULDBLOCK)
+	if (errno == EAGAIN || errno == EWOULDBLOCK) {
+		c->rdry = 1;
 		return 1;
+	}
 	MP_INFO("tcp: %s: recv: %s", c->sk.name, strerror(errno));
 	tcp_conn_fail(c, tcp_peer_err(errno));
+	return 1;
+}
+
+/*
+ * One read: @want bytes straight into @dst (the rest of the current
+ * payload, or nothing), and behind them as much as fits into the read-ahead
+ * buffer. Returns 1 if bytes came, 0 if reading should stop for now.
+ */
+static int tcp_fill(struct tcp_conn *c, unsigned char *dst, size_t want)
+{
+	struct iovec v[2];
+	size_t room, asked;
+	int n = 0;
+	ssize_t got;
+
+	if (c->rdry)
+		return 0; /* drained: wait for EPOLLIN rather than ask again */
+	if (!c->rbuf) {
+		c->rbuf = malloc(TCP_RBUF);
+		if (!c->rbuf) {
+			MP_WARN("tcp: %s: no memory for the read-ahead buffer", c->sk.name);
+			tcp_conn_fail(c, -ENOMEM);
+			return 0;
+		}
+	}
+	if (c->roff == c->rend) {
+		c->roff = c->rend = 0;
+	} else if (c->roff > TCP_RBUF / 2) {
+		/* Only a header's worth or a part of a message waits: move it down. */
+		memmove(c->rbuf, c->rbuf + c->roff, c->rend - c->roff);
+		c->rend -= c->roff;
+		c->roff = 0;
+	}
+	if (want) {
+		v[n].iov_base = dst;
+		v[n++].iov_len = want;
+	}
+	room = TCP_RBUF - c->rend;
+	if (room) {
+		v[n].iov_base = c->rbuf + c->rend;
+		v[n++].iov_len = room;
+	}
+	if (!n)
+		return 0;
+	asked = want + room;
+	for (;;) {
+		got = readv(c->sk.fd, v, n);
+		if (got > 0)
+			break;
+		if (tcp_read_stop(c, got))
+			return 0;
+	}
+	if ((size_t)got < asked)
+		c->rdry = 1; /* the socket had no more: the next read would block */
+	if ((size_t)got <= want) {
+		c->rgot += (size_t)got;
+	} else {
+		c->rgot += want;
+		c->rend += (size_t)got - want;
+	}
 	return 1;
 }
 
@@ -396,24 +485,22 @@ static int tcp_read_stop(struct tcp_conn *c, ssize_t n)
 static void tcp_conn_read(struct tcp_conn *c)
 {
 	struct tcp_req *r;
-	ssize_t n;
 
 	while (c->state == TCP_OPEN && (r = TCP_REQ(c->rq.head))) {
-		if (c->rhdr_got < TCP_HDR_SIZE) {
-			size_t ask = TCP_HDR_SIZE - c->rhdr_got;
+		size_t avail = c->rend - c->roff;
+
+		if (!c->have_hdr) {
+			const unsigned char *h;
 			uint32_t tag, len;
 
-			n = recv(c->sk.fd, c->rhdr + c->rhdr_got, ask, 0);
-			if (n <= 0) {
-				if (tcp_read_stop(c, n))
+			if (avail < TCP_HDR_SIZE) {
+				if (!tcp_fill(c, NULL, 0))
 					break;
 				continue;
 			}
-			c->rhdr_got += (size_t)n;
-			if ((size_t)n < ask)
-				break; /* drained; level-triggered EPOLLIN brings us back */
-			tag = mp_le_get32(c->rhdr);
-			len = mp_le_get32(c->rhdr + 4);
+			h = c->rbuf + c->roff;
+			tag = mp_le_get32(h);
+			len = mp_le_get32(h + 4);
 			if (tag != TCP_FRAME_MAGIC || len > TCP_MAX_MSG) {
 				MP_WARN("tcp: %s: bad frame header (tag 0x%08x, length %u); "
 					"not a moshpit tcp stream or out of sync, closing",
@@ -435,26 +522,30 @@ static void tcp_conn_read(struct tcp_conn *c)
 				tcp_conn_fail(c, -ECONNRESET);
 				break;
 			}
+			c->roff += TCP_HDR_SIZE;
+			avail -= TCP_HDR_SIZE;
+			c->have_hdr = 1;
 			c->rlen = len;
 			c->rgot = 0;
 		}
 		if (c->rgot < c->rlen) {
-			size_t ask = c->rlen - c->rgot;
+			size_t take = c->rlen - c->rgot < avail ? c->rlen - c->rgot : avail;
 
-			n = recv(c->sk.fd, r->r.buf + c->rgot, ask, 0);
-			if (n <= 0) {
-				if (tcp_read_stop(c, n))
+			if (take) {
+				memcpy(r->r.buf + c->rgot, c->rbuf + c->roff, take);
+				c->roff += take;
+				c->rgot += take;
+			}
+			if (c->rgot < c->rlen) {
+				if (!tcp_fill(c, r->r.buf + c->rgot, c->rlen - c->rgot))
 					break;
 				continue;
 			}
-			c->rgot += (size_t)n;
-			if ((size_t)n < ask)
-				break;
 		}
 		mp_reqq_pop(&c->rq);
 		r->base.nbytes = c->rlen;
 		tcp_req_complete(r, 0);
-		c->rhdr_got = 0;
+		c->have_hdr = 0;
 		c->rlen = 0;
 		c->rgot = 0;
 	}
@@ -486,8 +577,10 @@ static void tcp_conn_event(struct tcp_conn *c, uint32_t ev)
 		return;
 	}
 	/* Reading or writing surfaces a pending socket error with its own errno. */
-	if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP))
+	if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+		c->rdry = 0;
 		tcp_conn_read(c);
+	}
 	if (ev & (EPOLLOUT | EPOLLERR | EPOLLHUP))
 		tcp_conn_flush(c);
 	if (c->state == TCP_OPEN && (ev & (EPOLLERR | EPOLLHUP))) {
@@ -568,8 +661,12 @@ static void tcp_close(struct mp_drv_conn *cp)
 	if (!c)
 		return;
 	MP_TRACE("tcp: closing connection with %s", c->sk.name);
+	/* What was queued last (a BYE, a REJECT) still goes, if the socket takes it. */
+	if (c->sq.head)
+		tcp_conn_flush(c);
 	tcp_conn_fail(c, -ECANCELED);
 	mp_sock_remove(&c->drv->sp, &c->sk);
+	free(c->rbuf);
 	free(c);
 }
 
@@ -588,6 +685,7 @@ static int tcp_listen(struct mp_drv *dp, const char *bind_text, void *blob, size
 	if (!l)
 		return -ENOMEM;
 	l->drv = d;
+	l->ready = 1;
 	/* tcp_sock_tune: accepted sockets inherit the buffer sizes, in time for
 	 * the SYN-ACK's window scale. */
 	rc = mp_sock_listen(&d->sp, bind_text, TCP_BACKLOG, tcp_sock_tune, d, &l->sk, blob, len);
@@ -609,7 +707,12 @@ static int tcp_accept(struct mp_drv_listener *lp, struct mp_drv_conn **out)
 
 	if (!l || !out)
 		return -EINVAL;
+	/* Level-triggered: epoll reports a waiting connection at every wait. */
+	if (!l->ready)
+		return -EAGAIN;
 	rc = mp_sock_accept(&l->drv->sp, &l->sk, &fd, &ss);
+	if (rc == -EAGAIN)
+		l->ready = 0;
 	if (rc)
 		return rc;
 	rc = tcp_conn_new(l->drv, fd, TCP_OPEN, (struct sockaddr *)&ss, &c);
@@ -670,9 +773,12 @@ static int tcp_isend(struct mp_drv_conn *cp, const struct mp_iov *iov, int iovcn
 	r->base.nbytes = total;
 	mp_reqq_push(&c->sq, &r->base.link);
 	*out = (struct mp_drv_req *)(void *)r;
-	/* Try the write now for latency, unless earlier sends already wait for room. */
-	if (c->state == TCP_OPEN && !c->want_out)
-		tcp_conn_flush(c);
+	/* Written by the next progress(), with whatever else is queued by
+	 * then; unless earlier sends already wait for room (EPOLLOUT). */
+	if (c->state == TCP_OPEN && !c->want_out && !c->dirty) {
+		c->dirty = 1;
+		c->drv->ndirty++;
+	}
 	return 0;
 }
 
@@ -756,6 +862,14 @@ static int tcp_progress(struct mp_drv *dp, int timeout_ms)
 
 	if (d->nconnecting)
 		timeout_ms = tcp_clip_timeout(d, timeout_ms);
+	if (d->ndirty) {
+		for (struct tcp_conn *c = tcp_conn_at(d->sp.conns); c && d->ndirty;
+		     c = tcp_conn_at(c->sk.link.next))
+			if (c->dirty)
+				tcp_conn_flush(c);
+		/* Sends completed: the caller has work before any wait. */
+		timeout_ms = 0;
+	}
 	n = epoll_wait(d->sp.epfd, evs, TCP_EVENTS, timeout_ms);
 	if (n < 0) {
 		if (errno != EINTR) {
@@ -775,6 +889,7 @@ static int tcp_progress(struct mp_drv *dp, int timeout_ms)
 			break;
 		case MP_SOCK_LISTENER:
 			/* accept() picks the connection up; the wait just ends. */
+			mp_container_of(ep, struct tcp_listener, sk.ep)->ready = 1;
 			break;
 		case MP_SOCK_CONN:
 			tcp_conn_event(mp_container_of(ep, struct tcp_conn, sk.ep), evs[i].events);

@@ -443,6 +443,72 @@ static void test_recv_posted_late(void **state)
 	assert_memory_equal(buf, "late", 4);
 }
 
+/*
+ * Messages of mixed sizes, all queued before any receive is posted, then
+ * taken one receive at a time: headers and payloads straddle the read-ahead
+ * buffer's end, a large payload starts in it and goes on straight into its
+ * posted buffer, and a zero-length message sits between others.
+ */
+static void test_readahead_mixed(void **state)
+{
+	struct pair *p = *state;
+	static const size_t sizes[] = {1,     0,      7,    4096, 30000,   32760, 40000,
+				       3,     100000, 65536, 5,   1u << 20, 12,   32768};
+	enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+	unsigned char *src[N], *dst = malloc((1u << 20) + 1);
+	struct mp_drv_req *rs[N];
+
+	assert_non_null(dst);
+	for (int i = 0; i < N; i++) {
+		struct mp_iov iov;
+
+		src[i] = malloc(sizes[i] + 1);
+		assert_non_null(src[i]);
+		for (size_t k = 0; k < sizes[i]; k++)
+			src[i][k] = pattern(k, (size_t)i + 100);
+		iov.base = src[i];
+		iov.len = sizes[i];
+		assert_int_equal(ops->isend(p->a, &iov, 1, NULL, &rs[i]), 0);
+	}
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(ops->progress(p->d, 1), 0);
+	for (int i = 0; i < N; i++) {
+		struct mp_drv_req *rr;
+		size_t nb = (size_t)-1;
+
+		memset(dst, 0xee, sizes[i] + 1);
+		assert_int_equal(ops->irecv(p->b, dst, (1u << 20) + 1, NULL, &rr), 0);
+		assert_int_equal(wait_req(p->d, rr, &nb), 0);
+		assert_int_equal(nb, sizes[i]);
+		assert_memory_equal(dst, src[i], sizes[i]);
+		assert_int_equal(dst[sizes[i]], 0xee);
+	}
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(wait_req(p->d, rs[i], NULL), 0);
+		free(src[i]);
+	}
+	free(dst);
+}
+
+/* A message queued just before close still reaches the peer (a BYE, a REJECT). */
+static void test_close_sends_queued(void **state)
+{
+	struct pair *p = *state;
+	char buf[16] = {0};
+	struct mp_drv_req *rr, *rs;
+	struct mp_iov iov = {"bye!", 4};
+	size_t nb = 0;
+
+	exchange(p->d, NULL, p->a, p->b, 1, 0); /* connected by now */
+	assert_int_equal(ops->isend(p->a, &iov, 1, NULL, &rs), 0);
+	ops->close(p->a);
+	p->a = NULL;
+	assert_int_equal(ops->irecv(p->b, buf, sizeof(buf), NULL, &rr), 0);
+	assert_int_equal(wait_req(p->d, rr, &nb), 0);
+	assert_int_equal(nb, 4);
+	assert_memory_equal(buf, "bye!", 4);
+}
+
 static void test_emsgsize(void **state)
 {
 	struct pair *p = *state;
@@ -878,6 +944,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_ordering, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_short_message, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_recv_posted_late, setup_pair, teardown_pair),
+		cmocka_unit_test_setup_teardown(test_readahead_mixed, setup_pair, teardown_pair),
+		cmocka_unit_test_setup_teardown(test_close_sends_queued, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_emsgsize, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_oversized_send_rejected, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_queue_full_and_cancel, setup_pair, teardown_pair),
