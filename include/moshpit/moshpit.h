@@ -201,7 +201,18 @@ struct mp_config {
 	int probe_max_ms;       /**< MP_PROBE_MAX_MS: the longest interval the probes of a down
 	                             peer back off to; probe_min_ms to 3600000 (default 30000).
 	                             Local, as probe_min_ms */
+	size_t direct_max;      /**< MP_DIRECT_MAX: vectors of at most this many bytes (and at most
+	                             one chunk) are averaged by a direct exchange inside each group
+	                             (ring and butterfly: among all peers): every member sends its
+	                             whole vector to every other and sums what it receives, one hop
+	                             instead of two or 2(N-1); codec none only, not in runs with a
+	                             sparse codec, not in groups with clients (doc/design.md,
+	                             "Short vectors"). 0 switches it off; at most 256 MiB (default
+	                             MP_DIRECT_MAX_DEFAULT). Every peer of a run must set it alike */
 };
+
+/** Default of ::mp_config::direct_max, in bytes. */
+#define MP_DIRECT_MAX_DEFAULT (16u * 1024)
 
 /** Where a group's part sizes come from (MP_BALANCE). */
 enum mp_balance {

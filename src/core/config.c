@@ -54,6 +54,7 @@ void mp_config_init(struct mp_config *cfg)
 	cfg->join_timeout_ms = 30000;
 	cfg->probe_min_ms = MP_PROBE_DEF_MIN_MS;
 	cfg->probe_max_ms = MP_PROBE_DEF_MAX_MS;
+	cfg->direct_max = MP_DIRECT_MAX_DEFAULT;
 }
 
 int mp_mode_from_name(const char *s)
@@ -323,6 +324,7 @@ int mp_config_from_env(struct mp_config *cfg)
 	INT_VAR("MP_CHECK_FINITE", check_finite, 0, 1)
 	INT_VAR("MP_PROBE_MIN_MS", probe_min_ms, MP_PROBE_LO_MS, MP_PROBE_HI_MS)
 	INT_VAR("MP_PROBE_MAX_MS", probe_max_ms, MP_PROBE_LO_MS, MP_PROBE_HI_MS)
+	INT_VAR("MP_DIRECT_MAX", direct_max, 0, 1u << 28)
 #undef INT_VAR
 	/* The backoff's ends in order, once the environment set either (the
 	 * other may be the caller's or the default). Neither is moved to fit
@@ -778,6 +780,10 @@ common:
 	if (out->chunk_bytes < 4 || out->chunk_bytes > (1u << 28) || out->chunk_bytes % 4) {
 		mp_set_init_error("config: chunk_bytes %zu must be a multiple of 4 in [4, 256 MiB]",
 				  out->chunk_bytes);
+		goto bad;
+	}
+	if (out->direct_max > (1u << 28)) {
+		mp_set_init_error("config: direct_max %zu out of range [0, 256 MiB]", out->direct_max);
 		goto bad;
 	}
 	if (out->probe_min_ms < MP_PROBE_LO_MS || out->probe_min_ms > MP_PROBE_HI_MS) {

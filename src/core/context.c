@@ -139,6 +139,7 @@ int mp_init(const struct mp_config *cfg_in, mp_ctx **out)
 	ctx->cfg.grid = NULL;
 	pthread_mutex_init(&ctx->core->mu, NULL);
 	pthread_cond_init(&ctx->core->cv, NULL);
+	pthread_cond_init(&ctx->core->pcv, NULL);
 	if (!ctx->run_name || !ctx->transport || (cfg.listen && !ctx->listen_addr)) {
 		rc = -ENOMEM;
 		goto fail;
@@ -893,33 +894,40 @@ static void *progress_main(void *arg)
 	for (;;) {
 		struct mp_request *req;
 
-		while (!ctx->core->queue.n && !ctx->stop) {
+		while ((!ctx->core->queue.n || ctx->core->inline_busy) && !ctx->stop) {
 			if (ctx->dynamic || !ctx->peers_set) {
-				pthread_cond_wait(&ctx->core->cv, &ctx->core->mu);
+				pthread_cond_wait(&ctx->core->pcv, &ctx->core->mu);
 				continue;
 			}
 			/* Static runs: between averages the thread probes down
 			 * peers and answers others' handshakes (probe.c): every
 			 * 5 ms while probes are due or under way, else 50 ms. */
 			struct timespec dl;
-			long ns = mp_fm_busy(ctx) ? 5000000L : 50000000L;
+			long ns = !ctx->core->inline_busy && mp_fm_busy(ctx) ? 5000000L : 50000000L;
 			clock_gettime(CLOCK_REALTIME, &dl);
 			dl.tv_nsec += ns;
 			if (dl.tv_nsec >= 1000000000L) {
 				dl.tv_sec++;
 				dl.tv_nsec -= 1000000000L;
 			}
-			pthread_cond_timedwait(&ctx->core->cv, &ctx->core->mu, &dl);
+			pthread_cond_timedwait(&ctx->core->pcv, &ctx->core->mu, &dl);
+			/* A caller running its own average owns the transport:
+			 * no probes meanwhile (its exchange answers handshakes). */
+			if (ctx->core->inline_busy)
+				continue;
 			if (ctx->core->queue.n || ctx->stop)
 				break;
+			ctx->core->running = 1;
 			pthread_mutex_unlock(&ctx->core->mu);
 			mp_fm_tick(ctx);
 			pthread_mutex_lock(&ctx->core->mu);
+			ctx->core->running = 0;
 		}
 		if (ctx->stop)
 			break;
 		req = mp_reqq_pop_entry(&ctx->core->queue, struct mp_request, qlink);
 		req->state = REQ_RUNNING;
+		ctx->core->running = 1;
 		pthread_mutex_unlock(&ctx->core->mu);
 
 		int rc = run_request(ctx, req);
@@ -927,6 +935,7 @@ static void *progress_main(void *arg)
 		mp_peers_publish(ctx);
 
 		pthread_mutex_lock(&ctx->core->mu);
+		ctx->core->running = 0;
 		req->status = rc;
 		req->state = REQ_DONE;
 		pthread_cond_broadcast(&ctx->core->cv);
@@ -996,8 +1005,14 @@ static void fb_free(struct mp_fb *f)
  * @flush the buffer's residue is first folded into it (once nothing can fail
  * any more, so an error changes nothing).
  */
+/*
+ * Queue an average for the progress thread; or, with @inl (a blocking call)
+ * when the progress thread is idle and nothing is queued, mark it to run on
+ * the caller's thread (req->inl; run_inline). Staged CUDA memory always
+ * goes to the progress thread (run_request says why).
+ */
 static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
-		    const struct mp_codec_ops *force, int flush, mp_request **out)
+		    const struct mp_codec_ops *force, int flush, int inl, mp_request **out)
 {
 	struct mp_request *req;
 	int rc;
@@ -1079,13 +1094,22 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 		req->fb->busy++;
 	}
 	mr->users++;
-	req->state = REQ_QUEUED;
 	req->live_next = ctx->core->live;
 	if (ctx->core->live)
 		ctx->core->live->live_prev = req;
 	ctx->core->live = req;
-	mp_reqq_push(&ctx->core->queue, &req->qlink);
-	pthread_cond_broadcast(&ctx->core->cv);
+	if (inl && !mr->stage && !ctx->core->queue.n && !ctx->core->running &&
+	    !ctx->core->inline_busy && !ctx->stop) {
+		/* A blocking call with nothing ahead of it runs on the caller's
+		 * thread (run_inline): two thread switches fewer per average. */
+		ctx->core->inline_busy = 1;
+		req->inl = 1;
+		req->state = REQ_RUNNING;
+	} else {
+		req->state = REQ_QUEUED;
+		mp_reqq_push(&ctx->core->queue, &req->qlink);
+		pthread_cond_signal(&ctx->core->pcv);
+	}
 	pthread_mutex_unlock(&ctx->core->mu);
 	*out = req;
 	return 0;
@@ -1102,22 +1126,69 @@ undo:
 int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
 		     mp_request **out)
 {
-	return start_op(ctx, buf, count, weight, mr, NULL, 0, out);
+	return start_op(ctx, buf, count, weight, mr, NULL, 0, 0, out);
+}
+
+/* The codec @flags force (NULL: the run's), or -EINVAL in @rc. */
+static const struct mp_codec_ops *flags_codec(mp_ctx *ctx, unsigned flags, int *rc)
+{
+	*rc = 0;
+	if (ctx && (flags & ~MP_AVG_UNCOMPRESSED)) {
+		/* A bit this library does not know may ask for something the
+		 * peers would then disagree on: refused before anything is sent. */
+		mp_set_error(ctx, "flags 0x%x: unknown bits 0x%x", flags, flags & ~MP_AVG_UNCOMPRESSED);
+		*rc = -EINVAL;
+		return NULL;
+	}
+	/* Codec none for this call only: every OPEN of the exchange says so,
+	 * and a peer that averages with the configured codec refuses it. */
+	return (flags & MP_AVG_UNCOMPRESSED) ? mp_codec_by_id(MP_CODEC_NONE) : NULL;
 }
 
 int mp_average_start_ex(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
 			unsigned flags, mp_request **out)
 {
-	if (ctx && (flags & ~MP_AVG_UNCOMPRESSED)) {
-		/* A bit this library does not know may ask for something the
-		 * peers would then disagree on: refused before anything is sent. */
-		mp_set_error(ctx, "flags 0x%x: unknown bits 0x%x", flags, flags & ~MP_AVG_UNCOMPRESSED);
-		return -EINVAL;
-	}
-	/* Codec none for this call only: every OPEN of the exchange says so,
-	 * and a peer that averages with the configured codec refuses it. */
-	return start_op(ctx, buf, count, weight, mr,
-			(flags & MP_AVG_UNCOMPRESSED) ? mp_codec_by_id(MP_CODEC_NONE) : NULL, 0, out);
+	int rc;
+	const struct mp_codec_ops *force = flags_codec(ctx, flags, &rc);
+
+	return rc ? rc : start_op(ctx, buf, count, weight, mr, force, 0, 0, out);
+}
+
+/*
+ * A blocking average on the caller's thread, which owns the transport
+ * meanwhile (inline_busy keeps the progress thread off it). With eight
+ * peers on two cores, handing each average to the progress thread and the
+ * result back costs two wake-ups of threads that wait for a core, each as
+ * long as a short exchange (doc/performance.md).
+ */
+static void run_inline(struct mp_ctx *ctx, struct mp_request *req)
+{
+	int rc = run_request(ctx, req);
+
+	mp_peers_publish(ctx);
+	pthread_mutex_lock(&ctx->core->mu);
+	ctx->core->inline_busy = 0;
+	req->status = rc;
+	req->state = REQ_DONE;
+	/* Another thread may have queued meanwhile, or waits for this one. */
+	if (ctx->core->queue.n)
+		pthread_cond_signal(&ctx->core->pcv);
+	pthread_cond_broadcast(&ctx->core->cv);
+	pthread_mutex_unlock(&ctx->core->mu);
+}
+
+/* mp_average and its kin: start, run inline when it may, wait. */
+static int average_now(mp_ctx *ctx, float *buf, size_t count, float weight,
+		       const struct mp_codec_ops *force, int flush, struct mp_result *res)
+{
+	mp_request *req;
+	int rc = start_op(ctx, buf, count, weight, NULL, force, flush, 1, &req);
+
+	if (rc)
+		return rc;
+	if (req->inl)
+		run_inline(ctx, req);
+	return mp_wait(req, -1, res);
 }
 
 /* Called with ctx->core->mu held and req done: copy out and release. */
@@ -1180,6 +1251,20 @@ int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res)
 	}
 	pthread_mutex_lock(&ctx->core->mu);
 	while (req->state != REQ_DONE) {
+		if (timeout_ms < 0 && req->state == REQ_QUEUED && !req->mr->stage &&
+		    ctx->core->queue.head == &req->qlink && !ctx->core->running &&
+		    !ctx->core->inline_busy && !ctx->stop) {
+			/* Not started yet and next in line: a wait without a
+			 * timeout runs it itself, as a blocking call would. */
+			mp_reqq_pop(&ctx->core->queue);
+			ctx->core->inline_busy = 1;
+			req->inl = 1;
+			req->state = REQ_RUNNING;
+			pthread_mutex_unlock(&ctx->core->mu);
+			run_inline(ctx, req);
+			pthread_mutex_lock(&ctx->core->mu);
+			continue;
+		}
 		if (timeout_ms < 0) {
 			pthread_cond_wait(&ctx->core->cv, &ctx->core->mu);
 		} else if (pthread_cond_timedwait(&ctx->core->cv, &ctx->core->mu, &dl) == ETIMEDOUT &&
@@ -1193,34 +1278,22 @@ int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res)
 
 int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res)
 {
-	mp_request *req;
-	int rc = mp_average_start(ctx, buf, count, weight, NULL, &req);
-
-	if (rc)
-		return rc;
-	return mp_wait(req, -1, res);
+	return average_now(ctx, buf, count, weight, NULL, 0, res);
 }
 
 int mp_average_ex(mp_ctx *ctx, float *buf, size_t count, float weight, unsigned flags,
 		  struct mp_result *res)
 {
-	mp_request *req;
-	int rc = mp_average_start_ex(ctx, buf, count, weight, NULL, flags, &req);
+	int rc;
+	const struct mp_codec_ops *force = flags_codec(ctx, flags, &rc);
 
-	if (rc)
-		return rc;
-	return mp_wait(req, -1, res);
+	return rc ? rc : average_now(ctx, buf, count, weight, force, 0, res);
 }
 
 int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res)
 {
-	mp_request *req;
 	/* Uncompressed, so that nothing is held back again. */
-	int rc = start_op(ctx, buf, count, weight, NULL, mp_codec_by_id(MP_CODEC_NONE), 1, &req);
-
-	if (rc)
-		return rc;
-	return mp_wait(req, -1, res);
+	return average_now(ctx, buf, count, weight, mp_codec_by_id(MP_CODEC_NONE), 1, res);
 }
 
 int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue)
@@ -1299,6 +1372,7 @@ int mp_finalize(mp_ctx *ctx)
 		pthread_mutex_lock(&ctx->core->mu);
 		__atomic_store_n(&ctx->stop, 1, __ATOMIC_RELEASE);
 		pthread_cond_broadcast(&ctx->core->cv);
+		pthread_cond_broadcast(&ctx->core->pcv);
 		pthread_mutex_unlock(&ctx->core->mu);
 		if (ctx->ops && ctx->drv)
 			ctx->ops->wake(ctx->drv);
@@ -1339,6 +1413,7 @@ int mp_finalize(mp_ctx *ctx)
 	free(ctx->live);
 	mp_peers_free(ctx);
 	pthread_cond_destroy(&ctx->core->cv);
+	pthread_cond_destroy(&ctx->core->pcv);
 	pthread_mutex_destroy(&ctx->core->mu);
 	free(ctx->run_name);
 	free(ctx->transport);

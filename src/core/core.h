@@ -48,6 +48,7 @@ struct mp_request {
 	float weight;
 	mp_mr *mr;
 	int own_mr;               /* mr registered for this request only */
+	int inl;                  /* run by the calling thread, not the progress thread */
 	int state;                /* REQ_QUEUED, REQ_RUNNING, REQ_DONE */
 	int status;
 	struct mp_result res;
@@ -73,8 +74,14 @@ struct mp_core {
 	pthread_t thread;
 	int thread_started;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;
+	pthread_cond_t cv;        /* callers: a request is done */
+	pthread_cond_t pcv;       /* the progress thread: a request is queued, or stop */
 	struct mp_reqq queue;
+	/* Who drives the transport (one thread at a time, under mu): the
+	 * progress thread, running a request or its idle work (probes), or a
+	 * caller that runs its blocking average itself (context.c, inline). */
+	int running;
+	int inline_busy;
 	struct mp_request *live;  /* released by mp_finalize if the caller never waited */
 	struct mp_fb *fbs;        /* error-feedback residues (under mu) */
 };

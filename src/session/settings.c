@@ -22,6 +22,7 @@ enum {
 	T_FINITE = 10,  /* u8 */
 	T_DYNAMIC = 11, /* u8: dht rendezvous */
 	T_BALANCE = 12, /* u8: enum mp_balance */
+	T_DIRECT = 13,  /* u64: MP_DIRECT_MAX, bytes */
 };
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
@@ -65,6 +66,7 @@ void mp_settings_make(struct mp_settings *s, const struct mp_config *cfg, const 
 	s->check_finite = cfg->check_finite != 0;
 	s->balance = (uint8_t)cfg->balance;
 	s->dynamic = (uint8_t)(dynamic != 0);
+	s->direct_max = cfg->direct_max;
 	if (!dynamic && bw) {
 		/* Every rank's part weight, as each peer computes the split. */
 		size_t off = 0;
@@ -161,6 +163,9 @@ size_t mp_settings_encode(const struct mp_settings *s, uint8_t *buf)
 	v = entry(p, T_BALANCE, 1);
 	v[0] = s->balance;
 	p = v + 1;
+	v = entry(p, T_DIRECT, 8);
+	mp_le_put64(v, s->direct_max);
+	p = v + 8;
 	return (size_t)(p - buf);
 }
 
@@ -217,9 +222,11 @@ int mp_settings_decode(const uint8_t *buf, size_t len, struct mp_settings *s)
 			break;
 		case T_CHUNK:
 		case T_MIN_PART:
+		case T_DIRECT:
 			if (n != 8)
 				return -EBADMSG;
-			*(tag == T_CHUNK ? &s->chunk_elems : &s->min_part) = mp_le_get64(v);
+			*(tag == T_CHUNK ? &s->chunk_elems : tag == T_MIN_PART ? &s->min_part :
+					   &s->direct_max) = mp_le_get64(v);
 			break;
 		case T_BW:
 			if (n < 8 || n - 8 >= sizeof(s->bw_text))
@@ -334,6 +341,7 @@ int mp_settings_diff(const struct mp_settings *a, const struct mp_settings *b, c
 		return diff_msg(msg, len, "balance (MP_BALANCE)",
 				a->balance ? "measured" : "configured",
 				b->balance ? "measured" : "configured");
+	U(direct_max, "direct exchange limit (MP_DIRECT_MAX)");
 #undef U
 	return 0;
 }

@@ -53,6 +53,7 @@ struct mp_settings {
 	uint8_t check_finite;
 	uint8_t balance;         /* enum mp_balance: measured parts need every member's figures */
 	uint8_t dynamic;         /* dht rendezvous: npeers and bandwidths may differ */
+	uint64_t direct_max;     /* MP_DIRECT_MAX: which vectors take the direct exchange */
 	uint32_t present;        /* bit per tag (1 << tag) decoded */
 };
 

@@ -653,6 +653,8 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		a->res->rounds++;
 		return 0;
 	}
+	if (mp_direct_fits(ctx, g, a))
+		return mp_direct_allreduce(ctx, g, round, a, 0);
 	r.mb = calloc((size_t)k, sizeof(*r.mb));
 	if (!r.mb)
 		goto out;

@@ -195,6 +195,22 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 		a->res->rounds++;
 		return 0;
 	}
+	{
+		/* Short vectors: one direct exchange among the ring's peers. */
+		int *members = malloc((size_t)N * sizeof(int));
+		struct mp_group dg = {.members = members, .size = N, .my_index = g.r, .id = 0};
+
+		if (!members)
+			return -ENOMEM;
+		for (int i = 0; i < N; i++)
+			members[i] = ctx->live && ctx->nlive < ctx->npeers ? ctx->live[i] : i;
+		if (mp_direct_fits(ctx, &dg, a)) {
+			rc = mp_direct_allreduce(ctx, &dg, round, a, 1);
+			free(members);
+			return rc;
+		}
+		free(members);
+	}
 	g.left = ctx->live && ctx->nlive < ctx->npeers ? ctx->live[mod(g.r - 1, N)] : mod(g.r - 1, N);
 	g.right = ctx->live && ctx->nlive < ctx->npeers ? ctx->live[mod(g.r + 1, N)] : mod(g.r + 1, N);
 	g.off = calloc((size_t)N * 4, sizeof(uint64_t));

@@ -241,6 +241,16 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
  */
 int mp_rate_exchange(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
 		     struct mp_result *res, double *bw, uint8_t *failed, int no_give_up);
+/*
+ * Direct exchange (direct.c): whether the average @a takes it in group @g
+ * (MP_DIRECT_MAX and the rules there; every member decides alike), and the
+ * exchange itself. @strict (the ring): a peer that fails fails it with
+ * -EHOSTUNREACH, the buffer unchanged; else members that failed are left
+ * out, as in a group all-reduce, and the contribution log says so.
+ */
+int mp_direct_fits(const struct mp_ctx *ctx, const struct mp_group *g, const struct mp_avg *a);
+int mp_direct_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
+			struct mp_avg *a, int strict);
 /* Ring all-reduce over all peers (ring.c). */
 int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a);
 

@@ -62,6 +62,7 @@ struct job {
 	struct peer_cfg odd[MAXP]; /* per rank: fields set here replace base's */
 	int odd_set[MAXP];
 	int nan_rank;      /* check_finite job: this rank's value 0 is NaN (part 0); 0: none */
+	int nan_whole;     /* ... and the direct exchange leaves all its values out, not part 0's */
 	int round_timeout_ms; /* 0: 5000 */
 	int connect_timeout_ms; /* 0: 3000 */
 	int warm;          /* every peer first averages j->count values once, all agreeing:
@@ -190,7 +191,7 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 		for (size_t i = 0; i < count; i++) {
 			double m = 0, w = 0;
 			for (int q = 0; q < j->npeers; q++) {
-				if (q == j->nan_rank && i < count / (size_t)j->npeers)
+				if (q == j->nan_rank && (j->nan_whole || i < count / (size_t)j->npeers))
 					continue;
 				m += (q + 1) * (double)input(q, i);
 				w += q + 1;
@@ -700,8 +701,9 @@ static void weight_negative(void **s)
  */
 static void nonfinite_left_out(void **s)
 {
-	struct job j = {.name = "finite", .npeers = 3, .count = 999, .base = {.check_finite = 1},
-			.nan_rank = 2};
+	/* 1 KiB chunks: 999 values are more than one, so no direct exchange. */
+	struct job j = {.name = "finite", .npeers = 3, .count = 999,
+			.base = {.check_finite = 1, .chunk_bytes = 1024}, .nan_rank = 2};
 	struct report rep[3];
 
 	(void)s;
@@ -712,6 +714,27 @@ static void nonfinite_left_out(void **s)
 	}
 	assert_non_null(strstr(rep[2].err, "contribution was left out of the average by its "
 				       "reducers: it holds NaN or infinity (MP_CHECK_FINITE)"));
+}
+
+/*
+ * The same through the direct exchange (999 values in one 4 KiB chunk):
+ * every member, rank 2 itself included, leaves all of rank 2's values out
+ * and holds the exact weighted mean of ranks 0 and 1; rank 2 is told why.
+ */
+static void nonfinite_left_out_direct(void **s)
+{
+	struct job j = {.name = "finite-d", .npeers = 3, .count = 999, .base = {.check_finite = 1},
+			.nan_rank = 2, .nan_whole = 1};
+	struct report rep[3];
+
+	(void)s;
+	launch(&j, rep);
+	for (int r = 0; r < 3; r++) {
+		if (rep[r].rc || !rep[r].exact)
+			fail_msg("rank %d: rc %d, exact %d, \"%s\"", r, rep[r].rc, rep[r].exact, rep[r].err);
+	}
+	assert_non_null(strstr(rep[2].err, "contribution was left out of the average by every "
+				       "member (direct exchange): it holds NaN or infinity"));
 }
 
 /* The same harness with nothing apart: every peer averages. */
@@ -807,6 +830,7 @@ int main(void)
 		cmocka_unit_test(weight_inf),
 		cmocka_unit_test(weight_negative),
 		cmocka_unit_test(nonfinite_left_out),
+		cmocka_unit_test(nonfinite_left_out_direct),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, NULL, NULL);

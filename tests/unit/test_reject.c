@@ -275,6 +275,8 @@ static mp_ctx *start_ctx(int rank, const char *fake_addr, struct outcome *o, mp_
 	cfg.rank = rank;
 	cfg.npeers = 2;
 	cfg.algo = MP_ALGO_BUTTERFLY;
+	/* The butterfly's frames (SCATTER, GATHER), not the direct exchange's. */
+	cfg.direct_max = 0;
 	cfg.listen = "127.0.0.1:0";
 	cfg.connect_timeout_ms = 1000;
 	cfg.round_timeout_ms = 1000;
