@@ -190,7 +190,9 @@ struct mp_config {
 	                             ("configured", the default, or "measured") */
 	int check_finite;       /**< MP_CHECK_FINITE=1: a reducer leaves out of its part a
 	                             contribution that holds NaN or infinity (its sender is told,
-	                             see ::mp_average); moshpit and butterfly only; every peer of a
+	                             see ::mp_average); in a direct exchange (direct_max) every
+	                             member leaves out such a sender's whole vector, and the
+	                             sender its own; moshpit and butterfly only; every peer of a
 	                             run must set it alike (default 0). Added at the end: the
 	                             struct only grows, and ::mp_config_init sets size */
 	int probe_min_ms;       /**< MP_PROBE_MIN_MS: static runs: a down peer is probed in the

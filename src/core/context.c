@@ -399,6 +399,9 @@ int mp_set_peers(mp_ctx *ctx, const char *const *addrs, int n)
 	mp_peers_publish(ctx);
 	pthread_mutex_lock(&ctx->core->mu);
 	ctx->peers_set = 1;
+	/* Static runs: the progress thread now answers handshakes and probes
+	 * between averages, also when every average runs inline. */
+	pthread_cond_signal(&ctx->core->pcv);
 	pthread_mutex_unlock(&ctx->core->mu);
 	return 0;
 }

@@ -41,6 +41,7 @@ struct scenario {
 	const char *bandwidths;
 	int naux;          /* the last naux ranks are aux peers (MP_MODE_AUX) */
 	int late_ms;       /* rank 1 starts its average this much later */
+	int64_t expect_sent; /* bytes every peer sends per average; 0 = do not check */
 };
 
 struct shared {
@@ -184,6 +185,9 @@ static double run_err(const struct scenario *sc)
 			assert_int_equal(sh.res[r].peers, sc->expect_peers);
 		assert_int_equal(sh.res[r].failed_peers, 0);
 		assert_int_equal(sh.res[r].frames_rejected, 0);
+		if (sc->expect_sent && (int64_t)sh.res[r].bytes_sent != sc->expect_sent)
+			fail_msg("%s: peer %d sent %llu bytes, expected %lld", sc->name, r,
+				 (unsigned long long)sh.res[r].bytes_sent, (long long)sc->expect_sent);
 		if (sc->npeers > 1)
 			assert_true(sh.res[r].bytes_sent > 0 && sh.res[r].bytes_received > 0);
 		if ((sc->weighted || sc->naux) && sc->expect_peers == sc->npeers)
@@ -217,14 +221,14 @@ static void run(const struct scenario *sc)
 static void moshpit_2x2x2(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m222", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 10000, 0, 1e-5, 0, 3, 8, NULL, 0, 0};
+	struct scenario sc = {"m222", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 10000, 0, 1e-5, 0, 3, 8, NULL, 0, 0, 0};
 	run(&sc);
 }
 
 static void moshpit_4x4(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m44", 16, "4x4", MP_ALGO_MOSHPIT, 0, 0, 0, 4096, 12345, 0, 1e-5, 0, 2, 16, NULL, 0, 0};
+	struct scenario sc = {"m44", 16, "4x4", MP_ALGO_MOSHPIT, 0, 0, 0, 4096, 12345, 0, 1e-5, 0, 2, 16, NULL, 0, 0, 0};
 	run(&sc);
 }
 
@@ -233,7 +237,7 @@ static void moshpit_one_round_is_not_the_mean(void **s)
 	/* One round of a 2x2x2 grid averages pairs only: the peers must still
 	 * differ from the global mean, or the check above proves nothing. */
 	(void)s;
-	struct scenario sc = {"m222r1", 8, "2x2x2", MP_ALGO_MOSHPIT, 1, 0, 0, 0, 1000, 0, 1e-5, 0, 1, 2, NULL, 0, 0};
+	struct scenario sc = {"m222r1", 8, "2x2x2", MP_ALGO_MOSHPIT, 1, 0, 0, 0, 1000, 0, 1e-5, 0, 1, 2, NULL, 0, 0, 0};
 	assert_true(run_err(&sc) > 1.0);
 }
 
@@ -244,11 +248,54 @@ static void moshpit_one_round_is_not_the_mean(void **s)
  * memory once took "the run is ahead" for "restarted" and jumped it ahead,
  * alone.)
  */
+/*
+ * Short vectors (MP_DIRECT_MAX, 16 KiB by default): the exact weighted mean
+ * for every algorithm, from one value up, odd counts, odd peer counts and a
+ * partial grid, up to the limit and one past it. Within the limit each peer
+ * sends one OPEN and one DIRECT frame (64-byte headers, the whole vector)
+ * to each other member of its group, exactly: the bytes prove the path.
+ */
+static void direct_sizes_exact(void **s)
+{
+	static const size_t counts[] = {1, 2, 3, 5, 17, 255, 1000, 4096, 4097};
+	static const struct {
+		int algo, npeers, rounds, group;
+		const char *grid;
+	} cases[] = {
+		{MP_ALGO_RING, 8, 0, 8, NULL},
+		{MP_ALGO_RING, 5, 0, 5, NULL},
+		{MP_ALGO_BUTTERFLY, 8, 0, 8, NULL},
+		{MP_ALGO_BUTTERFLY, 3, 0, 3, NULL},
+		{MP_ALGO_MOSHPIT, 8, 0, 2, "2x2x2"},
+		{MP_ALGO_MOSHPIT, 9, 0, 3, "3x3"},
+		/* 6 of 8 cells: exact only after many rounds (mean-preserving) */
+		{MP_ALGO_MOSHPIT, 6, 60, 0, "2x2x2"},
+	};
+
+	(void)s;
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+			size_t n = counts[i];
+			int direct = n * sizeof(float) <= MP_DIRECT_MAX_DEFAULT;
+			int rounds = cases[c].rounds ? cases[c].rounds :
+				     cases[c].algo == MP_ALGO_MOSHPIT ? (cases[c].npeers == 8 ? 3 : 2) : 1;
+			struct scenario sc = {"direct", cases[c].npeers, cases[c].grid, cases[c].algo,
+					      cases[c].rounds, 0, 0, 0, n, 1, cases[c].rounds ? 1e-4 : 1e-5,
+					      0, rounds, cases[c].rounds ? 0 : cases[c].npeers, NULL, 0, 0,
+					      0};
+			if (direct && cases[c].group)
+				sc.expect_sent = (int64_t)rounds * (cases[c].group - 1) *
+						 (int64_t)(64 + 64 + n * sizeof(float));
+			run(&sc);
+		}
+	}
+}
+
 static void moshpit_late_starter_in_step(void **s)
 {
 	(void)s;
 	struct scenario sc = {"m222late", 8, "2x2x2", MP_ALGO_MOSHPIT, 1, 0, 0, 0, 1000, 0, 1e-5, 0, 1, 2,
-			      NULL, 0, 600};
+			      NULL, 0, 600, 0};
 	/* One round averages pairs: far from the global mean, and run_err
 	 * has checked every peer's rounds, peers and failures. */
 	assert_true(run_err(&sc) > 1.0);
@@ -257,7 +304,7 @@ static void moshpit_late_starter_in_step(void **s)
 static void moshpit_weighted(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m222w", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 5000, 1, 1e-5, 0, 3, 8, NULL, 0, 0};
+	struct scenario sc = {"m222w", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 5000, 1, 1e-5, 0, 3, 8, NULL, 0, 0, 0};
 	run(&sc);
 }
 
@@ -266,14 +313,14 @@ static void moshpit_partial_grid_converges(void **s)
 	(void)s;
 	/* 6 peers on 8 cells: never exact in d rounds, but mean-preserving, so
 	 * enough rounds reach the exact mean to float precision. */
-	struct scenario sc = {"m6", 6, "2x2x2", MP_ALGO_MOSHPIT, 60, 0, 0, 0, 777, 0, 1e-4, 0, 60, 0, NULL, 0, 0};
+	struct scenario sc = {"m6", 6, "2x2x2", MP_ALGO_MOSHPIT, 60, 0, 0, 0, 777, 0, 1e-4, 0, 60, 0, NULL, 0, 0, 0};
 	run(&sc);
 }
 
 static void moshpit_streams_small_chunks(void **s)
 {
 	(void)s;
-	struct scenario sc = {"m222s3", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 3, 64, 1001, 0, 1e-5, 0, 3, 8, NULL, 0, 0};
+	struct scenario sc = {"m222s3", 8, "2x2x2", MP_ALGO_MOSHPIT, 0, 0, 3, 64, 1001, 0, 1e-5, 0, 3, 8, NULL, 0, 0, 0};
 	run(&sc);
 }
 
@@ -288,7 +335,7 @@ static void moshpit_4x4_aux(void **s)
 {
 	(void)s;
 	struct scenario sc = {"m44aux", 16, "4x4", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 5003, 1, 1e-5, 0, 2,
-			      16, NULL, 2, 0};
+			      16, NULL, 2, 0, 0};
 	run(&sc);
 }
 
@@ -296,7 +343,7 @@ static void moshpit_3x3x3_aux(void **s)
 {
 	(void)s;
 	struct scenario sc = {"m333aux", 27, "3x3x3", MP_ALGO_MOSHPIT, 0, 0, 0, 0, 2001, 0, 1e-5, 0,
-			      3, 27, NULL, 3, 0};
+			      3, 27, NULL, 3, 0, 0};
 	run(&sc);
 }
 
@@ -306,49 +353,49 @@ static void moshpit_partial_grid_aux(void **s)
 {
 	(void)s;
 	struct scenario sc = {"m6aux", 6, "2x2x2", MP_ALGO_MOSHPIT, 60, 0, 0, 0, 777, 0, 1e-4, 0, 60,
-			      0, NULL, 1, 0};
+			      0, NULL, 1, 0, 0};
 	run(&sc);
 }
 
 static void ring_8(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 1024, 10007, 1, 1e-5, 0, 1, 8, NULL, 0, 0};
+	struct scenario sc = {"ring8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 1024, 10007, 1, 1e-5, 0, 1, 8, NULL, 0, 0, 0};
 	run(&sc);
 }
 
 static void ring_3_streams(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring3", 3, NULL, MP_ALGO_RING, 0, 0, 2, 256, 999, 0, 1e-5, 0, 1, 3, NULL, 0, 0};
+	struct scenario sc = {"ring3", 3, NULL, MP_ALGO_RING, 0, 0, 2, 256, 999, 0, 1e-5, 0, 1, 3, NULL, 0, 0, 0};
 	run(&sc);
 }
 
 static void ring_fewer_values_than_peers(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring5of8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 0, 5, 0, 1e-5, 0, 1, 8, NULL, 0, 0};
+	struct scenario sc = {"ring5of8", 8, NULL, MP_ALGO_RING, 0, 0, 0, 0, 5, 0, 1e-5, 0, 1, 8, NULL, 0, 0, 0};
 	run(&sc);
 }
 
 static void ring_2(void **s)
 {
 	(void)s;
-	struct scenario sc = {"ring2", 2, NULL, MP_ALGO_RING, 0, 0, 0, 128, 1000, 1, 1e-5, 0, 1, 2, NULL, 0, 0};
+	struct scenario sc = {"ring2", 2, NULL, MP_ALGO_RING, 0, 0, 0, 128, 1000, 1, 1e-5, 0, 1, 2, NULL, 0, 0, 0};
 	run(&sc);
 }
 
 static void butterfly_8(void **s)
 {
 	(void)s;
-	struct scenario sc = {"bf8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 10000, 1, 1e-5, 1, 1, 8, NULL, 0, 0};
+	struct scenario sc = {"bf8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 10000, 1, 1e-5, 1, 1, 8, NULL, 0, 0, 0};
 	run(&sc);
 }
 
 static void butterfly_tiny(void **s)
 {
 	(void)s;
-	struct scenario sc = {"bf3of8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 3, 0, 1e-5, 0, 1, 8, NULL, 0, 0};
+	struct scenario sc = {"bf3of8", 8, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 0, 3, 0, 1e-5, 0, 1, 8, NULL, 0, 0, 0};
 	run(&sc);
 }
 
@@ -358,7 +405,7 @@ static void butterfly_fp16(void **s)
 	/* Inputs within ±16: fp16 keeps 11 significant bits, so each peer's
 	 * contribution and the returned mean are off by at most 2^-7 each. */
 	struct scenario sc = {"bf16", 4, NULL, MP_ALGO_BUTTERFLY, 0, MP_CODEC_FP16, 0, 1024, 5000, 0,
-			      2.0 / 128, 0, 1, 4, NULL, 0, 0};
+			      2.0 / 128, 0, 1, 4, NULL, 0, 0, 0};
 	run(&sc);
 }
 
@@ -366,14 +413,14 @@ static void butterfly_bandwidth_weighted_parts(void **s)
 {
 	(void)s;
 	struct scenario sc = {"bfbw", 4, NULL, MP_ALGO_BUTTERFLY, 0, 0, 0, 4096, 40000, 1, 1e-5, 0, 1, 4,
-			      "1,0,2,1", 0, 0};
+			      "1,0,2,1", 0, 0, 0};
 	run(&sc);
 }
 
 static void single_peer(void **s)
 {
 	(void)s;
-	struct scenario sc = {"solo", 1, NULL, MP_ALGO_MOSHPIT, 0, 0, 0, 0, 100, 0, 0, 0, 0, 1, NULL, 0, 0};
+	struct scenario sc = {"solo", 1, NULL, MP_ALGO_MOSHPIT, 0, 0, 0, 0, 100, 0, 0, 0, 0, 1, NULL, 0, 0, 0};
 	run(&sc);
 }
 
@@ -502,6 +549,7 @@ int main(void)
 		cmocka_unit_test(moshpit_4x4),
 		cmocka_unit_test(moshpit_one_round_is_not_the_mean),
 		cmocka_unit_test(moshpit_late_starter_in_step),
+		cmocka_unit_test(direct_sizes_exact),
 		cmocka_unit_test(moshpit_weighted),
 		cmocka_unit_test(moshpit_partial_grid_converges),
 		cmocka_unit_test(moshpit_streams_small_chunks),
