@@ -527,7 +527,7 @@ static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 	return 0;
 }
 
-int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out)
+static int mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out)
 {
 	struct mp_mr *mr;
 	int rc;
@@ -561,6 +561,30 @@ int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, m
 	return 0;
 }
 
+int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out)
+{
+	int rc = mem_register(ctx, buf, len, kind, out);
+
+	if (!rc && kind == MP_MEM_HOST) {
+		pthread_mutex_lock(&ctx->core->mu);
+		(*out)->next = ctx->core->mrs;
+		ctx->core->mrs = *out;
+		pthread_mutex_unlock(&ctx->core->mu);
+	}
+	return rc;
+}
+
+/* Under mu: a host registration of the caller's that covers [buf, buf + n). */
+static struct mp_mr *find_mr(struct mp_ctx *ctx, const float *buf, size_t n)
+{
+	for (struct mp_mr *m = ctx->core->mrs; m; m = m->next)
+		if ((const char *)buf >= (const char *)m->buf &&
+		    (size_t)((const char *)buf - (const char *)m->buf) <= m->len &&
+		    n * sizeof(float) <= m->len - (size_t)((const char *)buf - (const char *)m->buf))
+			return m;
+	return NULL;
+}
+
 int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr)
 {
 	int users;
@@ -569,6 +593,14 @@ int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr)
 		return 0;
 	pthread_mutex_lock(&ctx->core->mu);
 	users = mr->users;
+	if (!users) {
+		/* Out of the list in the same hold: no average can pick it up now. */
+		for (struct mp_mr **pp = &ctx->core->mrs; *pp; pp = &(*pp)->next)
+			if (*pp == mr) {
+				*pp = mr->next;
+				break;
+			}
+	}
 	pthread_mutex_unlock(&ctx->core->mu);
 	if (users)
 		return -EBUSY;
@@ -1062,7 +1094,18 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 		return -ENOMEM;
 	req->codec = force ? force : resolve_codec(ctx, count);
 	if (!mr) {
-		rc = mp_mem_register(ctx, buf, count * sizeof(float), MP_MEM_HOST, &mr);
+		/* A registration of the caller's that covers the buffer serves,
+		 * counted as used at once so that it stays (mp_mem_deregister):
+		 * registering anew costs a verbs transport a pinning per call. */
+		pthread_mutex_lock(&ctx->core->mu);
+		mr = find_mr(ctx, buf, count);
+		if (mr)
+			mr->users++;
+		pthread_mutex_unlock(&ctx->core->mu);
+		req->found_mr = mr != NULL;
+	}
+	if (!mr) {
+		rc = mem_register(ctx, buf, count * sizeof(float), MP_MEM_HOST, &mr);
 		if (rc) {
 			free(req);
 			return rc;
@@ -1096,7 +1139,8 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 		}
 		req->fb->busy++;
 	}
-	mr->users++;
+	if (!req->found_mr)
+		mr->users++;
 	req->live_next = ctx->core->live;
 	if (ctx->core->live)
 		ctx->core->live->live_prev = req;
@@ -1117,6 +1161,8 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	*out = req;
 	return 0;
 undo:
+	if (req->found_mr)
+		mr->users--;
 	pthread_mutex_unlock(&ctx->core->mu);
 	if (rc == -EBUSY)
 		mp_set_error(ctx, "flush: an average of this buffer is still in flight");

@@ -25,6 +25,7 @@ struct mp_mr {
 	                             memory the transport cannot move */
 	struct mp_stage *stage;   /* CUDA memory: its pinned host copy (stage.h) */
 	int users;
+	struct mp_mr *next;       /* the caller's host registrations (core->mrs, under mu) */
 };
 
 /* Error-feedback residue of one buffer (sparse codecs), kept across calls. */
@@ -49,6 +50,7 @@ struct mp_request {
 	mp_mr *mr;
 	int own_mr;               /* mr registered for this request only */
 	int inl;                  /* run by the calling thread, not the progress thread */
+	int found_mr;             /* mr is a registration of the caller's that covers buf */
 	int state;                /* REQ_QUEUED, REQ_RUNNING, REQ_DONE */
 	int status;
 	struct mp_result res;
@@ -84,6 +86,8 @@ struct mp_core {
 	int inline_busy;
 	struct mp_request *live;  /* released by mp_finalize if the caller never waited */
 	struct mp_fb *fbs;        /* error-feedback residues (under mu) */
+	struct mp_mr *mrs;        /* host registrations made with mp_mem_register (under mu):
+	                             an average without a handle uses one that covers it */
 };
 
 /* Failure memory of static runs (probe.c). */

@@ -509,6 +509,33 @@ static void test_close_sends_queued(void **state)
 	assert_memory_equal(buf, "bye!", 4);
 }
 
+/*
+ * The same, with the receiver polled before it posts a receive: it reads
+ * the message ahead, then the close; the message is still delivered, and
+ * only the next receive fails.
+ */
+static void test_read_ahead_then_close(void **state)
+{
+	struct pair *p = *state;
+	char buf[16] = {0};
+	struct mp_drv_req *rr, *rs;
+	struct mp_iov iov = {"bye!", 4};
+	size_t nb = 0;
+
+	exchange(p->d, NULL, p->a, p->b, 1, 0);
+	assert_int_equal(ops->isend(p->a, &iov, 1, NULL, &rs), 0);
+	ops->close(p->a);
+	p->a = NULL;
+	for (int i = 0; i < 20; i++)
+		assert_int_equal(ops->progress(p->d, 1), 0);
+	assert_int_equal(ops->irecv(p->b, buf, sizeof(buf), NULL, &rr), 0);
+	assert_int_equal(wait_req(p->d, rr, &nb), 0);
+	assert_int_equal(nb, 4);
+	assert_memory_equal(buf, "bye!", 4);
+	assert_int_equal(ops->irecv(p->b, buf, sizeof(buf), NULL, &rr), 0);
+	assert_int_equal(wait_req(p->d, rr, NULL), -ECONNRESET);
+}
+
 static void test_emsgsize(void **state)
 {
 	struct pair *p = *state;
@@ -946,6 +973,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_recv_posted_late, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_readahead_mixed, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_close_sends_queued, setup_pair, teardown_pair),
+		cmocka_unit_test_setup_teardown(test_read_ahead_then_close, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_emsgsize, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_oversized_send_rejected, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_queue_full_and_cancel, setup_pair, teardown_pair),

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,8 +127,30 @@ static void verify(struct peer *p, const float *out, size_t count, int it,
 	free(w);
 }
 
+/* The safety limit of a wait without a timeout: said, and the peer ends. */
+static char alarm_text[256];
+static size_t alarm_len;
+
+static void on_alarm(int sig)
+{
+	ssize_t w = write(STDERR_FILENO, alarm_text, alarm_len);
+
+	(void)sig;
+	(void)w;
+	_exit(3);
+}
+
 /* One average, bounded by the library's deadlines and our safety limit.
- * -ETIMEDOUT is that limit: the request is then still in flight. */
+ * -ETIMEDOUT is that limit: the request is then still in flight.
+ *
+ * A peer that is a process of its own averages with the blocking call, as
+ * an application would (mp_average_ex; the library finds the registration
+ * @mr covers): the library then runs the average on this thread rather
+ * than hand it to its progress thread and the result back, two thread
+ * wake-ups that cost more than a short exchange on a host with fewer cores
+ * than peers (doc/performance.md, "Short vectors"). Its safety limit is
+ * then an alarm. Threads of one process (--transport=loop) keep the start
+ * and the timed wait: an alarm is the process's. */
 static int peer_average(struct peer *p, float *buf, size_t count, float weight, mp_mr *mr,
 			unsigned flags, struct mp_result *res, char *why, size_t whylen)
 {
@@ -135,6 +158,23 @@ static int peer_average(struct peer *p, float *buf, size_t count, float weight, 
 	double t0;
 	int rc;
 
+	if (!p->b->loop) {
+		int n = snprintf(alarm_text, sizeof(alarm_text),
+				 PROG ": peer %d: no completion within the safety limit of %d s (the "
+				 "library's own deadlines did not fire)\n", p->rank,
+				 p->b->op_cap_ms / 1000);
+
+		(void)mr;
+		alarm_len = n > 0 && (size_t)n < sizeof(alarm_text) ? (size_t)n : 0;
+		signal(SIGALRM, on_alarm);
+		alarm((unsigned)((p->b->op_cap_ms + 999) / 1000));
+		rc = mp_average_ex(p->ctx, buf, count, weight, flags, res);
+		alarm(0);
+		if (rc)
+			snprintf(why, whylen, "mp_average: %s: %s", mp_strerror(rc),
+				 mp_last_error(p->ctx));
+		return rc;
+	}
 	rc = mp_average_start_ex(p->ctx, buf, count, weight, mr, flags, &req);
 	if (rc) {
 		snprintf(why, whylen, "mp_average_start: %s: %s", mp_strerror(rc),
