@@ -697,8 +697,9 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 {
 	const struct mp_grouping_ops *go = ctx->grouping;
 	void *st = ctx->grouping_st;
-	/* Static runs with peers down group on the live grid (probe.c). */
-	const struct mp_grid *grid = ctx->dynamic ? &ctx->grid : mp_grid_grouping_grid(&ctx->grid_grouping);
+	/* Static runs with peers down keep the configured grid, their cells
+	 * empty (probe.c): the same rounds and groups for every view. */
+	const struct mp_grid *grid = &ctx->grid;
 	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : grid->ndims;
 	int cap = ctx->npeers > MP_MAX_GROUP ? ctx->npeers : MP_MAX_GROUP;
 	int *members = malloc((size_t)cap * sizeof(int));

@@ -5,8 +5,14 @@
  * how a restarted peer gets back in step with the run.
  *
  * A peer that failed is down (peers.c): the averages that start later leave
- * it out, and the live ranks sit on a full grid of their own
- * (mp_grid_exact), so the survivors' average stays exact. The progress
+ * it out. Moshpit keeps the configured grid with the dead peer's cell
+ * empty, so only its groupmates' groups change: peers whose views differ
+ * (one has met the death, another not yet) still form the same groups and
+ * never wait on each other. (A grid of the live peers alone would make the
+ * survivors' average exact, but every group of it would change with the
+ * view, and peers that learnt of the death at different averages would
+ * wait on each other in groups the others were not in, time out and mark
+ * live peers down, spreading one death through the run.) The progress
  * thread probes it between and during averages, with a handshake on the
  * probe slot (conn.c), MP_PROBE_MIN_MS (1 s) after the failure, then
  * doubling to MP_PROBE_MAX_MS (30 s) (peers.c).
@@ -185,26 +191,17 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 		if (!ctx->live)
 			return -ENOMEM;
 	}
-	/* The view: which peers are down, as a digest the plan hash covers. */
-	ctx->view = 0;
-	for (int i = 0; i < ctx->npeers; i++) {
-		if (!ctx->peers[i].down) {
+	for (int i = 0; i < ctx->npeers; i++)
+		if (!ctx->peers[i].down)
 			ctx->live[n++] = i;
-		} else {
-			uint32_t x = (uint32_t)i * 0x9e3779b9u + 0x7f4a7c15u;
-			x ^= x >> 15;
-			x *= 0x2c1b3c6du;
-			x ^= x >> 12;
-			ctx->view += x | 1;
-		}
-	}
 	ctx->nlive = n;
 	return mp_grid_grouping_set_live(&ctx->grid_grouping, n < ctx->npeers ? ctx->live : NULL, n);
 }
 
 /* After an average of a static run that started at @base: the round moves
- * on by @R whatever the live grid's rounds were, so that peers whose views
- * differed stay in step. */
+ * on by @R however the average ended (given up early, or with every other
+ * peer down and no round run), so that peers whose views differed stay in
+ * step. */
 void mp_fm_end(struct mp_ctx *ctx, uint32_t base, uint32_t R)
 {
 	if (ctx->dynamic)

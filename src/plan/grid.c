@@ -122,48 +122,6 @@ int mp_grid_auto(int npeers, struct mp_grid *g)
 	return 0;
 }
 
-int mp_grid_exact(int n, int maxdims, struct mp_grid *g)
-{
-	int primes[32], np = 0, m = n;
-
-	if (n < 1 || maxdims < 1 || !g)
-		return -EINVAL;
-	if (maxdims > MP_MAX_GRID_DIMS)
-		maxdims = MP_MAX_GRID_DIMS;
-	for (int f = 2; (long)f * f <= m; f++)
-		while (m % f == 0) {
-			primes[np++] = f;
-			m /= f;
-		}
-	if (m > 1)
-		primes[np++] = m;
-	memset(g, 0, sizeof(*g));
-	for (int i = 0; i < maxdims; i++)
-		g->dims[i] = 1;
-	/* Largest factor first onto the smallest side: even sides. */
-	for (int i = np - 1; i >= 0; i--) {
-		int s = 0;
-		for (int j = 1; j < maxdims; j++)
-			if (g->dims[j] < g->dims[s])
-				s = j;
-		g->dims[s] *= primes[i];
-	}
-	/* Longer sides first; sides of 1 dropped (one dimension at least). */
-	for (int i = 0; i < maxdims; i++)
-		for (int j = i + 1; j < maxdims; j++)
-			if (g->dims[j] > g->dims[i]) {
-				int t = g->dims[i];
-				g->dims[i] = g->dims[j];
-				g->dims[j] = t;
-			}
-	g->ndims = 1;
-	while (g->ndims < maxdims && g->dims[g->ndims] > 1)
-		g->ndims++;
-	for (int i = g->ndims; i < MP_MAX_GRID_DIMS; i++)
-		g->dims[i] = 0;
-	return 0;
-}
-
 uint64_t mp_grid_cells(const struct mp_grid *g)
 {
 	uint64_t cells = 1;
@@ -255,20 +213,35 @@ int mp_grid_line(const struct mp_grid *g, uint64_t cell, uint32_t round,
 	return n;
 }
 
+/* Whether @rank is in the ascending @live list of @n ranks. */
+static int is_live(const int *live, int n, int rank)
+{
+	int lo = 0, hi = n;
+
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2;
+
+		if (live[mid] == rank)
+			return 1;
+		if (live[mid] < rank)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return 0;
+}
+
 /* Rank r sits in cell r: the first npeers cells are occupied. With peers
- * down, the i-th live rank sits in cell i of the live grid. */
+ * down, their cells are empty (holes), and every other cell keeps its peer. */
 static int grid_occupant(void *arg, uint64_t cell)
 {
 	const struct mp_grid_grouping *gg = arg;
 
-	if (gg->live)
-		return cell < (uint64_t)gg->nlive ? gg->live[cell] : -1;
-	return cell < (uint64_t)gg->npeers ? (int)cell : -1;
-}
-
-const struct mp_grid *mp_grid_grouping_grid(const struct mp_grid_grouping *gg)
-{
-	return gg->live ? &gg->lgrid : &gg->grid;
+	if (cell >= (uint64_t)gg->npeers)
+		return -1;
+	if (gg->live && !is_live(gg->live, gg->nlive, (int)cell))
+		return -1;
+	return (int)cell;
 }
 
 int mp_grid_grouping_set_live(struct mp_grid_grouping *gg, const int *live, int nlive)
@@ -282,7 +255,7 @@ int mp_grid_grouping_set_live(struct mp_grid_grouping *gg, const int *live, int 
 		return -EINVAL;
 	gg->live = live;
 	gg->nlive = nlive;
-	return mp_grid_exact(nlive, gg->grid.ndims, &gg->lgrid);
+	return 0;
 }
 
 static int grid_form(void *state, uint32_t round, int rank, struct mp_group *out)
@@ -292,15 +265,9 @@ static int grid_form(void *state, uint32_t round, int rank, struct mp_group *out
 
 	if (!gg || !out || !out->members || rank < 0 || rank >= gg->npeers)
 		return -EINVAL;
-	if (gg->live) {
-		int i = 0;
-		while (i < gg->nlive && gg->live[i] != rank)
-			i++;
-		if (i == gg->nlive)
-			return -EHOSTUNREACH; /* not live ourselves: cannot happen */
-		cell = (uint64_t)i;
-	}
-	out->size = mp_grid_line(mp_grid_grouping_grid(gg), cell, round, grid_occupant, gg, out->members,
+	if (gg->live && !is_live(gg->live, gg->nlive, rank))
+		return -EHOSTUNREACH; /* not live ourselves: cannot happen */
+	out->size = mp_grid_line(&gg->grid, cell, round, grid_occupant, gg, out->members,
 				 &out->id);
 	out->my_index = -1;
 	for (int i = 0; i < out->size; i++)
@@ -324,8 +291,8 @@ const struct mp_grouping_ops mp_grid_grouping_ops = {
 	.after_round = grid_after_round,
 };
 
-uint32_t mp_plan_hash(uint32_t group_id, uint32_t view, int k, const uint64_t *ids,
-		      const uint8_t *modes, const uint64_t *lens)
+uint32_t mp_plan_hash(uint32_t group_id, int k, const uint64_t *ids, const uint8_t *modes,
+		      const uint64_t *lens)
 {
 	/* FNV-1a over the fields, little-endian, then mixed: identical on
 	 * every member and every build. */
@@ -337,7 +304,6 @@ uint32_t mp_plan_hash(uint32_t group_id, uint32_t view, int k, const uint64_t *i
 			h = (h ^ (v_ & 0xff)) * 0x100000001b3ull;      \
 	} while (0)
 	MIX_IN(group_id, 4);
-	MIX_IN(view, 4);
 	MIX_IN((uint32_t)k, 4);
 	for (int m = 0; m < k; m++) {
 		MIX_IN(ids[m], 8);

@@ -19,11 +19,6 @@ struct mp_grid {
 int mp_grid_parse(const char *s, struct mp_grid *g);
 /* Smallest near-cubic grid with >= npeers cells: d = 1 up to 8 peers, else 2 (or 3 above 256). */
 int mp_grid_auto(int npeers, struct mp_grid *g);
-/* A full grid of exactly @n cells in at most @maxdims dimensions, as even
- * as @n's prime factors allow, longer sides first: every group then holds
- * whole lines and the average is exact after its d rounds ("7" for 7: one
- * group). -EINVAL for n < 1 or maxdims < 1. */
-int mp_grid_exact(int n, int maxdims, struct mp_grid *g);
 /* Number of cells (product of dims). */
 uint64_t mp_grid_cells(const struct mp_grid *g);
 /* Cell index (row-major, dim 0 fastest) <-> coordinates. */
@@ -93,27 +88,25 @@ struct mp_grouping_ops {
 struct mp_grid_grouping {
 	struct mp_grid grid;
 	int npeers;
-	/* Failure memory: with peers down, the live ranks (ascending) sit in
-	 * the cells of lgrid, a full grid of nlive cells (mp_grid_exact), so
-	 * the survivors' average stays exact. NULL: everyone, on grid. */
+	/* Failure memory: with peers down, the live ranks (ascending); the
+	 * cells of the others are empty, so a dead peer's groupmates meet
+	 * without it and every other group is as on the full grid, whatever
+	 * each peer knows of the death. NULL: everyone. */
 	const int *live;
 	int nlive;
-	struct mp_grid lgrid;
 };
 extern const struct mp_grouping_ops mp_grid_grouping_ops;
 int mp_grid_grouping_init(struct mp_grid_grouping *gg, const struct mp_grid *g, int npeers);
-/* Group over @live (@nlive ranks, ascending, kept by the caller) from now
- * on; NULL or every peer: the configured grid again. */
+/* Leave the ranks not in @live (@nlive ranks, ascending, kept by the
+ * caller) out of their lines from now on; NULL or every peer: everyone. */
 int mp_grid_grouping_set_live(struct mp_grid_grouping *gg, const int *live, int nlive);
-/* The grid the grouping forms its groups on now. */
-const struct mp_grid *mp_grid_grouping_grid(const struct mp_grid_grouping *gg);
 
 /*
- * The plan hash of one exchange (SCATTER's aux): group id, @view (a digest
- * of the live set; 0 in dht runs), and per member its id, mode and part
- * length. Members that differ in any of these never combine their parts.
+ * The plan hash of one exchange (SCATTER's aux): group id, and per member
+ * its id, mode and part length. Members that differ in any of these never
+ * combine their parts.
  */
-uint32_t mp_plan_hash(uint32_t group_id, uint32_t view, int k, const uint64_t *ids,
-		      const uint8_t *modes, const uint64_t *lens);
+uint32_t mp_plan_hash(uint32_t group_id, int k, const uint64_t *ids, const uint8_t *modes,
+		      const uint64_t *lens);
 
 #endif

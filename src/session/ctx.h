@@ -221,11 +221,9 @@ struct mp_ctx {
 	struct mp_peer_snap *snap;
 	int nsnap, snap_cap;
 	/* Failure memory of a static run (peers.c, src/core/probe.c): the live
-	 * peers of the average that runs (ranks, ascending) and a digest of
-	 * the down set, which the plan hash covers. */
+	 * peers of the average that runs (ranks, ascending). */
 	int *live;
 	int nlive;
-	uint32_t view;
 	uint32_t avg_round;     /* round at which the current or next average starts */
 	uint32_t next_start;    /* round at which the next average will start */
 	uint32_t seen_round;    /* largest average start a peer's handshake showed */

@@ -538,7 +538,7 @@ static int plan_parts(struct gar *r)
 			if (md)
 				md[m] = r->mb[m].mode;
 		}
-		r->plan = mp_plan_hash(g->id, ctx->dynamic ? 0 : ctx->view, k, ids, md, len);
+		r->plan = mp_plan_hash(g->id, k, ids, md, len);
 	}
 	free(bw);
 	free(len);

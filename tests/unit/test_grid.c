@@ -390,54 +390,75 @@ static void test_ids(void **st)
 	assert_int_not_equal(a.id, b.id);
 }
 
-/* Failure memory: the live grid is full, so every line is whole. */
-static void test_exact_live_grid(void **st)
+/*
+ * Failure memory: a down peer's cell is empty and every other cell keeps
+ * its peer, so the groups that do not hold it are those of the full grid,
+ * whatever a peer knows of the death (the views of peers that have or have
+ * not yet met it form the same groups).
+ */
+static void test_down_cells_empty(void **st)
 {
-	static const struct { int n, maxd, nd, d0, d1, d2; } cases[] = {
-		{7, 3, 1, 7, 0, 0},  {15, 2, 2, 5, 3, 0}, {16, 2, 2, 4, 4, 0},
-		{12, 3, 3, 3, 2, 2}, {1, 2, 1, 1, 0, 0},  {255, 2, 2, 17, 15, 0},
-		{8, 3, 3, 2, 2, 2},  {6, 1, 1, 6, 0, 0},
-	};
 	struct mp_grid g;
+	struct mp_grid_grouping gg, full;
+	int live[14], n = 0, members[16], fm[16];
+	struct mp_group grp = {.members = members}, fgrp = {.members = fm};
 
 	(void)st;
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		assert_int_equal(mp_grid_exact(cases[i].n, cases[i].maxd, &g), 0);
-		assert_int_equal(g.ndims, cases[i].nd);
-		assert_int_equal(g.dims[0], cases[i].d0);
-		assert_int_equal(g.dims[1], cases[i].d1);
-		assert_int_equal(g.dims[2], cases[i].d2);
-		assert_int_equal(mp_grid_cells(&g), (uint64_t)cases[i].n);
-	}
-	assert_int_equal(mp_grid_exact(0, 2, &g), -EINVAL);
-
-	/* 16 peers on 4x4 with ranks 5 and 10 down: 14 live on 7x2, and every
-	 * live rank meets groups that cover all 14 in two rounds. */
-	struct mp_grid_grouping gg;
-	int live[14], n = 0, members[16];
-	struct mp_group grp = {.members = members};
+	/* 16 peers on 4x4 with ranks 5 and 10 down. */
 	assert_int_equal(mp_grid_parse("4x4", &g), 0);
 	assert_int_equal(mp_grid_grouping_init(&gg, &g, 16), 0);
+	assert_int_equal(mp_grid_grouping_init(&full, &g, 16), 0);
 	for (int r = 0; r < 16; r++)
 		if (r != 5 && r != 10)
 			live[n++] = r;
 	assert_int_equal(mp_grid_grouping_set_live(&gg, live, n), 0);
-	assert_int_equal(mp_grid_grouping_grid(&gg)->dims[0], 7);
-	assert_int_equal(mp_grid_grouping_grid(&gg)->dims[1], 2);
 	for (int i = 0; i < n; i++) {
-		int sizes = 1;
 		for (uint32_t t = 0; t < 2; t++) {
+			int k = 0;
+
 			assert_int_equal(mp_grid_grouping_ops.form(&gg, t, live[i], &grp), 0);
-			for (int m = 0; m < grp.size; m++)
-				assert_true(grp.members[m] != 5 && grp.members[m] != 10);
+			assert_int_equal(mp_grid_grouping_ops.form(&full, t, live[i], &fgrp), 0);
+			/* The full grid's line less the down peers, in order, with the
+			 * same id; the part index counts the live members only. */
+			assert_int_equal(grp.id, fgrp.id);
+			for (int m = 0; m < fgrp.size; m++)
+				if (fgrp.members[m] != 5 && fgrp.members[m] != 10)
+					assert_int_equal(grp.members[k++], fgrp.members[m]);
+			assert_int_equal(grp.size, k);
 			assert_int_equal(grp.members[grp.my_index], live[i]);
-			sizes *= grp.size;
 		}
-		assert_int_equal(sizes, 14);
 	}
-	/* Everyone back: the configured grid again. */
-	assert_int_equal(mp_grid_grouping_set_live(&gg, NULL, 16), 0);
-	assert_int_equal(mp_grid_grouping_grid(&gg)->dims[0], 4);
+	/* Rank 1's column (1, 5, 9, 13) in round 1 has 3 members, rank 4's row
+	 * (4, 5, 6, 7) in round 0 too; rank 0's row is whole. */
+	assert_int_equal(mp_grid_grouping_ops.form(&gg, 1, 1, &grp), 0);
+	assert_int_equal(grp.size, 3);
+	assert_int_equal(grp.members[1], 9);
+	assert_int_equal(mp_grid_grouping_ops.form(&gg, 0, 4, &grp), 0);
+	assert_int_equal(grp.size, 3);
+	assert_int_equal(mp_grid_grouping_ops.form(&gg, 0, 0, &grp), 0);
+	assert_int_equal(grp.size, 4);
+	/* A down rank forms no group. */
+	assert_int_equal(mp_grid_grouping_ops.form(&gg, 0, 5, &grp), -EHOSTUNREACH);
+
+	/* 8 peers on 2x2x2, rank 7 down: its partners (6, 5, 3) are alone in
+	 * one round each, and nobody else's group changes. */
+	assert_int_equal(mp_grid_parse("2x2x2", &g), 0);
+	assert_int_equal(mp_grid_grouping_init(&gg, &g, 8), 0);
+	for (int r = 0; r < 7; r++)
+		live[r] = r;
+	assert_int_equal(mp_grid_grouping_set_live(&gg, live, 7), 0);
+	for (int r = 0; r < 7; r++)
+		for (uint32_t t = 0; t < 3; t++) {
+			int partner = r ^ (1 << t);
+
+			assert_int_equal(mp_grid_grouping_ops.form(&gg, t, r, &grp), 0);
+			assert_int_equal(grp.size, partner == 7 ? 1 : 2);
+		}
+	/* Everyone back: the full grid again. */
+	assert_int_equal(mp_grid_grouping_set_live(&gg, NULL, 8), 0);
+	assert_int_equal(mp_grid_grouping_ops.form(&gg, 0, 6, &grp), 0);
+	assert_int_equal(grp.size, 2);
+	assert_int_equal(mp_grid_grouping_set_live(&gg, live, 0), -EINVAL);
 }
 
 /* The plan hash tells apart every field a member may disagree on. */
@@ -445,20 +466,19 @@ static void test_plan_hash(void **st)
 {
 	uint64_t ids[3] = {0, 1, 2}, lens[3] = {10, 10, 11};
 	uint8_t modes[3] = {0, 0, 0};
-	uint32_t h = mp_plan_hash(7, 0, 3, ids, modes, lens);
+	uint32_t h = mp_plan_hash(7, 3, ids, modes, lens);
 
 	(void)st;
-	assert_int_equal(mp_plan_hash(7, 0, 3, ids, modes, lens), h);
-	assert_int_not_equal(mp_plan_hash(8, 0, 3, ids, modes, lens), h);
-	assert_int_not_equal(mp_plan_hash(7, 1, 3, ids, modes, lens), h);
+	assert_int_equal(mp_plan_hash(7, 3, ids, modes, lens), h);
+	assert_int_not_equal(mp_plan_hash(8, 3, ids, modes, lens), h);
 	lens[2] = 10, lens[1] = 11;
-	assert_int_not_equal(mp_plan_hash(7, 0, 3, ids, modes, lens), h);
+	assert_int_not_equal(mp_plan_hash(7, 3, ids, modes, lens), h);
 	lens[2] = 11, lens[1] = 10, ids[2] = 3;
-	assert_int_not_equal(mp_plan_hash(7, 0, 3, ids, modes, lens), h);
+	assert_int_not_equal(mp_plan_hash(7, 3, ids, modes, lens), h);
 	ids[2] = 2, modes[1] = 2;
-	assert_int_not_equal(mp_plan_hash(7, 0, 3, ids, modes, lens), h);
+	assert_int_not_equal(mp_plan_hash(7, 3, ids, modes, lens), h);
 	modes[1] = 0;
-	assert_int_not_equal(mp_plan_hash(7, 0, 2, ids, modes, lens), h);
+	assert_int_not_equal(mp_plan_hash(7, 2, ids, modes, lens), h);
 }
 
 int main(void)
@@ -475,7 +495,7 @@ int main(void)
 		cmocka_unit_test(test_partial_index),
 		cmocka_unit_test(test_exact_mean),
 		cmocka_unit_test(test_ids),
-		cmocka_unit_test(test_exact_live_grid),
+		cmocka_unit_test(test_down_cells_empty),
 		cmocka_unit_test(test_plan_hash),
 	};
 

@@ -190,7 +190,7 @@ static struct mp_wire_hdr base_hdr(uint64_t run_id, uint8_t type)
 		/* The plan hash of the butterfly of round 0: ranks 0 and 1, halves. */
 		const uint64_t ids[2] = {0, 1}, lens[2] = {HALF, HALF};
 		const uint8_t modes[2] = {MP_MODE_NORMAL, MP_MODE_NORMAL};
-		h.aux = mp_plan_hash(0, 0, 2, ids, modes, lens);
+		h.aux = mp_plan_hash(0, 2, ids, modes, lens);
 	}
 	return h;
 }
