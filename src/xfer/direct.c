@@ -149,11 +149,12 @@ static int d_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 	    h->count != d->a->n)
 		return -EPROTO;
 	if (h->aux != d->plan) {
-		/* Another view of the group (static runs: another live set):
-		 * never combined; alive, so not marked down, and every peer is
-		 * probed once this average ends (as group_allreduce.c does). */
+		/* Another view of the group (static runs: one of us has met a
+		 * death the other has not): never combined; alive, so not
+		 * marked down, and every peer is probed once this average ends
+		 * (as group_allreduce.c does). */
 		MP_WARN("round %u: peer %d plans this exchange otherwise (plan %08x, ours %08x: "
-			"another live set); its values are left out", d->round, d->g->members[j],
+			"another view of the group); its values are left out", d->round, d->g->members[j],
 			h->aux, d->plan);
 		d->ctx->peers[d->g->members[j]].excused = !d->ctx->dynamic;
 		d->ctx->sweep |= !d->ctx->dynamic;
@@ -283,14 +284,14 @@ int mp_direct_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t r
 	d.cut = d.stalled + k;
 	lens = ids + k;
 	modes = (uint8_t *)(lens + k);
-	/* The plan: the group as this member sees it (ids, modes, the live
-	 * set's digest in static runs), every member with the whole vector. */
+	/* The plan: the group as this member sees it (ids, modes), every
+	 * member with the whole vector. */
 	for (int m = 0; m < k; m++) {
 		ids[m] = member_id(&d, m);
 		lens[m] = a->n;
 		modes[m] = (uint8_t)mp_group_mode(g, m);
 	}
-	d.plan = mp_plan_hash(g->id, ctx->dynamic ? 0 : ctx->view, k, ids, modes, lens);
+	d.plan = mp_plan_hash(g->id, k, ids, modes, lens);
 	for (int m = 0; m < k; m++)
 		lens[m] = m == d.me ? a->n : 0;
 	d.ch = x.ch;
