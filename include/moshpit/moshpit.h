@@ -343,7 +343,10 @@ MP_API int mp_finalize(mp_ctx *ctx);
 
 /**
  * Register a buffer with the transport (pins, or creates an RDMA memory
- * region). Averaging a registered buffer avoids per-call registration.
+ * region). Averaging a registered buffer avoids per-call registration:
+ * pass the handle, or none: an average passed no handle uses a host
+ * registration of this function's that covers its buffer (and keeps it from
+ * ::mp_mem_deregister, -EBUSY, while it runs).
  *
  * CUDA device memory (::MP_MEM_CUDA) is staged through host memory on every
  * transport, because the reducer runs on the CPU: the registration
@@ -401,7 +404,8 @@ MP_API int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
  * @param weight this peer's weight (>= 0, finite; 1 for a plain mean): NaN,
  *        infinite or negative is -EINVAL before anything is sent, said in
  *        ::mp_last_error
- * @param mr registration covering @p buf, or NULL (registered internally)
+ * @param mr registration covering @p buf, or NULL (a host registration of
+ *        ::mp_mem_register's that covers it, else registered internally)
  * @param[out] req request to test or wait on
  * @return 0; -EINVAL (also a buffer that is not float-aligned within its CUDA
  *         registration); -ENOTCONN if peers are not set; -ENOTSUP for a
@@ -436,7 +440,9 @@ MP_API int mp_test(mp_request *req, int *done, struct mp_result *res);
 /**
  * Wait for a request to complete, then release it.
  * @param req request
- * @param timeout_ms longest wait; negative = the context's own deadlines only
+ * @param timeout_ms longest wait; negative = the context's own deadlines only,
+ *        and a request not started yet (nothing queued ahead of it, the
+ *        progress thread idle) is then run by the waiting thread itself
  * @param[out] res counters of the operation (may be NULL)
  * @return 0; -ETIMEDOUT if @p timeout_ms passed (the request stays valid;
  *         operations themselves never fail with -ETIMEDOUT: a peer that times
@@ -460,7 +466,9 @@ MP_API int mp_wait(mp_request *req, int timeout_ms, struct mp_result *res);
 
 /**
  * Blocking convenience: ::mp_average_start then ::mp_wait, for host memory
- * (CUDA memory needs its registration: ::mp_average_start).
+ * (CUDA memory needs its registration: ::mp_average_start). With nothing
+ * queued and the progress thread idle, the average runs on the calling
+ * thread: two thread hand-offs fewer per call (doc/design.md).
  * @param ctx context
  * @param buf values, replaced with the average
  * @param count number of floats

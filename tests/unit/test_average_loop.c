@@ -542,6 +542,51 @@ static void finalize_cancels_outstanding(void **s)
 	assert_true(t1.tv_sec - t0.tv_sec < 5);
 }
 
+/*
+ * An average passed no handle uses a registration of the caller's that
+ * covers its buffer (registering anew would pin the memory again on every
+ * call with verbs): while the average is in flight, that registration is
+ * in use and cannot be deregistered; once it is done, it can.
+ */
+static void average_uses_callers_registration(void **s)
+{
+	struct mp_config cfg;
+	mp_ctx *ctx[2];
+	mp_mr *mr;
+	mp_request *req;
+	char addr[2][MP_ADDR_STRLEN];
+	const char *addrs[2] = {addr[0], addr[1]};
+	float buf0[256], buf1[256];
+
+	(void)s;
+	for (int r = 0; r < 2; r++) {
+		mp_config_init(&cfg);
+		cfg.transport = "loop";
+		cfg.run_name = "reuse-mr";
+		cfg.npeers = 2;
+		cfg.rank = r;
+		assert_int_equal(mp_init(&cfg, &ctx[r]), 0);
+		assert_int_equal(mp_local_address(ctx[r], addr[r], sizeof(addr[r])), 0);
+	}
+	for (int r = 0; r < 2; r++)
+		assert_int_equal(mp_set_peers(ctx[r], addrs, 2), 0);
+	for (int i = 0; i < 256; i++) {
+		buf0[i] = (float)i;
+		buf1[i] = (float)(3 * i);
+	}
+	assert_int_equal(mp_mem_register(ctx[0], buf0, sizeof(buf0), MP_MEM_HOST, &mr), 0);
+	/* Part of the registered range, no handle; rank 1 has not started. */
+	assert_int_equal(mp_average_start(ctx[0], buf0 + 16, 200, 1.0f, NULL, &req), 0);
+	assert_int_equal(mp_mem_deregister(ctx[0], mr), -EBUSY);
+	assert_int_equal(mp_average(ctx[1], buf1 + 16, 200, 1.0f, NULL), 0);
+	assert_int_equal(mp_wait(req, 10000, NULL), 0);
+	for (int i = 16; i < 216; i++)
+		assert_true(buf0[i] == (float)(2 * i) && buf1[i] == (float)(2 * i));
+	assert_int_equal(mp_mem_deregister(ctx[0], mr), 0);
+	mp_finalize(ctx[0]);
+	mp_finalize(ctx[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -550,6 +595,7 @@ int main(void)
 		cmocka_unit_test(moshpit_one_round_is_not_the_mean),
 		cmocka_unit_test(moshpit_late_starter_in_step),
 		cmocka_unit_test(direct_sizes_exact),
+		cmocka_unit_test(average_uses_callers_registration),
 		cmocka_unit_test(moshpit_weighted),
 		cmocka_unit_test(moshpit_partial_grid_converges),
 		cmocka_unit_test(moshpit_streams_small_chunks),
