@@ -38,6 +38,7 @@ check -b 1X
 check --transport=smoke
 check --grid=2xx2
 check -b 1M -e 1K
+check_says "--sync" --sync=2
 # Sizes are in the library's grammar (src/common/size.h): a count beyond
 # 2^64 - 1 bytes is refused, never wrapped. 18014398509482048K is 2^64 plus
 # 64K: wrapped, it would be a valid 64K and the benchmark would run.

@@ -100,6 +100,7 @@ int main(int argc, char **argv)
 	b.iters = 5;
 	b.warmup = 1;
 	b.check = 1;
+	b.sync = 1;
 	b.seed = 42;
 	b.transport = b.cfg.transport && *b.cfg.transport ? b.cfg.transport : "tcp";
 	b.join = -1;

@@ -96,6 +96,7 @@ struct bench {
 	int nsizes;
 	uint64_t minbytes, maxbytes, stepfactor;
 	int iters, warmup, check, weighted;
+	int sync;           /* --sync: a 4-byte average before each iteration (a barrier) */
 	uint64_t seed;
 	double tol;
 	int tol_set;

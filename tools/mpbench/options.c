@@ -204,6 +204,8 @@ static void usage(FILE *f)
 		"  -n, --iters=N            timed iterations per size (default 5)\n"
 		"  -w, --warmup_iters=N     untimed iterations per size (default 1)\n"
 		"  -c, --check=0|1          compare with the exact mean (default 1)\n"
+		"      --sync=0|1           start every iteration together: a 4-byte average\n"
+		"                           after the refill, untimed (default 1)\n"
 		"      --tol=X              error above which an element is wrong\n"
 		"                           (default: 1e-5, or the codec's bound; see mpbench(1))\n"
 		"  SIZE: digits, then optionally K, M or G (powers of 1024) and B, as in\n"
@@ -310,6 +312,7 @@ enum {
 	OPT_INJECT_LOSS,
 	OPT_PEER_STATS,
 	OPT_MINMAX,
+	OPT_SYNC,
 };
 
 static const struct option long_opts[] = {
@@ -352,6 +355,7 @@ static const struct option long_opts[] = {
 	{ "dpdk-args", required_argument, NULL, OPT_DPDK_ARGS },
 	{ "inject-loss", required_argument, NULL, OPT_INJECT_LOSS },
 	{ "minmax", no_argument, NULL, OPT_MINMAX },
+	{ "sync", required_argument, NULL, OPT_SYNC },
 	/* nccl-tests' names, to say why they do not apply (nccl_flag) */
 	{ "ngpus", required_argument, NULL, 'g' },
 	{ "nthreads", required_argument, NULL, 't' },
@@ -465,6 +469,7 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		{ 'n', "--iters", FIELD_INT, &b->iters, 1, INT_MAX / 2 },
 		{ 'w', "--warmup_iters", FIELD_INT, &b->warmup, 0, INT_MAX / 2 },
 		{ 'c', "--check", FIELD_INT, &b->check, 0, 1 },
+		{ OPT_SYNC, "--sync", FIELD_INT, &b->sync, 0, 1 },
 		{ OPT_PEERS, "--peers", FIELD_INT, peers_opt, 1, 1 << 20 },
 		{ OPT_RANK, "--rank", FIELD_INT, rank_opt, 0, INT_MAX - 1 },
 		{ OPT_ROUNDS, "--rounds", FIELD_INT, &c->rounds, 0, 1 << 16 },

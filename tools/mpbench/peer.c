@@ -194,6 +194,24 @@ static int peer_average(struct peer *p, float *buf, size_t count, float weight, 
 }
 
 /*
+ * --sync: every peer starts the timed average together, as nccl-tests'
+ * and Gloo's barriers make theirs start. The refill of 64 MiB of test data
+ * takes a peer tens of milliseconds of CPU, and eight of them share two
+ * cores here: without it, the peer that finished its refill first would
+ * time the others' refills too, and the slowest peer's time is reported.
+ * The barrier is an average of one value, uncompressed (any codec), so
+ * that every peer has sent to everyone, directly or through the grid's
+ * rounds, before any leaves it; untimed and uncounted.
+ */
+static int peer_sync(struct peer *p, char *why, size_t whylen)
+{
+	float one = 1.0f;
+	int rc = peer_average(p, &one, 1, 1.0f, NULL, MP_AVG_UNCOMPRESSED, NULL, why, whylen);
+
+	return rc;
+}
+
+/*
  * Multi-host: the slowest and fastest rank's time of a size, so that rank 0
  * reports what nccl-tests does (the max over ranks), not its own time. The
  * ranks have only the library between them, so the times travel in an
@@ -378,6 +396,11 @@ int peer_bench(struct peer *p)
 					rc = e;
 					break;
 				}
+			}
+			if (b->sync && (rc = peer_sync(p, why, sizeof(why)))) {
+				peer_fail(p, "size %" PRIu64 " B, iteration %d: the start barrier: %s",
+					  bytes, it, why);
+				break;
 			}
 			t0 = mp_now_s();
 			rc = peer_average(p, buf, count, w, mr, 0, &res, why, sizeof(why));
