@@ -5,9 +5,11 @@
  *
  *   mpirun -np 8 mpi_allreduce_ref -b 1K -e 64M -f 4 -n 5 -w 2
  *
- * Rank 0 prints one line per size, "bytes time_us", where time_us is the
- * largest (over ranks) mean time of one MPI_Allreduce. Lines starting with
- * '#' are comments.
+ * Rank 0 prints one line per size, "bytes time_us median_us", where
+ * time_us is the largest (over ranks) mean time of one MPI_Allreduce and
+ * median_us the largest (over ranks) median of the iterations' times, as
+ * mpbench's time_us and time_median_us. Lines starting with '#' are
+ * comments.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -52,6 +54,13 @@ static void bad_usage(const char *what, const char *val)
 	exit(2);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
 static uint64_t parse_size(const char *what, const char *s)
 {
 	uint64_t v;
@@ -79,6 +88,7 @@ int main(int argc, char **argv)
 	long iters = 5, warmup = 1;
 	int nranks, o;
 	float *sendbuf, *recvbuf;
+	double *times;
 	size_t maxcount;
 
 	MPI_Init(&argc, &argv);
@@ -122,7 +132,8 @@ int main(int argc, char **argv)
 	maxcount = (size_t)(maxb / 4);
 	sendbuf = malloc(maxcount * sizeof(float));
 	recvbuf = malloc(maxcount * sizeof(float));
-	if (!sendbuf || !recvbuf) {
+	times = malloc((size_t)iters * sizeof(double));
+	if (!sendbuf || !recvbuf || !times) {
 		fprintf(stderr, PROG ": rank %d: cannot allocate 2 x %" PRIu64 " bytes\n", rank,
 			maxb);
 		MPI_Abort(MPI_COMM_WORLD, 1);
@@ -132,23 +143,31 @@ int main(int argc, char **argv)
 
 	if (rank == 0) {
 		printf("# " PROG ": MPI_Allreduce(MPI_FLOAT, MPI_SUM), %d ranks, iters %ld, "
-		       "warmup %ld\n# bytes time_us\n", nranks, iters, warmup);
+		       "warmup %ld\n# bytes time_us median_us\n", nranks, iters, warmup);
 		fflush(stdout);
 	}
 	for (uint64_t bytes = minb; bytes <= maxb; bytes *= step) {
 		int count = (int)(bytes / 4);
-		double t0, mean, worst = 0.0;
+		double t0, mean, med, worst[2] = {0.0, 0.0}, mine[2];
 
 		for (long it = 0; it < warmup; it++)
 			MPI_Allreduce(sendbuf, recvbuf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
 		MPI_Barrier(MPI_COMM_WORLD);
 		t0 = MPI_Wtime();
-		for (long it = 0; it < iters; it++)
+		for (long it = 0; it < iters; it++) {
+			double t = MPI_Wtime();
+
 			MPI_Allreduce(sendbuf, recvbuf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+			times[it] = MPI_Wtime() - t;
+		}
 		mean = (MPI_Wtime() - t0) / (double)iters * 1e6;
-		MPI_Reduce(&mean, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+		qsort(times, (size_t)iters, sizeof(double), cmp_double);
+		med = (iters % 2 ? times[iters / 2] : (times[iters / 2 - 1] + times[iters / 2]) / 2.0) * 1e6;
+		mine[0] = mean;
+		mine[1] = med;
+		MPI_Reduce(mine, worst, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 		if (rank == 0) {
-			printf("%" PRIu64 " %.1f\n", bytes, worst);
+			printf("%" PRIu64 " %.1f %.1f\n", bytes, worst[0], worst[1]);
 			fflush(stdout);
 		}
 		if (bytes > UINT64_MAX / step)
@@ -156,6 +175,7 @@ int main(int argc, char **argv)
 	}
 	free(sendbuf);
 	free(recvbuf);
+	free(times);
 	MPI_Finalize();
 	return 0;
 }

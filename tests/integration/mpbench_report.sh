@@ -37,7 +37,7 @@ rows_are() {
 "$mpbench" --peers=4 -b 1M -e 1M -n 1 -w 0 --minmax --json="$tmp/s.json" >"$tmp/s" 2>&1 ||
 	bad "static run exited $?: $(tail -n 3 "$tmp/s")"
 rows_are "$tmp/s.json" 1048576
-[ "$(field "$tmp/s.json" schema_version)" = 3 ] || bad "schema_version is not 3"
+[ "$(field "$tmp/s.json" schema_version)" = 4 ] || bad "schema_version is not 4"
 field "$tmp/s.json" timestamp | grep -qE '^"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z"$' ||
 	bad "timestamp $(field "$tmp/s.json" timestamp) is not ISO 8601 UTC"
 [ "$(field "$tmp/s.json" host)" = "\"$(hostname)\"" ] || bad "host is $(field "$tmp/s.json" host)"
@@ -55,6 +55,15 @@ tmin=$(field "$tmp/s.json" time_min_us)
 tmax=$(field "$tmp/s.json" time_us)
 awk -v a="$tmin" -v b="$tmax" 'BEGIN { exit !(a > 0 && a <= b) }' ||
 	bad "time_min_us $tmin, time_us $tmax: want 0 < min <= max"
+# One timed iteration: each peer's median is its mean, so the largest
+# median is the largest mean, to the digit.
+tmed=$(field "$tmp/s.json" time_median_us)
+[ "$tmed" = "$tmax" ] || bad "-n 1: time_median_us $tmed, want time_us $tmax"
+# Five: the median is some peer's middle iteration, within its run.
+"$mpbench" --peers=2 -b 4K -e 4K -n 5 -w 0 --json="$tmp/m.json" >"$tmp/m" 2>&1 ||
+	bad "-n 5 run exited $?"
+tmed=$(field "$tmp/m.json" time_median_us)
+awk -v a="$tmed" 'BEGIN { exit !(a > 0) }' || bad "-n 5: time_median_us $tmed, want > 0"
 
 # A grid given: no note.
 "$mpbench" --peers=4 --grid=2x2 -b 4K -e 4K -n 1 -w 0 >"$tmp/g" 2>&1 || bad "--grid=2x2 run exited $?"
@@ -108,6 +117,12 @@ multi() {
 	tmax=$(field "$tmp/$name.json" time_us)
 	awk -v a="$tmin" -v b="$tmax" 'BEGIN { exit !(a > 0 && a < b) }' ||
 		bad "$name: time_min_us $tmin, time_us $tmax: want 0 < min < max"
+	# The ranks' medians travel with their means (fp32, one average); of
+	# 2 timed iterations the median is the mean, so they are the same
+	# rank's same figure, to fp32 rounding.
+	tmed=$(field "$tmp/$name.json" time_median_us)
+	awk -v a="$tmed" -v b="$tmax" 'BEGIN { exit !(a > 0 && a >= b * 0.9999 && a <= b * 1.0001) }' ||
+		bad "$name: time_median_us $tmed, time_us $tmax: want them equal (-n 2)"
 }
 multi fp16 2 -1 -b 64K -e 64K -n 2 -w 1 --codec=fp16
 multi partial 3 -1 -b 64K -e 64K -n 2 -w 1 --codec=uniform8 --grid=2x2

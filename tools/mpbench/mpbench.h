@@ -68,6 +68,8 @@ struct size_result {
 	int64_t checked;      /* elements compared with the exact mean (per peer) */
 	double time_us;       /* mean time per timed iteration (max over peers) */
 	double time_min_us;   /* the same, min over peers (--minmax) */
+	double time_median_us; /* median of the timed iterations (max over peers); NaN where
+	                          not measured per iteration (followed runs) */
 	double max_err;       /* max |out - exact|; < 0 = not checked */
 	double rms_err;       /* rms of out - exact; < 0 = not checked */
 	double bytes_sent;    /* per operation (summed over peers) */

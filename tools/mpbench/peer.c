@@ -140,6 +140,21 @@ static void on_alarm(int sig)
 	_exit(3);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The median of @n > 0 values (sorted in place): the middle one, or the
+ * mean of the two middle ones for even @n, as numpy's median. */
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
+}
+
 /* One average, bounded by the library's deadlines and our safety limit.
  * -ETIMEDOUT is that limit: the request is then still in flight.
  *
@@ -216,28 +231,29 @@ static int peer_sync(struct peer *p, char *why, size_t whylen)
  * reports what nccl-tests does (the max over ranks), not its own time. The
  * ranks have only the library between them, so the times travel in an
  * average, sent uncompressed (MP_AVG_UNCOMPRESSED) whatever the codec, so
- * that no codec rounds them. Rank r puts the pair (time, 1) at indices 2r
- * and 2r + 1 of a vector of zeros. Every average is a weighted mean that
- * treats all elements alike where no member fails, so whatever the
- * weights, groups and grid (a partial one included), rank 0 ends with
- * (c·time, c) for each rank, c that rank's share: the time is the ratio, to
- * fp32 precision, and c = 0 says that the rank's pair never reached rank 0
- * (it was down, or an aux peer still at weight 0). A failure treats only
- * the parts it touches otherwise (a part whose reducer fails stays
- * unaveraged), so a pair sits in adjacent elements, which one part nearly
- * always holds both of: only a failure in the gather itself, at a part
- * boundary between the two, could skew a ratio.
+ * that no codec rounds them. Rank r puts the triple (mean time, median
+ * time, 1) at indices 3r to 3r + 2 of a vector of zeros. Every average
+ * is a weighted mean that treats all elements alike where no member fails,
+ * so whatever the weights, groups and grid (a partial one included), rank
+ * 0 ends with (c·mean, c·median, c) for each rank, c that rank's share: the
+ * times are the ratios, to fp32 precision, and c = 0 says that the rank's
+ * triple never reached rank 0 (it was down, or an aux peer still at weight
+ * 0). A failure treats only the parts it touches otherwise (a part whose
+ * reducer fails stays unaveraged), so a triple sits in adjacent elements,
+ * which one part nearly always holds all of: only a failure in the gather
+ * itself, at a part boundary among the three, could skew a ratio.
  *
- * An aux peer averages at weight 0 (moshpit.h), so its pair counts for
+ * An aux peer averages at weight 0 (moshpit.h), so its triple counts for
  * nothing in the first pass. After it, it holds the group's values and a
  * weight like any member: it writes its own pair into its slots (which only
  * it writes, so they are still 0) and averages on with the weight it was
  * left. Hence bench->gather_passes >= 2, so many that enough rounds follow
- * the first pass for its pair to spread (see gather_passes in launch.c).
+ * the first pass for its triple to spread (see gather_passes in launch.c).
  * Every rank runs every pass whatever fails, so that the ranks' calls stay
  * in step, and the ranks' weights follow mp_result.weight between passes.
  *
- * Sets r->time_us (max), r->time_min_us and r->time_ranks: the ranks whose
+ * Sets r->time_us (max), r->time_min_us, r->time_median_us (max of the
+ * ranks' medians) and r->time_ranks: the ranks whose
  * times they cover, this rank always (its own time needs no average).
  * Returns 0, or -ETIMEDOUT when a pass ran past the safety limit (that
  * average is still in flight: the run cannot go on); where a pass failed
@@ -247,26 +263,28 @@ static int gather_times(struct peer *p, uint64_t bytes, struct size_result *r)
 {
 	const struct bench *b = p->b;
 	const int n = p->npeers, me = p->rank, aux = b->cfg.mode == MP_MODE_AUX;
-	const double own = r->time_us;
-	float *v = xcalloc((size_t)2 * (size_t)n, sizeof(float));
+	const double own = r->time_us, own_med = r->time_median_us;
+	float *v = xcalloc((size_t)3 * (size_t)n, sizeof(float));
 	float w = aux ? 0.0f : 1.0f;
 	char why[800] = "", missing[160] = "";
 	size_t mlen = 0;
 	int failed = 0, nmissing = 0;
 
-	v[2 * me] = (float)own;
-	v[2 * me + 1] = 1.0f;
+	v[3 * me] = (float)own;
+	v[3 * me + 1] = (float)own_med;
+	v[3 * me + 2] = 1.0f;
 	for (int k = 0; k < b->gather_passes; k++) {
 		struct mp_result res;
 		char w2[768];
 		int rc;
 
 		if (k == 1 && aux) {
-			v[2 * me] = (float)own;
-			v[2 * me + 1] = 1.0f;
+			v[3 * me] = (float)own;
+			v[3 * me + 1] = (float)own_med;
+			v[3 * me + 2] = 1.0f;
 		}
 		memset(&res, 0, sizeof(res));
-		rc = peer_average(p, v, (size_t)2 * (size_t)n, w, NULL, MP_AVG_UNCOMPRESSED, &res,
+		rc = peer_average(p, v, (size_t)3 * (size_t)n, w, NULL, MP_AVG_UNCOMPRESSED, &res,
 				  w2, sizeof(w2));
 		if (rc == -ETIMEDOUT) {
 			peer_fail(p, "size %" PRIu64 " B, gathering the ranks' times: %s", bytes, w2);
@@ -283,9 +301,12 @@ static int gather_times(struct peer *p, uint64_t bytes, struct size_result *r)
 	}
 	r->time_us = -INFINITY;
 	r->time_min_us = INFINITY;
+	r->time_median_us = -INFINITY;
 	r->time_ranks = 0;
 	for (int q = 0; q < n; q++) {
-		double t = q == me ? own : v[2 * q + 1] > 0.0f ? (double)v[2 * q] / v[2 * q + 1] : NAN;
+		double c = v[3 * q + 2];
+		double t = q == me ? own : c > 0.0f ? (double)v[3 * q] / c : NAN;
+		double tm = q == me ? own_med : c > 0.0f ? (double)v[3 * q + 1] / c : NAN;
 
 		if (!(t >= 0.0) || !isfinite(t)) {
 			if (nmissing++ < 8 && mlen < sizeof(missing))
@@ -294,6 +315,7 @@ static int gather_times(struct peer *p, uint64_t bytes, struct size_result *r)
 			continue;
 		}
 		r->time_us = t > r->time_us ? t : r->time_us;
+		r->time_median_us = tm > r->time_median_us ? tm : r->time_median_us;
 		r->time_min_us = t < r->time_min_us ? t : r->time_min_us;
 		r->time_ranks++;
 	}
@@ -374,6 +396,7 @@ int peer_bench(struct peer *p)
 		int total = b->warmup + b->iters;
 		struct size_result r;
 		double tsum = 0.0, sent = 0.0, recvd = 0.0, vals = 0.0;
+		double *ts = xmalloc((size_t)b->iters * sizeof(double));
 
 		memset(&r, 0, sizeof(r));
 		r.size_idx = (uint32_t)s;
@@ -411,6 +434,7 @@ int peer_bench(struct peer *p)
 			}
 			peer_heartbeat(p);
 			if (it >= b->warmup) {
+				ts[it - b->warmup] = t1 - t0;
 				tsum += t1 - t0;
 				sent += (double)res.bytes_sent;
 				recvd += (double)res.bytes_received;
@@ -422,10 +446,14 @@ int peer_bench(struct peer *p)
 			r.rounds = res.rounds;
 			r.peers = res.peers;
 		}
-		if (rc)
+		if (rc) {
+			free(ts);
 			break;
+		}
 		r.time_us = tsum / b->iters * 1e6;
 		r.time_min_us = r.time_us;
+		r.time_median_us = median(ts, b->iters) * 1e6;
+		free(ts);
 		r.time_ranks = 1;
 		if (!p->up && b->time_gathered && (rc = gather_times(p, bytes, &r)))
 			break;
@@ -673,6 +701,7 @@ static int follow_rounds(struct peer *p, const struct fspec *s, struct summary *
 	r.rms_err = -1.0;
 	r.wrong = -1;
 	r.time_us = -1.0;
+	r.time_median_us = NAN; /* rounds are timed, not whole averages */
 	follow_fill(b, s, buf, count);
 	/* Bounded: every call moves the round on by at least one. */
 	for (int calls = 0; last < T - 1 && calls < T + R; calls++) {

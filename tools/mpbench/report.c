@@ -219,6 +219,8 @@ void agg_add(struct agg *a, const struct size_result *in)
 			r->time_us = in->time_us;
 		if (in->time_min_us < r->time_min_us)
 			r->time_min_us = in->time_min_us;
+		if (in->time_median_us > r->time_median_us || isnan(r->time_median_us))
+			r->time_median_us = in->time_median_us;
 		if (in->max_err > r->max_err)
 			r->max_err = in->max_err;
 		if (in->rms_err > r->rms_err)
@@ -363,7 +365,7 @@ static void json_num(FILE *f, double v)
 }
 
 /* The version of the JSON's layout: raised when a field changes meaning. */
-#define JSON_SCHEMA_VERSION 3
+#define JSON_SCHEMA_VERSION 4
 
 /* A variable of the environment, or NULL (JSON null) when unset or empty. */
 static const char *env_or_null(const char *name)
@@ -523,6 +525,8 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		json_num(f, r->time_us);
 		fprintf(f, ", \"time_min_us\": ");
 		json_num(f, r->time_min_us);
+		fprintf(f, ", \"time_median_us\": ");
+		json_num(f, r->time_median_us);
 		if (b->multi)
 			fprintf(f, ", \"time_ranks\": %d", r->time_ranks);
 		else
