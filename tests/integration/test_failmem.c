@@ -304,7 +304,11 @@ static void dead_peer_left_out(void **s)
 	/* Every later average: the exact mean of the 3, at once. */
 	int seen[3] = {ps[0].n, ps[1].n, ps[2].n};
 	end = now_s() + 30;
-	while (now_s() < end && (ps[0].run_surv < 10 || ps[1].run_surv < 10 || ps[2].run_surv < 10)) {
+	/* Until 30 averages were checked here: a fast survivor may have run
+	 * several while the first loop waited for the slowest one's first
+	 * (averages that run on the caller's thread are that fast). */
+	while (now_s() < end &&
+	       (ps[0].run_surv < 10 || ps[1].run_surv < 10 || ps[2].run_surv < 10 || later < 30)) {
 		pump(ps, "dead", 200);
 		for (int r = 0; r < 3; r++)
 			if (ps[r].n > seen[r]) {
