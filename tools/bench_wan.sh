@@ -30,7 +30,9 @@
 #                     run is under way every process of the last peer's
 #                     namespace gets SIGKILL; reports what the survivors
 #                     did: exit status and when, or a hang until the run's
-#                     bound (--kill-timeout, 30 s)
+#                     bound (--kill-timeout; default 10 x (MS + 3 s), 40 s:
+#                     2.5 times the fp32 run's length, so that Moshpit's 1.7
+#                     times the ring's bytes still end within it)
 #
 # For each rate and delay the script makes one bed (wan_bed.sh: namespaces
 # mpw-ID-I at 10.77.0.(I+1), tbf, nfq_delay), measures the round trip
@@ -68,7 +70,7 @@ root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
 py=/usr/bin/python3
 peers=8 rates=1gbit delays=0 sizes=4K:64M factor=4 iters=3 warmup=1
 systems=all grid="" tlimit="" out="" build=${BUILD:-$root/build}
-kill="" kill_size=16M kill_limit=30
+kill="" kill_size=16M kill_limit=""
 for a in "$@"; do
 	case $a in
 	--peers=*) peers=${a#*=} ;;
@@ -102,6 +104,11 @@ isnum "$warmup" || usage "--warmup must be a number"
 isnum "$factor" && [ "$factor" -ge 2 ] || usage "--factor must be at least 2"
 [ -z "$tlimit" ] || isnum "$tlimit" || usage "--timeout must be whole seconds"
 [ -z "$kill" ] || isnum "$kill" || usage "--kill=MS: milliseconds"
+if [ -z "$kill_limit" ]; then
+	# The fault run lasts about 4 x (MS + 3 s) at fp32's pace; Moshpit
+	# 2x2x2 sends 1.7 times the ring's bytes: room for 2.5 times that.
+	kill_limit=$((10 * (${kill:-1000} / 1000 + 3)))
+fi
 isnum "$kill_limit" && [ "$kill_limit" -ge 1 ] || usage "--kill-timeout must be whole seconds"
 
 # The size grammar of mpbench (K, M, G: powers of 1024; optional B).
