@@ -34,7 +34,11 @@
  *  - -EAGAIN from `isend`/`irecv` is back-pressure, not an error: post again
  *    after `progress`.
  *  - `progress` moves bytes and may wait up to its timeout for something to
- *    happen; `wake` interrupts that wait from another thread.
+ *    happen; `wake` interrupts that wait from another thread. A driver may
+ *    hold posted sends until its next `progress` (tcp gathers a
+ *    connection's queued messages into one system call there): the core
+ *    calls `progress` before it leaves the transport alone, at the end of
+ *    every average.
  *
  * How the transports map onto this: tcp posts frames on non-blocking sockets
  * driven by epoll; dpdk segments messages into UDP frames with its own

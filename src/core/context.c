@@ -921,6 +921,19 @@ static int run_request(struct mp_ctx *ctx, struct mp_request *req)
 	return rc;
 }
 
+/*
+ * Before the transport is left alone (the caller computes, the progress
+ * thread sleeps): a driver may hold sends until its next progress (tcp
+ * gathers a connection's queued frames into one system call there), and a
+ * control message sent last, a matchmaker's declaration for the next round,
+ * must not wait for the next average to leave.
+ */
+static void flush_sends(struct mp_ctx *ctx)
+{
+	if (ctx->ops && ctx->drv)
+		ctx->ops->progress(ctx->drv, 0);
+}
+
 static void *progress_main(void *arg)
 {
 	struct mp_ctx *ctx = arg;
@@ -969,6 +982,7 @@ static void *progress_main(void *arg)
 		int rc = run_request(ctx, req);
 		/* States set between exchanges (matchmaking, BYE) show too. */
 		mp_peers_publish(ctx);
+		flush_sends(ctx);
 
 		pthread_mutex_lock(&ctx->core->mu);
 		ctx->core->running = 0;
@@ -1216,6 +1230,7 @@ static void run_inline(struct mp_ctx *ctx, struct mp_request *req)
 	int rc = run_request(ctx, req);
 
 	mp_peers_publish(ctx);
+	flush_sends(ctx);
 	pthread_mutex_lock(&ctx->core->mu);
 	ctx->core->inline_busy = 0;
 	req->status = rc;

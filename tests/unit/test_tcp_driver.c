@@ -510,11 +510,11 @@ static void test_close_sends_queued(void **state)
 }
 
 /*
- * The same, with the receiver polled before it posts a receive: it reads
- * the message ahead, then the close; the message is still delivered, and
- * only the next receive fails.
+ * The same, with the receiver polled before it posts a receive (the
+ * message and the close wait in the socket): the message is still
+ * delivered, and only the next receive fails.
  */
-static void test_read_ahead_then_close(void **state)
+static void test_polled_then_close(void **state)
 {
 	struct pair *p = *state;
 	char buf[16] = {0};
@@ -973,7 +973,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_recv_posted_late, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_readahead_mixed, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_close_sends_queued, setup_pair, teardown_pair),
-		cmocka_unit_test_setup_teardown(test_read_ahead_then_close, setup_pair, teardown_pair),
+		cmocka_unit_test_setup_teardown(test_polled_then_close, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_emsgsize, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_oversized_send_rejected, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_queue_full_and_cancel, setup_pair, teardown_pair),
