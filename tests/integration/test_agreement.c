@@ -692,6 +692,20 @@ static void weight_negative(void **s)
 	bad_weight(-1.0f, "w-neg", "weight -1: must be finite and >= 0");
 }
 
+/* Three peers, rank 2 with a NaN: every rank returns 0 with the exact
+ * mean the job describes, and rank 2's mp_last_error says @said. */
+static void nonfinite_job(struct job *j, const char *said)
+{
+	struct report rep[3];
+
+	launch(j, rep);
+	for (int r = 0; r < 3; r++) {
+		if (rep[r].rc || !rep[r].exact)
+			fail_msg("rank %d: rc %d, exact %d, \"%s\"", r, rep[r].rc, rep[r].exact, rep[r].err);
+	}
+	assert_non_null(strstr(rep[2].err, said));
+}
+
 /*
  * MP_CHECK_FINITE=1, three peers in one group, rank 2 with a NaN in part 0:
  * rank 0, part 0's reducer, leaves rank 2's contribution to it out and
@@ -704,16 +718,10 @@ static void nonfinite_left_out(void **s)
 	/* 1 KiB chunks: 999 values are more than one, so no direct exchange. */
 	struct job j = {.name = "finite", .npeers = 3, .count = 999,
 			.base = {.check_finite = 1, .chunk_bytes = 1024}, .nan_rank = 2};
-	struct report rep[3];
 
 	(void)s;
-	launch(&j, rep);
-	for (int r = 0; r < 3; r++) {
-		if (rep[r].rc || !rep[r].exact)
-			fail_msg("rank %d: rc %d, exact %d, \"%s\"", r, rep[r].rc, rep[r].exact, rep[r].err);
-	}
-	assert_non_null(strstr(rep[2].err, "contribution was left out of the average by its "
-				       "reducers: it holds NaN or infinity (MP_CHECK_FINITE)"));
+	nonfinite_job(&j, "contribution was left out of the average by its reducers: it holds "
+			  "NaN or infinity (MP_CHECK_FINITE)");
 }
 
 /*
@@ -725,16 +733,10 @@ static void nonfinite_left_out_direct(void **s)
 {
 	struct job j = {.name = "finite-d", .npeers = 3, .count = 999, .base = {.check_finite = 1},
 			.nan_rank = 2, .nan_whole = 1};
-	struct report rep[3];
 
 	(void)s;
-	launch(&j, rep);
-	for (int r = 0; r < 3; r++) {
-		if (rep[r].rc || !rep[r].exact)
-			fail_msg("rank %d: rc %d, exact %d, \"%s\"", r, rep[r].rc, rep[r].exact, rep[r].err);
-	}
-	assert_non_null(strstr(rep[2].err, "contribution was left out of the average by every "
-				       "member (direct exchange): it holds NaN or infinity"));
+	nonfinite_job(&j, "contribution was left out of the average by every member (direct "
+			  "exchange): it holds NaN or infinity");
 }
 
 /* The same harness with nothing apart: every peer averages. */
