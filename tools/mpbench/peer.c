@@ -76,9 +76,10 @@ static void fill(struct peer *p, float *buf, size_t count, uint64_t key)
 	}
 }
 
-/* Compare @out with the exact weighted mean of every peer's input of @it. */
+/* Compare @out with the exact weighted mean of the inputs of @it of the
+ * peers @in marks (every peer when @in is NULL). */
 static void verify(struct peer *p, const float *out, size_t count, int it,
-		   struct size_result *r)
+		   const unsigned char *in, struct size_result *r)
 {
 	const struct bench *b = p->b;
 	const size_t block = (size_t)1 << 18;
@@ -93,7 +94,7 @@ static void verify(struct peer *p, const float *out, size_t count, int it,
 
 	for (int q = 0; q < n; q++) {
 		keys[q] = stream_key(b->seed, q, it);
-		w[q] = peer_weight(b, q);
+		w[q] = in && !in[q] ? 0.0 : peer_weight(b, q);
 		wsum += w[q];
 	}
 	for (size_t i0 = 0; i0 < count; i0 += block) {
@@ -105,7 +106,8 @@ static void verify(struct peer *p, const float *out, size_t count, int it,
 			double e = 0.0, d;
 
 			for (int q = 0; q < n; q++)
-				e += w[q] * gen_value(keys[q], i);
+				if (w[q] != 0.0)
+					e += w[q] * gen_value(keys[q], i);
 			e /= wsum;
 			d = fabs((double)out[i] - e);
 			if (isnan(d))
@@ -125,6 +127,60 @@ static void verify(struct peer *p, const float *out, size_t count, int it,
 	r->wrong = b->exact ? wrong : -1;
 	free(keys);
 	free(w);
+}
+
+/*
+ * Multi-host runs (one mpbench per host, no coordinator to follow them):
+ * when this peer knows of peers that dropped out (bench_wan.sh --kill), the
+ * mean of all N inputs is not what a correct survivor holds, so also say
+ * how far its result of the last iteration lies from the weighted mean of
+ * the inputs of the peers it still counts as live, and how many
+ * contributions the library says reached it. Ring and butterfly owe that
+ * mean exactly once the dead are known; Moshpit on a grid with an empty
+ * cell does not (its rounds weigh the remaining members equally), and the
+ * line shows by how much. One line on stdout per survivor and size.
+ */
+static void verify_survivors(struct peer *p, const float *out, size_t count, int it,
+			     uint64_t bytes, const struct mp_result *last)
+{
+	int n = p->npeers, live = 0, got;
+	struct mp_peer_info *t = xcalloc((size_t)n, sizeof(*t));
+	unsigned char *in = xcalloc((size_t)n, 1);
+	struct size_result r = { 0 };
+	char list[256] = "";
+	size_t off = 0;
+
+	got = mp_peers_info(p->ctx, t, n, sizeof(*t));
+	if (got < 0) {
+		fprintf(stderr, PROG ": rank %d: mp_peers_info: %s\n", p->rank, mp_strerror(got));
+		goto out;
+	}
+	for (int i = 0; i < got && i < n; i++) {
+		int q = t[i].rank;
+
+		if (q < 0 || q >= n || t[i].state == MP_PEER_DOWN || t[i].state == MP_PEER_GONE)
+			continue;
+		in[q] = 1;
+	}
+	for (int q = 0; q < n; q++) {
+		if (in[q]) {
+			live++;
+			continue;
+		}
+		if (off < sizeof(list))
+			off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%d", off ? "," : "", q);
+	}
+	if (live == n)
+		goto out; /* nobody dropped out: the all-N check above is the one */
+	verify(p, out, count, it, in, &r);
+	printf(PROG ": rank %d: survivors' check, %" PRIu64 " B, last iteration: %d live "
+	       "peers (down: %s), %d contributions reached the result, wrong %" PRId64
+	       " of %" PRId64 ", max_err %.3g\n", p->rank, bytes, live, list, last->peers,
+	       r.wrong < 0 ? (int64_t)-1 : r.wrong, r.checked, r.max_err);
+	fflush(stdout);
+out:
+	free(in);
+	free(t);
 }
 
 /* The safety limit of a wait without a timeout: said, and the peer ends. */
@@ -397,8 +453,10 @@ int peer_bench(struct peer *p)
 		struct size_result r;
 		double tsum = 0.0, sent = 0.0, recvd = 0.0, vals = 0.0;
 		double *ts = xmalloc((size_t)b->iters * sizeof(double));
+		struct mp_result last;
 
 		memset(&r, 0, sizeof(r));
+		memset(&last, 0, sizeof(last));
 		r.size_idx = (uint32_t)s;
 		r.max_err = -1.0;
 		r.rms_err = -1.0;
@@ -433,6 +491,7 @@ int peer_bench(struct peer *p)
 				break;
 			}
 			peer_heartbeat(p);
+			last = res;
 			if (it >= b->warmup) {
 				ts[it - b->warmup] = t1 - t0;
 				tsum += t1 - t0;
@@ -477,7 +536,9 @@ int peer_bench(struct peer *p)
 			r.flushed = 1;
 		}
 		if (b->check)
-			verify(p, buf, count, total - 1, &r);
+			verify(p, buf, count, total - 1, NULL, &r);
+		if (b->check && !p->up)
+			verify_survivors(p, buf, count, total - 1, bytes, &last);
 		peer_report(p, &r);
 	}
 	if (mr)
