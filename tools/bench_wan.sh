@@ -283,7 +283,7 @@ wait_all() {
 # after the run is under way (see wait_all).
 # Its output in DIR/SYSTEM.*, a status line in DIR/status.
 run_system() {
-	local id=$1 dir=$2 sys=$3 limit=$4 i rc t0 t1 before after
+	local id=$1 dir=$2 sys=$3 limit=$4 i rc t0 t1 before after dead
 	port=$((port + 1))
 	before=$(tbf_sent "$id")
 	wait_log=$dir/$sys.ends
@@ -294,8 +294,13 @@ run_system() {
 		for ((i = 0; i < peers; i++)); do list+=${list:+,}10.77.0.$((i + 1)):$port; done
 		[ "$algo" = moshpit ] && gridopt=(--grid="$grid")
 		for ((i = 0; i < peers; i++)); do
+			# A fault run: the survivors also check their last result
+			# against the mean of the others, also those that never
+			# met the dead peer.
+			dead=()
+			[ -n "$r_kill_ns" ] && [ "$i" -ne $((peers - 1)) ] && dead=(--dead=$((peers - 1)))
 			MP_PEERS=$list timeout -k 2 "$limit" ip netns exec "mpw-$id-$i" "$mpbench" --rank="$i" \
-				--algo="$algo" --codec="$codec" "${gridopt[@]}" -b "$r_minb" -e "$r_maxb" -f "$factor" \
+				--algo="$algo" --codec="$codec" "${gridopt[@]}" "${dead[@]}" -b "$r_minb" -e "$r_maxb" -f "$factor" \
 				-n "$r_iters" -w "$r_warmup" --run="bench-wan-$$" --timeout="$r_ms" \
 				--json="$dir/$sys.json" >"$dir/$sys.$i.log" 2>&1 &
 			kids+=($!)

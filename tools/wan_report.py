@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -146,6 +147,32 @@ def last_line(path: str, first: bool = False) -> str | None:
     return lines[0 if first else -1][:200] if lines else None
 
 
+SURVIVORS_RE = re.compile(
+    r"survivors' check, (\d+) B, last iteration: (\d+) live peers \(down: ([^)]*)\), "
+    r"(-?\d+) contributions reached the result, wrong (-?\d+) of (\d+), max_err (\S+)")
+
+
+def survivors_check(path: str) -> dict[str, Any] | None:
+    """An mpbench rank's check against the mean of the peers it counts as live."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            found = [m for m in map(SURVIVORS_RE.search, f) if m]
+    except OSError:
+        return None
+    if not found:
+        return None
+    m = found[-1]
+    return {
+        "bytes": int(m[1]),
+        "live": int(m[2]),
+        "down": m[3],
+        "contributions": int(m[4]),
+        "wrong": int(m[5]),
+        "checked": int(m[6]),
+        "max_err": float(m[7]),
+    }
+
+
 def faults(bed_dir: str, peers: int) -> list[dict[str, Any]]:
     """What the survivors of each system's fault run did (bench_wan.sh --kill)."""
     path = os.path.join(bed_dir, "fault", "status")
@@ -172,6 +199,9 @@ def faults(bed_dir: str, peers: int) -> list[dict[str, Any]]:
                     "ended_s_after_kill": after,
                     # mpirun's first line names the failure; a rank's last.
                     "last_line": last_line(log, first=system == "openmpi"),
+                    # mpbench: the last result against the survivors' mean.
+                    "survivors_check": None if system in ("gloo", "openmpi")
+                    else survivors_check(log),
                 }
             )
         rows = []
@@ -278,6 +308,11 @@ def main(argv: list[str]) -> int:
                         else f"exit {p['rc']}")
                 print(f"#   {p['who']:<8} {what}, {p['ended_s_after_kill']:.1f} s after the kill: "
                       f"{p['last_line'] or '-'}")
+                c = p.get("survivors_check")
+                if c:
+                    print(f"#            survivors' mean ({c['live']} live, down {c['down']}): "
+                          f"wrong {c['wrong']} of {c['checked']}, max_err {c['max_err']:.3g}, "
+                          f"{c['contributions']} contributions")
             for r in f["mpbench_rows"]:
                 print(f"#   rank 0's JSON: {r['bytes']} B, time {r['time_us']:.0f} us, "
                       f"wrong {r['wrong']}, max_err {r.get('max_err')}")

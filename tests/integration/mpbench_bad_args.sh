@@ -39,6 +39,9 @@ check --transport=smoke
 check --grid=2xx2
 check -b 1M -e 1K
 check_says "--sync" --sync=2
+check_says "bad --dead '3,x'" --rank=0 --peers=4 --dead=3,x
+check_says "bad --dead '-1'" --rank=0 --peers=4 --dead=-1
+check_says "--dead names ranks of a multi-host run" --peers=4 --dead=3
 # Sizes are in the library's grammar (src/common/size.h): a count beyond
 # 2^64 - 1 bytes is refused, never wrapped. 18014398509482048K is 2^64 plus
 # 64K: wrapped, it would be a valid 64K and the benchmark would run.

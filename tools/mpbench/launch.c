@@ -607,6 +607,26 @@ int run_multi(struct bench *b, const char *how)
 		p.npeers = mp_npeers(p.ctx);
 	}
 	bench_derive(b, p.npeers);
+	if (b->dead) {
+		const char *s = b->dead;
+
+		b->dead_mask = xcalloc((size_t)p.npeers, 1);
+		for (;;) {
+			char *end;
+			long v = strtol(s, &end, 10);
+
+			if (v >= p.npeers || v == p.rank) {
+				fprintf(stderr, PROG ": rank %d: --dead=%s: rank %ld %s\n", p.rank, b->dead,
+					v, v == p.rank ? "is this process" : "is not a rank of this run");
+				mp_finalize(p.ctx);
+				return 2;
+			}
+			b->dead_mask[v] = 1;
+			if (!*end)
+				break;
+			s = end + 1;
+		}
+	}
 	b->time_gathered = p.npeers > 1;
 	b->gather_passes = gather_passes(b);
 	snprintf(mode, sizeof(mode), "multi-host (%s), rank %d of %d; errors are this rank's own",
@@ -622,5 +642,7 @@ int run_multi(struct bench *b, const char *how)
 	mp_finalize(p.ctx);
 	rc = report_finish(&a, "multi-host", p.rank, rc != 0);
 	agg_free(&a);
+	free(b->dead_mask);
+	b->dead_mask = NULL;
 	return rc;
 }

@@ -32,6 +32,7 @@
 #define _GNU_SOURCE
 #endif
 
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -122,6 +123,23 @@ int main(int argc, char **argv)
 	b.multi = b.cfg.hostfile || b.cfg.peers || rank_opt >= 0 || b.cfg.rank >= 0 ||
 		  (launched && lsize > 1) || (b.dht && b.cfg.bootstrap);
 	b.follow = !b.multi && (b.dht || b.nfaults || b.churn > 0 || b.late || b.intruders);
+	if (b.dead && !b.multi)
+		usage_error("--dead names ranks of a multi-host run (local runs kill with --fault)");
+	if (b.dead) {
+		const char *s = b.dead;
+
+		/* Syntax now; the ranks' range once the peer count is known. */
+		do {
+			char *end;
+			long v;
+
+			errno = 0;
+			v = strtol(s, &end, 10);
+			if (end == s || errno || v < 0 || v >= 1 << 20 || (*end && *end != ','))
+				usage_error("bad --dead '%s' (ranks, e.g. 7 or 3,5)", b.dead);
+			s = *end ? end + 1 : end;
+		} while (*s);
+	}
 	if (b.multi && (b.nfaults || b.churn > 0 || b.late || b.intruders))
 		usage_error("--churn, --fault, --late and --intruders start local peers: they "
 			    "cannot be used across hosts");

@@ -135,6 +135,8 @@ struct bench {
 	int nfaults;
 	double max_rms;     /* fail when rms_err exceeds it (< 0: no limit) */
 	const char *logdir; /* --logs: keep the contribution logs here */
+	const char *dead;   /* --dead: multi-host ranks the harness killed (text) */
+	unsigned char *dead_mask; /* the same per rank, once npeers is known (NULL: none) */
 	int follow;         /* local peers followed round by round */
 	int size_given;     /* -b or -e was given */
 	char grid_buf[96];  /* followed runs: the grid every peer is given */

@@ -232,6 +232,8 @@ static void usage(FILE *f)
 		"      --hostfile=FILE      multi-host: one host[:port] per line, rank order\n"
 		"      --rank=R             multi-host: this process's rank (else from\n"
 		"                           MP_RANK, mpirun, PMI or srun)\n"
+		"      --dead=R[,R...]      multi-host: ranks that will be killed; the check\n"
+		"                           compares survivors with the others' mean too\n"
 		"      --dpdk-args=ARGS     dpdk: EAL arguments (MP_DPDK_EAL); locally\n"
 		"                           \"{rank}\" becomes each peer's rank. Without it\n"
 		"                           local peers get a memif pair (2 peers) or a\n"
@@ -313,6 +315,7 @@ enum {
 	OPT_PEER_STATS,
 	OPT_MINMAX,
 	OPT_SYNC,
+	OPT_DEAD,
 };
 
 static const struct option long_opts[] = {
@@ -356,6 +359,7 @@ static const struct option long_opts[] = {
 	{ "inject-loss", required_argument, NULL, OPT_INJECT_LOSS },
 	{ "minmax", no_argument, NULL, OPT_MINMAX },
 	{ "sync", required_argument, NULL, OPT_SYNC },
+	{ "dead", required_argument, NULL, OPT_DEAD },
 	/* nccl-tests' names, to say why they do not apply (nccl_flag) */
 	{ "ngpus", required_argument, NULL, 'g' },
 	{ "nthreads", required_argument, NULL, 't' },
@@ -488,6 +492,7 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		{ OPT_HOSTFILE, "--hostfile", FIELD_TEXT, &c->hostfile, 0, 0 },
 		{ OPT_RUN, "--run", FIELD_TEXT, &b->run, 0, 0 },
 		{ OPT_LOGS, "--logs", FIELD_TEXT, &b->logdir, 0, 0 },
+		{ OPT_DEAD, "--dead", FIELD_TEXT, &b->dead, 0, 0 },
 	};
 	int o;
 

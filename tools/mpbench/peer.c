@@ -158,7 +158,8 @@ static void verify_survivors(struct peer *p, const float *out, size_t count, int
 	for (int i = 0; i < got && i < n; i++) {
 		int q = t[i].rank;
 
-		if (q < 0 || q >= n || t[i].state == MP_PEER_DOWN || t[i].state == MP_PEER_GONE)
+		if (q < 0 || q >= n || t[i].state == MP_PEER_DOWN || t[i].state == MP_PEER_GONE ||
+		    (p->b->dead_mask && p->b->dead_mask[q]))
 			continue;
 		in[q] = 1;
 	}
