@@ -211,7 +211,21 @@ struct mp_config {
 	                             sparse codec, not in groups with clients (doc/design.md,
 	                             "Short vectors"). 0 switches it off; at most 256 MiB (default
 	                             MP_DIRECT_MAX_DEFAULT). Every peer of a run must set it alike */
+	int max_handshakes;     /**< MP_MAX_HANDSHAKES: incoming connections this peer holds at
+	                             once before they authenticate (1 to 65536, default
+	                             MP_MAX_HANDSHAKES_DEFAULT). One more closes the oldest of
+	                             them, first among those that have not sent a whole HELLO,
+	                             so that connections opened and held, or fed a byte at a time,
+	                             by a stranger cost at most this many slots (each a HELLO
+	                             buffer and the transport's per-connection buffer: 33 KiB
+	                             with tcp) and never shut a peer out; each is also closed at
+	                             connect_timeout_ms. Counted in ::mp_stats. Local: peers of a
+	                             run need not agree */
 };
+
+/** Default of ::mp_config::max_handshakes: a run's own peers dialling at
+ * once (a few connections per peer) stay well within it. */
+#define MP_MAX_HANDSHAKES_DEFAULT 256
 
 /** Default of ::mp_config::direct_max, in bytes. */
 #define MP_DIRECT_MAX_DEFAULT (16u * 1024)
@@ -601,6 +615,40 @@ struct mp_peer_info {
  *         @p max are written); -EINVAL for bad arguments
  */
 MP_API int mp_peers_info(mp_ctx *ctx, struct mp_peer_info *out, int max, size_t elem_size);
+
+/**
+ * Counters of a context since ::mp_init (::mp_stats): what strangers and
+ * misbehaving peers cost it. Fields are only ever appended.
+ */
+struct mp_stats {
+	uint64_t frames_rejected;      /**< frames dropped as malformed, foreign, stale or
+	                                    unexpected, handshakes included (the sum of every
+	                                    operation's mp_result::frames_rejected and those
+	                                    met between operations) */
+	uint64_t conns_accepted;       /**< incoming connections taken from the listener */
+	uint64_t conns_authenticated;  /**< ... that proved the run key */
+	uint64_t conns_refused;        /**< ... closed for a bad handshake frame (malformed,
+	                                    another run, a wrong MAC: a replayed AUTH) */
+	uint64_t conns_timed_out;      /**< ... closed with no whole handshake within
+	                                    mp_config::connect_timeout_ms (held open, or fed
+	                                    slowly) */
+	uint64_t conns_evicted;        /**< ... closed to make room: mp_config::max_handshakes
+	                                    were already in their handshake */
+	uint64_t conns_hung_up;        /**< ... closed by the other side before authenticating */
+	uint64_t handshakes_pending;   /**< connections in their handshake now */
+	uint64_t handshakes_max;       /**< the most in their handshake at once (at most
+	                                    mp_config::max_handshakes) */
+};
+
+/**
+ * Read the context's counters. Safe from any thread while operations run.
+ * @param ctx context
+ * @param[out] out filled with up to @p size bytes
+ * @param size sizeof(struct mp_stats) as the caller knows it (at least up to
+ *        and including @c conns_accepted)
+ * @return 0; -EINVAL for bad arguments
+ */
+MP_API int mp_stats(mp_ctx *ctx, struct mp_stats *out, size_t size);
 
 /**
  * This peer's id: the rank in a static run, random (or MP_PEER_ID) with the

@@ -55,6 +55,7 @@ void mp_config_init(struct mp_config *cfg)
 	cfg->probe_min_ms = MP_PROBE_DEF_MIN_MS;
 	cfg->probe_max_ms = MP_PROBE_DEF_MAX_MS;
 	cfg->direct_max = MP_DIRECT_MAX_DEFAULT;
+	cfg->max_handshakes = MP_MAX_HANDSHAKES_DEFAULT;
 }
 
 int mp_mode_from_name(const char *s)
@@ -325,6 +326,7 @@ int mp_config_from_env(struct mp_config *cfg)
 	INT_VAR("MP_PROBE_MIN_MS", probe_min_ms, MP_PROBE_LO_MS, MP_PROBE_HI_MS)
 	INT_VAR("MP_PROBE_MAX_MS", probe_max_ms, MP_PROBE_LO_MS, MP_PROBE_HI_MS)
 	INT_VAR("MP_DIRECT_MAX", direct_max, 0, 1u << 28)
+	INT_VAR("MP_MAX_HANDSHAKES", max_handshakes, 1, 65536)
 #undef INT_VAR
 	/* The backoff's ends in order, once the environment set either (the
 	 * other may be the caller's or the default). Neither is moved to fit
@@ -780,6 +782,11 @@ common:
 	if (out->chunk_bytes < 4 || out->chunk_bytes > (1u << 28) || out->chunk_bytes % 4) {
 		mp_set_init_error("config: chunk_bytes %zu must be a multiple of 4 in [4, 256 MiB]",
 				  out->chunk_bytes);
+		goto bad;
+	}
+	if (out->max_handshakes < 1 || out->max_handshakes > 65536) {
+		mp_set_init_error("config: max_handshakes %d out of range [1, 65536]",
+				  out->max_handshakes);
 		goto bad;
 	}
 	if (out->direct_max > (1u << 28)) {

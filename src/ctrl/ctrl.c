@@ -132,7 +132,7 @@ static int grow_rx(struct mp_ctx *ctx)
 
 static void reject(struct mp_ctx *ctx, int peer, enum mp_wire_reject why, const char *detail)
 {
-	ctx->rejected[why]++;
+	MP_STAT_ADD(ctx->rejected[why], 1);
 	if (ctx->cur_res)
 		ctx->cur_res->frames_rejected++;
 	MP_WARN("control message from peer %016llx dropped: %s (%s)",

@@ -1000,7 +1000,7 @@ static void on_join(struct mm *m, struct mp_ctrl_msg *msg)
 	if (get_entry(&r, &e) || e.id != ctx->peers[msg->peer].id) {
 		MP_WARN("round %u: malformed JOIN from peer %016" PRIx64, m->round,
 			ctx->peers[msg->peer].id);
-		ctx->rejected[MP_REJ_UNEXPECTED]++;
+		MP_STAT_ADD(ctx->rejected[MP_REJ_UNEXPECTED], 1);
 		return;
 	}
 	if (ctx->mode == MP_MODE_CLIENT || m->state == FOLLOW) {
@@ -1145,7 +1145,7 @@ static int on_begin(struct mm *m, struct mp_ctrl_msg *msg, struct mp_group *g, d
 	if (rc) {
 		MP_WARN("round %u: malformed BEGIN from peer %016" PRIx64, m->round,
 			ctx->peers[msg->peer].id);
-		ctx->rejected[MP_REJ_UNEXPECTED]++;
+		MP_STAT_ADD(ctx->rejected[MP_REJ_UNEXPECTED], 1);
 	}
 	return rc;
 }

@@ -109,7 +109,7 @@ static const char *id_str(const struct mp_ctx *ctx, uint64_t id, char buf[24])
 static void settings_refused(struct mp_ctx *ctx, struct mp_link *l, const char *name,
 			     const char *addr, const char *differ)
 {
-	ctx->rejected[MP_REJ_SETTINGS]++;
+	MP_STAT_ADD(ctx->rejected[MP_REJ_SETTINGS], 1);
 	if (ctx->cur_res)
 		ctx->cur_res->frames_rejected++;
 	l->settings_bad = 1;
@@ -204,7 +204,7 @@ static struct mp_wire_hdr hs_header(const struct mp_ctx *ctx, uint8_t type, uint
 
 static void count_reject(struct mp_ctx *ctx, enum mp_wire_reject why)
 {
-	ctx->rejected[why]++;
+	MP_STAT_ADD(ctx->rejected[why], 1);
 	if (ctx->cur_res)
 		ctx->cur_res->frames_rejected++;
 }
@@ -648,8 +648,16 @@ struct mp_drv_conn *mp_conn_get(struct mp_ctx *ctx, int peer, int idx, int *err)
 
 /* ---- acceptor side ----------------------------------------------------- */
 
+/* @pd's connection leaves the handshake (closed, or adopted as a peer's). */
+static void pend_done(struct mp_ctx *ctx, struct mp_pending *pd)
+{
+	if (pd->conn)
+		MP_STAT_ADD(ctx->cstats.pending, (uint64_t)-1);
+}
+
 static void pend_close(struct mp_ctx *ctx, struct mp_pending *pd)
 {
+	pend_done(ctx, pd);
 	ctx->ops->close(pd->conn);
 	mp_reap(ctx, pd->req);
 	mp_reap(ctx, pd->sreq);
@@ -670,6 +678,7 @@ static void reject(struct mp_ctx *ctx, struct mp_pending *pd, enum mp_wire_rejec
 	vsnprintf(detail, sizeof(detail), fmt, ap);
 	va_end(ap);
 	count_reject(ctx, why);
+	MP_STAT_ADD(ctx->cstats.refused, 1);
 	MP_WARN("rejected an incoming connection: %s (%s)", mp_wire_reject_name(why), detail);
 	pend_close(ctx, pd);
 }
@@ -837,6 +846,7 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 		       name, ctx->dynamic ? pd->addr : ctx->peers[pd->id].addr);
 		return;
 	}
+	MP_STAT_ADD(ctx->cstats.authenticated, 1);
 	/* The dialer answered, so our CHALLENGE is out. */
 	mp_reap(ctx, pd->sreq);
 	pd->sreq = NULL;
@@ -849,7 +859,7 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 			settings_refused(ctx, l, name, ctx->dynamic ? pd->addr : ctx->peers[peer].addr,
 					 pd->differ);
 		} else {
-			ctx->rejected[MP_REJ_SETTINGS]++;
+			MP_STAT_ADD(ctx->rejected[MP_REJ_SETTINGS], 1);
 			MP_WARN("peer %s (%s): %s (refused)", name, pd->addr, pd->differ);
 		}
 		pend_close(ctx, pd);
@@ -899,6 +909,7 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 		MP_INFO("peer %s connection %u reconnected", name, pd->idx);
 		mp_conn_drop(ctx, peer, (int)pd->idx);
 	}
+	pend_done(ctx, pd);
 	l->conn = pd->conn;
 	l->ready = 1;
 	l->settings_bad = 0;
@@ -907,6 +918,48 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 	pd->conn = NULL;
 	mp_peer_rtt(ctx, peer, mp_now_ns() - pd->chal_ns);
 	MP_INFO("accepted peer %s (%s) connection %u", name, p->addr, pd->idx);
+}
+
+/* A stranger's connections cost a log line at the first of each kind and
+ * then at powers of two, not one per connection of a flood. */
+static void hs_note(struct mp_ctx *ctx, const uint64_t *count, const char *what,
+		    const char *why)
+{
+	uint64_t n = *count;
+
+	(void)ctx;
+	if (n & (n - 1))
+		return;
+	MP_WARN("closed an incoming connection before it authenticated: %s (%s); %llu so far",
+		what, why, (unsigned long long)n);
+}
+
+/*
+ * max_handshakes connections are in their handshake and one more came:
+ * close the oldest that has not sent a whole HELLO (held open, or fed a
+ * byte at a time: a run's own peers send theirs at once), else the oldest
+ * of all. A peer's dial that is closed this way is retried like any other.
+ */
+static void pend_evict(struct mp_ctx *ctx)
+{
+	struct mp_pending *victim = NULL;
+
+	for (int i = 0; i < ctx->npend; i++) {
+		struct mp_pending *pd = &ctx->pend[i];
+
+		if (!pd->conn)
+			continue;
+		if (!victim || (victim->got_hello && !pd->got_hello) ||
+		    (victim->got_hello == pd->got_hello && pd->since_ns < victim->since_ns))
+			victim = pd;
+	}
+	if (!victim)
+		return;
+	MP_STAT_ADD(ctx->cstats.evicted, 1);
+	hs_note(ctx, &ctx->cstats.evicted, "evicted",
+		victim->got_hello ? "MP_MAX_HANDSHAKES reached; it sent no AUTH yet"
+				  : "MP_MAX_HANDSHAKES reached; it sent no whole HELLO");
+	pend_close(ctx, victim);
 }
 
 /* A free pending slot with its buffer, or NULL (no memory). */
@@ -966,13 +1019,23 @@ void mp_conn_poll(struct mp_ctx *ctx)
 	if (!ctx->listener)
 		return;
 	while ((rc = ctx->ops->accept(ctx->listener, &c)) == 0) {
-		struct mp_pending *pd = pend_slot(ctx);
+		struct mp_pending *pd;
+
+		MP_STAT_ADD(ctx->cstats.accepted, 1);
+		if (__atomic_load_n(&ctx->cstats.pending, __ATOMIC_RELAXED) >=
+		    (uint64_t)ctx->cfg.max_handshakes)
+			pend_evict(ctx);
+		pd = pend_slot(ctx);
 		if (!pd) {
 			ctx->ops->close(c);
 			continue;
 		}
 		pd->conn = c;
 		pd->since_ns = mp_now_ns();
+		MP_STAT_ADD(ctx->cstats.pending, 1);
+		if (ctx->cstats.pending > ctx->cstats.pending_max)
+			__atomic_store_n(&ctx->cstats.pending_max, ctx->cstats.pending,
+					 __ATOMIC_RELAXED);
 		rc = ctx->ops->irecv(c, pd->buf, MP_HELLO_MAX, NULL, &pd->req);
 		if (rc)
 			pend_close(ctx, pd);
@@ -988,10 +1051,15 @@ void mp_conn_poll(struct mp_ctx *ctx)
 			continue;
 		rc = ctx->ops->test(pd->req, &done, &len);
 		if (!done) {
-			/* Someone connected and went quiet: do not hold the slot forever. */
-			if (now - pd->since_ns > conn_to)
-				reject(ctx, pd, MP_REJ_TRUNCATED, "no %s before the connect timeout",
-				       pd->got_hello ? "AUTH" : "HELLO");
+			/* Someone connected and went quiet, or trickles: do not
+			 * hold the slot past the connect timeout. */
+			if (now - pd->since_ns > conn_to) {
+				MP_STAT_ADD(ctx->cstats.timed_out, 1);
+				count_reject(ctx, MP_REJ_TRUNCATED);
+				hs_note(ctx, &ctx->cstats.timed_out, "timed out",
+					pd->got_hello ? "no AUTH" : "no whole HELLO");
+				pend_close(ctx, pd);
+			}
 			continue;
 		}
 		pd->req = NULL;
@@ -1005,6 +1073,7 @@ void mp_conn_poll(struct mp_ctx *ctx)
 			if (pd->got_hello)
 				MP_INFO("peer %s hung up during the handshake: %s",
 					id_str(ctx, pd->id, name), mp_strerror(rc));
+			MP_STAT_ADD(ctx->cstats.hung_up, 1);
 			pend_close(ctx, pd);
 		} else if (pd->got_hello) {
 			auth_arrived(ctx, pd, len);

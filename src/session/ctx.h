@@ -142,6 +142,9 @@ enum { MP_PROBE_ALIVE = 1, MP_PROBE_QUERY = 2, MP_PROBE_ANNOUNCE = 3, MP_PROBE_S
  * later round may meet a peer not known to agree (run_moshpit). */
 enum { MP_SCR_REDUCE, MP_SCR_ENCODE, MP_SCR_STAGE, MP_SCR_UNDO, MP_SCR_MAX };
 
+/* A counter of the context that another thread may read (mp_stats). */
+#define MP_STAT_ADD(field, n) ((void)__atomic_fetch_add(&(field), (n), __ATOMIC_RELAXED))
+
 struct mp_ctx {
 	/* configuration, with strings owned */
 	struct mp_config cfg;
@@ -244,8 +247,19 @@ struct mp_ctx {
 	void *scratch[MP_SCR_MAX];
 	size_t scratch_size[MP_SCR_MAX];
 
-	/* statistics of the context's life */
+	/* statistics of the context's life, read by mp_stats from any thread:
+	 * updated with MP_STAT_ADD, read with __atomic_load_n */
 	uint64_t rejected[MP_REJ_MAX];
+	struct mp_conn_stats {
+		uint64_t accepted;      /* incoming connections taken from the listener */
+		uint64_t authenticated; /* ... that proved the run key */
+		uint64_t refused;       /* closed for a bad handshake frame */
+		uint64_t timed_out;     /* no whole handshake within the connect timeout */
+		uint64_t evicted;       /* closed to make room (max_handshakes) */
+		uint64_t hung_up;       /* closed by the other side before authenticating */
+		uint64_t pending;       /* held in their handshake now */
+		uint64_t pending_max;   /* most held at once */
+	} cstats;
 	struct mp_result *cur_res; /* counters of the operation running, or NULL */
 
 	/* set once mp_finalize stops the progress thread: what runs ends with

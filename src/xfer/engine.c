@@ -225,7 +225,7 @@ static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_
 		return;
 	}
 	if (h->offset != x->total) {
-		x->ctx->rejected[MP_REJ_COUNT]++;
+		MP_STAT_ADD(x->ctx->rejected[MP_REJ_COUNT], 1);
 		x->res->frames_rejected++;
 		snprintf(msg, sizeof(msg), "peer %d averages %llu values, this peer %llu", ch->peer,
 			 (unsigned long long)h->offset, (unsigned long long)x->total);
@@ -235,7 +235,7 @@ static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_
 	if (h->codec != x->codec->id) {
 		/* A per-average setting that differs: -EBADE, as for the
 		 * run-shared ones, counted with them. */
-		x->ctx->rejected[MP_REJ_SETTINGS]++;
+		MP_STAT_ADD(x->ctx->rejected[MP_REJ_SETTINGS], 1);
 		x->res->frames_rejected++;
 		snprintf(msg, sizeof(msg), "peer %d averages %s, this peer %s (MP_AVG_UNCOMPRESSED or "
 			 "mp_average_flush on one side only)", ch->peer,
@@ -255,7 +255,7 @@ static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_
 
 static void reject(struct mp_xfer *x, struct mp_chan *ch, enum mp_wire_reject why)
 {
-	x->ctx->rejected[why]++;
+	MP_STAT_ADD(x->ctx->rejected[why], 1);
 	x->res->frames_rejected++;
 	fail_peer(x, ch->peer, -EPROTO, mp_wire_reject_name(why));
 }
@@ -275,7 +275,7 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 	if (h.token != mp_conn_token(ctx, ch->peer, ch->stream)) {
 		/* Not of this connection's session: dropped, not held against the
 		 * peer, whose own frames may still come; the receive is reposted. */
-		ctx->rejected[MP_REJ_TOKEN]++;
+		MP_STAT_ADD(ctx->rejected[MP_REJ_TOKEN], 1);
 		x->res->frames_rejected++;
 		MP_WARN("%s round %u: dropped a frame with a wrong session token on the connection "
 			"to peer %d (%s)", x->what, x->round, ch->peer, ctx->peers[ch->peer].addr);
@@ -288,7 +288,7 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 		 * one that timed us out. Its frames wait on the connection until
 		 * the next exchange reads them; they are skipped, not held
 		 * against the peer, and the receive is reposted. */
-		ctx->rejected[MP_REJ_STALE]++;
+		MP_STAT_ADD(ctx->rejected[MP_REJ_STALE], 1);
 		x->res->frames_rejected++;
 		MP_TRACE("%s round %u: skipped a frame of round %u (group %08x) from peer %d",
 			 x->what, x->round, h.round, h.group_id, ch->peer);

@@ -25,7 +25,7 @@ static void clear_env(void)
 				     "MP_CONNECT_TIMEOUT_MS", "MP_ROUND_TIMEOUT_MS", "MP_CHECKSUM",
 				     "MP_CODEC_BLOCK", "MP_CODEC_SIGMAS", "MP_TOPK_RATIO", "MP_ADACOMP_BIN",
 				     "MP_MIN_PART", "MP_MODE", "MP_PEER_ID", "MP_BANDWIDTH",
-				     "MP_PROBE_MIN_MS", "MP_PROBE_MAX_MS", "MP_BALANCE",
+				     "MP_PROBE_MIN_MS", "MP_PROBE_MAX_MS", "MP_BALANCE", "MP_MAX_HANDSHAKES",
 				     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
 				     "SLURM_PROCID", "SLURM_NTASKS"};
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
@@ -457,6 +457,60 @@ static void resolve_codec_rules(void **s)
 }
 
 /*
+ * MP_MAX_HANDSHAKES: the connections held before they authenticate; default
+ * 256, 1 to 65536 from the environment and the struct, anything else
+ * refused with the range named and nothing taken.
+ */
+static void max_handshakes_knob(void **s)
+{
+	struct mp_config c, out;
+	char **list;
+	int n, level = mp_log_get_level();
+
+	(void)s;
+	clear_env();
+	mp_config_init(&c);
+	assert_int_equal(c.max_handshakes, MP_MAX_HANDSHAKES_DEFAULT);
+	assert_int_equal(MP_MAX_HANDSHAKES_DEFAULT, 256);
+	setenv("MP_MAX_HANDSHAKES", "1", 1);
+	assert_int_equal(mp_config_from_env(&c), 0);
+	assert_int_equal(c.max_handshakes, 1);
+	setenv("MP_MAX_HANDSHAKES", "64K", 1);
+	assert_int_equal(mp_config_from_env(&c), 0);
+	assert_int_equal(c.max_handshakes, 65536);
+	mp_log_set_level(MP_LOG_NONE);
+	static const char *bad[][2] = {
+		{"0", "MP_MAX_HANDSHAKES=0 is out of range [1, 65536]"},
+		{"65537", "MP_MAX_HANDSHAKES=65537 is out of range [1, 65536]"},
+		{"-3", "MP_MAX_HANDSHAKES=-3: expected a whole number in [1, 65536]"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		clear_env();
+		setenv("MP_MAX_HANDSHAKES", bad[i][0], 1);
+		mp_note_init_error("%s", "");
+		mp_config_init(&c);
+		if (mp_config_from_env(&c) != -EINVAL)
+			fail_msg("MP_MAX_HANDSHAKES=%s accepted", bad[i][0]);
+		if (!init_error_says(bad[i][1]))
+			fail_msg("MP_MAX_HANDSHAKES=%s: not named", bad[i][0]);
+		assert_int_equal(c.max_handshakes, MP_MAX_HANDSHAKES_DEFAULT);
+	}
+	clear_env();
+	mp_config_init(&c);
+	c.npeers = 2;
+	c.rank = 0;
+	c.peers = "a:1,b:2";
+	c.max_handshakes = 0;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
+	assert_true(init_error_says("config: max_handshakes 0 out of range [1, 65536]"));
+	c.max_handshakes = 7;
+	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), 0);
+	assert_int_equal(out.max_handshakes, 7);
+	mp_free_list(list, n);
+	mp_log_set_level(level);
+}
+
+/*
  * MP_PROBE_MIN_MS / MP_PROBE_MAX_MS, the backoff of a static run's probes
  * of a down peer: defaults 1 s and 30 s, each in [10, 3600000] with the
  * longest interval no shorter than the first; anything else refused with
@@ -658,6 +712,7 @@ int main(void)
 		cmocka_unit_test(codec_specs),
 		cmocka_unit_test(resolve_codec_rules),
 		cmocka_unit_test(probe_backoff_knobs),
+		cmocka_unit_test(max_handshakes_knob),
 	};
 
 	/* size_rejects reads the warnings on stderr, not in a log file. */
