@@ -223,6 +223,9 @@ static void usage(FILE *f)
 		"      --chunk=SIZE         bytes per streamed chunk\n"
 		"      --streams=N          connections per peer pair (0 = transport default)\n"
 		"      --timeout=MS         connect and round timeouts in milliseconds\n"
+		"      --memory=KIND        where each peer's buffer lives: host (default) or\n"
+		"                           cuda (device memory, loaded from libcuda.so.1;\n"
+		"                           averaged through a pinned host copy today)\n"
 		"\n"
 		"Peers:\n"
 		"      --transport=NAME     tcp (default), loop (threads of one process), dpdk,\n"
@@ -313,6 +316,7 @@ enum {
 	OPT_PEER_STATS,
 	OPT_MINMAX,
 	OPT_SYNC,
+	OPT_MEMORY,
 };
 
 static const struct option long_opts[] = {
@@ -356,6 +360,7 @@ static const struct option long_opts[] = {
 	{ "inject-loss", required_argument, NULL, OPT_INJECT_LOSS },
 	{ "minmax", no_argument, NULL, OPT_MINMAX },
 	{ "sync", required_argument, NULL, OPT_SYNC },
+	{ "memory", required_argument, NULL, OPT_MEMORY },
 	/* nccl-tests' names, to say why they do not apply (nccl_flag) */
 	{ "ngpus", required_argument, NULL, 'g' },
 	{ "nthreads", required_argument, NULL, 't' },
@@ -627,6 +632,14 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			break;
 		case OPT_MINMAX:
 			b->minmax = 1;
+			break;
+		case OPT_MEMORY:
+			if (strcmp(optarg, "cuda") == 0)
+				b->cuda = 1;
+			else if (strcmp(optarg, "host") == 0)
+				b->cuda = 0;
+			else
+				usage_error("unknown --memory '%s' (host or cuda)", optarg);
 			break;
 		case 'h':
 			usage(stdout);
