@@ -162,6 +162,8 @@ int main(int argc, char **argv)
 		 * line saying what is missing rather than one failure per peer. */
 		if (dev_probe(b.cuda_what, sizeof(b.cuda_what))) {
 			fprintf(stderr, PROG ": --memory=cuda: %s\n", b.cuda_what);
+			free(b.sizes);
+			free(b.faults);
 			return EXIT_FAIL;
 		}
 	}
