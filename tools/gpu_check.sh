@@ -14,7 +14,7 @@
 #     1. Stops at once, exit 77 (skipped), without a usable GPU: no
 #        libcuda.so.1, or no device (python3's ctypes loads the driver as
 #        mpbench does; nvidia-smi -L where python3 is missing).
-#     2. Checks for the tools and libraries the build needs (cc, meson,
+#     2. Checks for the tools and libraries the build needs (cc, g++, meson,
 #        ninja, nvcc, pkg-config, python3, libsodium, cmocka) and names every
 #        missing one (exit 2). Nothing is installed: the machine may have
 #        no network.
@@ -186,6 +186,8 @@ fi
 missing=()
 cc_bin=${CC:-cc}
 command -v "$cc_bin" >/dev/null 2>&1 || missing+=("a C compiler ($cc_bin; set CC)")
+# nvcc compiles the host half of a .cu file with gcc in C++ mode (g++'s cc1plus).
+command -v g++ >/dev/null 2>&1 || missing+=("g++ (nvcc's host compiler for .cu files)")
 meson=(meson)
 if ! command -v meson >/dev/null 2>&1; then
 	if command -v python3 >/dev/null 2>&1 && python3 -c 'import mesonbuild' 2>/dev/null; then
