@@ -42,6 +42,9 @@ check_says "--sync" --sync=2
 check_says "bad --dead '3,x'" --rank=0 --peers=4 --dead=3,x
 check_says "bad --dead '-1'" --rank=0 --peers=4 --dead=-1
 check_says "--dead names ranks of a multi-host run" --peers=4 --dead=3
+check_says "unknown --memory 'gpu' (host or cuda)" --memory=gpu
+check_says "--memory=cuda runs static averages" --memory=cuda --churn=0.1
+check_says "--memory=cuda with --codec=topk" --memory=cuda --codec=topk
 # Sizes are in the library's grammar (src/common/size.h): a count beyond
 # 2^64 - 1 bytes is refused, never wrapped. 18014398509482048K is 2^64 plus
 # 64K: wrapped, it would be a valid 64K and the benchmark would run.

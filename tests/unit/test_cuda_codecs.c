@@ -16,8 +16,11 @@
  * capacities for the sparse codecs.
  *
  * Without a usable GPU: prints why and exits 77 (skipped).
- * `test_cuda_codecs --bench [count]`: GB/s per codec beside cudaMemcpy's
- * device-to-device bandwidth, measured in the same run.
+ * `test_cuda_codecs --bench [count] [--json FILE]`: encode and
+ * decode-and-accumulate GB/s per codec beside a device-to-device cudaMemcpy
+ * of the same bytes, measured in the same run, and each as a percentage of
+ * that copy (the copy's time over the kernel's); --json also writes them to
+ * FILE (tools/gpu_check.sh reads it).
  */
 #include <cuda_runtime_api.h>
 
@@ -707,8 +710,10 @@ static double elapsed_ms(cudaEvent_t a, cudaEvent_t b)
 	return ms;
 }
 
-static int run_bench(size_t n)
+static int run_bench(size_t n, const char *json)
 {
+	FILE *jf = NULL;
+	int first = 1;
 	const int iters = 20;
 	float *hx = xmalloc(n * 4);
 	float *dx, *dr, *da;
@@ -738,13 +743,24 @@ static int run_bench(size_t n)
 	CU(cudaEventSynchronize(e1));
 	double t = elapsed_ms(e0, e1) / iters;
 
+	if (json && !(jf = fopen(json, "w"))) {
+		printf("cannot write %s: %s\n", json, strerror(errno));
+		return 1;
+	}
 	printf("count %zu (%.0f MiB of fp32)\n", n, n * 4 / 1048576.0);
-	printf("cudaMemcpy D2D: %.1f GB/s (read + write)\n", 2 * gb / (t / 1e3));
+	printf("cudaMemcpy D2D of the same bytes: %.1f GB/s copied (%.1f GB/s read + write)\n",
+	       gb / (t / 1e3), 2 * gb / (t / 1e3));
 	printf("GB/s below: fp32 values in (encode) or out (decode_acc) per second; \"moved\" counts\n"
 	       "what decode_acc reads and writes (payload + accumulator twice). Sparse encodes\n"
-	       "include their wait for the length; decodes are queued back to back.\n");
-	printf("%-10s %12s %12s %14s %14s\n", "codec", "bytes/value", "encode GB/s", "dec_acc GB/s",
-	       "dec_acc moved");
+	       "include their wait for the length; decodes are queued back to back. %% of copy:\n"
+	       "the time of the D2D copy of the same fp32 bytes over the kernel's time.\n");
+	printf("%-10s %12s %12s %8s %14s %8s %14s\n", "codec", "bytes/value", "encode GB/s",
+	       "% copy", "dec_acc GB/s", "% copy", "dec_acc moved");
+	if (jf)
+		fprintf(jf, "{\n  \"count\": %zu,\n  \"bytes\": %zu,\n  \"iters\": %d,\n"
+			"  \"d2d_copy_ms\": %.6f,\n  \"d2d_copy_gbs\": %.3f,\n"
+			"  \"d2d_copy_rw_gbs\": %.3f,\n  \"codecs\": [\n", n, n * 4, iters, t,
+			gb / (t / 1e3), 2 * gb / (t / 1e3));
 	for (int c = 0; c <= MP_CODEC_ADACOMP; c++) {
 		size_t gs = mp_cuda_scratch_size(c, &prm, n), len = 0;
 		void *ds = dalloc(gs);
@@ -755,6 +771,11 @@ static int run_bench(size_t n)
 		CU(cudaDeviceSynchronize());
 		if (r) {
 			printf("%-10s encode failed: %d\n", names[c], r);
+			if (jf) {
+				fprintf(jf, "%s    {\"codec\": \"%s\", \"error\": %d}", first ? "" : ",\n",
+					names[c], r);
+				first = 0;
+			}
 			CU(cudaFree(ds));
 			continue;
 		}
@@ -785,8 +806,18 @@ static int run_bench(size_t n)
 		CU(cudaFree(dst));
 
 		/* GB/s of fp32 values in (encode) / out (decode); "moved": payload + acc read + write. */
-		printf("%-10s %12.3f %12.1f %14.1f %14.1f\n", names[c], (double)len / n, gb / (te / 1e3),
-		       gb / (td / 1e3), ((double)len / 1e9 + 2 * gb) / (td / 1e3));
+		printf("%-10s %12.3f %12.1f %7.0f%% %14.1f %7.0f%% %14.1f\n", names[c], (double)len / n,
+		       gb / (te / 1e3), 100.0 * t / te, gb / (td / 1e3), 100.0 * t / td,
+		       ((double)len / 1e9 + 2 * gb) / (td / 1e3));
+		if (jf) {
+			fprintf(jf, "%s    {\"codec\": \"%s\", \"bytes_per_value\": %.4f, "
+				"\"encode_ms\": %.6f, \"encode_gbs\": %.3f, \"encode_pct_of_copy\": %.1f, "
+				"\"decode_acc_ms\": %.6f, \"decode_acc_gbs\": %.3f, "
+				"\"decode_acc_pct_of_copy\": %.1f, \"decode_rejected\": %s}",
+				first ? "" : ",\n", names[c], (double)len / n, te, gb / (te / 1e3),
+				100.0 * t / te, td, gb / (td / 1e3), 100.0 * t / td, st ? "true" : "false");
+			first = 0;
+		}
 		CU(cudaFree(ds));
 	}
 	CU(cudaFree(dx));
@@ -794,6 +825,13 @@ static int run_bench(size_t n)
 	CU(cudaFree(da));
 	CU(cudaFree(dp));
 	free(hx);
+	if (jf) {
+		fprintf(jf, "\n  ]\n}\n");
+		if (fclose(jf)) {
+			printf("cannot write %s: %s\n", json, strerror(errno));
+			return 1;
+		}
+	}
 	return 0;
 }
 
@@ -805,8 +843,22 @@ int main(int argc, char **argv)
 		printf("skipped: %s\n", why);
 		return 77;
 	}
-	if (argc > 1 && !strcmp(argv[1], "--bench"))
-		return run_bench(argc > 2 ? (size_t)strtoull(argv[2], NULL, 0) : (size_t)64 << 20);
+	if (argc > 1 && !strcmp(argv[1], "--bench")) {
+		size_t count = (size_t)64 << 20;
+		const char *json = NULL;
+
+		for (int i = 2; i < argc; i++) {
+			if (!strcmp(argv[i], "--json") && i + 1 < argc)
+				json = argv[++i];
+			else if (argv[i][0] >= '1' && argv[i][0] <= '9')
+				count = (size_t)strtoull(argv[i], NULL, 0);
+			else {
+				printf("usage: test_cuda_codecs [-v] | --bench [count] [--json FILE]\n");
+				return 2;
+			}
+		}
+		return run_bench(count, json);
+	}
 	verbose = argc > 1 && !strcmp(argv[1], "-v");
 	return run_tests();
 }

@@ -169,6 +169,22 @@ int main(int argc, char **argv)
 	if (b.follow && b.check && b.maxbytes > (1u << 20))
 		usage_error("--check with --rendezvous=dht, --churn or --fault sends every "
 			    "peer's final values to the launcher: at most 1M (or --check=0)");
+	if (b.cuda) {
+		if (b.follow)
+			usage_error("--memory=cuda runs static averages: no --rendezvous=dht, --churn, "
+				    "--fault, --late or --intruders");
+		if (codec_sparse(b.cfg.codec))
+			usage_error("--memory=cuda with --codec=%s: its check needs mp_average_flush, "
+				    "which averages host memory only", codec_name(b.cfg.codec));
+		/* Before any peer starts, so that a machine without a GPU gets one
+		 * line saying what is missing rather than one failure per peer. */
+		if (dev_probe(b.cuda_what, sizeof(b.cuda_what))) {
+			fprintf(stderr, PROG ": --memory=cuda: %s\n", b.cuda_what);
+			free(b.sizes);
+			free(b.faults);
+			return EXIT_FAIL;
+		}
+	}
 	if (!b.multi) {
 		b.npeers = peers_opt ? peers_opt : b.cfg.npeers > 0 ? b.cfg.npeers : 8;
 		if (b.clients + b.aux >= b.npeers)

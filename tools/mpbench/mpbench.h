@@ -11,6 +11,7 @@
  *   report.c    the table, the JSON file and the exit status
  *   replay.c    replay of the contribution logs (replay.h)
  *   dpdk_seg.c  the virtual segment of --transport=dpdk (dpdk_seg.h)
+ *   cuda.c      --memory=cuda: the CUDA driver, loaded at run time
  */
 #ifndef MPBENCH_H
 #define MPBENCH_H
@@ -147,6 +148,9 @@ struct bench {
 	const char *dpdk_args; /* --dpdk-args: EAL arguments instead of a made-up segment */
 	double inject_loss;    /* --inject-loss: fraction of received frames dropped */
 	int peer_stats;        /* --peer-stats: each peer's mp_peers_info at the end */
+	/* --memory=cuda: each peer's buffer in CUDA device memory (cuda.c) */
+	int cuda;
+	char cuda_what[256];   /* what the probe found: "N devices, device 0: NAME" */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -334,6 +338,21 @@ void describe_status(int status, char *buf, size_t len);
 pid_t fork_peer(const char *what, int fds[2]);
 int run_local(struct bench *b);
 int run_multi(struct bench *b, const char *how);
+
+/* ------------------------------------------------------------------------ */
+/* CUDA device memory (cuda.c): 0, or -1 with the reason in @why            */
+
+/* Whether CUDA is usable, found by a child process (the caller never
+ * initialises CUDA, so that the peers it forks can): 0 with what was found
+ * in @what, or -1 with what is missing. */
+int dev_probe(char *what, size_t n);
+/* This thread's device: @index mod the device count, made current. */
+int dev_open(int index, char *why, size_t n);
+void dev_close(void);
+int dev_alloc(size_t len, void **p, char *why, size_t n);
+void dev_free(void *p);
+int dev_htod(void *dst, const void *src, size_t len, char *why, size_t n);
+int dev_dtoh(void *dst, const void *src, size_t len, char *why, size_t n);
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers (mpbench.c)                                                 */

@@ -223,6 +223,9 @@ static void usage(FILE *f)
 		"      --chunk=SIZE         bytes per streamed chunk\n"
 		"      --streams=N          connections per peer pair (0 = transport default)\n"
 		"      --timeout=MS         connect and round timeouts in milliseconds\n"
+		"      --memory=KIND        where each peer's buffer lives: host (default) or\n"
+		"                           cuda (device memory, loaded from libcuda.so.1;\n"
+		"                           averaged through a pinned host copy today)\n"
 		"\n"
 		"Peers:\n"
 		"      --transport=NAME     tcp (default), loop (threads of one process), dpdk,\n"
@@ -316,6 +319,7 @@ enum {
 	OPT_MINMAX,
 	OPT_SYNC,
 	OPT_DEAD,
+	OPT_MEMORY,
 };
 
 static const struct option long_opts[] = {
@@ -360,6 +364,7 @@ static const struct option long_opts[] = {
 	{ "minmax", no_argument, NULL, OPT_MINMAX },
 	{ "sync", required_argument, NULL, OPT_SYNC },
 	{ "dead", required_argument, NULL, OPT_DEAD },
+	{ "memory", required_argument, NULL, OPT_MEMORY },
 	/* nccl-tests' names, to say why they do not apply (nccl_flag) */
 	{ "ngpus", required_argument, NULL, 'g' },
 	{ "nthreads", required_argument, NULL, 't' },
@@ -632,6 +637,14 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			break;
 		case OPT_MINMAX:
 			b->minmax = 1;
+			break;
+		case OPT_MEMORY:
+			if (strcmp(optarg, "cuda") == 0)
+				b->cuda = 1;
+			else if (strcmp(optarg, "host") == 0)
+				b->cuda = 0;
+			else
+				usage_error("unknown --memory '%s' (host or cuda)", optarg);
 			break;
 		case 'h':
 			usage(stdout);

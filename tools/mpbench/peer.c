@@ -222,7 +222,10 @@ static double median(double *v, int n)
  * wake-ups that cost more than a short exchange on a host with fewer cores
  * than peers (doc/performance.md, "Short vectors"). Its safety limit is
  * then an alarm. Threads of one process (--transport=loop) keep the start
- * and the timed wait: an alarm is the process's. */
+ * and the timed wait: an alarm is the process's. So does device memory
+ * (--memory=cuda, @mr its registration): the blocking call takes no
+ * registration, and without one the library reads the buffer as host
+ * memory. */
 static int peer_average(struct peer *p, float *buf, size_t count, float weight, mp_mr *mr,
 			unsigned flags, struct mp_result *res, char *why, size_t whylen)
 {
@@ -230,7 +233,7 @@ static int peer_average(struct peer *p, float *buf, size_t count, float weight, 
 	double t0;
 	int rc;
 
-	if (!p->b->loop) {
+	if (!p->b->loop && !(p->b->cuda && mr)) {
 		int n = snprintf(alarm_text, sizeof(alarm_text),
 				 PROG ": peer %d: no completion within the safety limit of %d s (the "
 				 "library's own deadlines did not fire)\n", p->rank,
@@ -423,12 +426,68 @@ static void peer_stats(struct peer *p)
 	free(t);
 }
 
+/*
+ * --memory=cuda: this peer's device. Local peers take rank mod the device
+ * count; in a multi-host run, where the ranks of one host need not be
+ * adjacent, the launcher's local rank (mpirun, srun), else device 0.
+ */
+static int device_index(const struct peer *p)
+{
+	static const char *const vars[] = { "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
+					    "MPI_LOCALRANKID" };
+
+	if (!p->b->multi)
+		return p->rank;
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *v = getenv(vars[i]);
+		char *end;
+		long r;
+
+		if (!v || !*v)
+			continue;
+		r = strtol(v, &end, 10);
+		if (!*end && r >= 0 && r < INT_MAX)
+			return (int)r;
+	}
+	return 0;
+}
+
+/*
+ * --memory=cuda: the peer's device buffer of @len bytes, registered as
+ * MP_MEM_CUDA. 0, or -1 after peer_fail (nothing left to release but what
+ * dev_close releases).
+ */
+static int peer_device_buffer(struct peer *p, size_t len, void **dbuf, mp_mr **mr)
+{
+	char why[512];
+	int rc;
+
+	if (dev_open(device_index(p), why, sizeof(why)) ||
+	    dev_alloc(len, dbuf, why, sizeof(why))) {
+		peer_fail(p, "--memory=cuda: %s", why);
+		return -1;
+	}
+	rc = mp_mem_register(p->ctx, *dbuf, len, MP_MEM_CUDA, mr);
+	if (rc) {
+		peer_fail(p, "--memory=cuda: mp_mem_register(MP_MEM_CUDA, %zu bytes): %s: %s", len,
+			  mp_strerror(rc), mp_last_error(p->ctx));
+		dev_free(*dbuf);
+		*dbuf = NULL;
+		*mr = NULL;
+		return -1;
+	}
+	return 0;
+}
+
 int peer_bench(struct peer *p)
 {
 	const struct bench *b = p->b;
 	uint64_t maxb = b->sizes[b->nsizes - 1];
 	size_t alloc = (size_t)((maxb + 4095) & ~(uint64_t)4095);
 	float *buf = aligned_alloc(4096, alloc);
+	/* --memory=cuda: the buffer averaged, in device memory; buf is then its
+	 * host copy, where the data are made and the result is checked. */
+	void *dbuf = NULL;
 	float w = peer_weight(b, p->rank);
 	mp_mr *mr = NULL;
 	int rc = 0;
@@ -438,8 +497,14 @@ int peer_bench(struct peer *p)
 		return -1;
 	}
 	memset(buf, 0, alloc);
-	rc = mp_mem_register(p->ctx, buf, (size_t)maxb, MP_MEM_HOST, &mr);
-	if (rc) {
+	if (b->cuda) {
+		if (peer_device_buffer(p, (size_t)maxb, &dbuf, &mr)) {
+			dev_close();
+			free(buf);
+			return -1;
+		}
+		rc = 0;
+	} else if ((rc = mp_mem_register(p->ctx, buf, (size_t)maxb, MP_MEM_HOST, &mr))) {
 		if (p->rank == 0)
 			fprintf(stderr, PROG ": warning: mp_mem_register: %s: %s (averaging "
 				"unregistered memory)\n", mp_strerror(rc), mp_last_error(p->ctx));
@@ -469,6 +534,13 @@ int peer_bench(struct peer *p)
 
 			memset(&res, 0, sizeof(res));
 			fill(p, buf, count, stream_key(b->seed, p->rank, it));
+			if (dbuf && dev_htod(dbuf, buf, (size_t)bytes, why, sizeof(why))) {
+				peer_fail(p, "size %" PRIu64 " B, iteration %d: --memory=cuda: %s",
+					  bytes, it, why);
+				rc = -EIO;
+				break;
+			}
+			/* Sparse codecs are refused with --memory=cuda (mpbench.c). */
 			if (b->check && it == total - 1 && codec_sparse(b->cfg.codec)) {
 				/* The checked iteration starts with no residue, so
 				 * that after the flush below the exact mean is due. */
@@ -485,7 +557,8 @@ int peer_bench(struct peer *p)
 				break;
 			}
 			t0 = mp_now_s();
-			rc = peer_average(p, buf, count, w, mr, 0, &res, why, sizeof(why));
+			rc = peer_average(p, dbuf ? (float *)dbuf : buf, count, w, mr, 0, &res, why,
+					  sizeof(why));
 			t1 = mp_now_s();
 			if (rc) {
 				peer_fail(p, "size %" PRIu64 " B, iteration %d: %s", bytes, it, why);
@@ -536,6 +609,17 @@ int peer_bench(struct peer *p)
 			}
 			r.flushed = 1;
 		}
+		if (b->check && dbuf) {
+			/* The result is checked where the average left it: in
+			 * device memory, copied back. */
+			char why[512];
+
+			if (dev_dtoh(buf, dbuf, (size_t)bytes, why, sizeof(why))) {
+				peer_fail(p, "size %" PRIu64 " B: --memory=cuda: %s", bytes, why);
+				rc = -EIO;
+				break;
+			}
+		}
 		if (b->check)
 			verify(p, buf, count, total - 1, NULL, &r);
 		if (b->check && !p->up)
@@ -544,6 +628,10 @@ int peer_bench(struct peer *p)
 	}
 	if (mr)
 		mp_mem_deregister(p->ctx, mr);
+	if (dbuf) {
+		dev_free(dbuf);
+		dev_close();
+	}
 	free(buf);
 	if (rc == 0 && b->peer_stats)
 		peer_stats(p);

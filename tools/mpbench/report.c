@@ -77,6 +77,10 @@ void print_header(const struct bench *b, const char *mode)
 	printf("# chunk %zu  streams %d  timeouts %d/%d ms (connect/round)  run %s\n",
 	       c->chunk_bytes, c->streams, c->connect_timeout_ms, c->round_timeout_ms,
 	       b->run ? b->run : "(default)");
+	if (b->cuda)
+		/* The only path today; a device reducer would be a second. */
+		printf("# memory cuda (%s): each peer's buffer in device memory, averaged through "
+		       "a whole-buffer pinned host copy (staged)\n", b->cuda_what);
 	if (strcmp(b->transport, "dpdk") == 0)
 		printf("# dpdk segment: %s  injected loss %g of received frames\n",
 		       b->multi ? "this host's (MP_DPDK_*)" : dseg_describe(), b->inject_loss);
@@ -467,6 +471,12 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 	json_str(f, mode);
 	fprintf(f, ",\n    \"rank\": %d,\n    \"transport\": ", rank);
 	json_str(f, b->transport);
+	/* "memory_path": how device memory is averaged; "staged" (a pinned host
+	 * copy of the whole buffer) is the only path today. */
+	fprintf(f, ",\n    \"memory\": \"%s\",\n    \"memory_path\": ", b->cuda ? "cuda" : "host");
+	json_str(f, b->cuda ? "staged" : NULL);
+	fprintf(f, ",\n    \"memory_device\": ");
+	json_str(f, b->cuda ? b->cuda_what : NULL);
 	fprintf(f, ",\n    \"peers\": %d,\n    \"algo\": ", b->npeers);
 	json_str(f, algo_name(c->algo));
 	fprintf(f, ",\n    \"grid\": ");
