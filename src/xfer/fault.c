@@ -46,7 +46,7 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 {
 	const char *end = s + len, *p = memchr(s, ':', len);
 	size_t klen = p ? (size_t)(p - s) : len;
-	int have_round = 0, have_phase = 0, have_peer = 0, have_after = 0;
+	int have_round = 0, have_phase = 0, have_peer = 0, have_after = 0, have_until = 0;
 
 	memset(f, 0, sizeof(*f));
 	f->kind = name_index(s, klen, kind_names, 3);
@@ -88,6 +88,13 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 			}
 			f->all_peers = 0;
 			have_peer = 1;
+		} else if (kl == 5 && !memcmp(key, "until", 5) && !have_until) {
+			if (parse_u64(val, vl, 10, (uint64_t)UINT32_MAX + 1, &v)) {
+				*why = "until must be a round number";
+				return -EINVAL;
+			}
+			f->until = v;
+			have_until = 1;
 		} else if (kl == 5 && !memcmp(key, "after", 5) && !have_after) {
 			if (parse_u64(val, vl, 10, UINT64_MAX, &f->after)) {
 				*why = "after must be a frame count";
@@ -95,13 +102,19 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 			}
 			have_after = 1;
 		} else {
-			*why = "unknown or repeated key (round, phase, peer, after)";
+			*why = "unknown or repeated key (round, until, phase, peer, after)";
 			return -EINVAL;
 		}
 		p = next;
 	}
 	if (!have_round) {
 		*why = "round= is missing";
+		return -EINVAL;
+	}
+	if (!have_until)
+		f->until = (uint64_t)f->round + 1;
+	else if (f->until <= f->round) {
+		*why = "until must be after round";
 		return -EINVAL;
 	}
 	if (f->kind == MP_FAULT_KILL && have_peer) {
@@ -172,10 +185,16 @@ static void fire(struct mp_fault *f, uint64_t sent)
 		f->round, phase_names[f->phase], (unsigned long long)sent);
 }
 
+/* In [round, until): the first such round this peer's rounds reach. */
+static int due_round(const struct mp_fault *f, uint32_t round)
+{
+	return round >= f->round && (uint64_t)round < f->until;
+}
+
 int mp_fault_match(struct mp_ctx *ctx, uint32_t round)
 {
 	for (struct mp_fault *f = ctx->faults; f; f = f->next)
-		if (!f->fired && f->phase == MP_FAULT_MATCH && f->round == round)
+		if (!f->fired && f->phase == MP_FAULT_MATCH && due_round(f, round))
 			fire(f, 0);
 	return 0;
 }
@@ -183,7 +202,7 @@ int mp_fault_match(struct mp_ctx *ctx, uint32_t round)
 const struct mp_fault *mp_fault_due(struct mp_ctx *ctx, uint32_t round, int phase, uint64_t sent)
 {
 	for (struct mp_fault *f = ctx->faults; f; f = f->next)
-		if (!f->fired && f->phase == phase && f->round == round && sent >= f->after) {
+		if (!f->fired && f->phase == phase && due_round(f, round) && sent >= f->after) {
 			fire(f, sent);
 			return f;
 		}

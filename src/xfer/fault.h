@@ -4,11 +4,13 @@
  * sending or cuts its connections at a chosen point of a chosen round, so
  * that churn can be reproduced at will. Comma-separated actions:
  *
- *   kill:round=R[:phase=match|scatter|gather][:after=N]
- *   stall:round=R[:phase=scatter|gather][:peer=ID][:after=N]
- *   cut:round=R[:phase=scatter|gather][:peer=ID][:after=N]
+ *   kill:round=R[:until=E][:phase=match|scatter|gather][:after=N]
+ *   stall:round=R[:until=E][:phase=scatter|gather][:peer=ID][:after=N]
+ *   cut:round=R[:until=E][:phase=scatter|gather][:peer=ID][:after=N]
  *
- * R is the global round; phase defaults to scatter; N counts the frames of
+ * R is the global round; with until=E (> R) the action fires in the first
+ * round in [R, E) in which this peer reaches that point (a peer alone in
+ * round R, or not yet joined, meets it later), by default only in R; phase defaults to scatter; N counts the frames of
  * that phase this peer has sent in round R (default 0: at the phase's first
  * frame); ID is a peer id in hex (static runs: the rank), default every peer.
  * A stall sends nothing more to those peers for the rest of the round but
@@ -29,6 +31,7 @@ struct mp_fault {
 	int kind;           /* enum mp_fault_kind */
 	int phase;          /* enum mp_fault_phase */
 	uint32_t round;
+	uint64_t until;     /* fires in a round in [round, until) */
 	uint64_t after;     /* frames of the phase sent in the round before it fires */
 	int all_peers;      /* stall/cut: every peer, else only @peer */
 	uint64_t peer;

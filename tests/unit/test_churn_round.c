@@ -1065,6 +1065,10 @@ static void fault_specs(void **s)
 		{"stall:round=1:round=2", "stall:round=1:round=2"},
 		{"stall:round=1:peer=zz", "stall:round=1:peer=zz"},
 		{"stall:round=1:", "stall:round=1:"},
+		{"kill:round=2:until=9:phase=gather:after=1", NULL},
+		{"kill:round=2:until=2", "kill:round=2:until=2"},
+		{"cut:round=2:until=x", "cut:round=2:until=x"},
+		{"stall:round=1:until=3:until=4", "stall:round=1:until=3:until=4"},
 	};
 	(void)s;
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -30,6 +30,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "mpbench.h"
@@ -67,6 +68,7 @@ struct fcoord {
 	int tdetail_known;
 	char bootlist[MP_ADDR_STRLEN]; /* fboot's answer */
 	int rr;
+	int64_t next_sample;  /* --sample: the round of the next one */
 };
 
 static void fpeer_name(const struct fpeer *fp, char *buf, size_t len)
@@ -116,7 +118,8 @@ static void plan_faults(const struct bench *b, struct fspec *s, int64_t from)
 		if (strncmp(b->faults[k].spec, "kill", 4) == 0 || strstr(b->faults[k].spec, ",kill"))
 			s->kill = 1;
 	}
-	if (b->churn <= 0 || s->role == ROLE_INTRUDER)
+	if (b->churn <= 0 || s->role == ROLE_INTRUDER ||
+	    (s->role == ROLE_INITIAL && s->idx < b->keep))
 		return;
 	for (int64_t r = from < 0 ? 0 : from; r < b->churn_end; r++) {
 		uint64_t h;
@@ -125,8 +128,11 @@ static void plan_faults(const struct bench *b, struct fspec *s, int64_t from)
 		if ((double)(st >> 11) * 0x1p-53 >= b->churn)
 			continue;
 		h = mix64(st ^ 0x5bd1e995ULL);
-		fault_add(s, "kill:round=%lld:phase=%s:after=%d", (long long)r,
-			  (h & 1) ? "gather" : "scatter", (int)((h >> 1) & 1));
+		/* until: a peer alone in round r, or a replacement that has not
+		 * joined by then, dies in its first round after it instead of
+		 * living on; never in the rounds after the churn. */
+		fault_add(s, "kill:round=%lld:until=%lld:phase=%s:after=%d", (long long)r,
+			  (long long)b->churn_end, (h & 1) ? "gather" : "scatter", (int)((h >> 1) & 1));
 		s->kill = 1;
 		break;
 	}
@@ -350,6 +356,65 @@ static int64_t fround(const struct fcoord *fc)
 	return r;
 }
 
+/* VmRSS (kB) and Threads of process @pid, from /proc; -1 where unknown. */
+static void proc_status(pid_t pid, long *rss_kb, long *threads)
+{
+	char path[64], line[256];
+	FILE *f;
+
+	*rss_kb = *threads = -1;
+	snprintf(path, sizeof(path), "/proc/%ld/status", (long)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		sscanf(line, "VmRSS: %ld kB", rss_kb);
+		sscanf(line, "Threads: %ld", threads);
+	}
+	fclose(f);
+}
+
+/* Open descriptors of process @pid; -1 where unknown. */
+static long proc_fds(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	long n = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%ld/fd", (long)pid);
+	d = opendir(path);
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/*
+ * --sample: what the running initial peers hold at round @round (the
+ * soak's question: do memory, descriptors or threads grow with the rounds
+ * a process has run?). One line each on stdout.
+ */
+static void fsample(const struct fcoord *fc, int64_t round)
+{
+	for (int k = 0; k < fc->n; k++) {
+		const struct fpeer *fp = &fc->p[k];
+		long rss, threads, fds;
+
+		if (fp->s.role != ROLE_INITIAL || !fpeer_running(fp))
+			continue;
+		proc_status(fp->pid, &rss, &threads);
+		fds = proc_fds(fp->pid);
+		if (rss < 0 || fds < 0)
+			continue; /* it just died */
+		printf("# sample round %lld: peer %d (pid %ld): rss_kb %ld fds %ld threads %ld\n",
+		       (long long)round, fp->s.idx, (long)fp->pid, rss, fds, threads);
+	}
+	fflush(stdout);
+}
+
 /* A peer's pipe closed before MSG_DONE: a planned death is a loss, anything
  * else a failure. 0 or -1. */
 static int fpeer_gone(struct fcoord *fc, struct fpeer *fp)
@@ -566,6 +631,10 @@ static int fdrive(struct fcoord *fc)
 		}
 		if (!running)
 			return 0;
+		if (b->sample && fround(fc) >= fc->next_sample) {
+			fsample(fc, fround(fc));
+			fc->next_sample = (fround(fc) / b->sample + 1) * b->sample;
+		}
 		if (!b->dht && !sent_peers) {
 			int have = 0;
 
@@ -854,7 +923,7 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 /* Local peers followed round by round (dht rendezvous, churn, faults). */
 int run_follow(struct bench *b)
 {
-	struct fcoord fc = { .b = b };
+	struct fcoord fc = { .b = b, .next_sample = b->sample };
 	struct size_result row;
 	struct agg a;
 	char mode[96];

@@ -146,6 +146,9 @@ int main(int argc, char **argv)
 	if ((b.clients || b.aux) && (!b.dht || b.multi))
 		usage_error("--clients and --aux give local peers of a --rendezvous=dht run their "
 			    "DeDLOC modes");
+	if ((b.keep || b.sample) && !b.follow)
+		usage_error("--keep and --sample are for followed runs (--rendezvous=dht, --churn, "
+			    "--fault)");
 	if (b.compute_ms && !b.follow)
 		usage_error("--compute-ms paces followed runs (--rendezvous=dht, --churn, --fault)");
 	if (b.follow)
@@ -187,6 +190,9 @@ int main(int argc, char **argv)
 	}
 	if (!b.multi) {
 		b.npeers = peers_opt ? peers_opt : b.cfg.npeers > 0 ? b.cfg.npeers : 8;
+		if (b.keep >= b.npeers && b.churn > 0)
+			usage_error("--keep=%d spares every one of the %d peers from --churn", b.keep,
+				    b.npeers);
 		if (b.clients + b.aux >= b.npeers)
 			usage_error("--clients=%d and --aux=%d leave no normal peer of %d",
 				    b.clients, b.aux, b.npeers);

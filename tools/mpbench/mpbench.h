@@ -127,6 +127,9 @@ struct bench {
 	double churn;       /* probability that a peer dies in a round */
 	int join;           /* replace peers that died (-1: default) */
 	int late;           /* peers that start after round 1 */
+	int keep;           /* --keep: the first K initial peers never die of --churn */
+	int sample;         /* --sample: every this many rounds, the resources of the
+	                       running initial peers (0: never) */
 	int intruders;      /* peers with another run key */
 	int clients, aux;   /* DeDLOC modes: the last initial peers (aux last) */
 	struct fault_opt {

@@ -251,6 +251,9 @@ static void usage(FILE *f)
 		"      --churn=P            each peer dies (SIGKILL mid-round) with probability\n"
 		"                           P in each round of the first part of the run\n"
 		"      --join=0|1           replace peers that died (default 1 with --churn)\n"
+		"      --keep=K             the first K initial peers never die of --churn\n"
+		"      --sample=R           every R rounds, print the RSS, open descriptors\n"
+		"                           and threads of the running initial peers\n"
 		"      --compute-ms=MS      followed runs: each peer pauses MS between its rounds,\n"
 		"                           as a training step's compute would (default 0)\n"
 		"      --fault=I:SPEC       MP_FAULT SPEC for the peer of spawn index I\n"
@@ -318,6 +321,8 @@ enum {
 	OPT_PEER_STATS,
 	OPT_MINMAX,
 	OPT_SYNC,
+	OPT_KEEP,
+	OPT_SAMPLE,
 	OPT_DEAD,
 	OPT_MEMORY,
 };
@@ -363,6 +368,8 @@ static const struct option long_opts[] = {
 	{ "inject-loss", required_argument, NULL, OPT_INJECT_LOSS },
 	{ "minmax", no_argument, NULL, OPT_MINMAX },
 	{ "sync", required_argument, NULL, OPT_SYNC },
+	{ "keep", required_argument, NULL, OPT_KEEP },
+	{ "sample", required_argument, NULL, OPT_SAMPLE },
 	{ "dead", required_argument, NULL, OPT_DEAD },
 	{ "memory", required_argument, NULL, OPT_MEMORY },
 	/* nccl-tests' names, to say why they do not apply (nccl_flag) */
@@ -490,6 +497,8 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		{ OPT_CLIENTS, "--clients", FIELD_INT, &b->clients, 0, 1024 },
 		{ OPT_AUX, "--aux", FIELD_INT, &b->aux, 0, 1024 },
 		{ OPT_COMPUTE_MS, "--compute-ms", FIELD_INT, &b->compute_ms, 0, 60000 },
+		{ OPT_KEEP, "--keep", FIELD_INT, &b->keep, 0, 1 << 20 },
+		{ OPT_SAMPLE, "--sample", FIELD_INT, &b->sample, 0, 1 << 20 },
 		{ OPT_INJECT_LOSS, "--inject-loss", FIELD_REAL, &b->inject_loss, 0.0, 0.5 },
 		{ OPT_CHURN, "--churn", FIELD_REAL, &b->churn, 0.0, 0.5 },
 		{ OPT_MAX_RMS, "--max-rms", FIELD_REAL, &b->max_rms, 0.0, HUGE_VAL },
