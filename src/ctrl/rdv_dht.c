@@ -148,6 +148,11 @@ struct rdv_dht {
 	bool welcomed;              /* init read the members from a welcome */
 	bool told;                  /* our record went to welcome_from */
 	char welcome_from[MP_ADDR_STRLEN]; /* the bootstrap peer that welcomed us */
+	char *boot_list;            /* the bootstrap peers, to ask again */
+	uint64_t stored;            /* records stored that were new or newer */
+	uint64_t next_rewelcome_ms; /* 0: no more (see refresher) */
+	uint64_t rewelcome_until_ms;
+	int rewelcome_quiet;        /* welcomes in a row that brought nothing newer */
 
 	uint64_t refused;
 	uint64_t refused_by[MP_RDV_REFUSED_N]; /* the same, by reason */
@@ -246,6 +251,7 @@ static int member_store(struct rdv_dht *st, const struct mp_record *r, uint64_t 
 		return 0;
 	}
 	st->m[i].r = *r;
+	st->stored++;
 	if (rec_live(r, now)) {
 		st->m[i].live_seen = true;
 		st->m[i].reported = false;
@@ -553,7 +559,51 @@ static int put_self(struct rdv_dht *st, bool bye)
 	return rc;
 }
 
-/* Keeps the record alive (every ttl/3) and the listens on the right epochs. */
+static void welcome_ask(struct rdv_dht *st, const char *list, const uint8_t *give, size_t glen);
+
+/*
+ * A joiner's welcome holds the records as they were: each expires a TTL
+ * after its peer's last refresh, and the refreshes come through this node's
+ * listen, whose first search can take longer than that while the nodes of
+ * dead peers time out (under churn with rounds of 0.1-0.4 s, a replacement
+ * saw every record expire 2 s after its welcome, took every peer for gone
+ * and averaged alone for 70 rounds). So a peer that was welcomed asks again
+ * every ttl/3 until two welcomes in a row bring nothing its listen has not
+ * already delivered, for at most 10 TTLs. Mutex held; dropped around the
+ * ask. Returns true when it asked.
+ */
+static bool rewelcome(struct rdv_dht *st, uint64_t now, uint64_t *wake)
+{
+	char list[2 * MP_ADDR_STRLEN + 2];
+	uint64_t before;
+
+	if (!st->next_rewelcome_ms || !st->welcome_from[0])
+		return false;
+	if (now >= st->rewelcome_until_ms || st->rewelcome_quiet >= 2) {
+		MP_INFO("dht: the membership listen keeps up (%d welcome(s) in a row brought "
+			"nothing newer); no more welcomes", st->rewelcome_quiet);
+		st->next_rewelcome_ms = 0;
+		return false;
+	}
+	if (now < st->next_rewelcome_ms) {
+		if (st->next_rewelcome_ms < *wake)
+			*wake = st->next_rewelcome_ms;
+		return false;
+	}
+	st->next_rewelcome_ms = now + st->ttl_ms / 3;
+	/* The peer that welcomed us first; the others if it has died. */
+	snprintf(list, sizeof(list), "%s%s%s", st->welcome_from, st->boot_list ? "," : "",
+		 st->boot_list ? st->boot_list : "");
+	before = st->stored;
+	pthread_mutex_unlock(&st->mu);
+	welcome_ask(st, list, NULL, 0);
+	pthread_mutex_lock(&st->mu);
+	st->rewelcome_quiet = st->stored == before ? st->rewelcome_quiet + 1 : 0;
+	return true;
+}
+
+/* Keeps the record alive (every ttl/3), the listens on the right epochs,
+ * and a joiner's view fresh until its listen does (rewelcome). */
 static void *refresher(void *arg)
 {
 	struct rdv_dht *st = arg;
@@ -564,6 +614,9 @@ static void *refresher(void *arg)
 		uint64_t epoch = now / mp_dht_epoch_ms;
 		uint64_t wake = (epoch + 1) * mp_dht_epoch_ms;
 		bool due = false;
+
+		if (rewelcome(st, now, &wake))
+			continue;
 
 		if (epoch != st->epoch) {
 			pthread_mutex_unlock(&st->mu);
@@ -792,6 +845,7 @@ static void dht_fini(void *arg)
 	}
 	free(st->m);
 	free(st->run_name);
+	free(st->boot_list);
 	pthread_cond_destroy(&st->cv);
 	pthread_mutex_destroy(&st->mu);
 	memset(&st->auth, 0, sizeof(st->auth));
@@ -852,8 +906,14 @@ static int dht_init(const struct mp_rdv_params *p, void **out)
 	st->port = dht_runner_get_bound_port(st->runner, AF_INET);
 	if (p->bootstrap && (rc = bootstrap(st, p->bootstrap)))
 		goto fail;
-	if (p->bootstrap)
+	if (p->bootstrap) {
 		welcome_ask(st, p->bootstrap, NULL, 0);
+		if (st->welcomed) {
+			st->boot_list = strdup(p->bootstrap); /* NULL: welcome_from only */
+			st->next_rewelcome_ms = mp_wall_ms() + st->ttl_ms / 3;
+			st->rewelcome_until_ms = mp_wall_ms() + 10 * st->ttl_ms;
+		}
+	}
 	rc = rotate(st, mp_wall_ms() / mp_dht_epoch_ms);
 	if (rc)
 		goto fail;
