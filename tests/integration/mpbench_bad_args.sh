@@ -42,6 +42,9 @@ check_says "--sync" --sync=2
 check_says "bad --dead '3,x'" --rank=0 --peers=4 --dead=3,x
 check_says "bad --dead '-1'" --rank=0 --peers=4 --dead=-1
 check_says "--dead names ranks of a multi-host run" --peers=4 --dead=3
+check_says "--keep and --sample are for followed runs" --peers=4 --keep=1
+check_says "--keep and --sample are for followed runs" --peers=4 --sample=10
+check_says "--keep=4 spares every one of the 4 peers" --peers=4 --churn=0.1 --keep=4
 check_says "unknown --memory 'gpu' (host or cuda)" --memory=gpu
 check_says "--memory=cuda runs static averages" --memory=cuda --churn=0.1
 check_says "--memory=cuda with --codec=topk" --memory=cuda --codec=topk

@@ -631,7 +631,9 @@ static int fdrive(struct fcoord *fc)
 		}
 		if (!running)
 			return 0;
-		if (b->sample && fround(fc) >= fc->next_sample) {
+		/* Not once the last round is done: the peers are finishing. */
+		if (b->sample && fround(fc) >= fc->next_sample &&
+		    fround(fc) < (int64_t)b->total_rounds - 1) {
 			fsample(fc, fround(fc));
 			fc->next_sample = (fround(fc) / b->sample + 1) * b->sample;
 		}
