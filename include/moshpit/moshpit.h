@@ -434,7 +434,8 @@ MP_API int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight,
  * @param[out] res counters of the operation (may be NULL); filled when done
  * @return 0 while running or on success; a negative errno if the operation
  *         failed (-ETIMEDOUT, -ECONNREFUSED, -EPROTO, -ECANCELED, -EIO when a
- *         copy of staged CUDA memory failed, ...); -EBADE when a peer it needed
+ *         copy of staged CUDA memory failed or did not run within
+ *         ::mp_config::round_timeout_ms, ...); -EBADE when a peer it needed
  *         runs with other run-shared settings (grid, codec, ...: refused at
  *         connect) or sends this average otherwise (::MP_AVG_UNCOMPRESSED on
  *         one side only), -EMSGSIZE when a peer averages another number of
