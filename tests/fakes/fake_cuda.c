@@ -556,6 +556,7 @@ int fk_stream_sync(struct fk_stream *s, int timeout_ms)
 		dl.tv_nsec -= 1000000000L;
 	}
 	pthread_mutex_lock(&fk.mu);
+	s = fk_stream_of(s);
 	while (s->head && !rc)
 		rc = pthread_cond_timedwait(&fk.cv, &fk.mu, &dl) == ETIMEDOUT && s->head ? -ETIMEDOUT : 0;
 	pthread_mutex_unlock(&fk.mu);
@@ -582,7 +583,7 @@ void fk_kernel_write(struct fk_stream *s, int rank, size_t off, const void *src,
 	memcpy(o.buf, src, len);
 	fk_after_ms(&o.not_before, delay_ms);
 	pthread_mutex_lock(&fk.mu);
-	fk_push(s, &o);
+	fk_push(fk_stream_of(s), &o);
 	pthread_mutex_unlock(&fk.mu);
 }
 
@@ -595,7 +596,7 @@ void fk_probe(struct fk_stream *s, int rank, size_t off, void *dst, size_t len, 
 	assert_true(off + len <= m->len);
 	clock_gettime(CLOCK_MONOTONIC, &o.not_before);
 	pthread_mutex_lock(&fk.mu);
-	fk_push(s, &o);
+	fk_push(fk_stream_of(s), &o);
 	pthread_mutex_unlock(&fk.mu);
 }
 

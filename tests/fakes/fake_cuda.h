@@ -94,7 +94,8 @@ void fk_reset(void);
 /* Stop the device thread (the end of the test program). */
 void fk_shutdown(void);
 
-/* The application's side. A stream of peer @rank's context. */
+/* The application's side. A stream of peer @rank's context. In the calls
+ * below that take a stream, NULL is the legacy default stream. */
 struct fk_stream *fk_stream_new(int rank);
 /* Wait until everything queued on @s has run: 0, or -ETIMEDOUT after
  * @timeout_ms (then the work stays queued). Then free it (fk_stream_free). */

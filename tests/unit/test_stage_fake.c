@@ -691,6 +691,52 @@ static void stage_stream_finalize(void **state)
 	free(now);
 }
 
+static void stage_legacy_stream(void **state)
+{
+	/*
+	 * mp_average_start, no stream given: the copy in waits for the work
+	 * queued on the legacy default stream when the operation starts (a
+	 * kernel there writes the values 40 ms later, over stale ones; alone,
+	 * the average is those values); and a stream can wait for such a
+	 * request too.
+	 */
+	const size_t n = 128, bytes = n * sizeof(float);
+	float v[128], seen[128], now[128];
+	mp_request *req;
+	mp_mr *mr;
+	int ran = 0;
+
+	(void)state;
+	fk_reset();
+	fk.copy_delay_ms = 5;
+	fk_mem_init(0, bytes);
+	for (size_t i = 0; i < n; i++)
+		v[i] = stale(0, 0, i);
+	fk_write(0, 0, v, bytes);
+	mp_ctx *ctx = solo("stage-legacy");
+	struct fk_stream *b = fk_stream_new(0);
+	assert_int_equal(mp_mem_register(ctx, fk.mem[0].base, bytes, MP_MEM_CUDA, &mr), 0);
+	for (size_t i = 0; i < n; i++)
+		v[i] = input(0, 0, i);
+	fk_kernel_write(NULL, 0, 0, v, bytes, 40);
+	assert_int_equal(mp_average_start(ctx, (float *)fk.mem[0].base, n, 1.0f, mr, &req), 0);
+	assert_int_equal(mp_request_stream_wait(req, b), 0);
+	fk_probe(b, 0, 0, seen, bytes, &ran);
+	assert_int_equal(mp_wait(req, 20000, NULL), 0);
+	assert_int_equal(fk_stream_sync(b, 2000), 0);
+	assert_int_equal(ran, 1);
+	fk_read(0, 0, now, bytes);
+	assert_memory_equal(now, v, bytes);
+	assert_memory_equal(seen, v, bytes);
+	for (size_t k = 0; k < bytes; k++)
+		assert_true(fk.mem[0].n_in[k] == 1 && fk.mem[0].n_out[k] == 1);
+	assert_int_equal(mp_mem_deregister(ctx, mr), 0);
+	mp_finalize(ctx);
+	check_released(1);
+	fk_stream_free(b);
+	fk_mem_fini(0);
+}
+
 static void stage_stream_refusals(void **state)
 {
 	/* Bad arguments change nothing: no copy, no request, the buffer and
@@ -812,6 +858,7 @@ int main(void)
 		cmocka_unit_test(stage_stream_failures),
 		cmocka_unit_test(stage_stream_peer_dies),
 		cmocka_unit_test(stage_stream_finalize),
+		cmocka_unit_test(stage_legacy_stream),
 		cmocka_unit_test(stage_stream_refusals),
 		cmocka_unit_test(stage_without_cuda_driver),
 	};
