@@ -25,6 +25,11 @@
  * when a peer left before the average, and when mp_finalize cancels a
  * request waiting for its copy in and one queued behind it (then nothing is
  * copied back, and the registration is released once its copy in ran).
+ * A caller's stream that does not get to the average within
+ * round_timeout_ms: -EIO, the buffer as it was, and the next average, whose
+ * copy in is queued behind the one given up on, is of the values the late
+ * kernel wrote. mp_average_start without a stream waits for the legacy
+ * default stream's work (a kernel there).
  * Bad arguments (a host or no registration, NULL req, a stream of another
  * context, a request of host memory) give -EINVAL and copy nothing; a
  * device without stream memory operations gives -ENOTSUP, and mp_wait
@@ -737,6 +742,73 @@ static void stage_legacy_stream(void **state)
 	fk_mem_fini(0);
 }
 
+static void stage_stream_timeout(void **state)
+{
+	/*
+	 * The caller's stream does not get to the average's event within
+	 * round_timeout_ms (300 ms here; its kernel comes after 600 ms): -EIO,
+	 * said, the buffer as it was, the stream let go. The copy in stays
+	 * queued on the registration's stream, so the next average's copy in,
+	 * queued behind it, runs after it and after the kernel: that average
+	 * is of the kernel's values.
+	 */
+	const size_t n = 128, bytes = n * sizeof(float);
+	float v[128], now[128];
+	struct mp_config cfg;
+	char addr[MP_ADDR_STRLEN];
+	const char *addrs[1] = {addr};
+	mp_request *req;
+	mp_ctx *ctx;
+	mp_mr *mr;
+
+	(void)state;
+	fk_reset();
+	fk_mem_init(0, bytes);
+	for (size_t i = 0; i < n; i++)
+		v[i] = stale(0, 0, i);
+	fk_write(0, 0, v, bytes);
+	mp_config_init(&cfg);
+	cfg.transport = "loop";
+	cfg.run_name = "stage-timeout";
+	cfg.npeers = 1;
+	cfg.rank = 0;
+	cfg.round_timeout_ms = 300;
+	assert_int_equal(mp_init(&cfg, &ctx), 0);
+	assert_int_equal(mp_local_address(ctx, addr, sizeof(addr)), 0);
+	assert_int_equal(mp_set_peers(ctx, addrs, 1), 0);
+	struct fk_stream *a = fk_stream_new(0), *b = fk_stream_new(0);
+	assert_int_equal(mp_mem_register(ctx, fk.mem[0].base, bytes, MP_MEM_CUDA, &mr), 0);
+	for (size_t i = 0; i < n; i++)
+		v[i] = input(0, 0, i);
+	fk_kernel_write(a, 0, 0, v, bytes, 600);
+	assert_int_equal(mp_average_start_stream(ctx, (float *)fk.mem[0].base, n, 1.0f, mr, 0, a,
+						 &req), 0);
+	assert_int_equal(mp_request_stream_wait(req, b), 0);
+	assert_int_equal(mp_wait(req, 20000, NULL), -EIO);
+	const char *e = mp_last_error(ctx);
+	if (!strstr(e, "to the host failed (not completed: timed out within "
+		    "round_timeout_ms") || !strstr(e, "the buffer is as it was"))
+		fail_msg("message: \"%s\"", e);
+	assert_int_equal(fk_stream_sync(b, 200), 0); /* let go before the kernel */
+	fk_read(0, 0, now, bytes);
+	for (size_t i = 0; i < n; i++)
+		assert_true(now[i] == stale(0, 0, i));
+	/* The next average, with the caller's stream still held by the kernel. */
+	assert_int_equal(mp_average_start(ctx, (float *)fk.mem[0].base, n, 1.0f, mr, &req), 0);
+	assert_int_equal(mp_wait(req, 20000, NULL), 0);
+	fk_read(0, 0, now, bytes);
+	assert_memory_equal(now, v, bytes);
+	for (size_t k = 0; k < bytes; k++)
+		assert_true(fk.mem[0].n_in[k] == 2 && fk.mem[0].n_out[k] == 1);
+	assert_int_equal(fk_stream_sync(a, 2000), 0);
+	assert_int_equal(mp_mem_deregister(ctx, mr), 0);
+	mp_finalize(ctx);
+	check_released(1);
+	fk_stream_free(a);
+	fk_stream_free(b);
+	fk_mem_fini(0);
+}
+
 static void stage_stream_refusals(void **state)
 {
 	/* Bad arguments change nothing: no copy, no request, the buffer and
@@ -859,6 +931,7 @@ int main(void)
 		cmocka_unit_test(stage_stream_peer_dies),
 		cmocka_unit_test(stage_stream_finalize),
 		cmocka_unit_test(stage_legacy_stream),
+		cmocka_unit_test(stage_stream_timeout),
 		cmocka_unit_test(stage_stream_refusals),
 		cmocka_unit_test(stage_without_cuda_driver),
 	};
