@@ -377,6 +377,11 @@ MP_API int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind 
 
 /**
  * Release a registration. The buffer must not be in use by an operation.
+ * For ::MP_MEM_CUDA memory it first waits for a copy still queued on the
+ * registration's stream (the copy in of an average that gave up waiting for
+ * the caller's stream, see ::mp_average_start_stream), at most
+ * ::mp_config::round_timeout_ms; past that the pinned host copy is left
+ * allocated, with a warning, since the device may still write it.
  * @param ctx context
  * @param mr handle from ::mp_mem_register, or NULL (no-op)
  * @return 0, or -EBUSY while an operation uses it
