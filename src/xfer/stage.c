@@ -669,8 +669,7 @@ static int stage_poll(struct mp_ctx *ctx, struct mp_stage *s, int stop)
 			return -ETIMEDOUT;
 		/* 20 us first, for the copies of short vectors; then up to 1 ms. */
 		nanosleep(&nap, NULL);
-		if (nap.tv_nsec < 1000000L)
-			nap.tv_nsec *= 2;
+		nap.tv_nsec = nap.tv_nsec >= 500000L ? 1000000L : nap.tv_nsec * 2;
 	}
 }
 
