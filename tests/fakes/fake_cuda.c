@@ -143,7 +143,8 @@ static void fk_host_free(const struct mp_stage_dev *d, void *host)
 
 /* ---- the device: streams, events and their queues ---------------------- */
 
-enum { OP_COPY_IN, OP_COPY_OUT, OP_RECORD, OP_WAIT_EVENT, OP_WAIT_VALUE, OP_WRITE, OP_PROBE };
+enum { OP_COPY_IN, OP_COPY_OUT, OP_RECORD, OP_WAIT_EVENT, OP_WAIT_VALUE, OP_WRITE, OP_PROBE,
+       OP_HOLD };
 
 struct fk_event {
 	unsigned recorded, completed; /* records queued, and run */
@@ -165,6 +166,7 @@ struct fk_op {
 	uint32_t value;
 	void *buf;                    /* OP_WRITE: its bytes, owned */
 	int *ran;
+	const int *go;                /* OP_HOLD: runs once *go (under fk.mu) */
 	struct fk_op *next;
 };
 
@@ -209,6 +211,8 @@ static int fk_ready(struct fk_op *o)
 		return (int)(o->ev->completed - o->seq) >= 0;
 	case OP_WAIT_VALUE:
 		return (int32_t)(__atomic_load_n(o->word, __ATOMIC_ACQUIRE) - o->value) >= 0;
+	case OP_HOLD:
+		return *o->go;
 	case OP_COPY_OUT:
 		if (o->m->rank == fk.gate_rank && o->op == fk.gate_op) {
 			if (!fk.gate_entered) {
@@ -597,6 +601,24 @@ void fk_probe(struct fk_stream *s, int rank, size_t off, void *dst, size_t len, 
 	clock_gettime(CLOCK_MONOTONIC, &o.not_before);
 	pthread_mutex_lock(&fk.mu);
 	fk_push(fk_stream_of(s), &o);
+	pthread_mutex_unlock(&fk.mu);
+}
+
+void fk_hold(struct fk_stream *s, const int *go)
+{
+	struct fk_op o = {.kind = OP_HOLD, .go = go};
+
+	clock_gettime(CLOCK_MONOTONIC, &o.not_before);
+	pthread_mutex_lock(&fk.mu);
+	fk_push(fk_stream_of(s), &o);
+	pthread_mutex_unlock(&fk.mu);
+}
+
+void fk_let_go(int *go)
+{
+	pthread_mutex_lock(&fk.mu);
+	*go = 1;
+	pthread_cond_broadcast(&fk.cv);
 	pthread_mutex_unlock(&fk.mu);
 }
 

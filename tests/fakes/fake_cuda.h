@@ -110,5 +110,9 @@ void fk_kernel_write(struct fk_stream *s, int rank, size_t off, const void *src,
  * @dst when the stream gets there, and then sets *@ran to 1 (read both under
  * fk.mu, or after fk_stream_sync). */
 void fk_probe(struct fk_stream *s, int rank, size_t off, void *dst, size_t len, int *ran);
+/* Hold @s until fk_let_go(@go): the work queued after waits (a kernel that
+ * takes as long as the test says). */
+void fk_hold(struct fk_stream *s, const int *go);
+void fk_let_go(int *go);
 
 #endif
