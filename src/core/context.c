@@ -1069,12 +1069,10 @@ static void fb_free(struct mp_fb *f)
  * Queue an average for the progress thread; or, with @inl (a blocking call)
  * when the progress thread is idle and nothing is queued, mark it to run on
  * the caller's thread (req->inl; run_inline). Staged CUDA memory always
- * goes to the progress thread (run_request says why).
- */
-/*
- * With @use_stream (mp_average_start_stream), the copy in waits for the work
- * queued on @stream so far: an event recorded on it here, on the caller's
- * thread, since "so far" is now.
+ * goes to the progress thread (run_request says why). With @use_stream
+ * (mp_average_start_stream), its copy in waits for the work queued on
+ * @stream so far: an event recorded on it here, on the caller's thread,
+ * since "so far" is now.
  */
 static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
 		    const struct mp_codec_ops *force, int flush, int inl, int use_stream,
@@ -1515,8 +1513,8 @@ int mp_finalize(mp_ctx *ctx)
 			free(req->mr);
 		free(req);
 	}
-	/* Registrations left, also those a released request held (the
-	 * caller could not deregister them, -EBUSY). */
+	/* Registrations left, also those that the requests released above
+	 * held (the caller could not deregister them: -EBUSY). */
 	while (ctx->core->mrs) {
 		struct mp_mr *mr = ctx->core->mrs;
 		ctx->core->mrs = mr->next;
