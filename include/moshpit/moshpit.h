@@ -350,6 +350,9 @@ MP_API int mp_npeers(const mp_ctx *ctx);
  * Stop the progress thread, close connections, free everything. Operations
  * still in flight are cancelled, and requests not yet completed with
  * ::mp_test or ::mp_wait are released: their handles are invalid afterwards.
+ * So are registrations not released with ::mp_mem_deregister: they are
+ * released here (CUDA streams that wait for a request with
+ * ::mp_request_stream_wait are let go first).
  * @param ctx context, or NULL (no-op)
  * @return 0
  */
@@ -388,6 +391,11 @@ MP_API int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind 
 
 /**
  * Release a registration. The buffer must not be in use by an operation.
+ * For ::MP_MEM_CUDA memory it first waits for a copy still queued on the
+ * registration's stream (the copy in of an average that gave up waiting for
+ * the caller's stream, see ::mp_average_start_stream), at most
+ * ::mp_config::round_timeout_ms; past that the pinned host copy is left
+ * allocated, with a warning, since the device may still write it.
  * @param ctx context
  * @param mr handle from ::mp_mem_register, or NULL (no-op)
  * @return 0, or -EBUSY while an operation uses it
@@ -401,17 +409,21 @@ MP_API int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
  *
  * CUDA memory is averaged only with its ::MP_MEM_CUDA registration in @p mr
  * (with @p mr NULL the buffer is taken for host memory). Its values must be
- * ready when this is called: the copy out of device memory runs on the
- * legacy default stream, which waits for work on blocking streams but not
- * for work on non-blocking ones. The progress thread copies the values into
- * the registration's host copy when the operation starts and the result back
- * when it ends, each time in the memory's own CUDA context, and the request
- * completes after that copy: when ::mp_test or ::mp_wait reports it, the
- * result is in device memory. The device buffer is written only then; an
- * operation that fails leaves it as it was (host memory, in contrast, may
- * keep the rounds completed before the failure, except after -EBADE and
- * -EMSGSIZE: see ::mp_wait), unless the copy back is what failed (-EIO):
- * CUDA does not say how much of the buffer it wrote.
+ * ready when the operation starts: the copy out of device memory waits for
+ * the work queued on the legacy default stream by then, as a copy on that
+ * stream would, which includes work on blocking streams but not work on
+ * non-blocking ones (PyTorch's streams are non-blocking: give the stream to
+ * ::mp_average_start_stream instead). The progress thread queues the copy of
+ * the values into the registration's host copy when the operation starts,
+ * and of the result back when it ends, each time on the registration's own
+ * CUDA stream in the memory's own CUDA context, and waits for each (polling,
+ * at most ::mp_config::round_timeout_ms: past it the operation fails with
+ * -EIO); the request completes after the copy back: when ::mp_test or
+ * ::mp_wait reports it, the result is in device memory. The device buffer is
+ * written only then; an operation that fails leaves it as it was (host
+ * memory, in contrast, may keep the rounds completed before the failure,
+ * except after -EBADE and -EMSGSIZE: see ::mp_wait), unless the copy back is
+ * what failed (-EIO): CUDA does not say how much of the buffer it wrote.
  * @param ctx context
  * @param buf values, replaced with the (weighted) average
  * @param count number of floats (> 0)
@@ -441,7 +453,8 @@ MP_API int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight,
  * @param[out] res counters of the operation (may be NULL); filled when done
  * @return 0 while running or on success; a negative errno if the operation
  *         failed (-ETIMEDOUT, -ECONNREFUSED, -EPROTO, -ECANCELED, -EIO when a
- *         copy of staged CUDA memory failed, ...); -EBADE when a peer it needed
+ *         copy of staged CUDA memory failed or did not run within
+ *         ::mp_config::round_timeout_ms, ...); -EBADE when a peer it needed
  *         runs with other run-shared settings (grid, codec, ...: refused at
  *         connect) or sends this average otherwise (::MP_AVG_UNCOMPRESSED on
  *         one side only), -EMSGSIZE when a peer averages another number of
@@ -526,6 +539,65 @@ MP_API int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struc
  */
 MP_API int mp_average_start_ex(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
 			       unsigned flags, mp_request **req);
+
+/**
+ * ::mp_average_start_ex for CUDA memory whose values a CUDA stream is still
+ * computing: the average reads the buffer only once the work queued on
+ * @p stream before this call has run, so the caller need not synchronise
+ * the stream first (PyTorch: pass torch.cuda.current_stream().cuda_stream).
+ * An event is recorded on @p stream here, on the calling thread, in the
+ * memory's CUDA context; the copy into the host copy is queued, when the
+ * operation starts, on the registration's own stream behind a wait for that
+ * event. Work queued on @p stream after this call does not wait for the
+ * average: it must leave the buffer alone until the request completes, or
+ * wait for it with ::mp_request_stream_wait. Everything else is as for
+ * ::mp_average_start: the progress thread waits for the copy at most
+ * ::mp_config::round_timeout_ms (then -EIO, the buffer as it was: the other
+ * peers have dropped this one by then), the device buffer is written once,
+ * with the result, and not on failure.
+ * @param ctx context
+ * @param buf values in CUDA memory, replaced with the (weighted) average
+ * @param count number of floats (> 0)
+ * @param weight this peer's weight (as ::mp_average_start)
+ * @param mr the ::MP_MEM_CUDA registration covering @p buf (required)
+ * @param flags 0 or ::MP_AVG_UNCOMPRESSED (as ::mp_average_start_ex)
+ * @param stream the CUstream or cudaStream_t, cast to void *, that computes
+ *        the buffer: of the memory's CUDA context (for the runtime, the
+ *        device's primary context); NULL is the legacy default stream
+ * @param[out] req request to test or wait on
+ * @return as ::mp_average_start_ex; -EINVAL also without an ::MP_MEM_CUDA
+ *         registration in @p mr, or for a stream of another CUDA context
+ *         (said in ::mp_last_error; nothing is started)
+ */
+MP_API int mp_average_start_stream(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+				   unsigned flags, void *stream, mp_request **req);
+
+/**
+ * Make a CUDA stream wait, on the device and without blocking the calling
+ * thread, until an average of CUDA memory has ended: work queued on
+ * @p stream after this call runs once the result is in the device buffer,
+ * or once the average failed or was cancelled (then the buffer is as
+ * ::mp_average_start says, and ::mp_wait or ::mp_test reports the error).
+ * The stream waits on a word of pinned host memory (cuStreamWaitValue32)
+ * that the library sets when the request ends, every way it can end,
+ * ::mp_finalize included. The request must still be completed with
+ * ::mp_test or ::mp_wait, which releases it; call this before then, as many
+ * times as there are streams to hold. The registration must stay
+ * registered until @p stream has passed the wait (for instance, until an
+ * event recorded after it completes): the word belongs to it.
+ * @param req a request of ::mp_average_start, ::mp_average_start_ex or
+ *        ::mp_average_start_stream on an ::MP_MEM_CUDA registration, not
+ *        yet released
+ * @param stream the CUstream or cudaStream_t, cast to void *, of the
+ *        memory's CUDA context; NULL is the legacy default stream
+ * @return 0; -EINVAL for NULL, a request of host memory or a stream of
+ *         another context; -ENOTSUP where the device or the CUDA driver has
+ *         no stream memory operations (CUDA 11 drivers without
+ *         NVreg_EnableStreamMemOPs=1, drivers before 11.7): wait with
+ *         ::mp_wait or ::mp_test instead; -EIO when the driver refuses.
+ *         ::mp_last_error says why; the request is unchanged.
+ */
+MP_API int mp_request_stream_wait(mp_request *req, void *stream);
 
 /**
  * ::mp_average with flags: ::mp_average_start_ex then ::mp_wait.

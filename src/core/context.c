@@ -565,7 +565,8 @@ int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, m
 {
 	int rc = mem_register(ctx, buf, len, kind, out);
 
-	if (!rc && kind == MP_MEM_HOST) {
+	/* Listed for find_mr (host memory) and for mp_finalize (all). */
+	if (!rc) {
 		pthread_mutex_lock(&ctx->core->mu);
 		(*out)->next = ctx->core->mrs;
 		ctx->core->mrs = *out;
@@ -578,7 +579,7 @@ int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, m
 static struct mp_mr *find_mr(struct mp_ctx *ctx, const float *buf, size_t n)
 {
 	for (struct mp_mr *m = ctx->core->mrs; m; m = m->next)
-		if ((const char *)buf >= (const char *)m->buf &&
+		if (m->kind == MP_MEM_HOST && (const char *)buf >= (const char *)m->buf &&
 		    (size_t)((const char *)buf - (const char *)m->buf) <= m->len &&
 		    n * sizeof(float) <= m->len - (size_t)((const char *)buf - (const char *)m->buf))
 			return m;
@@ -913,7 +914,10 @@ static int run_request(struct mp_ctx *ctx, struct mp_request *req)
 	if (!s)
 		return run_average(ctx, req);
 	off = (size_t)((char *)req->buf - (char *)req->mr->buf);
-	rc = mp_stage_in(ctx, s, off, bytes);
+	rc = mp_stage_in(ctx, s, off, bytes, req->in_ev);
+	/* Waited for (or given up on): the stream's wait holds what it needs. */
+	mp_stage_unmark(s, req->in_ev);
+	req->in_ev = NULL;
 	if (!rc)
 		rc = run_average(ctx, req);
 	if (!rc)
@@ -983,6 +987,10 @@ static void *progress_main(void *arg)
 		/* States set between exchanges (matchmaking, BYE) show too. */
 		mp_peers_publish(ctx);
 		flush_sends(ctx);
+		/* Before the request can be released (and its registration with
+		 * it): streams that wait for it go on, whatever its end. */
+		if (req->mr->stage)
+			mp_stage_end(req->mr->stage, req->ticket);
 
 		pthread_mutex_lock(&ctx->core->mu);
 		ctx->core->running = 0;
@@ -992,6 +1000,8 @@ static void *progress_main(void *arg)
 	}
 	/* Finalizing: what never started is cancelled. */
 	for (struct mp_request *r; (r = mp_reqq_pop_entry(&ctx->core->queue, struct mp_request, qlink));) {
+		if (r->mr->stage)
+			mp_stage_end(r->mr->stage, r->ticket);
 		r->status = -ECANCELED;
 		r->state = REQ_DONE;
 	}
@@ -1059,10 +1069,14 @@ static void fb_free(struct mp_fb *f)
  * Queue an average for the progress thread; or, with @inl (a blocking call)
  * when the progress thread is idle and nothing is queued, mark it to run on
  * the caller's thread (req->inl; run_inline). Staged CUDA memory always
- * goes to the progress thread (run_request says why).
+ * goes to the progress thread (run_request says why). With @use_stream
+ * (mp_average_start_stream), its copy in waits for the work queued on
+ * @stream so far: an event recorded on it here, on the caller's thread,
+ * since "so far" is now.
  */
 static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
-		    const struct mp_codec_ops *force, int flush, int inl, mp_request **out)
+		    const struct mp_codec_ops *force, int flush, int inl, int use_stream,
+		    void *stream, mp_request **out)
 {
 	struct mp_request *req;
 	int rc;
@@ -1097,6 +1111,13 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 		/* The reducer reads host memory, and only CUDA memory has a host copy. */
 		mp_set_error(ctx, "averaging dma-buf memory needs a device reducer (not built)");
 		return -ENOTSUP;
+	}
+	if (use_stream && (!mr || !mr->stage)) {
+		/* Host memory has no stream to wait for: the caller's values are
+		 * there when it calls. */
+		mp_set_error(ctx, "a CUDA stream is only for buffers of an MP_MEM_CUDA registration "
+			     "(passed in mr)");
+		return -EINVAL;
 	}
 	if (mr && mr->stage && ((const char *)buf - (const char *)mr->buf) % sizeof(float)) {
 		/* The host copy is page-aligned where the registration may not be:
@@ -1133,6 +1154,13 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	req->count = count;
 	req->weight = weight;
 	req->mr = mr;
+	if (use_stream) {
+		rc = mp_stage_mark(ctx, mr->stage, stream, &req->in_ev);
+		if (rc) {
+			free(req);
+			return rc;
+		}
+	}
 	pthread_mutex_lock(&ctx->core->mu);
 	if (flush) {
 		struct mp_fb *f = fb_find(ctx, buf, count, 0);
@@ -1169,6 +1197,10 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 		req->state = REQ_RUNNING;
 	} else {
 		req->state = REQ_QUEUED;
+		/* Tickets in queue order: the one progress thread ends the
+		 * requests of a registration in that order (mp_stage_end). */
+		if (mr->stage)
+			req->ticket = ++mr->stage->tickets;
 		mp_reqq_push(&ctx->core->queue, &req->qlink);
 		pthread_cond_signal(&ctx->core->pcv);
 	}
@@ -1181,6 +1213,8 @@ undo:
 	pthread_mutex_unlock(&ctx->core->mu);
 	if (rc == -EBUSY)
 		mp_set_error(ctx, "flush: an average of this buffer is still in flight");
+	if (mr->stage)
+		mp_stage_unmark(mr->stage, req->in_ev);
 	if (req->own_mr)
 		mp_mem_deregister(ctx, mr);
 	free(req);
@@ -1190,7 +1224,7 @@ undo:
 int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
 		     mp_request **out)
 {
-	return start_op(ctx, buf, count, weight, mr, NULL, 0, 0, out);
+	return start_op(ctx, buf, count, weight, mr, NULL, 0, 0, 0, NULL, out);
 }
 
 /* The codec @flags force (NULL: the run's), or -EINVAL in @rc. */
@@ -1215,7 +1249,30 @@ int mp_average_start_ex(mp_ctx *ctx, float *buf, size_t count, float weight, mp_
 	int rc;
 	const struct mp_codec_ops *force = flags_codec(ctx, flags, &rc);
 
-	return rc ? rc : start_op(ctx, buf, count, weight, mr, force, 0, 0, out);
+	return rc ? rc : start_op(ctx, buf, count, weight, mr, force, 0, 0, 0, NULL, out);
+}
+
+int mp_average_start_stream(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
+			    unsigned flags, void *stream, mp_request **out)
+{
+	int rc;
+	const struct mp_codec_ops *force = flags_codec(ctx, flags, &rc);
+
+	return rc ? rc : start_op(ctx, buf, count, weight, mr, force, 0, 0, 1, stream, out);
+}
+
+int mp_request_stream_wait(mp_request *req, void *stream)
+{
+	if (!req)
+		return -EINVAL;
+	if (!req->mr->stage) {
+		mp_set_error(req->ctx, "only the average of an MP_MEM_CUDA registration can be waited "
+			     "for on a CUDA stream");
+		return -EINVAL;
+	}
+	/* The ticket was set before the caller had the request; the word may
+	 * be past it already, and then the stream does not wait. */
+	return mp_stage_stream_wait(req->ctx, req->mr->stage, stream, req->ticket);
 }
 
 /*
@@ -1247,7 +1304,7 @@ static int average_now(mp_ctx *ctx, float *buf, size_t count, float weight,
 		       const struct mp_codec_ops *force, int flush, struct mp_result *res)
 {
 	mp_request *req;
-	int rc = start_op(ctx, buf, count, weight, NULL, force, flush, 1, &req);
+	int rc = start_op(ctx, buf, count, weight, NULL, force, flush, 1, 0, NULL, &req);
 
 	if (rc)
 		return rc;
@@ -1448,11 +1505,23 @@ int mp_finalize(mp_ctx *ctx)
 	while (ctx->core->live) {
 		struct mp_request *req = ctx->core->live;
 		ctx->core->live = req->live_next;
+		if (req->mr->stage)
+			mp_stage_unmark(req->mr->stage, req->in_ev);
 		if (req->own_mr && ctx->ops && ctx->drv)
 			ctx->ops->dereg_mr(ctx->drv, req->mr->dmr);
 		if (req->own_mr)
 			free(req->mr);
 		free(req);
+	}
+	/* Registrations left, also those that the requests released above
+	 * held (the caller could not deregister them: -EBUSY). */
+	while (ctx->core->mrs) {
+		struct mp_mr *mr = ctx->core->mrs;
+		ctx->core->mrs = mr->next;
+		if (mr->dmr && ctx->ops && ctx->drv)
+			ctx->ops->dereg_mr(ctx->drv, mr->dmr);
+		mp_stage_close(ctx, mr->stage);
+		free(mr);
 	}
 	if (ctx->drv && ctx->ctrl)
 		leave_now(ctx);

@@ -56,6 +56,10 @@ struct mp_request {
 	struct mp_result res;
 	struct mp_reqq_link qlink;      /* queue of the progress thread */
 	struct mp_request *live_prev, *live_next; /* every request not yet released */
+	/* Staged CUDA memory (stage.h): */
+	void *in_ev;              /* recorded on the caller's stream (mp_average_start_stream):
+	                             the copy in waits for it; NULL: the legacy default stream */
+	uint32_t ticket;          /* this request's, of its registration's word */
 };
 
 enum { REQ_QUEUED, REQ_RUNNING, REQ_DONE };
@@ -86,8 +90,9 @@ struct mp_core {
 	int inline_busy;
 	struct mp_request *live;  /* released by mp_finalize if the caller never waited */
 	struct mp_fb *fbs;        /* error-feedback residues (under mu) */
-	struct mp_mr *mrs;        /* host registrations made with mp_mem_register (under mu):
-	                             an average without a handle uses one that covers it */
+	struct mp_mr *mrs;        /* registrations made with mp_mem_register (under mu): an
+	                             average without a handle uses a host one that covers
+	                             it; mp_finalize releases those left */
 };
 
 /* Failure memory of static runs (probe.c). */

@@ -16,6 +16,7 @@
 #define MP_STAGE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct mp_ctx;
 struct mp_drv_mr;
@@ -28,8 +29,12 @@ struct mp_stage_dev {
 	               retained and release gives back; -1: the memory's own context */
 };
 
-/* Every entry returns 0 or a negative errno. The copies are synchronous:
- * when they return, the destination holds the bytes. */
+/*
+ * Every entry returns 0 or a negative errno. Copies are asynchronous: they
+ * are queued on a stream, and an event recorded after them says when they
+ * have run. Streams and events are opaque handles (CUstream, CUevent); a
+ * NULL stream is the legacy default stream.
+ */
 struct mp_stage_dev_ops {
 	const char *name; /* for messages: "CUDA" */
 	/* Check that [ptr, ptr + len) is device memory inside one allocation,
@@ -40,14 +45,41 @@ struct mp_stage_dev_ops {
 	int (*query)(void *ptr, size_t len, struct mp_stage_dev *d, char *why, size_t n);
 	/* Give back what query took (the primary context it retained). */
 	void (*release)(struct mp_stage_dev *d);
-	/* @len bytes of pinned (page-locked) host memory: the copies then run
-	 * at the bus's speed without an extra bounce inside the driver. -ENOMEM. */
+	/* @len bytes of pinned (page-locked) host memory, mapped for the
+	 * device: the copies then run at the bus's speed without an extra
+	 * bounce inside the driver, and a stream can wait on a word of it
+	 * (wait_value). -ENOMEM. */
 	int (*host_alloc)(const struct mp_stage_dev *d, size_t len, void **host);
 	void (*host_free)(const struct mp_stage_dev *d, void *host);
-	/* Device to host and host to device, @len bytes; -EIO when the driver
-	 * refuses (the details are logged). */
-	int (*to_host)(const struct mp_stage_dev *d, void *host, const void *dev, size_t len);
-	int (*to_device)(const struct mp_stage_dev *d, void *dev, const void *host, size_t len);
+	/* A stream that does not synchronise with the legacy default stream
+	 * (the copies' own), and its release, which does not wait for it. */
+	int (*stream_create)(const struct mp_stage_dev *d, void **stream);
+	void (*stream_destroy)(const struct mp_stage_dev *d, void *stream);
+	/* An event without timing, and its release, which may come before
+	 * the event completes. */
+	int (*event_create)(const struct mp_stage_dev *d, void **ev);
+	void (*event_destroy)(const struct mp_stage_dev *d, void *ev);
+	/* Record @ev on @stream: it completes when the stream gets there.
+	 * -EINVAL (why in @why) when @stream belongs to another CUDA context
+	 * than the memory; -EIO when the driver refuses. */
+	int (*event_record)(const struct mp_stage_dev *d, void *ev, void *stream, char *why, size_t n);
+	/* Work queued on @stream from now on waits for @ev's last record. */
+	int (*stream_wait_event)(const struct mp_stage_dev *d, void *stream, void *ev);
+	/* Queue a copy of @len bytes on @stream: device to host, or host to
+	 * device with @to_device. -EIO when the driver refuses (then nothing
+	 * is queued; the details are logged). */
+	int (*copy_async)(const struct mp_stage_dev *d, void *dst, const void *src, size_t len,
+			  int to_device, void *stream);
+	/* 0 once the work before @ev's last record has run; -EAGAIN before;
+	 * -EIO when it failed. Never blocks. */
+	int (*event_query)(const struct mp_stage_dev *d, void *ev);
+	/* Work queued on @stream from now on waits (on the device) until
+	 * (int32_t)(*word - value) >= 0; @word is in memory from host_alloc,
+	 * which the host sets. -ENOTSUP (why in @why) where the device or the
+	 * driver has no stream memory operations; -EINVAL: a stream of
+	 * another context. */
+	int (*wait_value)(const struct mp_stage_dev *d, void *stream, const uint32_t *word,
+			  uint32_t value, char *why, size_t n);
 };
 
 /* The CUDA driver, loaded on first use (or, with -Dcuda=disabled, a table
@@ -56,29 +88,66 @@ extern const struct mp_stage_dev_ops mp_stage_cuda_ops;
 /* The table the next registration uses: &mp_stage_cuda_ops unless a test swaps it. */
 extern const struct mp_stage_dev_ops *mp_stage_dev_ops;
 
-/* A registration's host copy of its device memory. */
+/*
+ * A registration's host copy of its device memory, and what orders the
+ * copies: its own stream, on which every copy is queued, so that a copy
+ * queued later runs after every earlier one, whatever became of the
+ * requests they served; the event recorded after each copy, which the
+ * progress thread polls; and the word that says which of the registration's
+ * requests have ended (mp_stage_end), on which a caller's stream may wait
+ * (mp_stage_stream_wait).
+ */
 struct mp_stage {
 	const struct mp_stage_dev_ops *ops;
 	struct mp_stage_dev dev;
 	void *dev_base;          /* the registered device memory */
-	float *host;             /* its pinned copy, len bytes */
+	float *host;             /* its pinned copy, len bytes, then the word */
 	size_t len;
 	struct mp_drv_mr *dmr;   /* the copy's registration with the transport */
+	void *stream;            /* the copies' stream */
+	void *done;              /* recorded after each copy */
+	void *legacy;            /* recorded on the legacy default stream before a copy in
+	                            that no caller's stream orders (mp_stage_in) */
+	uint32_t *word;          /* pinned, after the copy: the ticket of the last request
+	                            that ended; the device reads it */
+	uint32_t tickets;        /* the last ticket handed out (the core's, under its mutex) */
 };
 
 /*
  * Stage [dev, dev + len) for @ctx: check it, allocate the pinned copy and
- * register the copy with the transport as host memory. On failure the
- * context's error says why. Returns 0; -ENOTSUP, -EINVAL (see query);
- * -ENOMEM; or the transport's registration error.
+ * register the copy with the transport as host memory, and create the
+ * copies' stream and events. On failure the context's error says why.
+ * Returns 0; -ENOTSUP, -EINVAL (see query); -ENOMEM; -EIO; or the
+ * transport's registration error.
  */
 int mp_stage_open(struct mp_ctx *ctx, void *dev, size_t len, struct mp_stage **out);
-/* Undo mp_stage_open. @s may be NULL. */
+/* Undo mp_stage_open, once the copies still queued have run (bounded by
+ * the context's round timeout: past it the pinned copy is left allocated,
+ * with a warning, since the device may still write it). @s may be NULL. */
 void mp_stage_close(struct mp_ctx *ctx, struct mp_stage *s);
-/* Copy @bytes at offset @off of the device memory into the host copy, or
- * back. 0, or -EIO with the context's error set (the destination is then as
- * the table left it: the real driver writes nothing when it refuses a copy). */
-int mp_stage_in(struct mp_ctx *ctx, struct mp_stage *s, size_t off, size_t bytes);
+/* On the caller's thread, at the start of an operation: an event recorded
+ * on @stream now, which the operation's copy in will wait for. 0, or
+ * -EINVAL, -ENOMEM, -EIO with the context's error set. */
+int mp_stage_mark(struct mp_ctx *ctx, struct mp_stage *s, void *stream, void **ev);
+/* Release an event of mp_stage_mark. @ev may be NULL. */
+void mp_stage_unmark(struct mp_stage *s, void *ev);
+/*
+ * Copy @bytes at offset @off of the device memory into the host copy, once
+ * the work before @ev (mp_stage_mark) has run, or with @ev NULL the work on
+ * the legacy default stream so far; or back (mp_stage_out). Each returns
+ * once the copy has run: 0; -EIO (also a copy that did not run within the
+ * context's round timeout) or, for the copy in only, -ECANCELED when the
+ * context stops meanwhile; the context's error says why. A copy in that
+ * did not run may still run later; it writes only the host copy, which no
+ * one reads before the next copy in, queued after it, has run.
+ */
+int mp_stage_in(struct mp_ctx *ctx, struct mp_stage *s, size_t off, size_t bytes, void *ev);
 int mp_stage_out(struct mp_ctx *ctx, struct mp_stage *s, size_t off, size_t bytes);
+/* The request of ticket @ticket ended, whichever way: streams waiting for it
+ * may go on. Tickets end in the order they were handed out. */
+void mp_stage_end(struct mp_stage *s, uint32_t ticket);
+/* Make @stream wait until the request of ticket @ticket has ended. 0;
+ * -ENOTSUP or -EINVAL with the context's error set. */
+int mp_stage_stream_wait(struct mp_ctx *ctx, struct mp_stage *s, void *stream, uint32_t ticket);
 
 #endif

@@ -6,15 +6,35 @@
  * needed or touched.
  *
  * Its "device memory" (one buffer per peer, fk_mem_init) is host memory that
- * it maps with no access at all and opens only inside its own two copies,
- * so a read or write of it by the library anywhere else (the reducer, a
- * codec, a send) faults. It counts, per byte, the copies to the host and
- * back, can fail either copy for chosen peers and operations (fail_in,
- * fail_out), and can hold one peer's copy back until the test lets it go
- * (gate_rank, gate_op, gate_open). The library calls the table from its
- * progress threads: everything goes under fk.mu, and the table's checks
- * abort rather than use cmocka's asserts (only the test's own calls,
- * fk_mem_init and the like, use those).
+ * it maps with no access at all and opens only inside its own copies, so a
+ * read or write of it by the library anywhere else (the reducer, a codec, a
+ * send) faults.
+ *
+ * It models streams, events and asynchronous copies: a call that queues work
+ * on a stream (a copy, an event's record, a wait for an event or for a word
+ * of host memory) only queues it, and a "device" thread runs each stream's
+ * queue in order, the streams side by side, an operation once what it waits
+ * for has happened (its event completed, the word reached the value, its
+ * start time came: fk.copy_delay_ms delays every copy). So a library that
+ * reads its host copy before the copy's event completes reads stale bytes,
+ * and one that forgets to order its copy after the caller's event copies the
+ * values the caller's stream has not yet written. An event completes when
+ * its stream reaches its last record; one never recorded is complete. The
+ * NULL stream is one more stream (the legacy default stream, which here
+ * does not synchronise with the others).
+ *
+ * The test plays the application: its own streams (fk_stream_new) carry
+ * "kernels" that write device memory after a delay (fk_kernel_write) and
+ * probes that read it when the stream gets there (fk_probe).
+ *
+ * It counts, per byte, the copies to the host and back (when they run), can
+ * refuse either copy for chosen peers and operations (fail_in, fail_out:
+ * the call returns -EIO and queues nothing), can hold one peer's copy back
+ * on the device until the test lets it go (gate_rank, gate_op, gate_open),
+ * and can say that the device has no stream memory operations (no_memops).
+ * The library calls the table from its threads: everything goes under
+ * fk.mu, and the table's checks abort rather than use cmocka's asserts
+ * (only the test's own calls, fk_mem_init and the like, use those).
  */
 #ifndef MP_FAKE_CUDA_H
 #define MP_FAKE_CUDA_H
@@ -32,21 +52,30 @@ struct fk_mem {
 	char *base;       /* mapped PROT_NONE except inside the fake's copies */
 	size_t len, maplen;
 	int rank;
-	int in_calls;     /* to_host calls so far: the operation's index */
-	uint8_t *n_in;    /* per byte: copies to the host */
-	uint8_t *n_out;   /* per byte: copies back to the device */
+	int in_calls;     /* copies in queued so far: the operation's index */
+	uint8_t *n_in;    /* per byte: copies to the host that ran */
+	uint8_t *n_out;   /* per byte: copies back to the device that ran */
 };
+
+struct fk_stream;
 
 /* The fake's state; fk_reset clears the failures, the gate and the counters. */
 struct fk_state {
 	pthread_mutex_t mu; /* everything here, and every access to fake device memory */
-	pthread_cond_t cv;
+	pthread_cond_t cv;  /* something ran on the device, or the gate moved */
 	struct fk_mem mem[FK_MAXP];
-	unsigned fail_in[FK_MAXOPS];  /* per operation: ranks whose copy in fails */
-	unsigned fail_out[FK_MAXOPS]; /* per operation: ranks whose copy back fails */
-	int gate_rank, gate_op;    /* this copy back waits for gate_open (-1: none) */
+	unsigned fail_in[FK_MAXOPS];  /* per operation: ranks whose copy in is refused */
+	unsigned fail_out[FK_MAXOPS]; /* per operation: ranks whose copy back is refused */
+	int gate_rank, gate_op;    /* this copy back waits on the device for gate_open (-1: none) */
 	int gate_entered, gate_open;
+	int copy_delay_ms;         /* each copy runs no sooner than this after it was queued */
+	int no_memops;             /* wait_value: -ENOTSUP */
 	int queries, releases, allocs, frees;
+	int streams, events;       /* the library's, alive */
+	/* the device */
+	struct fk_stream *all;     /* every stream with work, or alive */
+	pthread_t dev;
+	int dev_started, dev_stop;
 };
 extern struct fk_state fk;
 
@@ -56,10 +85,34 @@ extern const struct mp_stage_dev_ops fk_ops;
 /* Device memory of @len bytes for peer @rank, and its release. */
 void fk_mem_init(int rank, size_t len);
 void fk_mem_fini(int rank);
-/* The test's own look at device memory, as cudaMemcpy would give it. */
+/* The test's own look at device memory, as a synchronous cudaMemcpy would
+ * give it (it does not wait for any stream). */
 void fk_read(int rank, size_t off, void *dst, size_t len);
 void fk_write(int rank, size_t off, const void *src, size_t len);
-/* No failures, no gate, counters at 0. */
+/* No failures, no gate, no delay, counters at 0. */
 void fk_reset(void);
+/* Stop the device thread (the end of the test program). */
+void fk_shutdown(void);
+
+/* The application's side. A stream of peer @rank's context. In the calls
+ * below that take a stream, NULL is the legacy default stream. */
+struct fk_stream *fk_stream_new(int rank);
+/* Wait until everything queued on @s has run: 0, or -ETIMEDOUT after
+ * @timeout_ms (then the work stays queued). Then free it (fk_stream_free). */
+int fk_stream_sync(struct fk_stream *s, int timeout_ms);
+void fk_stream_free(struct fk_stream *s);
+/* A kernel on @s that writes @len bytes of @src (copied now) at @off of
+ * @rank's device memory, @delay_ms after it is queued or the stream gets
+ * there, whichever is later. */
+void fk_kernel_write(struct fk_stream *s, int rank, size_t off, const void *src, size_t len,
+		     int delay_ms);
+/* A kernel on @s that copies @len bytes at @off of @rank's device memory to
+ * @dst when the stream gets there, and then sets *@ran to 1 (read both under
+ * fk.mu, or after fk_stream_sync). */
+void fk_probe(struct fk_stream *s, int rank, size_t off, void *dst, size_t len, int *ran);
+/* Hold @s until fk_let_go(@go): the work queued after waits (a kernel that
+ * takes as long as the test says). */
+void fk_hold(struct fk_stream *s, const int *go);
+void fk_let_go(int *go);
 
 #endif
