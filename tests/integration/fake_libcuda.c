@@ -16,6 +16,14 @@
  *    not survive fork.
  * FAKE_CUDA_DEVICES sets the device count (default 2); 0 makes cuInit fail
  * with CUDA_ERROR_NO_DEVICE, as on a host whose GPU is not visible.
+ *
+ * Streams and events (the staging's asynchronous copies, src/xfer/stage.c)
+ * are modelled as the simplest driver may run them: an asynchronous copy is
+ * done before its call returns, an event is complete once recorded, and a
+ * stream's wait on an event has nothing to wait for. Ordering and
+ * asynchrony are what tests/fakes/fake_cuda.c models, behind the library's
+ * own seam; this one only has to be a driver mpbench can load.
+ * cuStreamWaitValue32 is left out, as on drivers older than CUDA 11.7.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -358,4 +366,156 @@ API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t len)
 API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t len)
 {
 	return copy(src, dst, len, 0);
+}
+
+/* ---- streams and events: done at once (see the top) -------------------- */
+
+struct CUstream_st {
+	CUcontext ctx;
+};
+struct CUevent_st {
+	int recorded;
+};
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+
+API CUresult cuStreamCreate(CUstream *st, unsigned flags)
+{
+	CUresult r = in_context();
+
+	(void)flags;
+	if (r)
+		return r;
+	*st = calloc(1, sizeof(**st));
+	if (!*st)
+		return 2;
+	(*st)->ctx = stack[depth - 1];
+	return OK;
+}
+
+API CUresult cuStreamDestroy_v2(CUstream st)
+{
+	CUresult r = ready();
+
+	if (r)
+		return r;
+	free(st);
+	return OK;
+}
+
+API CUresult cuStreamGetCtx(CUstream st, CUcontext *c)
+{
+	CUresult r = in_context();
+
+	if (r)
+		return r;
+	/* NULL is the legacy default stream: the current context's. */
+	*c = st ? st->ctx : stack[depth - 1];
+	return OK;
+}
+
+API CUresult cuEventCreate(CUevent *ev, unsigned flags)
+{
+	CUresult r = in_context();
+
+	(void)flags;
+	if (r)
+		return r;
+	*ev = calloc(1, sizeof(**ev));
+	return *ev ? OK : 2;
+}
+
+API CUresult cuEventDestroy_v2(CUevent ev)
+{
+	CUresult r = ready();
+
+	if (r)
+		return r;
+	free(ev);
+	return OK;
+}
+
+API CUresult cuEventRecord(CUevent ev, CUstream st)
+{
+	CUresult r = in_context();
+
+	(void)st;
+	if (r)
+		return r;
+	if (!ev)
+		return INVALID_VALUE;
+	ev->recorded = 1;
+	return OK;
+}
+
+API CUresult cuEventQuery(CUevent ev)
+{
+	CUresult r = ready();
+
+	if (r)
+		return r;
+	return ev ? OK : INVALID_VALUE;
+}
+
+API CUresult cuStreamWaitEvent(CUstream st, CUevent ev, unsigned flags)
+{
+	CUresult r = in_context();
+
+	(void)st;
+	(void)flags;
+	if (r)
+		return r;
+	return ev ? OK : INVALID_VALUE;
+}
+
+API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t len, CUstream st)
+{
+	(void)st;
+	return copy(src, dst, len, 0);
+}
+
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t len, CUstream st)
+{
+	(void)st;
+	return copy(dst, (void *)(uintptr_t)src, len, 1);
+}
+
+API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags)
+{
+	CUresult r = in_context();
+
+	(void)flags;
+	if (r)
+		return r;
+	*d = (CUdeviceptr)(uintptr_t)p; /* unified addressing: the same address */
+	return OK;
+}
+
+API CUresult cuDriverGetVersion(int *v)
+{
+	*v = 13000;
+	return OK;
+}
+
+API CUresult cuCtxGetDevice(CUdevice *d)
+{
+	CUresult r = in_context();
+
+	if (r)
+		return r;
+	*d = stack[depth - 1]->device;
+	return OK;
+}
+
+API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
+{
+	CUresult r = ready();
+
+	(void)attr;
+	if (r)
+		return r;
+	if (d < 0 || d >= ndev)
+		return INVALID_DEVICE;
+	*v = 1;
+	return OK;
 }
