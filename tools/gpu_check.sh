@@ -20,8 +20,11 @@
 #        no network.
 #     3. Builds the library with -Dcuda=enabled and without DPDK, RDMA
 #        (verbs, ofi) and OpenDHT, in its own build directory (build-gpu),
-#        and only what the checks run: mpbench and test_cuda_codecs.
-#     4. test_cuda_codecs: every CUDA codec kernel against the CPU codecs.
+#        and only what the checks run: mpbench, test_cuda_codecs and
+#        test_stage_cuda_real.
+#     4. test_cuda_codecs: every CUDA codec kernel against the CPU codecs;
+#        test_stage_cuda_real: staging with the caller's CUDA stream
+#        (mp_average_start_stream, mp_request_stream_wait), two peers.
 #     5. test_cuda_codecs --bench: encode and decode-and-accumulate GB/s per
 #        codec beside a device-to-device cudaMemcpy of the same bytes, in
 #        the same run.
@@ -257,7 +260,8 @@ if ! (cd "$here" && step configure 300 "${setup[@]}"); then
 	say "FAILED: meson setup (log: $out/configure.log)"
 	exit 1
 fi
-if ! step build 900 nice ninja -C "$build" tools/mpbench tests/unit/test_cuda_codecs; then
+if ! step build 900 nice ninja -C "$build" tools/mpbench tests/unit/test_cuda_codecs \
+	tests/unit/test_stage_cuda_real; then
 	say "FAILED: the build (log: $out/build.log)"
 	exit 1
 fi
@@ -272,6 +276,9 @@ tcc=$build/tests/unit/test_cuda_codecs
 mpbench=$build/tools/mpbench
 
 step kernel_tests 240 "$tcc" || failed=1
+# Staging with the caller's stream on the real driver: mp_average_start_stream
+# and mp_request_stream_wait between two peers (exit 77 would mean no GPU).
+step stage_stream 60 "$build/tests/unit/test_stage_cuda_real" || failed=1
 step kernel_bench 180 "$tcc" --bench "$count" --json "$out/kernels.json" || failed=1
 
 for mem in host cuda; do
