@@ -514,7 +514,8 @@ static int split_peers(const char *s, char ***list, int *n)
  * Hostfile: one "host[:port]" per line in rank order; '#' starts a comment;
  * "slots=N" after the host (OpenMPI style) repeats the host N times. A
  * missing port is 29500 plus the number of earlier entries on that host, so
- * several local ranks on one machine get distinct ports.
+ * several local ranks on one machine get distinct ports. A port, given or
+ * counted, past 65535 is refused.
  */
 static int read_hostfile(const char *path, char ***list, int *n)
 {

@@ -41,8 +41,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * What a payload a codec takes may decode to: 2 finite values only
  * (uniform8: finite table entries; topk: finite values; adacomp: a finite
  * scale), 1 no NaN (blockwise8: a finite step times a code, which
- * overflows to +-inf for a step above FLT_MAX/128 that no encoder writes
- * and the decoder does not refuse: doc/reliability.md, "Fuzzing"), 0
+ * overflows to +-inf for a step above FLT_MAX/127, or code -128 above
+ * FLT_MAX/128, that no encoder writes and the decoder does not refuse:
+ * doc/reliability.md, "Fuzzing"), 0
  * anything (none, fp16, bf16 carry NaN and inf as they are).
  */
 static int promises(unsigned id)
