@@ -10,8 +10,9 @@
  *   selector bit 0 clear: environment. Lines split by '\n'; a line's first
  *     byte picks the variable (from the list below, modulo its length), the
  *     rest is the value (up to a NUL). Every listed variable is unset first.
- *   set: a hostfile's contents, written to a scratch file that
- *     mp_config_resolve reads (static rendezvous, rank 0).
+ *   set: a hostfile's contents, written to a scratch file (unlinked, read
+ *     through /proc/self/fd) that mp_config_resolve reads (static
+ *     rendezvous, rank 0).
  * Invariants: no crash or sanitizer report; a static configuration that
  * resolves has a peer count of at least 1 and a rank inside it, its list
  * that many non-empty addresses, and each address a hostfile gave ends in
@@ -27,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <moshpit/moshpit.h>
@@ -57,15 +59,12 @@ static const char *const vars[] = {
 #define NVARS (sizeof(vars) / sizeof(vars[0]))
 
 static char hostfile[64];
-
-static void remove_hostfile(void)
-{
-	unlink(hostfile);
-}
+static int hostfile_fd = -1;
 
 static void setup_once(void)
 {
 	static int done;
+	char tmp[] = "/tmp/mp-fuzz-hostfile-XXXXXX";
 
 	if (done)
 		return;
@@ -73,16 +72,17 @@ static void setup_once(void)
 	/* Errors are expected by the million: keep them out of the output. */
 	mp_log_set_level(MP_LOG_NONE);
 	unsetenv("MP_HOSTFILE");
-	/* In memory where there is /dev/shm: a file is written per input. */
-	snprintf(hostfile, sizeof(hostfile), "%s/mp-fuzz-hostfile-XXXXXX",
-		 access("/dev/shm", W_OK) ? "/tmp" : "/dev/shm");
-	int fd = mkstemp(hostfile);
-	if (fd < 0) {
-		perror("mkstemp");
+	/* The hostfile: an unlinked file (in memory where there is memfd),
+	 * rewritten for each input and read through /proc/self/fd, so that no
+	 * run, however it ends (libFuzzer leaves by _exit), leaves one behind. */
+	hostfile_fd = memfd_create("mp-fuzz-hostfile", 0);
+	if (hostfile_fd < 0 && (hostfile_fd = mkstemp(tmp)) >= 0)
+		unlink(tmp);
+	if (hostfile_fd < 0) {
+		perror("hostfile");
 		abort();
 	}
-	close(fd);
-	atexit(remove_hostfile);
+	snprintf(hostfile, sizeof(hostfile), "/proc/self/fd/%d", hostfile_fd);
 }
 
 static void check_resolved(const struct mp_config *in, int from_hostfile)
@@ -158,9 +158,8 @@ static void env_mode(const uint8_t *p, size_t n)
 static void hostfile_mode(const uint8_t *p, size_t n)
 {
 	struct mp_config cfg;
-	FILE *f = fopen(hostfile, "wb");
 
-	if (!f || fwrite(p, 1, n, f) != n || fclose(f))
+	if (ftruncate(hostfile_fd, 0) || pwrite(hostfile_fd, p, n, 0) != (ssize_t)n)
 		abort();
 	mp_config_init(&cfg);
 	cfg.rendezvous = "static";
