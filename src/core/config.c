@@ -514,7 +514,8 @@ static int split_peers(const char *s, char ***list, int *n)
  * Hostfile: one "host[:port]" per line in rank order; '#' starts a comment;
  * "slots=N" after the host (OpenMPI style) repeats the host N times. A
  * missing port is 29500 plus the number of earlier entries on that host, so
- * several local ranks on one machine get distinct ports.
+ * several local ranks on one machine get distinct ports. A port, given or
+ * counted, past 65535 is refused.
  */
 static int read_hostfile(const char *path, char ***list, int *n)
 {
@@ -558,28 +559,36 @@ static int read_hostfile(const char *path, char ***list, int *n)
 				break;
 			}
 		}
+		/* A port is present if the text after the last ':' is all digits
+		 * and the host is not a bare IPv6 address. */
+		const char *colon = strrchr(host, ':');
+		int has_port = colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1) &&
+			       (host[0] == '[' || strchr(host, ':') == colon);
+		long port;
+		if (has_port) {
+			/* "host:port slots=N": N ranks on consecutive ports. (Checked
+			 * before the slots are added: strtol saturates, the sum would
+			 * overflow.) */
+			port = strtol(colon + 1, NULL, 10);
+		} else {
+			/* Counted once a line, not once a slot: "h slots=4096" on
+			 * many lines was quadratic in the slots. */
+			int same = 0;
+			for (int i = 0; i < *n; i++)
+				if (!strncmp((*list)[i], host, hl) && (*list)[i][hl] == ':')
+					same++;
+			port = MP_DEFAULT_PORT + same;
+		}
+		if (port > 65535 - (slots - 1)) {
+			mp_set_init_error("hostfile %s:%d: port out of range", path, lineno);
+			rc = -EINVAL;
+			break;
+		}
 		for (long s = 0; s < slots && !rc; s++) {
-			/* A port is present if the text after the last ':' is all digits
-			 * and the host is not a bare IPv6 address. */
-			const char *colon = strrchr(host, ':');
-			int has_port = colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1) &&
-				       (host[0] == '[' || strchr(host, ':') == colon);
-			if (has_port) {
-				/* "host:port slots=N": N ranks on consecutive ports. */
-				long port = strtol(colon + 1, NULL, 10) + s;
-				if (port > 65535) {
-					mp_set_init_error("hostfile %s:%d: port out of range", path, lineno);
-					rc = -EINVAL;
-					break;
-				}
-				snprintf(addr, sizeof(addr), "%.*s:%ld", (int)(colon - host), host, port);
-			} else {
-				int same = 0;
-				for (int i = 0; i < *n; i++)
-					if (!strncmp((*list)[i], host, hl) && (*list)[i][hl] == ':')
-						same++;
-				snprintf(addr, sizeof(addr), "%s:%d", host, MP_DEFAULT_PORT + same);
-			}
+			if (has_port)
+				snprintf(addr, sizeof(addr), "%.*s:%d", (int)(colon - host), host, (int)(port + s));
+			else
+				snprintf(addr, sizeof(addr), "%s:%d", host, (int)(port + s));
 			rc = list_push(list, n, &cap, addr, strlen(addr));
 		}
 		if (rc)

@@ -157,7 +157,9 @@ static double get_f64(struct rbuf *r)
 static void get_str(struct rbuf *r, char *out)
 {
 	size_t n = (size_t)get_u(r, 1);
-	if (r->err || n >= MP_ADDR_STRLEN || r->off + n > r->len) {
+	/* No NUL inside: put_str never writes one, and the text would end
+	 * there, short of the length the sender gave (fuzz_ctrl). */
+	if (r->err || n >= MP_ADDR_STRLEN || r->off + n > r->len || memchr(r->p + r->off, 0, n)) {
 		r->err = 1;
 		out[0] = 0;
 		return;
@@ -167,16 +169,7 @@ static void get_str(struct rbuf *r, char *out)
 	r->off += n;
 }
 
-/* One member as JOIN and BEGIN describe it. */
-struct entry {
-	uint64_t id;
-	double bw;
-	int mode;
-	int coord;
-	char addr[MP_ADDR_STRLEN];
-};
-
-static void put_entry(struct wbuf *w, const struct entry *e)
+static void put_entry(struct wbuf *w, const struct mp_mm_entry *e)
 {
 	put_u(w, e->id, 8);
 	put_f64(w, e->bw);
@@ -185,7 +178,7 @@ static void put_entry(struct wbuf *w, const struct entry *e)
 	put_str(w, e->addr);
 }
 
-static int get_entry(struct rbuf *r, struct entry *e)
+static int get_entry(struct rbuf *r, struct mp_mm_entry *e)
 {
 	e->id = get_u(r, 8);
 	e->bw = get_f64(r);
@@ -197,13 +190,48 @@ static int get_entry(struct rbuf *r, struct entry *e)
 	return 0;
 }
 
+int mp_mm_join_parse(const uint8_t *p, size_t len, struct mp_mm_entry *e)
+{
+	struct rbuf r = {.p = p, .len = len};
+
+	return get_entry(&r, e);
+}
+
+int mp_mm_begin_parse(const uint8_t *p, size_t len, struct mp_mm_entry *ro, int *k)
+{
+	struct rbuf r = {.p = p, .len = len};
+	uint64_t n = get_u(&r, 4);
+
+	if (r.err || n < 1 || n > MP_MAX_GROUP)
+		return -EBADMSG;
+	for (uint64_t i = 0; i < n; i++)
+		if (get_entry(&r, &ro[i]))
+			return -EBADMSG;
+	if (r.off != r.len)
+		return -EBADMSG;
+	*k = (int)n;
+	return 0;
+}
+
+int mp_mm_decl_parse(const uint8_t *p, size_t len, struct mp_decl *d)
+{
+	if (len != DECL_MSG_LEN)
+		return -EBADMSG;
+	d->id = mp_le_get64(p);
+	d->expires_ms = mp_le_get64(p + 8);
+	d->mode = p[16];
+	d->coord = (int16_t)mp_le_get16(p + 17);
+	d->line = mp_le_get32(p + 19);
+	return 0;
+}
+
 /* ---- membership ---------------------------------------------------------- */
 
-static struct entry self_entry(const struct mp_ctx *ctx, int dim)
+static struct mp_mm_entry self_entry(const struct mp_ctx *ctx, int dim)
 {
-	struct entry e = {.id = ctx->self_id, .bw = ctx->mode == MP_MODE_CLIENT ? 0.0 :
-				   ctx->cfg.bandwidth, .mode = ctx->mode,
-			  .coord = dim >= 0 ? ctx->dht->coords[dim] : 0};
+	struct mp_mm_entry e = {.id = ctx->self_id, .bw = ctx->mode == MP_MODE_CLIENT ? 0.0 :
+					ctx->cfg.bandwidth, .mode = ctx->mode,
+				.coord = dim >= 0 ? ctx->dht->coords[dim] : 0};
 
 	snprintf(e.addr, sizeof(e.addr), "%s", ctx->mode == MP_MODE_CLIENT ? "" : ctx->local_addr);
 	return e;
@@ -752,7 +780,7 @@ struct mm {
 	int accepted;             /* FOLLOW: the leader took our JOIN */
 	uint64_t excluded[MAX_DECLS];
 	int nexcl;
-	struct entry fol[MP_MAX_GROUP]; /* LEAD: followers */
+	struct mp_mm_entry fol[MP_MAX_GROUP]; /* LEAD: followers */
 	int fol_peer[MP_MAX_GROUP];
 	int nfol;
 	int target, minsz;
@@ -897,13 +925,8 @@ int mp_mm_on_decl(struct mp_ctx *ctx, int peer, const struct mp_wire_hdr *h,
 {
 	struct mp_decl d;
 
-	if (h->length != DECL_MSG_LEN)
+	if (mp_mm_decl_parse(payload, h->length, &d))
 		return -EBADMSG;
-	d.id = mp_le_get64(payload);
-	d.expires_ms = mp_le_get64(payload + 8);
-	d.mode = payload[16];
-	d.coord = (int16_t)mp_le_get16(payload + 17);
-	d.line = mp_le_get32(payload + 19);
 	/* Its own, in a line of our grid, placing itself or moved on to a
 	 * later round; or another peer's absence (a member it saw die),
 	 * never ours. */
@@ -994,10 +1017,10 @@ static void exclude(struct mm *m, uint64_t id)
 static void on_join(struct mm *m, struct mp_ctrl_msg *msg)
 {
 	struct mp_ctx *ctx = m->ctx;
-	struct rbuf r = {.p = msg->payload, .len = msg->h.length};
-	struct entry e;
+	struct mp_mm_entry e;
 
-	if (get_entry(&r, &e) || e.id != ctx->peers[msg->peer].id) {
+	if (mp_mm_join_parse(msg->payload, msg->h.length, &e) ||
+	    e.id != ctx->peers[msg->peer].id) {
 		MP_WARN("round %u: malformed JOIN from peer %016" PRIx64, m->round,
 			ctx->peers[msg->peer].id);
 		MP_STAT_ADD(ctx->rejected[MP_REJ_UNEXPECTED], 1);
@@ -1026,7 +1049,7 @@ static void on_join(struct mm *m, struct mp_ctrl_msg *msg)
 
 static int cmp_entry(const void *a, const void *b)
 {
-	const struct entry *x = a, *y = b;
+	const struct mp_mm_entry *x = a, *y = b;
 	if (x->coord != y->coord)
 		return x->coord < y->coord ? -1 : 1;
 	return x->id < y->id ? -1 : x->id > y->id;
@@ -1044,7 +1067,7 @@ static int cmp_entry(const void *a, const void *b)
  * only missing from this round. Every member computes the same from the
  * roster.
  */
-static int next_coord(struct mp_ctx *ctx, uint32_t round, const struct entry *ro, int k,
+static int next_coord(struct mp_ctx *ctx, uint32_t round, const struct mp_mm_entry *ro, int k,
 		      uint32_t gid, int me)
 {
 	uint8_t taken[MP_MAX_GROUP] = {0};
@@ -1082,8 +1105,8 @@ static int next_coord(struct mp_ctx *ctx, uint32_t round, const struct entry *ro
  *    it comes back, and a joiner that takes a hole (take_hole) keeps it: two
  *    peers never come to share a cell, and a line never holds more than M.
  */
-static int take_roster(struct mm *m, struct entry *ro, int k, uint32_t gid, struct mp_group *g,
-		       double *bw, uint8_t *mode)
+static int take_roster(struct mm *m, struct mp_mm_entry *ro, int k, uint32_t gid,
+		       struct mp_group *g, double *bw, uint8_t *mode)
 {
 	struct mp_ctx *ctx = m->ctx;
 	int me = -1;
@@ -1124,23 +1147,18 @@ static int on_begin(struct mm *m, struct mp_ctrl_msg *msg, struct mp_group *g, d
 		    uint8_t *mode)
 {
 	struct mp_ctx *ctx = m->ctx;
-	struct rbuf r = {.p = msg->payload, .len = msg->h.length};
-	struct entry *ro = calloc(MP_MAX_GROUP, sizeof(*ro));
-	int k = (int)get_u(&r, 4), rc = -EBADMSG, has_leader = 0;
+	struct mp_mm_entry *ro = calloc(MP_MAX_GROUP, sizeof(*ro));
+	int k = 0, rc, has_leader = 0;
 
 	if (!ro)
 		return -ENOMEM;
-	if (!r.err && k >= 1 && k <= MP_MAX_GROUP) {
-		rc = 0;
-		for (int i = 0; i < k && !rc; i++) {
-			rc = get_entry(&r, &ro[i]);
-			has_leader |= ro[i].id == ctx->peers[msg->peer].id;
-		}
-		if (!rc && (!has_leader || r.off != r.len || !msg->h.group_id))
-			rc = -EBADMSG;
-		if (!rc)
-			rc = take_roster(m, ro, k, msg->h.group_id, g, bw, mode);
-	}
+	rc = mp_mm_begin_parse(msg->payload, msg->h.length, ro, &k);
+	for (int i = 0; i < k && !rc; i++)
+		has_leader |= ro[i].id == ctx->peers[msg->peer].id;
+	if (!rc && (!has_leader || !msg->h.group_id))
+		rc = -EBADMSG;
+	if (!rc)
+		rc = take_roster(m, ro, k, msg->h.group_id, g, bw, mode);
 	free(ro);
 	if (rc) {
 		MP_WARN("round %u: malformed BEGIN from peer %016" PRIx64, m->round,
@@ -1154,7 +1172,7 @@ static int on_begin(struct mm *m, struct mp_ctrl_msg *msg, struct mp_group *g, d
 static int begin(struct mm *m, struct mp_group *g, double *bw, uint8_t *mode)
 {
 	struct mp_ctx *ctx = m->ctx;
-	struct entry ro[MP_MAX_GROUP];
+	struct mp_mm_entry ro[MP_MAX_GROUP];
 	uint8_t *buf = malloc(MP_CTRL_PAYLOAD_MAX);
 	struct wbuf w = {.p = buf, .cap = MP_CTRL_PAYLOAD_MAX};
 	uint32_t gid = 0;
@@ -1191,7 +1209,7 @@ static int begin(struct mm *m, struct mp_group *g, double *bw, uint8_t *mode)
 static void send_join(struct mm *m)
 {
 	struct mp_ctx *ctx = m->ctx;
-	struct entry e = self_entry(ctx, m->dim);
+	struct mp_mm_entry e = self_entry(ctx, m->dim);
 	uint8_t buf[256];
 	struct wbuf w = {.p = buf, .cap = sizeof(buf)};
 	struct mp_wire_hdr h = {.type = MP_MSG_JOIN, .round = m->round};

@@ -55,6 +55,28 @@ struct mp_dht {
 	uint64_t refused_by[MP_RDV_REFUSED_N];
 };
 
+/* One member as JOIN and BEGIN describe it. */
+struct mp_mm_entry {
+	uint64_t id;
+	double bw;
+	int mode;
+	int coord;
+	char addr[MP_ADDR_STRLEN];
+};
+
+/*
+ * The payload parsers of the matchmaking messages, apart from the handlers
+ * that judge what they say against the run (exposed for tests/fuzz):
+ * a JOIN's entry (bytes past it are ignored), a BEGIN's roster (u32 k in
+ * [1, MP_MAX_GROUP], k entries, nothing after; @ro holds MP_MAX_GROUP), a
+ * DECL's fields (exactly 23 bytes; the values are the handler's to check).
+ * An entry has a non-zero id, a finite bandwidth, a mode <= MP_MODE_AUX and
+ * an address shorter than MP_ADDR_STRLEN. 0 or -EBADMSG.
+ */
+int mp_mm_join_parse(const uint8_t *p, size_t len, struct mp_mm_entry *e);
+int mp_mm_begin_parse(const uint8_t *p, size_t len, struct mp_mm_entry *ro, int *k);
+int mp_mm_decl_parse(const uint8_t *p, size_t len, struct mp_decl *d);
+
 /* The matchmaker as the context's grouping (ctx->grouping, state ctx->dht):
  * each round's group is matchmade through the rendezvous. */
 extern const struct mp_grouping_ops mp_dht_grouping_ops;

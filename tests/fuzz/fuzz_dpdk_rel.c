@@ -10,8 +10,9 @@
  * fed is either accepted or dropped for one counted reason, exactly once.
  *
  * Built two ways: with clang -fsanitize=fuzzer it is a libFuzzer target
- * (-DMP_LIBFUZZER); otherwise main() replays a deterministic stream of
- * mutated real segments, so the suite runs it on every build.
+ * (-DMP_LIBFUZZER); otherwise main() (fuzz_main.h) replays the seed corpus
+ * tests/fuzz/corpus/fuzz_dpdk_rel/ or a deterministic stream of mutated
+ * real segments, so the suite runs it on every build.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -154,6 +155,7 @@ static uint64_t counted(struct mp_rel *r)
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz_main.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -192,9 +194,8 @@ static uint64_t next(void)
 	return rng;
 }
 
-int main(int argc, char **argv)
+static void fuzz_stream(long iters)
 {
-	long iters = argc > 1 ? atol(argv[1]) : 20000;
 	static uint8_t in[4 * (3 + FRAME + 16)];
 
 	/* Learn real segments of every type the set-up produces. */
@@ -210,7 +211,7 @@ int main(int argc, char **argv)
 			uint8_t *s = in + n + 3;
 
 			memcpy(s, seen[from][type], len);
-			for (int m = (int)(next() % 4); m > 0; m--) {
+			for (int m = seed_dir ? 0 : (int)(next() % 4); m > 0; m--) {
 				switch (len ? next() % 3 : 2) {
 				case 0: s[next() % len] ^= (uint8_t)(1u << (next() % 8)); break;
 				case 1: s[next() % 44 % len] = (uint8_t)next(); break;
@@ -222,9 +223,11 @@ int main(int argc, char **argv)
 			in[n + 2] = (uint8_t)(len >> 8);
 			n += 3 + len;
 		}
+		if (seed_dir)
+			fuzz_seed(in, n);
 		LLVMFuzzerTestOneInput(in, n);
 	}
 	printf("fuzz_dpdk_rel: %ld inputs, no crash, every segment counted once\n", iters);
-	return 0;
 }
 #endif
+

@@ -3,27 +3,60 @@
  * Fuzz target for everything a received frame goes through before it may
  * touch memory: header validation, then the codec's decode and
  * decode-and-accumulate into a buffer sized from the header's own count.
- * A payload a decoder refuses must leave the buffer exactly as it was.
+ * A payload a decoder refuses must leave the buffer exactly as it was; one
+ * a decoder takes must decode to finite values where the codec's checks
+ * promise it (uniform8, topk, adacomp), to no NaN in blockwise8 (see
+ * promises() below).
+ *
+ * Input: one selector byte, then the frame. Selector bit 0 clear: the
+ * harness first writes into the frame the length field and the CRC32C that
+ * the other bytes imply, as an honest sender would (libFuzzer cannot guess
+ * a checksum, and without this it never gets past mp_wire_decode's checksum
+ * to the decoders); set: the frame as given, checksum and all.
  *
  * Built two ways: with clang -fsanitize=fuzzer it is a libFuzzer target
- * (-DMP_LIBFUZZER); otherwise main() below replays a deterministic stream of
- * mutated valid frames, so the suite runs it on every build (under ASan and
- * UBSan in tools/test.sh).
+ * (-DMP_LIBFUZZER, tools/fuzz.sh); otherwise main() (fuzz_main.h) replays
+ * the seed corpus tests/fuzz/corpus/fuzz_frame/ or a deterministic stream
+ * of mutated valid frames, so the suite runs it on every build (under ASan
+ * and UBSan in tools/test.sh).
  */
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <moshpit/sdk/le.h>
 
 #include "codec.h"
+#include "crc32c.h"
 #include "wire.h"
 
 #define RUN "fuzz-run"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz_main.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/*
+ * What a payload a codec takes may decode to: 2 finite values only
+ * (uniform8: finite table entries; topk: finite values; adacomp: a finite
+ * scale), 1 no NaN (blockwise8: a finite step times a code, which
+ * overflows to +-inf for a step above FLT_MAX/127, or code -128 above
+ * FLT_MAX/128, that no encoder writes and the decoder does not refuse:
+ * doc/reliability.md, "Fuzzing"), 0
+ * anything (none, fp16, bf16 carry NaN and inf as they are).
+ */
+static int promises(unsigned id)
+{
+	const struct mp_codec_ops *c = mp_codec_by_id(id);
+
+	if (c == &mp_codec_uniform8 || c == &mp_codec_topk || c == &mp_codec_adacomp)
+		return 2;
+	return c == &mp_codec_blockwise8;
+}
+
+/* One frame of @size bytes, as the engine would see it arrive. */
+static int check_frame(const uint8_t *data, size_t size)
 {
 	static float acc[1 << 16], before[1 << 16];
 	struct mp_wire_hdr h;
@@ -52,9 +85,38 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	    memcmp(before, acc, h.count * sizeof(float)))
 		abort(); /* refused, yet written */
 	memcpy(before, acc, h.count * sizeof(float));
-	if (c->decode(data + MP_WIRE_HDR_SIZE, h.length, acc, h.count) &&
-	    memcmp(before, acc, h.count * sizeof(float)))
+	rc = c->decode(data + MP_WIRE_HDR_SIZE, h.length, acc, h.count);
+	if (rc && memcmp(before, acc, h.count * sizeof(float)))
 		abort();
+	if (!rc && promises(h.codec))
+		for (uint32_t i = 0; i < h.count; i++)
+			if (promises(h.codec) == 2 ? !isfinite(acc[i]) : isnan(acc[i]))
+				abort(); /* a payload the codec never writes, yet taken */
+	return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	uint8_t *f;
+	size_t n;
+
+	if (size < 1)
+		return 0;
+	n = size - 1;
+	if (data[0] & 1 || n < MP_WIRE_HDR_SIZE)
+		return check_frame(data + 1, n);
+	/* A copy of exactly the frame's size, so that ASan sees any overread. */
+	f = malloc(n);
+	if (!f)
+		abort();
+	memcpy(f, data + 1, n);
+	mp_le_put32(f + 44, (uint32_t)(n - MP_WIRE_HDR_SIZE)); /* length */
+	uint32_t crc = mp_crc32c(0, f, 60);
+	if (f[7] & MP_WIRE_F_PAYLOAD_CRC)
+		crc = mp_crc32c(crc, f + MP_WIRE_HDR_SIZE, n - MP_WIRE_HDR_SIZE);
+	mp_le_put32(f + 60, crc);
+	check_frame(f, n);
+	free(f);
 	return 0;
 }
 
@@ -69,9 +131,8 @@ static uint64_t next(void)
 	return rng;
 }
 
-int main(int argc, char **argv)
+static void fuzz_stream(long iters)
 {
-	long iters = argc > 1 ? atol(argv[1]) : 200000;
 	static uint8_t frame[MP_WIRE_HDR_SIZE + 8192], work[sizeof(frame)];
 	static float vals[512], residue[512];
 	static _Alignas(64) uint8_t scratch[1 << 20];
@@ -115,7 +176,7 @@ int main(int argc, char **argv)
 		mp_wire_encode(&h, frame, frame + MP_WIRE_HDR_SIZE);
 		size_t len = MP_WIRE_HDR_SIZE + h.length;
 		memcpy(work, frame, len);
-		int muts = (int)(next() % 4);
+		int muts = seed_dir ? 0 : (int)(next() % 4);
 		for (int m = 0; m < muts; m++) {
 			switch (next() % 4) {
 			case 0:
@@ -134,9 +195,17 @@ int main(int argc, char **argv)
 				abort();
 			accepted++;
 		}
-		LLVMFuzzerTestOneInput(work, len);
+		check_frame(work, len);
+		/* And through the entry libFuzzer uses, checksum fixed up, so
+		 * that mutated payloads reach the decoders here too. */
+		static uint8_t sel[1 + sizeof(work)];
+		sel[0] = 0;
+		memcpy(sel + 1, work, len);
+		if (seed_dir)
+			fuzz_seed(sel, len + 1);
+		LLVMFuzzerTestOneInput(sel, len + 1);
 	}
 	printf("fuzz_frame: %ld frames (%ld unmutated), no crash\n", iters, accepted);
-	return 0;
 }
 #endif
+

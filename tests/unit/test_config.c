@@ -668,6 +668,58 @@ static void hostfile_and_launcher(void **s)
 	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -ENOENT);
 }
 
+/* Resolves @text as a hostfile (static, rank 0): its return, the list in
+ * *list (*n entries) on success. */
+static int resolve_hostfile(const char *text, char ***list, int *n)
+{
+	char path[] = "/tmp/mp-hostfile-XXXXXX";
+	int fd = mkstemp(path);
+	struct mp_config c, out;
+	size_t len = strlen(text);
+
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, len), (ssize_t)len);
+	close(fd);
+	mp_config_init(&c);
+	c.hostfile = path;
+	c.rank = 0;
+	int rc = mp_config_resolve(&c, &out, list, n);
+	unlink(path);
+	return rc;
+}
+
+/* Ports past 65535 are refused, written or counted (fuzz_config found
+ * both: "h:<20 digits> slots=2" overflowed a long, 36036 slots of one host
+ * without a port were given "h:65536" and up). */
+static void hostfile_port_range(void **s)
+{
+	char **list;
+	int n;
+
+	(void)s;
+	clear_env();
+	assert_int_equal(resolve_hostfile("h:65534 slots=2\n", &list, &n), 0);
+	assert_int_equal(n, 2);
+	assert_string_equal(list[1], "h:65535");
+	mp_free_list(list, n);
+	assert_int_equal(resolve_hostfile("h:65535 slots=2\n", &list, &n), -EINVAL);
+	assert_int_equal(resolve_hostfile("h:99999999999999999999 slots=2\n", &list, &n), -EINVAL);
+	assert_int_equal(resolve_hostfile("h:99999999999999999999\n", &list, &n), -EINVAL);
+	/* Default ports: 29500 + earlier entries of the host, up to 65535. */
+	char text[1024] = "";
+	for (int i = 0; i < 8; i++)
+		strcat(text, "h slots=4096\n");
+	strcat(text, "h slots=3268\n"); /* 29500 + 36035 = 65535 */
+	assert_int_equal(resolve_hostfile(text, &list, &n), 0);
+	assert_int_equal(n, 36036);
+	assert_string_equal(list[n - 1], "h:65535");
+	assert_string_equal(list[4096], "h:33596");
+	mp_free_list(list, n);
+	strcat(text, "h\n");
+	assert_int_equal(resolve_hostfile(text, &list, &n), -EINVAL);
+	assert_non_null(strstr(mp_last_error(NULL), "port out of range"));
+}
+
 static void resolve_rejects(void **s)
 {
 	struct mp_config c, out;
@@ -708,6 +760,7 @@ int main(void)
 		cmocka_unit_test(size_values),
 		cmocka_unit_test(size_rejects),
 		cmocka_unit_test(hostfile_and_launcher),
+		cmocka_unit_test(hostfile_port_range),
 		cmocka_unit_test(resolve_rejects),
 		cmocka_unit_test(codec_specs),
 		cmocka_unit_test(resolve_codec_rules),
