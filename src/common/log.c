@@ -53,22 +53,34 @@ static void log_setup(void)
 	gethostname(log_host, sizeof(log_host) - 1);
 	const char *f = getenv("MP_DEBUG_FILE");
 	if (f && *f) {
-		char path[512];
+		char path[512], pid[16];
 		size_t o = 0;
-		for (const char *p = f; *p && o + 32 < sizeof(path); p++) {
-			if (p[0] == '%' && p[1] == 'h') {
-				o += (size_t)snprintf(path + o, sizeof(path) - o, "%s", log_host);
+		int fits = 1;
+
+		snprintf(pid, sizeof(pid), "%d", (int)getpid());
+		/* Expanded in full or not at all: a path cut short would send
+		 * the lines to a file nobody asked for. */
+		for (const char *p = f; *p && fits; p++) {
+			const char *add = p;
+			size_t n = 1;
+
+			if (p[0] == '%' && (p[1] == 'h' || p[1] == 'p')) {
+				add = p[1] == 'h' ? log_host : pid;
+				n = strlen(add);
 				p++;
-			} else if (p[0] == '%' && p[1] == 'p') {
-				o += (size_t)snprintf(path + o, sizeof(path) - o, "%d", (int)getpid());
-				p++;
-			} else {
-				path[o++] = *p;
 			}
+			if (n >= sizeof(path) - o) {
+				fits = 0;
+				break;
+			}
+			memcpy(path + o, add, n);
+			o += n;
 		}
 		path[o] = '\0';
-		log_file = fopen(path, "a");
-		if (log_file)
+		if (!fits)
+			fprintf(stderr, "[moshpit] WARN MP_DEBUG_FILE=%s: the expanded path is longer "
+				"than %zu bytes; logging to stderr\n", f, sizeof(path) - 1);
+		else if ((log_file = fopen(path, "a")))
 			setvbuf(log_file, NULL, _IOLBF, 0);
 	}
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/wait.h>
 
 #include "core.h"
 #include "xfer.h"
@@ -749,8 +750,83 @@ static void resolve_rejects(void **s)
 	assert_int_equal(mp_config_resolve(&c, &out, &list, &n), -EINVAL);
 }
 
-int main(void)
+/* In a child (the log is set up once per process): MP_DEBUG_FILE=@path,
+ * one warning logged. Its stderr into @err (@n bytes); the exit status. */
+static int log_child(const char *path, char *err, size_t n)
 {
+	int fd[2], status = -1;
+	ssize_t got = 0, r;
+	pid_t pid;
+
+	assert_int_equal(pipe(fd), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		/* A fresh process: this one set its logging up long ago. */
+		dup2(fd[1], 2);
+		close(fd[0]);
+		setenv("MP_DEBUG_FILE", path, 1);
+		setenv("MP_DEBUG", "WARN", 1);
+		execl("/proc/self/exe", "test_config", "--log-child", (char *)NULL);
+		_exit(127);
+	}
+	close(fd[1]);
+	while ((size_t)got < n - 1 && (r = read(fd[0], err + got, n - 1 - (size_t)got)) > 0)
+		got += r;
+	err[got < 0 ? 0 : got] = '\0';
+	close(fd[0]);
+	waitpid(pid, &status, 0);
+	return status;
+}
+
+/*
+ * MP_DEBUG_FILE: %h and %p expanded in full; a path whose expansion does not
+ * fit the library's 511 bytes is refused with a warning and the lines go to
+ * stderr (it used to write past the buffer, or open a path cut short).
+ */
+static void debug_file_path(void **s)
+{
+	char err[4096], longp[700];
+	int st;
+
+	(void)s;
+	st = log_child("/tmp/mp_test_log.%h.%p", err, sizeof(err));
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	assert_null(strstr(err, "log-child-line")); /* it went to the file */
+	{
+		/* The child's pid is not known here: find the file by its host. */
+		char host[256] = "", cmd[400];
+
+		gethostname(host, sizeof(host) - 1);
+		snprintf(cmd, sizeof(cmd), "grep -l log-child-line /tmp/mp_test_log.%s.[0-9]* "
+			 ">/dev/null 2>&1 && rm -f /tmp/mp_test_log.%s.[0-9]*", host, host);
+		if (system(cmd) != 0)
+			fail_msg("no /tmp/mp_test_log.%s.<pid> with the line", host);
+	}
+	memset(longp, 'a', sizeof(longp) - 1);
+	memcpy(longp, "/tmp/", 5);
+	longp[sizeof(longp) - 1] = '\0';
+	st = log_child(longp, err, sizeof(err));
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	if (!strstr(err, "the expanded path is longer than 511 bytes; logging to stderr") ||
+	    !strstr(err, "log-child-line"))
+		fail_msg("long MP_DEBUG_FILE: stderr was \"%s\"", err);
+	/* %p near the end: one byte short of room for the pid. */
+	memset(longp, 'b', 509);
+	memcpy(longp, "/tmp/", 5);
+	strcpy(longp + 509, "%p");
+	st = log_child(longp, err, sizeof(err));
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	assert_non_null(strstr(err, "logging to stderr"));
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 2 && !strcmp(argv[1], "--log-child")) {
+		mp_log_set_level(MP_LOG_WARN);
+		mp_log(MP_LOG_WARN, __FILE__, __LINE__, "%s", "log-child-line");
+		return 0;
+	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(defaults),
 		cmocka_unit_test(every_field_from_env),
@@ -766,6 +842,7 @@ int main(void)
 		cmocka_unit_test(resolve_codec_rules),
 		cmocka_unit_test(probe_backoff_knobs),
 		cmocka_unit_test(max_handshakes_knob),
+		cmocka_unit_test(debug_file_path),
 	};
 
 	/* size_rejects reads the warnings on stderr, not in a log file. */
