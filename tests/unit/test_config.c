@@ -795,7 +795,7 @@ static void debug_file_path(void **s)
 	assert_null(strstr(err, "log-child-line")); /* it went to the file */
 	{
 		/* The child's pid is not known here: find the file by its host. */
-		char host[256] = "", cmd[400];
+		char host[256] = "", cmd[1024];
 
 		gethostname(host, sizeof(host) - 1);
 		snprintf(cmd, sizeof(cmd), "grep -l log-child-line /tmp/mp_test_log.%s.[0-9]* "
