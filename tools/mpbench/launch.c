@@ -618,6 +618,8 @@ int run_multi(struct bench *b, const char *how)
 			if (v >= p.npeers || v == p.rank) {
 				fprintf(stderr, PROG ": rank %d: --dead=%s: rank %ld %s\n", p.rank, b->dead,
 					v, v == p.rank ? "is this process" : "is not a rank of this run");
+				free(b->dead_mask);
+				b->dead_mask = NULL;
 				mp_finalize(p.ctx);
 				return 2;
 			}
