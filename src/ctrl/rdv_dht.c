@@ -769,8 +769,11 @@ static void welcome_ask(struct rdv_dht *st, const char *list, const uint8_t *giv
 			free(p);
 		}
 		if (rc >= 0) {
+			/* The refresher asks too (rewelcome): under the mutex. */
+			pthread_mutex_lock(&st->mu);
 			st->welcomed = st->welcomed || rc > 0;
 			snprintf(st->welcome_from, sizeof(st->welcome_from), "%s", tok);
+			pthread_mutex_unlock(&st->mu);
 			MP_INFO("dht: %d record(s) from %s's welcome%s", rc, tok,
 				glen ? ", which now holds ours" : "");
 			break;
@@ -965,13 +968,20 @@ static int dht_publish(void *arg, const struct mp_record *self)
 	/* A joiner's first record also goes to the peer that welcomed it,
 	 * which passes it on (its put takes as long to be read as its reads
 	 * took), and the answer brings the members again. */
-	if (!rc && !st->told && st->welcome_from[0]) {
+	if (!rc && !st->told) {
+		char from[MP_ADDR_STRLEN];
+
+		/* A copy: welcome_ask writes welcome_from, and the refresher
+		 * may be asking at the same time. */
 		pthread_mutex_lock(&st->mu);
 		r = st->self;
+		snprintf(from, sizeof(from), "%s", st->welcome_from);
 		pthread_mutex_unlock(&st->mu);
-		st->told = true;
-		if (!mp_record_encode(&st->auth, st->run_name, &r, buf, sizeof(buf), &len))
-			welcome_ask(st, st->welcome_from, buf, len);
+		if (from[0]) {
+			st->told = true;
+			if (!mp_record_encode(&st->auth, st->run_name, &r, buf, sizeof(buf), &len))
+				welcome_ask(st, from, buf, len);
+		}
 	}
 	return rc;
 }
@@ -1203,7 +1213,13 @@ static void dht_refusals(void *arg, uint64_t *by)
 
 static int dht_welcomed(void *arg)
 {
-	return ((struct rdv_dht *)arg)->welcomed;
+	struct rdv_dht *st = arg;
+	int w;
+
+	pthread_mutex_lock(&st->mu);
+	w = st->welcomed;
+	pthread_mutex_unlock(&st->mu);
+	return w;
 }
 
 static const struct mp_rdv_ops dht_ops = {

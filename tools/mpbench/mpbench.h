@@ -128,6 +128,8 @@ struct bench {
 	int join;           /* replace peers that died (-1: default) */
 	int late;           /* peers that start after round 1 */
 	int keep;           /* --keep: the first K initial peers never die of --churn */
+	int catchup;        /* --churn-catchup: a planned death not met in its round
+	                       fires in the peer's next one, until the churn ends */
 	int sample;         /* --sample: every this many rounds, the resources of the
 	                       running initial peers (0: never) */
 	int intruders;      /* peers with another run key */

@@ -252,6 +252,8 @@ static void usage(FILE *f)
 		"                           P in each round of the first part of the run\n"
 		"      --join=0|1           replace peers that died (default 1 with --churn)\n"
 		"      --keep=K             the first K initial peers never die of --churn\n"
+		"      --churn-catchup=0|1  1: a planned death its peer misses (alone, not yet\n"
+		"                           joined) comes in its next round (default 0)\n"
 		"      --sample=R           every R rounds, print the RSS, open descriptors\n"
 		"                           and threads of the running initial peers\n"
 		"      --compute-ms=MS      followed runs: each peer pauses MS between its rounds,\n"
@@ -322,6 +324,7 @@ enum {
 	OPT_MINMAX,
 	OPT_SYNC,
 	OPT_KEEP,
+	OPT_CATCHUP,
 	OPT_SAMPLE,
 	OPT_DEAD,
 	OPT_MEMORY,
@@ -369,6 +372,7 @@ static const struct option long_opts[] = {
 	{ "minmax", no_argument, NULL, OPT_MINMAX },
 	{ "sync", required_argument, NULL, OPT_SYNC },
 	{ "keep", required_argument, NULL, OPT_KEEP },
+	{ "churn-catchup", required_argument, NULL, OPT_CATCHUP },
 	{ "sample", required_argument, NULL, OPT_SAMPLE },
 	{ "dead", required_argument, NULL, OPT_DEAD },
 	{ "memory", required_argument, NULL, OPT_MEMORY },
@@ -498,6 +502,7 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		{ OPT_AUX, "--aux", FIELD_INT, &b->aux, 0, 1024 },
 		{ OPT_COMPUTE_MS, "--compute-ms", FIELD_INT, &b->compute_ms, 0, 60000 },
 		{ OPT_KEEP, "--keep", FIELD_INT, &b->keep, 0, 1 << 20 },
+		{ OPT_CATCHUP, "--churn-catchup", FIELD_INT, &b->catchup, 0, 1 },
 		{ OPT_SAMPLE, "--sample", FIELD_INT, &b->sample, 0, 1 << 20 },
 		{ OPT_INJECT_LOSS, "--inject-loss", FIELD_REAL, &b->inject_loss, 0.0, 0.5 },
 		{ OPT_CHURN, "--churn", FIELD_REAL, &b->churn, 0.0, 0.5 },
