@@ -38,6 +38,7 @@
 #include "log.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#define FUZZ_SEED 0x082EFA98EC4E6C89ull /* the deterministic stream's start */
 #include "fuzz_main.h"
 
 /* Every variable mp_config_from_env reads but MP_HOSTFILE (the hostfile
@@ -182,16 +183,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifndef MP_LIBFUZZER
-static uint64_t rng = 0x082EFA98EC4E6C89ull;
-
-static uint64_t next(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
 /* Values a user might write, right and wrong. */
 static const char *const values[] = {
 	"4", "0", "-1", "16K", "1G", "99999999999999999999", "4x4", "2x2x2", "8", "x", "0x4",

@@ -31,6 +31,7 @@
 #include "drivers/dpdk/frame.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#define FUZZ_SEED 0xA4093822299F31D0ull /* the deterministic stream's start */
 #include "fuzz_main.h"
 
 static const struct mp_dpdk_addr self = {
@@ -124,16 +125,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifndef MP_LIBFUZZER
-static uint64_t rng = 0xA4093822299F31D0ull;
-
-static uint64_t next(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
 static void fuzz_stream(long iters)
 {
 	static uint8_t in[1 + 2048];

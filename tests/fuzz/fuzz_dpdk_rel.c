@@ -155,6 +155,7 @@ static uint64_t counted(struct mp_rel *r)
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#define FUZZ_SEED 0x2545F4914F6CDD1Dull /* the deterministic stream's start */
 #include "fuzz_main.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -184,16 +185,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifndef MP_LIBFUZZER
-static uint64_t rng = 0x2545F4914F6CDD1Dull;
-
-static uint64_t next(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
 static void fuzz_stream(long iters)
 {
 	static uint8_t in[4 * (3 + FRAME + 16)];

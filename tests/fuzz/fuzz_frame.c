@@ -35,6 +35,7 @@
 #define RUN "fuzz-run"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#define FUZZ_SEED 0x9E3779B97F4A7C15ull /* the deterministic stream's start */
 #include "fuzz_main.h"
 
 /*
@@ -121,16 +122,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifndef MP_LIBFUZZER
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-
-static uint64_t next(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
 static void fuzz_stream(long iters)
 {
 	static uint8_t frame[MP_WIRE_HDR_SIZE + 8192], work[sizeof(frame)];

@@ -12,8 +12,8 @@
  *                  inputs made by the library's own encoders), into DIR as
  *                  seed-NNN: how tests/fuzz/corpus/TARGET/ was made.
  *
- * A target includes this once and defines LLVMFuzzerTestOneInput and
- * fuzz_stream. Under libFuzzer (-DMP_LIBFUZZER) libFuzzer brings main().
+ * A target defines FUZZ_SEED, includes this once, and defines
+ * LLVMFuzzerTestOneInput and fuzz_stream (which draws from next()). Under libFuzzer (-DMP_LIBFUZZER) libFuzzer brings main().
  */
 #ifndef MP_FUZZ_MAIN_H
 #define MP_FUZZ_MAIN_H
@@ -31,6 +31,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #include <sys/stat.h>
 
 static void fuzz_stream(long iters);
+
+/* The deterministic stream's generator (xorshift64), from the target's own
+ * FUZZ_SEED, defined before this header is included. */
+static uint64_t rng = FUZZ_SEED;
+
+static uint64_t next(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
 
 /* Set by --seeds: the stream mutates nothing and hands every input to
  * fuzz_seed as well. */
