@@ -94,7 +94,7 @@ t0=$(date +%s)
 # /meson.build): a dead groupmate costs a round about a second, not 10.
 env MP_MATCHMAKING_MS=3000 MP_REQUEST_TIMEOUT_MS=1000 MP_RECORD_TTL_MS=3000 \
 	MP_JOIN_TIMEOUT_MS=20000 MP_CHUNK_TIMEOUT_MS=1000 MP_CONNECT_TIMEOUT_MS=2000 \
-	MP_ALLREDUCE_TIMEOUT_MS=10000 MP_DEBUG=NONE \
+	MP_ALLREDUCE_TIMEOUT_MS=10000 MP_DEBUG=NONE MP_DHT_REWELCOME=1 \
 	timeout -k 10 "$limit" "$mpbench" --churn=0.0667 --churn-catchup=1 --keep=4 --peers=16 --grid=4x4 \
 	--rounds="$rounds" --sample="$every" -e 64K -n 1 -w 0 --compute-ms=0 \
 	--logs="$out/logs" --json="$out/soak.json" >"$out/mpbench.out" 2>"$out/mpbench.err"

@@ -911,7 +911,12 @@ static int dht_init(const struct mp_rdv_params *p, void **out)
 		goto fail;
 	if (p->bootstrap) {
 		welcome_ask(st, p->bootstrap, NULL, 0);
-		if (st->welcomed) {
+		/* Off unless MP_DHT_REWELCOME=1: with it, ASan's mpbench_dht_churn
+		 * missed its 1e-6 target on both tries in 2 of 4 full-suite runs,
+		 * not yet understood (doc/reliability.md). */
+		const char *rw = getenv("MP_DHT_REWELCOME");
+
+		if (st->welcomed && rw && !strcmp(rw, "1")) {
 			st->boot_list = strdup(p->bootstrap); /* NULL: welcome_from only */
 			st->next_rewelcome_ms = mp_wall_ms() + st->ttl_ms / 3;
 			st->rewelcome_until_ms = mp_wall_ms() + 10 * st->ttl_ms;
