@@ -794,8 +794,19 @@ static __global__ void k_bw8_check(const uint8_t *__restrict__ pl, size_t n, siz
 	     j += (size_t)gridDim.x * blockDim.x) {
 		float v = ld_f32(pl + 4 + 4 * j);
 
-		/* -0.0 is a zero step, not a negative one. */
-		bad |= !(v >= 0.0f) || !finite32(v);
+		/* -0.0 is a zero step, not a negative one; 127 * step must stay
+		 * finite, and where 128 * step does not, code -128 (outside the
+		 * spec) would decode to -inf: the rules of codec_quant.c. */
+		bad |= !(v >= 0.0f) || !finite32(v) || !finite32(__fmul_rn(127.0f, v));
+		if (!bad && !finite32(__fmul_rn(128.0f, v))) {
+			const uint32_t B = ld_u32(pl);
+			const uint8_t *codes = pl + 4 + 4 * nb;
+			/* Only thread 0 checked B against nb: stay inside the codes. */
+			size_t lo = j * B, hi = lo < n && n - lo < B ? n : lo + B;
+
+			for (size_t i = lo; i < hi && i < n && !bad; i++)
+				bad = codes[i] == 0x80;
+		}
 	}
 	if (bad)
 		atomicOr(status, MP_CUDA_BAD);

@@ -277,14 +277,28 @@ static int bw8_check(const void *src, size_t len, size_t count, uint32_t *block,
 	*block = mp_le_get32(in);
 	if (*block < 1 || *block > BW8_MAX_BLOCK || bw8_size(count, *block, &size) || len != size)
 		return -EBADMSG;
-	for (const unsigned char *s = in + 4; s < in + size - count; s += 4) {
-		float v = mp_le_getf32(s);
-
-		/* Negative (not -0.0, which is zero) or non-finite steps are malformed. */
-		if (!(v >= 0.0f) || !f32_finite(v))
-			return -EBADMSG;
-	}
 	*codes = in + size - count;
+	for (size_t b = 0; 4 + 4 * b < size - count; b++) {
+		float v = mp_le_getf32(in + 4 + 4 * b);
+
+		/* Negative (not -0.0, which is zero) or non-finite steps are
+		 * malformed, and so is a step whose code 127 would decode to
+		 * infinity: no encoder writes one (the spec keeps 127 * step
+		 * finite), and taking it would put an infinity in the average. */
+		if (!(v >= 0.0f) || !f32_finite(v) || !f32_finite(127.0f * v))
+			return -EBADMSG;
+		/* Code -128 is outside the spec; only where 128 * step overflows
+		 * does it decode to -inf, and only such blocks (a step within a
+		 * factor 128/127 of FLT_MAX) are scanned for it, so that the
+		 * usual payload costs no second pass over its codes. */
+		if (!f32_finite(128.0f * v)) {
+			size_t lo = b * (size_t)*block, hi = count - lo < *block ? count : lo + *block;
+
+			for (size_t i = lo; i < hi; i++)
+				if ((*codes)[i] == 0x80)
+					return -EBADMSG;
+		}
+	}
 	return 0;
 }
 

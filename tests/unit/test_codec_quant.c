@@ -1197,9 +1197,42 @@ static void test_malformed(void **state)
 		memcpy(bad + 8, &(float){0.0f}, 4);
 		memcpy(bad + 12, &(float){-0.0f}, 4);
 		expect_good(&mp_codec_blockwise8, bad, len, N);
-		/* Code -128 is never produced but is valid. */
+		/* Code -128 is never produced; with an ordinary step it decodes to
+		 * a finite value and is taken. */
 		bad[len - 1] = 0x80;
 		expect_good(&mp_codec_blockwise8, bad, len, N);
+		/* The largest step an encoder writes (a = FLT_MAX) is taken, and
+		 * code 127 decodes to a finite value; the next step up, or the
+		 * 7.1e36 libFuzzer found, would decode 127 to infinity: refused.
+		 * Code -128 under a step where 128 * step overflows would decode to
+		 * -inf: refused too, in the last block and in the first. */
+		{
+			const float smax = ref_bw8_step(FLT_MAX);
+			const size_t last = 4 + 4 * 4, c0 = 4 + 4 * 5; /* block 4's step, block 0's codes */
+			static float out[N];
+
+			assert_true(isinf(128.0f * smax) && !isinf(127.0f * smax));
+			memcpy(bad, wire, len);
+			memcpy(bad + last, &smax, 4);
+			bad[len - 1] = 127;
+			assert_int_equal(mp_codec_blockwise8.decode(bad, len, out, N), 0);
+			assert_true(isfinite(out[N - 1]) && out[N - 1] == 127.0f * smax);
+			bad[len - 1] = 0x80;
+			expect_bad(&mp_codec_blockwise8, bad, len, N);
+			memcpy(bad + last, &(float){nextafterf(smax, INFINITY)}, 4);
+			bad[len - 1] = 127;
+			expect_bad(&mp_codec_blockwise8, bad, len, N);
+			memcpy(bad + last, &(float){7.1e36f}, 4);
+			expect_bad(&mp_codec_blockwise8, bad, len, N);
+			memcpy(bad, wire, len);
+			memcpy(bad + 4, &smax, 4);
+			bad[c0 + 7] = 0x80; /* the last code of block 0 */
+			expect_bad(&mp_codec_blockwise8, bad, len, N);
+			bad[c0 + 8] = 0x80; /* block 1's first code, its step ordinary */
+			bad[c0 + 7] = 0;
+			expect_good(&mp_codec_blockwise8, bad, len, N);
+		}
+		memcpy(bad, wire, len);
 		/* count == 0: exactly the block field. */
 		memcpy(bad, &(uint32_t){4096}, 4);
 		expect_good(&mp_codec_blockwise8, bad, 4, 0);

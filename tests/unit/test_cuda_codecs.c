@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -341,6 +342,26 @@ static void malformed(int codec, const uint8_t *pl, size_t len, size_t n, const 
 			set_word(codec, pl, len, at, 0x7fc00000u, n, acc0, "step NaN");
 			set_word(codec, pl, len, at, 0x7f800000u, n, acc0, "step inf");
 			set_word(codec, pl, len, at, 0x80000000u, n, acc0, "step -0");
+			/* The largest step an encoder writes is taken; above it code 127
+			 * would decode to inf (the 7.1e36 libFuzzer found): refused. */
+			float smax = FLT_MAX / 127.0f;
+
+			if (isinf(127.0f * smax))
+				smax = nextafterf(smax, 0.0f);
+
+			set_word(codec, pl, len, at, f2u(smax), n, acc0, "step max");
+			set_word(codec, pl, len, at, f2u(nextafterf(smax, INFINITY)), n, acc0, "step max+");
+			set_word(codec, pl, len, at, f2u(7.1e36f), n, acc0, "step 7.1e36");
+			/* Code -128 under block 0's step of smax would decode to -inf: refused. */
+			if (n && len >= 8) {
+				uint8_t *b = xmalloc(len);
+
+				memcpy(b, pl, len);
+				put32(b + 4, f2u(smax));
+				b[4 + 4 * nb] = 0x80;
+				cmp_decode(codec, b, len, n, acc0, 0.75f, 0, 0, 0, "step max, code -128");
+				free(b);
+			}
 		}
 		break;
 	}
