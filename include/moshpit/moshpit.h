@@ -710,6 +710,13 @@ struct mp_stats {
 	uint64_t handshakes_pending;   /**< connections in their handshake now */
 	uint64_t handshakes_max;       /**< the most in their handshake at once (at most
 	                                    mp_config::max_handshakes) */
+	uint64_t peers_known;          /**< peers this context has learned, itself included
+	                                    (a dht run keeps every one it ever learned: a
+	                                    table entry of a few hundred bytes each) */
+	uint64_t peers_held;           /**< peers it holds connection state for now (their
+	                                    connection slots, and while a control connection
+	                                    is up its receive buffer): those that left or
+	                                    whose record expired hold none */
 };
 
 /**

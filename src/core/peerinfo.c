@@ -40,6 +40,8 @@ int mp_stats(mp_ctx *ctx, struct mp_stats *out, size_t size)
 	st.conns_hung_up = __atomic_load_n(&c->hung_up, __ATOMIC_RELAXED);
 	st.handshakes_pending = __atomic_load_n(&c->pending, __ATOMIC_RELAXED);
 	st.handshakes_max = __atomic_load_n(&c->pending_max, __ATOMIC_RELAXED);
+	st.peers_known = __atomic_load_n(&c->peers_known, __ATOMIC_RELAXED);
+	st.peers_held = __atomic_load_n(&c->peers_held, __ATOMIC_RELAXED);
 	memcpy(out, &st, size < sizeof(st) ? size : sizeof(st));
 	return 0;
 }

@@ -164,6 +164,7 @@ static void arrived(struct mp_ctx *ctx, int peer, const uint8_t *buf, size_t len
 	}
 	if (h.type == MP_MSG_BYE) {
 		MP_INFO("peer %016llx said goodbye", (unsigned long long)ctx->peers[peer].id);
+		ctx->peers[peer].gone_bye = 1;
 		/* Inside an exchange its data connections are the engine's to
 		 * close: gone at the next poll outside it. */
 		if (in_exchange)
@@ -264,6 +265,13 @@ static void poll_ctrl(struct mp_ctx *ctx, int in_exchange)
 		}
 		/* The loop may have closed the connection (error, BYE): look again. */
 		conn = mp_conn_ready(ctx, p, ci);
+		if (!conn && !r->req && r->buf) {
+			/* No connection, nothing posted: the buffer waits for a
+			 * connection that, for a peer that died, never comes. A
+			 * run with churn would keep one per peer it ever knew. */
+			free(r->buf);
+			r->buf = NULL;
+		}
 		if (!conn || r->req || pe->gone)
 			continue;
 		if (!r->buf && !(r->buf = malloc(FRAME_MAX)))

@@ -365,8 +365,21 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 		if (r->id == ctx->self_id || strcmp(r->transport, ctx->transport))
 			continue;
 		int idx = mp_peer_find(ctx, r->id), err;
-		if (idx >= 0 && ctx->peers[idx].gone)
-			continue;
+		if (idx >= 0 && ctx->peers[idx].gone) {
+			struct mp_peer *g = &ctx->peers[idx];
+
+			/* Its record expired, but it was only late (a refresher
+			 * starved on a loaded machine): a live record stamped
+			 * after we took it for gone shows it running. Left out
+			 * for good, it would be a hole in every round of ours
+			 * while it counts on us in its own. A peer that said
+			 * BYE stays gone: it stopped refreshing before. */
+			if (g->gone_bye || r->seq / 1000 <= g->gone_wall_ms)
+				continue;
+			MP_INFO("peer %016" PRIx64 " is back: its record was late, not its last",
+				r->id);
+			g->gone = 0;
+		}
 		int known = idx >= 0;
 		idx = mp_peer_learn(ctx, r->id, r->addr, r->bandwidth, r->mode);
 		if (idx < 0) {
@@ -1489,6 +1502,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			MP_INFO("round %u: the run is at round %u; catching up", round, ctx->dht->round_hint);
 			if (m->state == FOLLOW)
 				give_up(m);
+			rc = -EAGAIN; /* the caller asks next_round again, in this call */
 			break;
 		}
 		while (!started && (msg = mp_ctrl_take(ctx))) {

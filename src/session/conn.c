@@ -243,8 +243,11 @@ static struct mp_link *link_make(struct mp_ctx *ctx, int peer, int idx)
 		ctx->nlinks = n;
 	}
 	/* One slot more than the connections: the probe slot (index nconn). */
-	if (!ctx->links[peer] && !(ctx->links[peer] = calloc((size_t)ctx->nconn + 1, sizeof(struct mp_link))))
-		return NULL;
+	if (!ctx->links[peer]) {
+		if (!(ctx->links[peer] = calloc((size_t)ctx->nconn + 1, sizeof(struct mp_link))))
+			return NULL;
+		MP_STAT_ADD(ctx->cstats.peers_held, 1);
+	}
 	return &ctx->links[peer][idx];
 }
 
@@ -328,8 +331,19 @@ void mp_conn_peer_gone(struct mp_ctx *ctx, int idx)
 	if (p->gone || idx == ctx->rank)
 		return;
 	p->gone = 1;
-	for (int s = 0; s < ctx->nconn; s++)
+	p->gone_wall_ms = mp_wall_ms();
+	/* Its slots too (the probe slot included): a run with churn learns
+	 * a new peer for every one that leaves, so what a gone peer keeps is
+	 * memory that grows with the run (doc/reliability.md, "Soak"). A
+	 * gone peer is never dialled again; should it dial us, link_make
+	 * makes them anew. */
+	for (int s = 0; s <= ctx->nconn; s++)
 		mp_conn_drop(ctx, idx, s);
+	if (idx < ctx->nlinks && ctx->links[idx]) {
+		free(ctx->links[idx]);
+		ctx->links[idx] = NULL;
+		MP_STAT_ADD(ctx->cstats.peers_held, (uint64_t)-1);
+	}
 	MP_INFO("peer %016llx left", (unsigned long long)p->id);
 }
 
@@ -1125,6 +1139,7 @@ void mp_conn_fini(struct mp_ctx *ctx)
 	mp_conn_close_all(ctx);
 	for (int p = 0; p < ctx->nlinks; p++)
 		free(ctx->links[p]);
+	__atomic_store_n(&ctx->cstats.peers_held, 0, __ATOMIC_RELAXED);
 	free(ctx->links);
 	ctx->links = NULL;
 	ctx->nlinks = 0;

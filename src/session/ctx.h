@@ -52,7 +52,11 @@ struct mp_peer_meas {
 struct mp_peer {
 	uint64_t id;                /* static: the rank; dht: from its record or HELLO */
 	int mode;                   /* enum mp_mode */
-	int gone;                   /* said BYE or its record expired: never dialled again */
+	int gone;                   /* said BYE or its record expired: not dialled, its
+	                               connections refused; for good after a BYE, until a
+	                               record stamped after gone_wall_ms after an expiry */
+	int gone_bye;               /* it said BYE: gone for good */
+	uint64_t gone_wall_ms;      /* when it was taken for gone (wall clock) */
 	int bye_pending;            /* said BYE during an exchange: gone once it ends */
 	uint64_t failed_ns;         /* when an exchange last dropped it (0 never): a suspect */
 	uint64_t failed_wall_ms;    /* the same, wall clock: a record stamped later clears it */
@@ -259,6 +263,9 @@ struct mp_ctx {
 		uint64_t hung_up;       /* closed by the other side before authenticating */
 		uint64_t pending;       /* held in their handshake now */
 		uint64_t pending_max;   /* most held at once */
+		uint64_t peers_known;   /* entries of the peer table (ctx->npeers, for readers
+		                           off the progress thread) */
+		uint64_t peers_held;    /* peers with connection slots (conn.c, ctx->links) */
 	} cstats;
 	struct mp_result *cur_res; /* counters of the operation running, or NULL */
 

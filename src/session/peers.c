@@ -94,6 +94,7 @@ int mp_peers_init(struct mp_ctx *ctx, int n)
 		p->mode = MP_MODE_NORMAL;
 	}
 	ctx->npeers = n;
+	__atomic_store_n(&ctx->cstats.peers_known, (uint64_t)n, __ATOMIC_RELAXED);
 	return 0;
 }
 
@@ -161,6 +162,7 @@ int mp_peer_learn(struct mp_ctx *ctx, uint64_t id, const char *addr, double band
 		memset(p, 0, sizeof(*p));
 		p->id = id;
 		idx = ctx->npeers++;
+		MP_STAT_ADD(ctx->cstats.peers_known, 1);
 		ix_put(ctx, idx);
 		MP_INFO("learned peer %016llx%s%s", (unsigned long long)id, addr && *addr ? " at " : "",
 			addr ? addr : "");

@@ -37,6 +37,8 @@ struct report {
 	int init_rc, avg_rc, rank, npeers;
 	float x0, xmin, xmax;
 	double join_s;           /* mp_init's duration */
+	int gone;                /* peers mp_peers_info shows gone after the average */
+	int group_size, rounds_alone; /* its mp_result */
 	char err[400];
 };
 
@@ -80,6 +82,9 @@ struct peer_env {
 	const char *key;
 	int npeers, dht_port, join_timeout_ms;
 	const char *bootstrap;
+	int record_ttl_ms; /* 0: the default */
+	int more;          /* after the first report, average again on each 'a' from the
+	                      parent (values 10 (rank + 1)) until an 'x' */
 };
 
 /* Child: the README's program, with the environment of @e. */
@@ -111,6 +116,15 @@ static void child(const struct peer_env *e, int to_parent, int from_parent)
 	unsetenv("MP_PEERS");
 	unsetenv("MP_RANK");
 	setenv("MP_DEBUG", "WARN", 1);
+	if (e->record_ttl_ms) {
+		snprintf(buf, sizeof(buf), "%d", e->record_ttl_ms);
+		setenv("MP_RECORD_TTL_MS", buf, 1);
+		/* A dead groupmate costs a round seconds, not the default 10+. */
+		setenv("MP_MATCHMAKING_MS", "3000", 1);
+		setenv("MP_REQUEST_TIMEOUT_MS", "1000", 1);
+		setenv("MP_CONNECT_TIMEOUT_MS", "2000", 1);
+		setenv("MP_CHUNK_TIMEOUT_MS", "1000", 1);
+	}
 
 	mp_config_init(&cfg);
 	rep.init_rc = mp_config_from_env(&cfg);
@@ -137,7 +151,30 @@ static void child(const struct peer_env *e, int to_parent, int from_parent)
 	}
 	write_all(to_parent, &rep, sizeof(rep));
 	/* Nobody leaves before everyone has reported. */
-	read_all(from_parent, buf, 1, 60000);
+	while (e->more && read_all(from_parent, buf, 1, 120000) == 0 && buf[0] == 'a') {
+		for (int i = 0; i < COUNT; i++)
+			x[i] = 10.0f * (float)(mp_rank(ctx) + 1);
+		rep.avg_rc = mp_average(ctx, x, COUNT, 1.0f, &res);
+		rep.err[0] = '\0';
+		if (rep.avg_rc)
+			snprintf(rep.err, sizeof(rep.err), "%s", mp_last_error(ctx));
+		rep.x0 = rep.xmin = rep.xmax = x[0];
+		for (int i = 0; i < COUNT; i++) {
+			rep.xmin = x[i] < rep.xmin ? x[i] : rep.xmin;
+			rep.xmax = x[i] > rep.xmax ? x[i] : rep.xmax;
+		}
+		struct mp_peer_info pi[64];
+		int np = mp_peers_info(ctx, pi, 64, sizeof(pi[0]));
+
+		rep.gone = 0;
+		for (int i = 0; i < np && i < 64; i++)
+			rep.gone += pi[i].state == MP_PEER_GONE;
+		rep.group_size = res.group_size;
+		rep.rounds_alone = res.rounds_alone;
+		write_all(to_parent, &rep, sizeof(rep));
+	}
+	if (!e->more)
+		read_all(from_parent, buf, 1, 60000);
 	mp_finalize(ctx);
 	_exit(0);
 }
@@ -327,6 +364,72 @@ static void join_timeout_names_the_counts(void **s)
 	release(&k, 1);
 }
 
+/*
+ * A peer that was only late is taken back. Peer 3 is stopped (SIGSTOP)
+ * past its record's TTL while the others average, so they take it for
+ * gone (mp_peers_info says so); once it runs again, its refreshed record,
+ * stamped after that, must bring it back: after their next average none of
+ * them shows a peer gone. Left out for good, it would be a hole in every
+ * round of theirs while it counted on them in its own, which is what a
+ * refresher starved on a loaded machine used to do to a whole run. And
+ * peer 3, a round behind the run, must match the run's round within the
+ * same call rather than sit every call out finding that out: a group in
+ * one of its next four averages.
+ */
+static void late_peer_is_taken_back(void **s)
+{
+	struct kid k[4];
+	struct report r[4];
+	char key[64], boot[64];
+	struct peer_env e = {.key = key, .npeers = 4, .join_timeout_ms = 30000,
+			     .record_ttl_ms = 2000, .more = 1};
+	int grouped = 0;
+
+	(void)s;
+	snprintf(key, sizeof(key), "run key %d", (int)getpid());
+	spawn_first(&k[0], &e, boot, sizeof(boot));
+	e.bootstrap = boot;
+	e.dht_port = 0;
+	for (int i = 1; i < 4; i++)
+		spawn(&k[i], &e);
+	for (int i = 0; i < 4; i++) {
+		collect(&k[i], &r[i]);
+		if (r[i].init_rc || r[i].avg_rc || r[i].xmin != 2.5f || r[i].xmax != 2.5f)
+			fail_msg("peer %d before the stop: mp_init %d, mp_average %d, [%g, %g]: %s", i,
+				 r[i].init_rc, r[i].avg_rc, (double)r[i].xmin, (double)r[i].xmax,
+				 r[i].err);
+	}
+	/* Past its TTL, then an average of the others, which see it gone. */
+	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
+	usleep(3 * 2000 * 1000);
+	for (int i = 0; i < 3; i++)
+		write_all(k[i].down, "a", 1);
+	for (int i = 0; i < 3; i++) {
+		collect(&k[i], &r[i]);
+		if (r[i].gone != 1)
+			fail_msg("peer %d with peer 3 stopped: %d peer(s) gone, want 1", i, r[i].gone);
+	}
+	assert_int_equal(kill(k[3].pid, SIGCONT), 0);
+	/* A refresh (every TTL/3) reaches them well within a TTL. */
+	usleep(2 * 2000 * 1000);
+	for (int t = 0; t < 4; t++) {
+		for (int i = 0; i < 4; i++)
+			write_all(k[i].down, "a", 1);
+		for (int i = 0; i < 4; i++)
+			collect(&k[i], &r[i]);
+		for (int i = 0; i < 3; i++)
+			if (r[i].gone != 0)
+				fail_msg("peer %d, average %d after peer 3 ran again: %d peer(s) gone, "
+					 "want 0", i, t + 1, r[i].gone);
+		printf("average %d after the stop: peer 3 in a group of %d, %d round(s) alone\n",
+		       t + 1, r[3].group_size, r[3].rounds_alone);
+		grouped |= r[3].group_size > 1;
+	}
+	if (!grouped)
+		fail_msg("peer 3 was in no group in 4 averages after it ran again");
+	release(k, 4); /* its 'x' ends their loops */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -335,6 +438,7 @@ int main(void)
 		cmocka_unit_test(stranger_does_not_hold_up_the_join),
 		cmocka_unit_test(stranger_as_bootstrap_does_not_hold_up_the_join),
 		cmocka_unit_test(join_timeout_names_the_counts),
+		cmocka_unit_test(late_peer_is_taken_back),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

@@ -513,6 +513,12 @@ static int fhandle(struct fcoord *fc, struct fpeer *fp, struct msg *m)
 		if (!msg_copy(m, &fp->sum, sizeof(fp->sum)))
 			break;
 		fp->have_sum = 1;
+		/* The soak's other question: does a long-lived peer hold state
+		 * for the peers that left? */
+		if (fc->b->sample && fp->s.role == ROLE_INITIAL)
+			printf("# state peer %d (pid %ld): peers known %llu, held %llu\n", fp->s.idx,
+			       (long)fp->pid, (unsigned long long)fp->sum.peers_known,
+			       (unsigned long long)fp->sum.peers_held);
 		return 0;
 	case MSG_HEARTBEAT:
 		return 0;

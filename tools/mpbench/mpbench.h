@@ -297,6 +297,8 @@ struct summary {
 	int32_t grouped; /* rounds spent in a group */
 	int32_t errors;  /* calls that failed (intruders; -EHOSTUNREACH) */
 	int32_t calls;
+	/* mp_stats at the end, before mp_finalize (--sample prints them) */
+	uint64_t peers_known, peers_held;
 };
 
 /* What a peer of a followed run is, fixed before it is forked. */

@@ -999,6 +999,14 @@ int follow_peer(const struct bench *b, const struct fspec *s, const struct chan 
 	}
 	if (rc == 0)
 		rc = follow_rounds(&p, s, &sum);
+	if (rc == 0) {
+		struct mp_stats st;
+
+		if (mp_stats(p.ctx, &st, sizeof(st)) == 0) {
+			sum.peers_known = st.peers_known;
+			sum.peers_held = st.peers_held;
+		}
+	}
 	mp_finalize(p.ctx);
 	if (rc == 0) {
 		chan_send(up, MSG_SUMMARY, p.rank, &sum, sizeof(sum), b->silence_ms);
