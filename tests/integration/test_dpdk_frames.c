@@ -426,7 +426,7 @@ static int pingpong; /* --pingpong: message and answer, one at a time */
  * messages move, so that the kill lands while both are busy in their bursts.
  */
 static int kill_mode;
-#define KILL_POLL_S 0.3
+#define KILL_POLL_S 0.15
 
 /* --kill: a partner's fault, with its address and stack, before it dies of it. */
 static void kill_fault(int sig, siginfo_t *si, void *ctx)
