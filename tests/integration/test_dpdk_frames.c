@@ -22,6 +22,8 @@
  * (tools/bench_dpdk.sh puts it beside dpdk-testpmd's raw rate);
  * `--pingpong [SIZE_KiB [COUNT]]` the time of a message and its answer;
  * `--copy [SIZE_KiB [COUNT]]` the stream's memcpy baseline (copy_main).
+ * `--leave` and `--kill [RUNS]` are tests of a memif pair's end: peers that
+ * leave (leave_main) and a peer SIGKILLed under its partner (kill_main).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
