@@ -62,6 +62,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <rte_alarm.h>
 #include <rte_bus.h>
 #include <rte_cycles.h>
 #include <rte_devargs.h>
@@ -85,6 +86,7 @@
 #include "mp_kernels.h"
 #include "mp_build_config.h"
 #include "rel.h"
+#include "relay.h"
 
 extern const struct mp_driver_ops mp_dpdk_driver_ops;
 
@@ -229,10 +231,160 @@ static struct {
 	atomic_bool quiet;     /* the memif peer said BYE: no bursts until the link went down */
 	atomic_uint bye_rx;    /* BYEs answered (the peer left while we ran) */
 	atomic_uint bye_bad;   /* malformed, or on a port that is not memif */
+	/*
+	 * The memif relay (relay.h) saw the peer's control connection end:
+	 * no bursts until the link went down (our memif unmaps the regions
+	 * in between). Set by the relay thread once no burst is in flight.
+	 */
+	atomic_bool gone;
+	atomic_uint peer_lost; /* ... without DISCONNECT: the peer died (SIGKILL, crash) */
+	atomic_uint peer_left; /* ... after DISCONNECT: the peer stopped its port */
+	/*
+	 * Held around every start and stop of the port, and by the relay's
+	 * hook from before it lets our memif hear of the peer's end until
+	 * memif has disconnected (memif_peer_end); guards g.started.
+	 */
+	pthread_mutex_t stop_lock;
+	bool relay_held;       /* memif_peer_end set gone this time (under stop_lock) */
 	struct rte_ether_addr mac;
 	struct rte_mempool *pool, *zpool;
 	struct dpdk_drv *live; /* the one instance allowed at a time */
-} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER, .stop_lock = PTHREAD_MUTEX_INITIALIZER};
+
+/*
+ * Bursts in flight on each queue, for the relay to wait on: a burst counts
+ * itself in, then reads g.gone (both sequentially consistent, against the
+ * relay's store of gone and its reads of these), so that either the burst
+ * sees gone and does not start, or the relay sees it and waits for its end.
+ * One cache line per queue: each is written by its own lane's thread.
+ */
+static struct {
+	atomic_uint n;
+} __rte_cache_aligned bursting[DPDK_MAX_QUEUES];
+
+static bool burst_enter(uint16_t q)
+{
+	atomic_fetch_add(&bursting[q].n, 1);
+	if (!atomic_load(&g.gone))
+		return true;
+	atomic_fetch_sub_explicit(&bursting[q].n, 1, memory_order_release);
+	return false;
+}
+
+static void burst_leave(uint16_t q)
+{
+	/* release: the burst's accesses to the regions come before the relay's wait ends */
+	atomic_fetch_sub_explicit(&bursting[q].n, 1, memory_order_release);
+}
+
+/* Every burst on the port goes through these two: none once the relay said gone. */
+static uint16_t port_rx(uint16_t q, struct rte_mbuf **b, uint16_t n)
+{
+	if (!burst_enter(q))
+		return 0;
+	n = rte_eth_rx_burst(g.port, q, b, n);
+	burst_leave(q);
+	return n;
+}
+
+static uint16_t port_tx(uint16_t q, struct rte_mbuf **b, uint16_t n)
+{
+	if (!burst_enter(q))
+		return 0;
+	n = rte_eth_tx_burst(g.port, q, b, n);
+	burst_leave(q);
+	return n;
+}
+
+static bool port_link_raw(void);
+static atomic_bool disc_marked;
+
+static void disc_mark(void *arg)
+{
+	(void)arg;
+	atomic_store(&disc_marked, true);
+}
+
+/*
+ * After the relay let our memif hear of the peer's end: wait (2 s at most)
+ * until DPDK's memif_disconnect, in the EAL interrupt thread, has returned.
+ * It takes the link down first; an EAL alarm's callback runs in the same
+ * thread, so once one set after that has run, the disconnect is over.
+ */
+static bool memif_disconnected(void)
+{
+	uint64_t until = mp_now_ns() + 2000000000ull;
+
+	while (port_link_raw() && mp_now_ns() < until)
+		usleep(100);
+	atomic_store(&disc_marked, false);
+	if (port_link_raw() || rte_eal_alarm_set(1, disc_mark, NULL))
+		return false;
+	while (!atomic_load(&disc_marked) && mp_now_ns() < until)
+		usleep(100);
+	if (atomic_load(&disc_marked))
+		return true;
+	rte_eal_alarm_cancel(disc_mark, NULL);
+	return false;
+}
+
+/*
+ * The relay's hook (relay thread): the memif peer's control connection
+ * ended. Before our memif hears of it (@done false): no new bursts, and wait
+ * for those in flight, since it unmaps the shared regions as soon as it
+ * hears. Bounded, in case a lane is stuck elsewhere inside a burst: 10 s,
+ * then our memif is let go anyway. Once it has heard (@done true): wait
+ * for its disconnect to be over, then let bursts go again (the link is
+ * down, or up with a new peer's regions). g.stop_lock is held all along,
+ * so that no stop of the port runs DPDK's memif_disconnect beside the
+ * interrupt thread's: the two freed the regions twice ("EAL: Error:
+ * Invalid memory", seen when a peer died while the partner was leaving).
+ */
+static void memif_peer_end(void *arg, bool said, bool done)
+{
+	const char *dev = arg; /* the memif device the relay serves */
+	char name[RTE_ETH_NAME_MAX_LEN];
+	uint64_t t0 = mp_now_ns();
+
+	if (done) {
+		/* If the wait fails, gone stays set until a lane sees the link down. */
+		if (g.relay_held && memif_disconnected())
+			atomic_store(&g.gone, false);
+		else if (g.relay_held)
+			MP_WARN("dpdk: memif did not finish disconnecting within 2 s");
+		g.relay_held = false;
+		pthread_mutex_unlock(&g.stop_lock);
+		return;
+	}
+	pthread_mutex_lock(&g.stop_lock);
+	/*
+	 * Another memif device than our port (EAL may have several) unmaps
+	 * nothing under our bursts; a port not started has no bursts (and
+	 * its stop cut our memif's end already).
+	 */
+	if (!g.started || rte_eth_dev_get_name_by_port(g.port, name) || strcmp(name, dev)) {
+		MP_INFO("dpdk: the peer of %s left; our port is stopped or another one", dev);
+		return;
+	}
+	atomic_store(&g.gone, true);
+	g.relay_held = true;
+	atomic_fetch_add(said ? &g.peer_left : &g.peer_lost, 1);
+	for (unsigned q = 0; q < DPDK_MAX_QUEUES; q++)
+		while (atomic_load(&bursting[q].n)) {
+			if (mp_now_ns() - t0 > 10000000000ull) {
+				MP_WARN("dpdk: a burst on queue %u did not end within 10 s; the memif "
+					"peer's rings go now", q);
+				break;
+			}
+			sched_yield();
+		}
+	if (said)
+		MP_INFO("dpdk: the memif peer stopped its port: no bursts until our memif let go of it");
+	else
+		MP_WARN("dpdk: the memif peer's control connection ended without a word (killed?): "
+			"no bursts until our memif let go of it; its connections fail as any dead "
+			"peer's");
+}
 
 /* ---- configuration from the environment ---- */
 
@@ -442,6 +594,32 @@ static long eal_mem_default(uint16_t mtu, unsigned mbufs)
 	return need > 128 ? need : 128;
 }
 
+/*
+ * A --vdev value as memif gets it: through a relay (relay.h), unless
+ * MP_DPDK_MEMIF_RELAY=0 or it cannot be had. The returned string lives as
+ * long as the process (EAL may keep pointers into its arguments).
+ */
+static char *vdev_arg(const char *vdev)
+{
+	char out[1024];
+	int rc = 0;
+
+	if (!strncmp(vdev, "net_memif", 9) && env_long("MP_DPDK_MEMIF_RELAY", 1, 0, 1)) {
+		/* The device's name, as its ethdev is called: memif_peer_end's argument. */
+		char *dev = strndup(vdev, strcspn(vdev, ","));
+
+		if (!dev)
+			return NULL;
+		rc = mp_memif_relay_start(vdev, out, sizeof(out), memif_peer_end, dev);
+		if (rc <= 0) {
+			free(dev);
+			MP_WARN("dpdk: no memif relay for %s: %s; a memif peer that dies may crash "
+				"this process (doc/dpdk.md)", vdev, strerror(-rc));
+		}
+	}
+	return strdup(rc > 0 ? out : vdev);
+}
+
 static int eal_up(uint16_t mtu, unsigned mbufs)
 {
 	const char *user = getenv("MP_DPDK_EAL");
@@ -479,6 +657,29 @@ static int eal_up(uint16_t mtu, unsigned mbufs)
 	if (!argv)
 		return -ENOMEM;
 	MP_INFO("dpdk: EAL arguments: %s", args);
+	/* memif devices get a relay for their control connection (memif_peer_end). */
+	for (int i = 1; i < argc; i++) {
+		bool eq = !strncmp(argv[i], "--vdev=", 7);
+		bool sep = !strcmp(argv[i], "--vdev") && i + 1 < argc;
+		char *v;
+
+		if (!eq && !sep)
+			continue;
+		i += sep;
+		v = vdev_arg(eq ? argv[i] + 7 : argv[i]);
+		if (!v)
+			return -ENOMEM;
+		if (eq) {
+			char *a = malloc(strlen(v) + 8);
+
+			if (!a)
+				return -ENOMEM;
+			sprintf(a, "--vdev=%s", v);
+			free(v);
+			v = a;
+		}
+		argv[i] = v;
+	}
 	rc = rte_eal_init(argc, argv);
 	if (rc < 0) {
 		int e = rte_errno;
@@ -614,6 +815,14 @@ static bool port_link_raw(void)
  */
 static bool port_link_up(void)
 {
+	if (atomic_load_explicit(&g.gone, memory_order_acquire)) {
+		if (port_link_raw())
+			return false;
+		/* Our memif took the link down (and unmapped) after the relay let it. */
+		atomic_store_explicit(&g.gone, false, memory_order_release);
+		MP_INFO("dpdk: the memif peer that ended its connection is gone");
+		return false;
+	}
 	if (atomic_load_explicit(&g.quiet, memory_order_acquire)) {
 		if (port_link_raw())
 			return false;
@@ -631,14 +840,16 @@ static int port_start(int wait_ms)
 	int rc;
 
 	if (!g.started) {
+		pthread_mutex_lock(&g.stop_lock);
 		rc = rte_eth_dev_start(g.port);
+		g.started = rc == 0;
+		pthread_mutex_unlock(&g.stop_lock);
 		if (rc) {
 			MP_WARN("dpdk: starting port %u: %s", g.port, rte_strerror(-rc));
 			return rc;
 		}
 		/* Frames to our address; af_packet and memif deliver everything anyway. */
 		rte_eth_promiscuous_disable(g.port);
-		g.started = true;
 		/*
 		 * A memif server must be started before its client dials, or the
 		 * two sides disagree about the link: launchers wait for this file.
@@ -663,8 +874,10 @@ static int port_start(int wait_ms)
 		 */
 		if (g.dials && mp_now_ns() >= redial) {
 			redial = mp_now_ns() + 500000000u;
+			pthread_mutex_lock(&g.stop_lock);
 			if (rte_eth_dev_stop(g.port) == 0 && rte_eth_dev_start(g.port) != 0)
 				MP_TRACE("dpdk: memif server not there yet");
+			pthread_mutex_unlock(&g.stop_lock);
 		}
 		usleep(1000);
 	}
@@ -720,7 +933,7 @@ static uint16_t txq_flush(struct dpdk_lane *l)
 	/* quiet is set with every lane's lock held (bye_answer): ours orders it. */
 	if (!t->n || !l->link_up || atomic_load_explicit(&g.quiet, memory_order_relaxed))
 		return 0;
-	sent = rte_eth_tx_burst(g.port, l->q, t->m, t->n);
+	sent = port_tx(l->q, t->m, t->n);
 	if (sent < t->n)
 		memmove(t->m, t->m + sent, (size_t)(t->n - sent) * sizeof(t->m[0]));
 	t->n = (uint16_t)(t->n - sent);
@@ -957,7 +1170,7 @@ static int bye_send(uint16_t q, const struct mp_dpdk_addr *self, const struct mp
 	m->data_len = 60;
 	m->pkt_len = 60;
 	for (int k = 0; k < 100; k++) {
-		if (rte_eth_tx_burst(g.port, q, &m, 1) == 1)
+		if (port_tx(q, &m, 1) == 1)
 			return 0;
 		usleep(10);
 	}
@@ -1014,14 +1227,16 @@ static void bye_note(const struct dpdk_drv *d, const char *how)
 	char path[512];
 	FILE *f;
 
-	MP_INFO("dpdk: leaving: bye=%s bye_rx=%u", how, atomic_load(&g.bye_rx));
+	MP_INFO("dpdk: leaving: bye=%s bye_rx=%u peer_lost=%u peer_left=%u", how,
+		atomic_load(&g.bye_rx), atomic_load(&g.peer_lost), atomic_load(&g.peer_left));
 	if (!stats_path(d, path, sizeof(path)) || !(f = fopen(path, "a")))
 		return;
 	/* One word, for the key=value readers: "peer left first" -> peer_left_first. */
 	fprintf(f, "bye=");
 	for (const char *c = how; *c; c++)
 		fputc(*c == ' ' ? '_' : *c, f);
-	fprintf(f, " bye_rx=%u\n", atomic_load(&g.bye_rx));
+	fprintf(f, " bye_rx=%u peer_lost=%u peer_left=%u\n", atomic_load(&g.bye_rx),
+		atomic_load(&g.peer_lost), atomic_load(&g.peer_left));
 	fclose(f);
 }
 
@@ -1052,8 +1267,8 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 		bye_note(d, port_link_raw() ? "timeout" : "peer left first");
 		return;
 	}
-	if (!port_link_raw()) {
-		bye_note(d, "peer gone"); /* nobody polls the rings */
+	if (!port_link_raw() || atomic_load(&g.gone)) {
+		bye_note(d, "peer gone"); /* nobody polls the rings (or our memif is about to drop them) */
 		return;
 	}
 	if (!n || !ms) {
@@ -1063,7 +1278,7 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 	mine = (uint32_t)rte_rand() | 1u; /* its ACK echoes it */
 	for (unsigned i = 0; i < n; i++)
 		sent += bye_send(0, &d->self, &to[i], MP_BYE, mine) == 0;
-	while (sent && !acked && mp_now_ns() < until && port_link_raw()) {
+	while (sent && !acked && mp_now_ns() < until && port_link_raw() && !atomic_load(&g.gone)) {
 		struct rte_mbuf *b[DPDK_BURST];
 
 		if (yielded) {
@@ -1071,7 +1286,7 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 			continue;
 		}
 		for (uint16_t q = 0; q < g.nq && !yielded; q++) {
-			uint16_t k = rte_eth_rx_burst(g.port, q, b, DPDK_BURST);
+			uint16_t k = port_rx(q, b, DPDK_BURST);
 
 			for (uint16_t i = 0; i < k; i++) {
 				const uint8_t *f = rte_pktmbuf_mtod(b[i], const uint8_t *), *pl;
@@ -1097,7 +1312,7 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 			}
 		}
 	}
-	bool timeout = sent && !acked && port_link_raw();
+	bool timeout = sent && !acked && port_link_raw() && !atomic_load(&g.gone);
 
 	how = !sent ? "not sent" : acked ? "answered" : timeout ? "timeout" :
 	      yielded ? "yielded" : "peer gone";
@@ -1106,7 +1321,8 @@ static void bye_leave(struct dpdk_drv *d, const struct mp_dpdk_addr *to, unsigne
 			(double)(mp_now_ns() - t0) / 1e6);
 	else
 		MP_WARN("dpdk: the memif peer did not answer BYE within %ld ms (MP_DPDK_BYE_MS); "
-			"leaving anyway: if it polls now, DPDK's memif may crash it", ms);
+			"leaving anyway (a peer with the memif relay stops its bursts first; one "
+			"without it may crash if it polls now)", ms);
 	bye_note(d, how);
 }
 
@@ -1219,7 +1435,7 @@ static bool poll_once(struct dpdk_lane *l)
 
 	l->link_up = port_link_up();
 	if (l->link_up)
-		n = rte_eth_rx_burst(g.port, l->q, burst, DPDK_BURST);
+		n = port_rx(l->q, burst, DPDK_BURST);
 	if (n)
 		l->burst_ns = fast_ns();
 	for (uint16_t i = 0; i < n; i++) {
@@ -1499,9 +1715,12 @@ static void dpdk_fini(struct mp_drv *dd)
 	if (g.live == d) {
 		bye_leave(d, bye_to, nbye);
 		/* EAL stays up (it cannot be initialised twice); the port is stopped for the next one. */
+		pthread_mutex_lock(&g.stop_lock);
 		if (g.started && rte_eth_dev_stop(g.port) == 0)
 			g.started = false;
 		atomic_store(&g.quiet, false); /* a later instance starts the port afresh */
+		atomic_store(&g.gone, false);
+		pthread_mutex_unlock(&g.stop_lock);
 		g.live = NULL;
 	}
 	pthread_mutex_unlock(&g.lock);
@@ -1592,6 +1811,8 @@ static int dpdk_init(const struct mp_drv_params *p, struct mp_drv **out)
 		g.live = d;
 		atomic_store(&g.bye_rx, 0);
 		atomic_store(&g.bye_bad, 0);
+		atomic_store(&g.peer_lost, 0);
+		atomic_store(&g.peer_left, 0);
 	}
 	pthread_mutex_unlock(&g.lock);
 	if (rc)

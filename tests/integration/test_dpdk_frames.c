@@ -22,6 +22,8 @@
  * (tools/bench_dpdk.sh puts it beside dpdk-testpmd's raw rate);
  * `--pingpong [SIZE_KiB [COUNT]]` the time of a message and its answer;
  * `--copy [SIZE_KiB [COUNT]]` the stream's memcpy baseline (copy_main).
+ * `--leave` and `--kill [RUNS]` are tests of a memif pair's end: peers that
+ * leave (leave_main) and a peer SIGKILLed under its partner (kill_main).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -31,6 +33,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
@@ -418,6 +421,30 @@ static double mono_s(void)
 
 static int pingpong; /* --pingpong: message and answer, one at a time */
 
+/*
+ * --kill: both peers stream until the parent has SIGKILLed one of them
+ * (file "killed" in the stats directory); the partner polls on for
+ * KILL_POLL_S after that, then finalises. Each peer creates "flow.RANK" once
+ * messages move, so that the kill lands while both are busy in their bursts.
+ */
+static int kill_mode;
+#define KILL_POLL_S 0.15
+
+/* --kill: a partner's fault, with its address and stack, before it dies of it. */
+static void kill_fault(int sig, siginfo_t *si, void *ctx)
+{
+	char line[96];
+	void *bt[32];
+	int n = snprintf(line, sizeof(line), "kill: pid %ld: signal %d at address %p; stack:\n",
+			 (long)getpid(), sig, si->si_addr);
+
+	(void)ctx;
+	if (write(2, line, (size_t)n) < 0)
+		_exit(1);
+	backtrace_symbols_fd(bt, backtrace(bt, 32), 2);
+	/* SA_RESETHAND: returning faults again, and the default action kills. */
+}
+
 /* --leave: which side of the memif pair leaves while the other polls */
 enum { LEAVE_SERVER_FIRST = 1, LEAVE_CLIENT_FIRST, LEAVE_BOTH };
 static int leave_mode;
@@ -584,6 +611,13 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 
 	if (!buf)
 		return 1;
+	if (kill_mode) {
+		struct sigaction sa = {.sa_sigaction = kill_fault,
+				       .sa_flags = SA_SIGINFO | SA_RESETHAND};
+
+		sigaction(SIGSEGV, &sa, NULL);
+		sigaction(SIGBUS, &sa, NULL);
+	}
 	if (!sched_getaffinity(0, sizeof(cpus), &cpus) && CPU_COUNT(&cpus) >= 2)
 		for (int c = 0, k = 0; c < CPU_SETSIZE; c++)
 			if (CPU_ISSET(c, &cpus) && k++ == rank) {
@@ -631,8 +665,26 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 	}
 	if (pingpong)
 		return pingpong_run(o, d, c, l, mr, buf, size, count, rank, report);
+	double kill_after = 0; /* --kill: when the partner stops polling */
+	bool flowing = false, broken = false;
+
 	for (unsigned spin = 0; done < count && (++spin % 4096 || mono_s() < deadline);) {
-		while (posted < count && posted - done < win) {
+		if (kill_mode && !(spin % 256)) {
+			char f[128];
+
+			if (!flowing && done >= 2) {
+				snprintf(f, sizeof(f), "%s/flow.%d", stats, rank);
+				close(open(f, O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+				flowing = true;
+			}
+			snprintf(f, sizeof(f), "%s/killed", stats);
+			if (!kill_after && !access(f, F_OK))
+				kill_after = mono_s() + KILL_POLL_S;
+			if (kill_after && mono_s() > kill_after)
+				return peer_end(o, d, c, l, mr, buf); /* survived the peer's death */
+		}
+		/* --kill: a request the dead peer failed ends the posting, not the polling. */
+		while (!broken && posted < count && posted - done < win) {
 			struct mp_drv_req **q = &r[posted % win];
 
 			if (rank) {
@@ -644,18 +696,26 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 			}
 			if (rc == -EAGAIN)
 				break;
+			if (rc && kill_mode) {
+				broken = true;
+				break;
+			}
 			if (rc)
 				return 1;
 			posted++;
 		}
 		o->progress(d, 0);
-		for (int fin = 1; fin && done < posted;) {
+		for (int fin = 1; !broken && fin && done < posted;) {
 			size_t n = 0;
 
 			fin = 0;
 			rc = o->test(r[done % win], &fin, &n);
 			if (!fin)
 				break;
+			if (kill_mode && (rc || n != size)) {
+				broken = true;
+				break;
+			}
 			if (rc || n != size) {
 				fprintf(stderr, "stream peer %d: message %d: %s, %zu bytes\n", rank, done,
 					strerror(-rc), n);
@@ -667,7 +727,9 @@ static int stream_peer(int rank, size_t size, int count, const char *sock, int r
 	}
 	double t = mono_s() - t0;
 
-	if (done < count)
+	if (kill_mode)
+		fprintf(stderr, "kill: peer %d: nobody was killed within the deadline\n", rank);
+	if (done < count || kill_mode)
 		return 1;
 	if (!rank && buf[size - 1] != 0x5a)
 		return 1;
@@ -1008,6 +1070,90 @@ static int leave_main(void)
 	return fails ? 1 : 0;
 }
 
+/*
+ * test_dpdk_frames --kill [RUNS]: a memif peer killed with SIGKILL while
+ * both stream must not take its partner with it (doc/dpdk.md, "Leaving a
+ * memif pair"). Each run starts a pair streaming 256 KiB messages (server
+ * to client), waits until messages move on both sides, SIGKILLs one side
+ * (the server in even runs, the client in odd ones) after 0-4 ms more, and
+ * lets the partner poll KILL_POLL_S longer before it finalises. Counted: the
+ * partners that died of a signal (DPDK's memif unmapping the rings under a
+ * burst), and the partners whose counters say the relay saw the peer's
+ * control connection end (peer_lost). Exit 0 only with no crash, no other
+ * failure and peer_lost=1 at every partner; with MP_KILL_COUNT_ONLY=1 the
+ * figures are printed and only a setup failure fails.
+ */
+static int kill_main(int runs)
+{
+	char tmpl[] = "/tmp/mpt-kill-XXXXXX", sock[64];
+	int crashes[2] = {0, 0}, other = 0, lost = 0, done = 0;
+	bool count_only = getenv("MP_KILL_COUNT_ONLY") && atoi(getenv("MP_KILL_COUNT_ONLY"));
+
+	if (runs < 1 || !mkdtemp(tmpl))
+		return 1;
+	owner = getpid();
+	snprintf(stats, sizeof(stats), "%s", tmpl);
+	atexit(cleanup);
+	setenv("MP_DPDK_STATS", stats, 1);
+	kill_mode = 1;
+	srand((unsigned)owner);
+	for (int run = 0; run < runs; run++) {
+		int victim = run % 2 == 0 ? 1 : 0, partner = !victim, st[2] = {0, 0};
+		double until = mono_s() + 20;
+		char f[2][128];
+		pid_t pid[2];
+
+		sh("rm -f %s/dpdk.* %s/flow.* %s/killed %s/ready", stats, stats, stats, stats);
+		snprintf(sock, sizeof(sock), "/mpt-kill-%ld-%d.sock", (long)owner, run);
+		fflush(NULL);
+		for (int i = 0; i < 2; i++) {
+			pid[i] = fork();
+			if (pid[i] == 0)
+				_exit(stream_peer(i, 256 * 1024, 1 << 30, sock, 0));
+		}
+		for (int i = 0; i < 2; i++)
+			snprintf(f[i], sizeof(f[i]), "%s/flow.%d", stats, i);
+		for (siginfo_t si = {.si_pid = 0};
+		     mono_s() < until && (access(f[0], F_OK) || access(f[1], F_OK)) &&
+		     !waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) && !si.si_pid;)
+			usleep(1000); /* both move, or one ended early (its status is kept) */
+		bool flowing = !access(f[0], F_OK) && !access(f[1], F_OK);
+
+		usleep((useconds_t)(rand() % 5000));
+		kill(pid[victim], SIGKILL);
+		sh("touch %s/killed", stats);
+		waitpid(pid[victim], &st[victim], 0);
+		waitpid(pid[partner], &st[partner], 0);
+		if (WIFEXITED(st[partner]) && WEXITSTATUS(st[partner]) == SKIP && run == 0) {
+			printf("SKIP: EAL or the memif port would not start here\n");
+			return SKIP;
+		}
+		long long pl = counter(partner, "peer_lost");
+
+		if (WIFSIGNALED(st[partner])) {
+			crashes[partner]++;
+			printf("kill: run %d: the %s partner died of signal %d (%s)\n", run,
+			       partner ? "server" : "client", WTERMSIG(st[partner]),
+			       strsignal(WTERMSIG(st[partner])));
+		} else if (!flowing || !WIFEXITED(st[partner]) || WEXITSTATUS(st[partner])) {
+			other++;
+			printf("kill: run %d: %s, the %s partner exited with %d\n", run,
+			       flowing ? "flowing" : "never flowing", partner ? "server" : "client",
+			       WIFEXITED(st[partner]) ? WEXITSTATUS(st[partner]) : -1);
+		} else {
+			done++;
+		}
+		lost += pl == 1;
+	}
+	printf("kill: %d runs (%d servers killed, %d clients): partners crashed %d (server %d, "
+	       "client %d), other failures %d, survived %d, peer_lost=1 at %d\n",
+	       runs, (runs + 1) / 2, runs / 2, crashes[0] + crashes[1], crashes[1], crashes[0],
+	       other, done, lost);
+	if (count_only)
+		return other ? 1 : 0;
+	return crashes[0] + crashes[1] || other || lost != runs ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	int up[2][2], down[2][2], fails = 0, skipped = 0;
@@ -1018,6 +1164,8 @@ int main(int argc, char **argv)
 		return copy_main(argc, argv);
 	if (argc > 1 && !strcmp(argv[1], "--leave"))
 		return leave_main();
+	if (argc > 1 && !strcmp(argv[1], "--kill"))
+		return kill_main(argc > 2 ? atoi(argv[2]) : 20);
 	if (argc > 1 && (!strcmp(argv[1], "--stream") || !strcmp(argv[1], "--pingpong"))) {
 		pingpong = !strcmp(argv[1], "--pingpong");
 		return stream_main(argc, argv);
