@@ -704,7 +704,7 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : grid->ndims;
 	int cap = ctx->npeers > MP_MAX_GROUP ? ctx->npeers : MP_MAX_GROUP;
 	int *members = malloc((size_t)cap * sizeof(int));
-	int rc = 0, ok_rounds = 0, wrote = 0, undo = 0, catchups = 0;
+	int rc = 0, ok_rounds = 0, wrote = 0, undo = 0;
 	const uint32_t end_round = ctx->round + (uint32_t)rounds;
 	uint32_t first_round = 0, last_round = 0;
 	const float w0 = a->weight;
@@ -755,21 +755,6 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		last_round = round;
 		ctx->round = round + 1;
 		rc = go->form(st, round, ctx->rank, &g);
-		if (rc == -EAGAIN) {
-			/* The run is rounds ahead. Sat out, this round would
-			 * cost the call: a peer one round behind (stopped for
-			 * a while, or a replacement) that averages once per
-			 * call stays behind for good, each call spent finding
-			 * out. Match the run's round instead, in this call
-			 * (twice at most, so that a run racing ahead cannot
-			 * hold it). */
-			a->res->rounds_alone++;
-			mp_clog_alone(ctx, round);
-			rc = 0;
-			if (catchups++ < 2)
-				t--;
-			continue;
-		}
 		if (rc == -EHOSTUNREACH) {
 			/* No group this round: our values stay as they are. */
 			a->res->rounds_alone++;

@@ -1502,7 +1502,6 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			MP_INFO("round %u: the run is at round %u; catching up", round, ctx->dht->round_hint);
 			if (m->state == FOLLOW)
 				give_up(m);
-			rc = -EAGAIN; /* the caller asks next_round again, in this call */
 			break;
 		}
 		while (!started && (msg = mp_ctrl_take(ctx))) {

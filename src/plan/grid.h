@@ -69,10 +69,7 @@ struct mp_grouping_ops {
 	/* Form the group of @rank for global round @round into @out (whose
 	 * members have room for max(npeers, MP_MAX_GROUP)). Returns 0,
 	 * -EHOSTUNREACH when no group formed (the round is sat out, values
-	 * kept), -EAGAIN when it learnt that the run is at a later round (the
-	 * round is sat out, and next_round gives the run's round, which the
-	 * same operation matches next), or another negative errno, which
-	 * fails the operation. */
+	 * kept), or another negative errno, which fails the operation. */
 	int (*form)(void *state, uint32_t round, int rank, struct mp_group *out);
 	/* Nonzero when form() of later rounds may be called ahead, with no
 	 * side effect, so that the context dials their members early. */
