@@ -65,10 +65,12 @@ struct mp_welcome {
 	uint8_t *buf;      /* the answer: header then payload */
 };
 
-/* Move all @len bytes (send with @out, else receive) by @deadline. 0,
- * -ETIMEDOUT, -ECONNRESET (the other side closed), or a socket error. */
-static int xfer(int fd, void *buf, size_t len, uint64_t deadline, int out)
+/* Move all @len bytes (send with @out, else receive) by @deadline over the
+ * socket *@ctx (struct mp_welcome_io). 0, -ETIMEDOUT, -ECONNRESET (the
+ * other side closed), or a socket error. */
+static int sock_xfer(void *ctx, void *buf, size_t len, uint64_t deadline, int out)
 {
+	int fd = *(int *)ctx;
 	uint8_t *p = buf;
 
 	while (len) {
@@ -94,6 +96,11 @@ static int xfer(int fd, void *buf, size_t len, uint64_t deadline, int out)
 			return -errno;
 	}
 	return 0;
+}
+
+static int xfer(const struct mp_welcome_io *io, void *buf, size_t len, uint64_t deadline, int out)
+{
+	return io->xfer(io->ctx, buf, len, deadline, out);
 }
 
 /*
@@ -130,9 +137,10 @@ static void refuse(struct mp_welcome *w, const struct sockaddr_storage *ss, cons
 	MP_WARN("welcome: refused %s: %s (%llu refused so far)", name, why, (unsigned long long)n);
 }
 
-static void serve(struct mp_welcome *w, int fd, const struct sockaddr_storage *ss)
+const char *mp_welcome_serve_io(const struct mp_auth *a, uint64_t run_id,
+				mp_welcome_fill_fn fill, void *arg, uint8_t *buf,
+				const struct mp_welcome_io *io, uint64_t deadline)
 {
-	uint64_t deadline = mp_now_ms() + SERVE_MS;
 	uint8_t hello[HELLO_LEN], ask[ASK_LEN], gift[MP_WELCOME_GIVE_MAX], *nonce_s = hello + 5;
 	size_t len, glen;
 	int rc;
@@ -140,31 +148,35 @@ static void serve(struct mp_welcome *w, int fd, const struct sockaddr_storage *s
 	memcpy(hello, MAGIC, 4);
 	hello[4] = VERSION;
 	mp_auth_random(nonce_s, MP_NONCE_BYTES);
-	if ((rc = xfer(fd, hello, sizeof(hello), deadline, 1)))
-		return; /* gone before it asked: nothing to refuse */
-	if ((rc = xfer(fd, ask, sizeof(ask), deadline, 0))) {
-		refuse(w, ss, rc == -ETIMEDOUT ? "no ask in time" : "closed before asking");
-		return;
-	}
+	if ((rc = xfer(io, hello, sizeof(hello), deadline, 1)))
+		return NULL; /* gone before it asked: nothing to refuse */
+	if ((rc = xfer(io, ask, sizeof(ask), deadline, 0)))
+		return rc == -ETIMEDOUT ? "no ask in time" : "closed before asking";
 	glen = mp_le_get16(ask + MP_NONCE_BYTES);
-	if (glen > sizeof(gift)) {
-		refuse(w, ss, "its gift is too long");
-		return;
-	}
-	if ((rc = xfer(fd, gift, glen, deadline, 0))) {
-		refuse(w, ss, "closed before its gift");
-		return;
-	}
-	if (step_mac(&w->auth, MP_AUTH_WELCOME_ASK, nonce_s, ask, w->run_id, ask + MP_NONCE_BYTES,
-		     2, gift, glen, ask + MP_NONCE_BYTES + 2, 1)) {
-		refuse(w, ss, "wrong MAC: another run key or another run");
-		return;
-	}
-	len = w->fill(w->arg, gift, glen, w->buf + GIVE_HDR_LEN, MP_WELCOME_MAX);
-	mp_le_put32(w->buf, (uint32_t)len);
-	step_mac(&w->auth, MP_AUTH_WELCOME_GIVE, ask, nonce_s, w->run_id, w->buf, 4,
-		 w->buf + GIVE_HDR_LEN, len, w->buf + 4, 0);
-	xfer(fd, w->buf, GIVE_HDR_LEN + len, deadline, 1);
+	/* Bounded before it is read: the gift lands on this stack. */
+	if (glen > sizeof(gift))
+		return "its gift is too long";
+	if ((rc = xfer(io, gift, glen, deadline, 0)))
+		return "closed before its gift";
+	if (step_mac(a, MP_AUTH_WELCOME_ASK, nonce_s, ask, run_id, ask + MP_NONCE_BYTES, 2, gift,
+		     glen, ask + MP_NONCE_BYTES + 2, 1))
+		return "wrong MAC: another run key or another run";
+	len = fill(arg, gift, glen, buf + GIVE_HDR_LEN, MP_WELCOME_MAX);
+	mp_le_put32(buf, (uint32_t)len);
+	step_mac(a, MP_AUTH_WELCOME_GIVE, ask, nonce_s, run_id, buf, 4, buf + GIVE_HDR_LEN, len,
+		 buf + 4, 0);
+	xfer(io, buf, GIVE_HDR_LEN + len, deadline, 1);
+	return NULL;
+}
+
+static void serve(struct mp_welcome *w, int fd, const struct sockaddr_storage *ss)
+{
+	struct mp_welcome_io io = {sock_xfer, &fd};
+	const char *why = mp_welcome_serve_io(&w->auth, w->run_id, w->fill, w->arg, w->buf, &io,
+					      mp_now_ms() + SERVE_MS);
+
+	if (why)
+		refuse(w, ss, why);
 }
 
 static void *service(void *arg)
@@ -207,7 +219,7 @@ int mp_welcome_start(const struct mp_auth *a, uint64_t run_id, unsigned port,
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
-	w->buf = malloc(GIVE_HDR_LEN + MP_WELCOME_MAX);
+	w->buf = malloc(MP_WELCOME_BUF_LEN);
 	if (!w->buf) {
 		free(w);
 		return -ENOMEM;
@@ -295,12 +307,53 @@ static int dial(const char *addr, uint64_t deadline, int *out)
 	}
 }
 
+int mp_welcome_ask_io(const struct mp_auth *a, uint64_t run_id, const struct mp_welcome_io *io,
+		      uint64_t deadline, const uint8_t *give, size_t give_len, uint8_t **payload,
+		      size_t *len)
+{
+	uint8_t hello[HELLO_LEN], ask[ASK_LEN], hdr[GIVE_HDR_LEN], *buf = NULL;
+	size_t n;
+	int rc;
+
+	if (!a || !io || !payload || !len || give_len > MP_WELCOME_GIVE_MAX || (give_len && !give))
+		return -EINVAL;
+	if ((rc = xfer(io, hello, sizeof(hello), deadline, 0)))
+		return rc;
+	if (memcmp(hello, MAGIC, 4) || hello[4] != VERSION)
+		return -EPROTO;
+	mp_auth_random(ask, MP_NONCE_BYTES);
+	mp_le_put16(ask + MP_NONCE_BYTES, (uint16_t)give_len);
+	step_mac(a, MP_AUTH_WELCOME_ASK, hello + 5, ask, run_id, ask + MP_NONCE_BYTES, 2, give,
+		 give_len, ask + MP_NONCE_BYTES + 2, 0);
+	if ((rc = xfer(io, ask, sizeof(ask), deadline, 1)) ||
+	    (give_len && (rc = xfer(io, (void *)give, give_len, deadline, 1))))
+		return rc;
+	/* Closed right after our ask: it could not verify it. */
+	if ((rc = xfer(io, hdr, sizeof(hdr), deadline, 0)))
+		return rc == -ECONNRESET ? -EACCES : rc;
+	n = mp_le_get32(hdr);
+	/* Bounded before anything is allocated for it. */
+	if (n > MP_WELCOME_MAX)
+		return -EMSGSIZE;
+	buf = malloc(n ? n : 1);
+	if (!buf)
+		return -ENOMEM;
+	if ((rc = xfer(io, buf, n, deadline, 0)) ||
+	    (rc = step_mac(a, MP_AUTH_WELCOME_GIVE, ask, hello + 5, run_id, hdr, 4, buf, n,
+			   hdr + 4, 1))) {
+		free(buf);
+		return rc;
+	}
+	*payload = buf;
+	*len = n;
+	return 0;
+}
+
 int mp_welcome_ask(const struct mp_auth *a, uint64_t run_id, const char *addr, int timeout_ms,
 		   const uint8_t *give, size_t give_len, uint8_t **payload, size_t *len)
 {
 	uint64_t deadline = mp_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
-	uint8_t hello[HELLO_LEN], ask[ASK_LEN], hdr[GIVE_HDR_LEN], *buf = NULL;
-	size_t n;
+	struct mp_welcome_io io;
 	int fd = -1, rc;
 
 	if (!a || !addr || !payload || !len || give_len > MP_WELCOME_GIVE_MAX ||
@@ -308,45 +361,8 @@ int mp_welcome_ask(const struct mp_auth *a, uint64_t run_id, const char *addr, i
 		return -EINVAL;
 	if ((rc = dial(addr, deadline, &fd)))
 		return rc;
-	if ((rc = xfer(fd, hello, sizeof(hello), deadline, 0)))
-		goto out;
-	if (memcmp(hello, MAGIC, 4) || hello[4] != VERSION) {
-		rc = -EPROTO;
-		goto out;
-	}
-	mp_auth_random(ask, MP_NONCE_BYTES);
-	mp_le_put16(ask + MP_NONCE_BYTES, (uint16_t)give_len);
-	step_mac(a, MP_AUTH_WELCOME_ASK, hello + 5, ask, run_id, ask + MP_NONCE_BYTES, 2, give,
-		 give_len, ask + MP_NONCE_BYTES + 2, 0);
-	if ((rc = xfer(fd, ask, sizeof(ask), deadline, 1)) ||
-	    (give_len && (rc = xfer(fd, (void *)give, give_len, deadline, 1))))
-		goto out;
-	/* Closed right after our ask: it could not verify it. */
-	if ((rc = xfer(fd, hdr, sizeof(hdr), deadline, 0))) {
-		if (rc == -ECONNRESET)
-			rc = -EACCES;
-		goto out;
-	}
-	n = mp_le_get32(hdr);
-	if (n > MP_WELCOME_MAX) {
-		rc = -EMSGSIZE;
-		goto out;
-	}
-	buf = malloc(n ? n : 1);
-	if (!buf) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	if ((rc = xfer(fd, buf, n, deadline, 0)))
-		goto out;
-	if ((rc = step_mac(a, MP_AUTH_WELCOME_GIVE, ask, hello + 5, run_id, hdr, 4, buf, n, hdr + 4,
-			   1)))
-		goto out;
-	*payload = buf;
-	*len = n;
-	buf = NULL;
-out:
-	free(buf);
+	io = (struct mp_welcome_io){sock_xfer, &fd};
+	rc = mp_welcome_ask_io(a, run_id, &io, deadline, give, give_len, payload, len);
 	close(fd);
 	return rc;
 }

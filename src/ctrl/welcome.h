@@ -53,4 +53,37 @@ uint64_t mp_welcome_refused(struct mp_welcome *w);
 int mp_welcome_ask(const struct mp_auth *a, uint64_t run_id, const char *addr, int timeout_ms,
 		   const uint8_t *give, size_t give_len, uint8_t **payload, size_t *len);
 
+/*
+ * Internal: the exchange's two sides over any byte stream, so that a fuzz
+ * target (tests/fuzz/fuzz_welcome.c) can play the other side from memory.
+ * The service and mp_welcome_ask run them over their TCP socket.
+ *
+ * @xfer moves all @len bytes (send with @out, else receive) by @deadline
+ * (mp_now_ms): 0, -ETIMEDOUT, -ECONNRESET (the other side closed), or
+ * another negative errno.
+ */
+struct mp_welcome_io {
+	int (*xfer)(void *ctx, void *buf, size_t len, uint64_t deadline, int out);
+	void *ctx;
+};
+
+/* What the service's answer buffer holds: its header, then the payload. */
+#define MP_WELCOME_BUF_LEN (4 + MP_MAC_BYTES + MP_WELCOME_MAX)
+
+/*
+ * Serve one asker over @io by @deadline, answering in @buf
+ * (MP_WELCOME_BUF_LEN bytes); @fill is called only with a gift whose MAC
+ * verified. NULL when served (or gone before it asked: nothing to refuse),
+ * else why the asker is refused (a constant string).
+ */
+const char *mp_welcome_serve_io(const struct mp_auth *a, uint64_t run_id,
+				mp_welcome_fill_fn fill, void *arg, uint8_t *buf,
+				const struct mp_welcome_io *io, uint64_t deadline);
+
+/* mp_welcome_ask's exchange over @io by @deadline, with its results and
+ * errors but for the connection's own (-EINVAL for bad arguments). */
+int mp_welcome_ask_io(const struct mp_auth *a, uint64_t run_id, const struct mp_welcome_io *io,
+		      uint64_t deadline, const uint8_t *give, size_t give_len, uint8_t **payload,
+		      size_t *len);
+
 #endif
