@@ -48,6 +48,29 @@ static uint64_t next(void)
  * fuzz_seed as well. */
 static const char *seed_dir;
 
+/*
+ * Up to three random mutations of the @*len bytes at @p (room for @cap):
+ * a bit flipped, a byte replaced, or the input cut or grown by less than
+ * @grow bytes; none with --seeds. Returns how many it drew.
+ */
+static inline int fuzz_mutate(uint8_t *p, size_t *len, size_t cap, unsigned grow)
+{
+	int muts = seed_dir ? 0 : (int)(next() % 4);
+
+	for (int m = 0; m < muts && *len; m++) {
+		switch (next() % 3) {
+		case 0: p[next() % *len] ^= (uint8_t)(1u << (next() % 8)); break;
+		case 1: p[next() % *len] = (uint8_t)next(); break;
+		default:
+			if (next() & 1)
+				*len = (size_t)(next() % (*len + 1));
+			else if (*len + grow < cap)
+				*len += (size_t)(next() % grow);
+		}
+	}
+	return muts;
+}
+
 static void fuzz_seed(const uint8_t *in, size_t len)
 {
 	static int n;

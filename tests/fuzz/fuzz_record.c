@@ -135,18 +135,7 @@ static void fuzz_stream(long iters)
 				abort();
 		}
 		/* Mutations, then signed again or not, a reader's fingerprint or not. */
-		int muts = seed_dir ? 0 : (int)(next() % 4);
-		for (int m = 0; m < muts && len; m++) {
-			switch (next() % 3) {
-			case 0: in[1 + next() % len] ^= (uint8_t)(1u << (next() % 8)); break;
-			case 1: in[1 + next() % len] = (uint8_t)next(); break;
-			default:
-				if (next() & 1)
-					len = (size_t)(next() % (len + 1));
-				else if (len + 8 < sizeof(in))
-					len += (size_t)(next() % 8);
-			}
-		}
+		int muts = fuzz_mutate(in + 1, &len, sizeof(in) - 1, 8);
 		in[0] = (uint8_t)(decl | (next() & 6));
 		if (!muts)
 			taken++;

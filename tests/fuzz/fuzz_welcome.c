@@ -328,18 +328,7 @@ static void fuzz_stream(long iters)
 			len = HELLO_LEN + GIVE_HDR_LEN + n;
 		}
 		/* Mutations, then fixed up or not, closed or silent at the end. */
-		int muts = seed_dir ? 0 : (int)(next() % 4);
-		for (int k = 0; k < muts && len; k++) {
-			switch (next() % 3) {
-			case 0: in[1 + next() % len] ^= (uint8_t)(1u << (next() % 8)); break;
-			case 1: in[1 + next() % len] = (uint8_t)next(); break;
-			default:
-				if (next() & 1)
-					len = (size_t)(next() % (len + 1));
-				else if (len + 16 < sizeof(in))
-					len += (size_t)(next() % 16);
-			}
-		}
+		int muts = fuzz_mutate(in + 1, &len, sizeof(in) - 1, 16);
 		in[0] = (uint8_t)(client | ((next() & 31) << 3) | (next() & 4) |
 				  ((seed_dir || (next() % 4)) ? 2 : 0));
 		if (!muts)
