@@ -335,8 +335,8 @@ void mp_conn_peer_gone(struct mp_ctx *ctx, int idx)
 	/* Its slots too (the probe slot included): a run with churn learns
 	 * a new peer for every one that leaves, so what a gone peer keeps is
 	 * memory that grows with the run (doc/reliability.md, "Soak"). A
-	 * gone peer is never dialled again; should it dial us, link_make
-	 * makes them anew. */
+	 * gone peer is not dialled; should it come back (a late record,
+	 * sync_members) or dial us, link_make makes them anew. */
 	for (int s = 0; s <= ctx->nconn; s++)
 		mp_conn_drop(ctx, idx, s);
 	if (idx < ctx->nlinks && ctx->links[idx]) {
