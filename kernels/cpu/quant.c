@@ -50,6 +50,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "mp_codec_params.h"
 #include "mp_kernels.h"
 #include "kernels_cpu.h"
 #include "kloop.h"
@@ -683,19 +684,20 @@ void mp_kq_u8_decode_acc(float *acc, const uint8_t *codes, const float table[256
  * step is enough: it moves 127 s down by about two ulps of FLT_MAX, rounding
  * had moved it up by at most one), so no code decodes past FLT_MAX. The
  * codes stay those of 127/a. Shared scalar code: every variant sends the
- * same step.
+ * same step. The cases are told apart on @abits (mp_codec_params.h says why).
  */
-static float bw8_block_params(float a, float *f, float *inv)
+static float bw8_block_params(uint32_t abits, float *f, float *inv)
 {
+	const float a = bits_f32(abits);
 	float s = a / 127.0f;
 
-	if (a == 0.0f || s == 0.0f)
+	if (abits <= MP_BW8_ZERO_STEP_MAX)
 		return 0.0f;
-	if (127.0f * s > FLT_MAX)
+	if (abits == MP_BW8_STEP_DOWN)
 		s = bits_f32(f32_bits(s) - 1u); /* s > 0: the next float toward zero */
 	*f = 1.0f;
 	*inv = 127.0f / a;
-	if (*inv > FLT_MAX) {
+	if (abits <= MP_BW8_PRESCALE_MAX) {
 		*f = 0x1p64f;
 		*inv = 127.0f / (a * 0x1p64f);
 	}
@@ -712,7 +714,7 @@ void mp_kq_bw8_encode(void *steps, void *codes, const float *src, size_t n, uint
 		float f, inv;
 
 		k = n - i < block ? n - i : block;
-		float s = bw8_block_params(bits_f32(v->bw8_absmax(src + i, k)), &f, &inv);
+		float s = bw8_block_params(v->bw8_absmax(src + i, k), &f, &inv);
 
 		if (s == 0.0f)
 			memset(cp + i, 0, k);

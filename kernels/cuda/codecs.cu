@@ -599,9 +599,10 @@ struct bw8p {
 };
 
 /*
- * s = a/127 and inv = 127/a; where 127/a overflows although s does not
- * (a < 127/FLT_MAX), values are first scaled by 2^64, as quant.c does, which
- * gives the codes the formula means.
+ * s = a/127 and inv = 127/a; where 127/a overflows although s does not,
+ * values are first scaled by 2^64, as quant.c does, which gives the codes
+ * the formula means. The cases are told apart on the bits of a, as the CPU
+ * encoder does (mp_codec_params.h says why).
  */
 static __device__ __forceinline__ struct bw8p bw8_params(uint32_t abits)
 {
@@ -611,15 +612,15 @@ static __device__ __forceinline__ struct bw8p bw8_params(uint32_t abits)
 	r.s = __fdiv_rn(a, 127.0f);
 	r.f = 1.0f;
 	r.inv = 0.0f;
-	if (a == 0.0f || r.s == 0.0f) {
+	if (abits <= MP_BW8_ZERO_STEP_MAX) {
 		r.s = 0.0f;
 		return r;
 	}
 	/* a = FLT_MAX: 127 * s would decode to inf; the next float down does not (spec). */
-	if (__fmul_rn(127.0f, r.s) > FLT_MAX)
+	if (abits == MP_BW8_STEP_DOWN)
 		r.s = __uint_as_float(__float_as_uint(r.s) - 1u);
 	r.inv = __fdiv_rn(127.0f, a);
-	if (r.inv > FLT_MAX) {
+	if (abits <= MP_BW8_PRESCALE_MAX) {
 		r.f = 18446744073709551616.0f; /* 2^64 */
 		r.inv = __fdiv_rn(127.0f, __fmul_rn(a, r.f));
 	}

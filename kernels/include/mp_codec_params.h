@@ -49,4 +49,24 @@ static inline size_t mp_codec_topk_k(float ratio, size_t count)
 	return (unsigned long long)k > count ? count : (size_t)k;
 }
 
+/*
+ * blockwise8's step rule, decided on the bits of the block's absmax a (a
+ * positive finite float; the bits of such floats order as the floats do).
+ * Each threshold was found by trying every positive float:
+ *  - a / 127 rounds to 0 for bits <= MP_BW8_ZERO_STEP_MAX: the block is all
+ *    zero codes with step 0;
+ *  - 127 / a rounds to +inf for bits <= MP_BW8_PRESCALE_MAX: the values are
+ *    scaled by 2^64 first, and inv = 127 / (a * 2^64) (finite for all these);
+ *  - 127 * (a / 127) overflows for a = FLT_MAX alone (MP_BW8_STEP_DOWN): the
+ *    step sent is the next float below a / 127.
+ * Why bits and not float comparisons such as `127.0f / a > FLT_MAX`: GCC
+ * 13.3 at -O3 (Ubuntu 24.04's) takes such a branch to mean that the operand
+ * itself is infinite (or zero), and folds it to that constant; the encoders
+ * it built sent step FLT_MAX for a = FLT_MAX and saturated the codes of tiny
+ * blocks. An integer comparison gives it nothing to fold.
+ */
+#define MP_BW8_ZERO_STEP_MAX 0x0000003fu
+#define MP_BW8_PRESCALE_MAX 0x02fe0000u
+#define MP_BW8_STEP_DOWN 0x7f7fffffu
+
 #endif
