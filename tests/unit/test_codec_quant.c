@@ -302,11 +302,14 @@ static size_t ref_blockwise8(const float *x, size_t n, uint32_t B, unsigned char
 			s = 0.0f;
 			memset(codes + i0, 0, i1 - i0);
 		} else {
-			float f = 1.0f, inv = 127.0f / a;
+			/* Each quotient rounded through memory: GCC 13.3 -O3 took
+			 * isinf(127 / a) to mean a == 0 and folded the line below
+			 * to inf (mp_codec_params.h), on the reference too. */
+			float f = 1.0f, inv = rounded_f(127.0f / a);
 
 			if (isinf(inv)) {
 				f = 0x1p64f;
-				inv = 127.0f / (a * f);
+				inv = rounded_f(127.0f / rounded_f(a * f));
 			}
 			for (size_t i = i0; i < i1; i++) {
 				float t = rounded_f(x[i] * f) * inv;
@@ -845,6 +848,63 @@ static void test_uniform8_bound(void **state)
 	free(want);
 }
 
+/* ---- blockwise8's thresholds ---- */
+
+/*
+ * The step's cases are decided on the absmax's bits (mp_codec_params.h): each
+ * threshold must be where the float arithmetic turns (checked here with
+ * every operation rounded through memory, which no range analysis can fold),
+ * and the encoder must give the reference's bytes on both sides of each, in
+ * every variant.
+ */
+static void test_blockwise8_thresholds(void **state)
+{
+	const uint32_t edges[] = {MP_BW8_ZERO_STEP_MAX, MP_BW8_PRESCALE_MAX, MP_BW8_STEP_DOWN};
+	enum { N = 16 };
+	float x[N];
+	unsigned char got[4 + 4 + N], want[4 + 4 + N];
+	size_t len;
+
+	(void)state;
+	assert_true(rounded_f(bits_f32(MP_BW8_ZERO_STEP_MAX) / 127.0f) == 0.0f);
+	assert_true(rounded_f(bits_f32(MP_BW8_ZERO_STEP_MAX + 1) / 127.0f) > 0.0f);
+	assert_true(isinf(rounded_f(127.0f / bits_f32(MP_BW8_PRESCALE_MAX))));
+	assert_true(isfinite(rounded_f(127.0f / bits_f32(MP_BW8_PRESCALE_MAX + 1))));
+	assert_true(isinf(rounded_f(127.0f * rounded_f(bits_f32(MP_BW8_STEP_DOWN) / 127.0f))));
+	assert_true(isfinite(rounded_f(127.0f * rounded_f(bits_f32(MP_BW8_STEP_DOWN - 1) / 127.0f))));
+	mp_codec_params_default(&P);
+	P.block = N;
+	for (size_t v = 0; v < NVAR; v++) {
+		if (!use_variant(variants[v]))
+			continue;
+		for (size_t e = 0; e < sizeof(edges) / sizeof(edges[0]); e++) {
+			for (int d = -1; d <= 1; d++) {
+				uint32_t ab = edges[e] + (uint32_t)d;
+
+				if (ab >= 0x7f800000u)
+					continue;
+				float a = bits_f32(ab);
+
+				/* a, -a and values below it, down to subnormal quotients. */
+				for (size_t i = 0; i < N; i++)
+					x[i] = rounded_f(a * ((float)((int)i - 7) / 8.0f));
+				x[0] = -a;
+				x[15] = a;
+				assert_int_equal(mp_codec_blockwise8.encode(&P, x, NULL, N, got, sizeof(got), &len,
+									   NULL),
+						 0);
+				assert_int_equal(len, ref_blockwise8(x, N, N, want));
+				if (memcmp(got, want, len)) {
+					print_error("%s: a bits 0x%08x: payload differs from the reference\n",
+						    variants[v], (unsigned)ab);
+					fail();
+				}
+			}
+		}
+	}
+	mp_codec_params_default(&P);
+}
+
 /* ---- special values ---- */
 
 static void encode_ok(const struct mp_codec_ops *c, const float *x, size_t n, unsigned char *wire,
@@ -1333,6 +1393,7 @@ int main(void)
 		cmocka_unit_test(test_uniform8_variants),
 		cmocka_unit_test(test_blockwise8_variants),
 		cmocka_unit_test(test_blockwise8_bound),
+		cmocka_unit_test(test_blockwise8_thresholds),
 		cmocka_unit_test(test_uniform8_bound),
 		cmocka_unit_test(test_special_values),
 		cmocka_unit_test(test_uniform8_sample),
