@@ -64,8 +64,8 @@ unsigned mpc_gs_grid(size_t units)
 	    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
 	    sms <= 0)
 		sms = 16;
-	/* 8 blocks of 256 per SM keep 2048 threads' loads in flight: the bandwidth plateau. */
-	cap = (size_t)sms * 8;
+	/* Enough threads per SM to keep the loads in flight (common.cuh says how many). */
+	cap = (size_t)sms * MPC_BLOCKS_PER_SM;
 	if (want > cap)
 		want = cap;
 	return want ? (unsigned)want : 1u;

@@ -32,6 +32,15 @@
 #include "mp_cuda_codecs.h"
 
 #define MPC_TPB 256 /* threads per block of every per-element kernel */
+/*
+ * Grid-stride kernels' blocks per SM (mpc_gs_grid). 4 from a sweep on an
+ * H200 (2, 4, 6, 8, 12, 16, 32; 64M values, doc/performance.md): the best
+ * or near it for every dense decode_acc (fp16 77% of the copy's time
+ * against 62% at 8) and no encoder slower. A -D overrides it for a sweep.
+ */
+#ifndef MPC_BLOCKS_PER_SM
+#define MPC_BLOCKS_PER_SM 4
+#endif
 #define MPC_PER 16  /* elements (or payload bytes) one thread of a tile kernel owns */
 #define MPC_TILE (MPC_TPB * MPC_PER)
 #define MPC_SCAN_TPB 1024 /* the single-block scans and reductions */
