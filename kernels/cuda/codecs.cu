@@ -822,12 +822,14 @@ static __global__ void k_bw8_dec(const uint8_t *__restrict__ pl, size_t nb, floa
 	const size_t B = ld_u32(pl);
 	const uint8_t *steps = pl + 4, *codes = pl + 4 + 4 * nb;
 	const bool narrow = n <= UINT32_MAX; /* 32-bit divisions are several times cheaper */
+	/* A power-of-two block (the default, 4096) takes a shift: no division at all. */
+	const int shift = B && !(B & (B - 1)) ? __ffsll((long long)B) - 1 : -1;
 	const size_t units = n / 4 + (n % 4 != 0);
 
 	for (size_t u = blockIdx.x * (size_t)blockDim.x + threadIdx.x; u < units;
 	     u += (size_t)gridDim.x * blockDim.x) {
 		size_t i = u * 4;
-		size_t b0 = narrow ? (size_t)((uint32_t)i / (uint32_t)B) : i / B;
+		size_t b0 = shift >= 0 ? i >> shift : narrow ? (size_t)((uint32_t)i / (uint32_t)B) : i / B;
 		size_t bnd = (b0 + 1) * B;
 		float s0 = ld_f32(steps + 4 * b0), s1 = s0;
 
