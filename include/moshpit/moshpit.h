@@ -706,7 +706,10 @@ struct mp_stats {
 	                                    slowly) */
 	uint64_t conns_evicted;        /**< ... closed to make room: mp_config::max_handshakes
 	                                    were already in their handshake */
-	uint64_t conns_hung_up;        /**< ... closed by the other side before authenticating */
+	uint64_t conns_hung_up;        /**< ... closed by the other side before authenticating,
+	                                    or broken before it could (a receive or send that
+	                                    failed to start, no memory for its handshake): every
+	                                    accepted connection ends under one of these five */
 	uint64_t handshakes_pending;   /**< connections in their handshake now */
 	uint64_t handshakes_max;       /**< the most in their handshake at once (at most
 	                                    mp_config::max_handshakes) */

@@ -681,6 +681,7 @@ static void pend_close(struct mp_ctx *ctx, struct mp_pending *pd)
 
 static void reject(struct mp_ctx *ctx, struct mp_pending *pd, enum mp_wire_reject why,
 		   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void pend_broken(struct mp_ctx *ctx, struct mp_pending *pd, int rc);
 
 static void reject(struct mp_ctx *ctx, struct mp_pending *pd, enum mp_wire_reject why,
 		   const char *fmt, ...)
@@ -823,7 +824,7 @@ static void hello_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 	if (!rc)
 		rc = ctx->ops->isend(pd->conn, &iov, 1, NULL, &pd->sreq);
 	if (rc) {
-		pend_close(ctx, pd);
+		pend_broken(ctx, pd, rc);
 		return;
 	}
 	pd->got_hello = 1;
@@ -949,6 +950,19 @@ static void hs_note(struct mp_ctx *ctx, const uint64_t *count, const char *what,
 }
 
 /*
+ * Posting a receive or a send on a connection in its handshake failed: the
+ * other side reset it (a replayer that gave up, a scanner), or the driver
+ * had no memory. It ends as hung up, the counter of connections that broke
+ * before authenticating, so that every accepted connection ends under one.
+ */
+static void pend_broken(struct mp_ctx *ctx, struct mp_pending *pd, int rc)
+{
+	MP_STAT_ADD(ctx->cstats.hung_up, 1);
+	hs_note(ctx, &ctx->cstats.hung_up, "hung up", mp_strerror(rc));
+	pend_close(ctx, pd);
+}
+
+/*
  * max_handshakes connections are in their handshake and one more came:
  * close the oldest that has not sent a whole HELLO (held open, or fed a
  * byte at a time: a run's own peers send theirs at once), else the oldest
@@ -1041,6 +1055,10 @@ void mp_conn_poll(struct mp_ctx *ctx)
 			pend_evict(ctx);
 		pd = pend_slot(ctx);
 		if (!pd) {
+			/* No memory for its handshake: counted with the broken ones,
+			 * so that every accepted connection ends under a counter. */
+			MP_STAT_ADD(ctx->cstats.hung_up, 1);
+			hs_note(ctx, &ctx->cstats.hung_up, "hung up", "no memory for its handshake");
 			ctx->ops->close(c);
 			continue;
 		}
@@ -1052,7 +1070,7 @@ void mp_conn_poll(struct mp_ctx *ctx)
 					 __ATOMIC_RELAXED);
 		rc = ctx->ops->irecv(c, pd->buf, MP_HELLO_MAX, NULL, &pd->req);
 		if (rc)
-			pend_close(ctx, pd);
+			pend_broken(ctx, pd, rc);
 	}
 	now = mp_now_ns();
 	for (int i = 0; i < ctx->npend; i++) {

@@ -161,10 +161,11 @@ def replay(streams: list[tuple[int, bytes]], sent: list[int]) -> None:
     for _ in range(2):
         for port, data in streams:
             s = socket.socket()
-            # The peer closes once it has refused the replayed AUTH; a
-            # shorter wait (1 s) let an ASan peer on 2 loaded cores be
-            # left before it got there, and counted it hung up instead.
-            s.settimeout(5.0)
+            # The peer closes once it has refused the replayed AUTH (at
+            # once, normally); a shorter wait (1 s, then 5 s) let an ASan
+            # peer on 2 loaded cores be left before it got there, and it
+            # counted the connection hung up instead of refused.
+            s.settimeout(15.0)
             try:
                 s.connect(("127.0.0.1", port))
                 s.sendall(data)
@@ -309,6 +310,14 @@ def main(argv: list[str]) -> int:
     for r, d in res.items():
         if d["authenticated"] > 3 * 8:
             fail.append(f"rank {r} authenticated {d['authenticated']} connections: a stranger's?")
+    # Every accepted connection ends under exactly one counter (or is
+    # still in its handshake): a close under none would hide an attack.
+    for r, d in res.items():
+        ended = sum(d[k] for k in ("authenticated", "refused", "timed_out", "evicted",
+                                  "hung_up", "pending"))
+        if ended != d["accepted"]:
+            fail.append(f"rank {r} accepted {d['accepted']} connections and counted {ended} "
+                        "ended or pending: some closed under no counter")
     if streams:
         refused = sum(d["refused"] for d in res.values())
         if refused < nreplay[0]:
