@@ -38,6 +38,8 @@ struct report {
 	float x0, xmin, xmax;
 	double join_s;           /* mp_init's duration */
 	int gone;                /* peers mp_peers_info shows gone after the average */
+	double avg_s;            /* the last mp_average's duration */
+	int grouped;             /* ... and whether it averaged in a group */
 	char err[400];
 };
 
@@ -91,9 +93,13 @@ static void average_into(mp_ctx *ctx, float *x, float scale, struct report *rep)
 {
 	struct mp_result res;
 
+	double t0 = now_s();
+
 	for (int i = 0; i < COUNT; i++)
 		x[i] = scale * (float)(mp_rank(ctx) + 1);
 	rep->avg_rc = mp_average(ctx, x, COUNT, 1.0f, &res);
+	rep->avg_s = now_s() - t0;
+	rep->grouped = res.group_size > 1;
 	rep->err[0] = '\0';
 	if (rep->avg_rc)
 		snprintf(rep->err, sizeof(rep->err), "%s", mp_last_error(ctx));
@@ -418,6 +424,69 @@ static void late_peer_is_taken_back(void **s)
 	release(k, 4); /* its 'x' ends their loops */
 }
 
+/*
+ * A peer the others took for gone (stopped past its TTL) finds, when it runs
+ * again, every control connection closed without a BYE, and takes the others
+ * for gone in turn. It must not then run rounds alone back to back: each
+ * ended in microseconds, and in a soak such a peer ran 90 of them in 0.3 s,
+ * published the round it reached, and the whole run jumped there and fell
+ * apart into rounds alone. Each of its rounds alone now waits the request
+ * timeout (1 s here) for company.
+ */
+static void cut_off_peer_does_not_race(void **s)
+{
+	struct kid k[4];
+	struct report r[4];
+	char key[64], boot[64];
+	struct peer_env e = {.key = key, .npeers = 4, .join_timeout_ms = 30000,
+			     .record_ttl_ms = 2000, .more = 1};
+
+	(void)s;
+	snprintf(key, sizeof(key), "run key %d", (int)getpid());
+	spawn_first(&k[0], &e, boot, sizeof(boot));
+	e.bootstrap = boot;
+	e.dht_port = 0;
+	for (int i = 1; i < 4; i++)
+		spawn(&k[i], &e);
+	for (int i = 0; i < 4; i++) {
+		collect(&k[i], &r[i]);
+		if (r[i].init_rc || r[i].avg_rc)
+			fail_msg("peer %d before the stop: mp_init %d, mp_average %d: %s", i,
+				 r[i].init_rc, r[i].avg_rc, r[i].err);
+	}
+	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
+	usleep(3 * 2000 * 1000);
+	for (int i = 0; i < 3; i++)
+		write_all(k[i].down, "a", 1);
+	for (int i = 0; i < 3; i++) {
+		collect(&k[i], &r[i]);
+		if (r[i].gone != 1)
+			fail_msg("peer %d with peer 3 stopped: %d peer(s) gone, want 1", i, r[i].gone);
+	}
+	assert_int_equal(kill(k[3].pid, SIGCONT), 0);
+	/* Peer 3 alone averages 3 times; the others do not average. */
+	for (int t = 0; t < 3; t++) {
+		write_all(k[3].down, "a", 1);
+		collect(&k[3], &r[3]);
+		if (r[3].grouped)
+			fail_msg("peer 3, average %d: in a group while the others were idle", t + 1);
+		if (r[3].avg_s < 0.9)
+			fail_msg("peer 3, average %d after it ran again: alone in %.3f s, want it "
+				 "to wait the request timeout (1 s) for company", t + 1, r[3].avg_s);
+	}
+	/* And the run is whole again. */
+	usleep(2 * 2000 * 1000);
+	for (int i = 0; i < 4; i++)
+		write_all(k[i].down, "a", 1);
+	for (int i = 0; i < 4; i++)
+		collect(&k[i], &r[i]);
+	for (int i = 0; i < 4; i++)
+		if (r[i].avg_rc)
+			fail_msg("peer %d after peer 3 came back: mp_average %d: %s", i, r[i].avg_rc,
+				 r[i].err);
+	release(k, 4);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -427,6 +496,7 @@ int main(void)
 		cmocka_unit_test(stranger_as_bootstrap_does_not_hold_up_the_join),
 		cmocka_unit_test(join_timeout_names_the_counts),
 		cmocka_unit_test(late_peer_is_taken_back),
+		cmocka_unit_test(cut_off_peer_does_not_race),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
