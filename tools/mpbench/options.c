@@ -769,11 +769,19 @@ static int follow_grid(struct bench *b, char *err, size_t errlen)
  */
 static int follow_rounds(struct bench *b, char *err, size_t errlen)
 {
+	/* -n and -w take up to INT_MAX / 2 each, --rounds 65536: their
+	 * product overflowed an int (fuzz_mpbench_opts, regress-total-rounds). */
+	int64_t total = (int64_t)(b->warmup + b->iters) * b->rounds_eff;
+
 	if ((uint64_t)b->npeers + (uint64_t)b->late > b->grid.cells)
 		return cli_fail(err, errlen, "--late=%d needs free grid cells: grid %s has %" PRIu64
 				" cells for %d peers", b->late, b->cfg.grid, b->grid.cells,
 				b->npeers);
-	b->total_rounds = (b->warmup + b->iters) * b->rounds_eff;
+	if (total > INT_MAX)
+		return cli_fail(err, errlen, "-w %d and -n %d of %d round(s) make %" PRId64 " rounds: "
+				"a followed run (--rendezvous=dht, --churn, --fault) runs at most %d",
+				b->warmup, b->iters, b->rounds_eff, total, INT_MAX);
+	b->total_rounds = (int)total;
 	b->churn_end = b->total_rounds - 2 * b->grid.ndims - 2;
 	if (b->churn_end < 0)
 		b->churn_end = 0;
