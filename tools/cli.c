@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "size.h"
 
@@ -32,62 +33,139 @@ void usage_error(const char *fmt, ...)
 	exit(CLI_EXIT_USAGE);
 }
 
-int64_t parse_int(const char *opt, const char *s, int64_t lo, int64_t hi)
+int cli_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return -EINVAL;
+}
+
+int cli_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *v, char *err,
+	    size_t errlen)
 {
 	char *end;
-	long long v;
+	long long x;
 
 	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		usage_error("bad value '%s' for %s (an integer from %lld to %lld)", s, opt,
-			    (long long)lo, (long long)hi);
+	x = strtoll(s, &end, 10);
+	if (errno || end == s || *end || x < lo || x > hi)
+		return cli_fail(err, errlen, "bad value '%s' for %s (an integer from %lld to %lld)",
+				s, opt, (long long)lo, (long long)hi);
+	*v = x;
+	return 0;
+}
+
+int cli_real(const char *opt, const char *s, double lo, double hi, double *v, char *err,
+	     size_t errlen)
+{
+	char *end;
+	double x;
+
+	errno = 0;
+	x = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(x) || !(x >= lo && x <= hi)) {
+		if (isinf(lo) && isinf(hi))
+			return cli_fail(err, errlen, "bad value '%s' for %s (a finite number)", s,
+					opt);
+		return cli_fail(err, errlen, "bad value '%s' for %s (a number from %g to %g)", s,
+				opt, lo, hi);
+	}
+	*v = x;
+	return 0;
+}
+
+int cli_u64(const char *opt, const char *s, uint64_t *v, char *err, size_t errlen)
+{
+	int hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+	const char *digits = hex ? s + 2 : s;
+	char *end;
+	unsigned long long x;
+
+	/* strtoull would take a sign, spaces, or a leading 0 as octal. */
+	if (!(hex ? isxdigit((unsigned char)*digits) : isdigit((unsigned char)*digits)))
+		return cli_fail(err, errlen, "bad value '%s' for %s (a non-negative integer)", s,
+				opt);
+	errno = 0;
+	x = strtoull(digits, &end, hex ? 16 : 10);
+	if (errno || *end)
+		return cli_fail(err, errlen, "bad value '%s' for %s (a non-negative integer)", s,
+				opt);
+	*v = x;
+	return 0;
+}
+
+int cli_size(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *v, char *err,
+	     size_t errlen)
+{
+	uint64_t x;
+	int rc = mp_parse_size(s, &x);
+
+	if (rc == -EINVAL)
+		return cli_fail(err, errlen, "bad size '%s' for %s (a whole number, optionally "
+				"followed by K, M or G and B)", s, opt);
+	/* -ERANGE: beyond 2^64 - 1 bytes, hence beyond @hi too. */
+	if (rc || x < lo || x > hi)
+		return cli_fail(err, errlen, "bad size '%s' for %s (from %llu to %llu bytes)", s,
+				opt, (unsigned long long)lo, (unsigned long long)hi);
+	*v = x;
+	return 0;
+}
+
+/*
+ * The exiting forms. The check runs once without a buffer; only a refusal
+ * runs it again into one sized for the value and the option named, so
+ * that a long value is printed whole, as usage_error would.
+ */
+#define CLI_REFUSE(call_with_buf)                                         \
+	do {                                                              \
+		size_t errlen = strlen(s) + strlen(opt) + 256;           \
+		char *err = malloc(errlen);                               \
+									  \
+		if (!err) {                                               \
+			fprintf(stderr, "%s: out of memory\n", cli_prog); \
+			exit(1);                                          \
+		}                                                         \
+		call_with_buf;                                            \
+		usage_error("%s", err);                                   \
+	} while (0)
+
+int64_t parse_int(const char *opt, const char *s, int64_t lo, int64_t hi)
+{
+	int64_t v;
+
+	if (cli_int(opt, s, lo, hi, &v, NULL, 0))
+		CLI_REFUSE(cli_int(opt, s, lo, hi, &v, err, errlen));
 	return v;
 }
 
 double parse_real(const char *opt, const char *s, double lo, double hi)
 {
-	char *end;
 	double v;
 
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || *end || !isfinite(v) || !(v >= lo && v <= hi)) {
-		if (isinf(lo) && isinf(hi))
-			usage_error("bad value '%s' for %s (a finite number)", s, opt);
-		usage_error("bad value '%s' for %s (a number from %g to %g)", s, opt, lo, hi);
-	}
+	if (cli_real(opt, s, lo, hi, &v, NULL, 0))
+		CLI_REFUSE(cli_real(opt, s, lo, hi, &v, err, errlen));
 	return v;
 }
 
 uint64_t parse_u64(const char *opt, const char *s)
 {
-	int hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
-	const char *digits = hex ? s + 2 : s;
-	char *end;
-	unsigned long long v;
+	uint64_t v;
 
-	/* strtoull would take a sign, spaces, or a leading 0 as octal. */
-	if (!(hex ? isxdigit((unsigned char)*digits) : isdigit((unsigned char)*digits)))
-		usage_error("bad value '%s' for %s (a non-negative integer)", s, opt);
-	errno = 0;
-	v = strtoull(digits, &end, hex ? 16 : 10);
-	if (errno || *end)
-		usage_error("bad value '%s' for %s (a non-negative integer)", s, opt);
+	if (cli_u64(opt, s, &v, NULL, 0))
+		CLI_REFUSE(cli_u64(opt, s, &v, err, errlen));
 	return v;
 }
 
 uint64_t parse_size(const char *opt, const char *s, uint64_t lo, uint64_t hi)
 {
 	uint64_t v;
-	int rc = mp_parse_size(s, &v);
 
-	if (rc == -EINVAL)
-		usage_error("bad size '%s' for %s (a whole number, optionally followed by K, M "
-			    "or G and B)", s, opt);
-	/* -ERANGE: beyond 2^64 - 1 bytes, hence beyond @hi too. */
-	if (rc || v < lo || v > hi)
-		usage_error("bad size '%s' for %s (from %llu to %llu bytes)", s, opt,
-			    (unsigned long long)lo, (unsigned long long)hi);
+	if (cli_size(opt, s, lo, hi, &v, NULL, 0))
+		CLI_REFUSE(cli_size(opt, s, lo, hi, &v, err, errlen));
 	return v;
 }

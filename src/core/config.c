@@ -81,6 +81,7 @@ static int parse_float(const char *s, float lo, float hi, float *out)
 {
 	char *end;
 	double v;
+	float f;
 
 	if (!s || !*s)
 		return -EINVAL;
@@ -88,7 +89,13 @@ static int parse_float(const char *s, float lo, float hi, float *out)
 	v = strtod(s, &end);
 	if (errno || end == s || *end || !(v > lo && v <= hi))
 		return -EINVAL;
-	*out = (float)v;
+	/* The float stored must be in range too: a double such as 5e-73 is
+	 * above 0 and rounds to 0.0f, which mp_config_resolve then refused at
+	 * mp_init (found by fuzz_mpbench_opts through mpbench --codec). */
+	f = (float)v;
+	if (!(f > lo && f <= hi))
+		return -EINVAL;
+	*out = f;
 	return 0;
 }
 

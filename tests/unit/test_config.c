@@ -105,6 +105,9 @@ static void bad_env_values(void **s)
 		{"MP_CODEC", "blockwise8:0"}, {"MP_CODEC", "adacomp:big"}, {"MP_CODEC_BLOCK", "0"},
 		{"MP_CODEC_SIGMAS", "nan"}, {"MP_TOPK_RATIO", "0"}, {"MP_TOPK_RATIO", "2"},
 		{"MP_ADACOMP_BIN", "-5"}, {"MP_ADACOMP_BIN", "0"},
+		/* Above 0 as doubles, 0.0f as the floats stored. */
+		{"MP_CODEC", "topk:5e-73"}, {"MP_TOPK_RATIO", "1e-46"},
+		{"MP_CODEC", "uniform8:1e-50"}, {"MP_CODEC_SIGMAS", "1e-46"},
 	};
 
 	(void)s;

@@ -940,19 +940,8 @@ int run_follow(struct bench *b)
 	char mode[96];
 	int rc, fails = 0;
 
-	bench_derive(b, b->npeers);
-	if ((uint64_t)b->npeers + (uint64_t)b->late > b->grid.cells)
-		usage_error("--late=%d needs free grid cells: grid %s has %" PRIu64 " cells for %d "
-			    "peers", b->late, b->cfg.grid, b->grid.cells, b->npeers);
-	b->total_rounds = (b->warmup + b->iters) * b->rounds_eff;
-	/* The last rounds are free of deaths, so that the survivors and any
-	 * replacement can reach consensus: rms_err measures whether they do. */
-	b->churn_end = b->total_rounds - 2 * b->grid.ndims - 2;
-	if (b->churn_end < 0)
-		b->churn_end = 0;
-	if (b->churn > 0 && b->churn_end == 0)
-		usage_error("--churn: %d rounds leave none for deaths (the last 2 x %d + 2 "
-			    "converge); raise --rounds or --iters", b->total_rounds, b->grid.ndims);
+	/* mpbench_parse derived the grid, total_rounds and churn_end (the
+	 * last rounds free of deaths) and checked them. */
 	snprintf(mode, sizeof(mode), "local, %d processes, followed round by round", b->npeers);
 	print_header(b, mode);
 	agg_init(&a, b, b->npeers, 1);

@@ -530,7 +530,7 @@ int run_local(struct bench *b)
 	char mode[64];
 	int rc;
 
-	bench_derive(b, b->npeers);
+	/* bench_derive ran in mpbench_parse, for b->npeers. */
 	snprintf(mode, sizeof(mode), "local, %d %s", b->npeers,
 		 b->loop ? "threads" : "processes");
 	print_header(b, mode);
@@ -606,7 +606,16 @@ int run_multi(struct bench *b, const char *how)
 		p.rank = mp_rank(p.ctx);
 		p.npeers = mp_npeers(p.ctx);
 	}
-	bench_derive(b, p.npeers);
+	/* The one check of the options that waits for the run: the grid's
+	 * cells against the peer count mp_init found. */
+	{
+		size_t errlen = 256 + (b->cfg.grid ? strlen(b->cfg.grid) : 0);
+		char *err = xmalloc(errlen);
+
+		if (bench_derive(b, p.npeers, err, errlen))
+			usage_error("%s", err);
+		free(err);
+	}
 	if (b->dead) {
 		const char *s = b->dead;
 

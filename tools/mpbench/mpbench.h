@@ -2,8 +2,11 @@
 /*
  * What the files of mpbench share; everything else in them is static.
  *
- *   mpbench.c   main: the mode, from the environment and the options
- *   options.c   the command line, and the settings that follow from it
+ *   mpbench.c   main: parse, then run the mode
+ *   options.c   the command line and the environment, every check of the
+ *               options (mpbench_parse, which returns: fuzz_mpbench_opts),
+ *               and the settings that follow from them
+ *   util.c      small helpers: out of memory, clamping
  *   chan.c      messages between the peers and their coordinator
  *   launch.c    local peers as processes or threads; a multi-host peer
  *   peer.c      one peer: the timed averages and the check of the results
@@ -19,6 +22,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -32,6 +36,9 @@
 #define EXIT_OK 0
 #define EXIT_FAIL 1
 #define EXIT_USAGE CLI_EXIT_USAGE
+
+/* Most peers --peers takes. */
+#define MPBENCH_MAX_PEERS (1 << 20)
 
 /* Messages between a peer and the coordinator (parent process or main thread). */
 enum {
@@ -149,6 +156,13 @@ struct bench {
 	int total_rounds;   /* followed runs: rounds of the run, warmup included */
 	int churn_end;      /* --churn: deaths fall in rounds [0, churn_end) */
 	int compute_ms;     /* followed runs: a peer's pause between its rounds */
+	/* What mpbench_parse found besides the settings above. */
+	int help;           /* --help: print bench_usage, nothing else was parsed */
+	int rank_opt;       /* --rank (-1: not given) */
+	int peers_opt;      /* --peers (0: not given) */
+	int launched;       /* started by mpirun, PMI or srun (lname) as lrank of lsize */
+	int lrank, lsize;
+	const char *lname;
 	/* --transport=dpdk (dpdk_seg.c builds the local segment) */
 	const char *dpdk_args; /* --dpdk-args: EAL arguments instead of a made-up segment */
 	double inject_loss;    /* --inject-loss: fraction of received frames dropped */
@@ -330,13 +344,46 @@ int follow_exact(const struct bench *b);
 double replay_rtol(const struct bench *b);
 double replay_atol(const struct bench *b);
 void grid_format(const struct gridinfo *g, char *buf, size_t len);
-void bench_derive(struct bench *b, int npeers);
-int launched_by(int *rank, int *size, const char **name);
-void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
-		   int *peers_opt);
-void follow_options(struct bench *b);
-void follow_grid(struct bench *b);
-void make_sizes(struct bench *b);
+
+/*
+ * The settings before the command line: zeroes, the MP_* environment
+ * (mp_config_from_env) and mpbench's defaults. Returns mp_config_from_env's
+ * result: nonzero for a bad variable, named by mp_last_error.
+ */
+int bench_init(struct bench *b);
+
+/*
+ * The command line over bench_init's settings, and every check of the
+ * options and their combinations: the mode (local, followed or
+ * multi-host), the sizes, and in local runs the peers, the run name, the
+ * grid and what bench_derive derives. Returns 0, with b->help set for
+ * --help (nothing after it parsed), or -EINVAL with the message that
+ * mpbench prints after "mpbench: " in @err (@errlen bytes; cut to fit).
+ *
+ * It reads, besides @argv: MP_RUN, the launchers' rank and size variables
+ * (OMPI_COMM_WORLD_*, PMI_*, SLURM_PROCID/NTASKS) and, through
+ * mp_transport_available, MP_DRIVER_PATH's plugins (loaded once per
+ * process); no file, no network, no child. The hostfile is only named
+ * here: mp_init reads it. It can be called again and again in one process
+ * (it restarts getopt_long) on settings from bench_init; on failure it
+ * frees what it allocated, on success bench_free does. @argv is permuted
+ * as getopt_long does; the settings point into its strings.
+ */
+int mpbench_parse(int argc, char **argv, struct bench *b, char *err, size_t errlen);
+
+/* What mpbench_parse and the run allocated in @b. */
+void bench_free(struct bench *b);
+
+/* The whole --help text. */
+void bench_usage(FILE *f);
+
+/*
+ * What depends on the peer count (grid, exactness, tolerance, bus factor,
+ * safety limits): 0, or -EINVAL when the grid has fewer cells than
+ * @npeers, with the message in @err. mpbench_parse calls it for local
+ * runs; run_multi once mp_init knows the peer count.
+ */
+int bench_derive(struct bench *b, int npeers, char *err, size_t errlen);
 
 /* ------------------------------------------------------------------------ */
 /* Launching (launch.c)                                                      */
@@ -362,7 +409,7 @@ int dev_htod(void *dst, const void *src, size_t len, char *why, size_t n);
 int dev_dtoh(void *dst, const void *src, size_t len, char *why, size_t n);
 
 /* ------------------------------------------------------------------------ */
-/* Small helpers (mpbench.c)                                                 */
+/* Small helpers (util.c)                                                    */
 
 void die_oom(void);
 void *xmalloc(size_t n);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mpbench.h"
 
@@ -124,8 +125,11 @@ void grid_format(const struct gridinfo *g, char *buf, size_t len)
  * Exact: ring and butterfly always; Moshpit when every grid cell holds a
  * peer (no partial grid) and it runs at least one round per dimension. The
  * grid comes from the library (mp_grid_shape), so tool and library agree.
+ *
+ * -EINVAL when the grid has fewer cells than @npeers: mpbench_parse finds
+ * that of a local run; a multi-host run learns its peer count from mp_init.
  */
-void bench_derive(struct bench *b, int npeers)
+int bench_derive(struct bench *b, int npeers, char *err, size_t errlen)
 {
 	const struct mp_config *c = &b->cfg;
 	int64_t cto = c->connect_timeout_ms > 0 ? c->connect_timeout_ms : 10000;
@@ -134,11 +138,9 @@ void bench_derive(struct bench *b, int npeers)
 
 	b->npeers = npeers;
 	if (grid_from_library(c->grid, npeers, &b->grid) < 0)
-		usage_error("grid %s has fewer cells than the %d peers", c->grid, npeers);
+		return cli_fail(err, errlen, "grid %s has fewer cells than the %d peers", c->grid,
+				npeers);
 	b->rounds_eff = c->rounds > 0 ? c->rounds : b->grid.ndims;
-	if (c->algo == MP_ALGO_RING && codec_sparse(c->codec))
-		usage_error("--codec=%s needs --algo=moshpit or butterfly (the ring forwards "
-			    "partial sums, with no place for error feedback)", codec_name(c->codec));
 
 	b->exact = 1;
 	b->inexact_why[0] = '\0';
@@ -186,12 +188,13 @@ void bench_derive(struct bench *b, int npeers)
 			(c->allreduce_timeout_ms > 0 ? c->allreduce_timeout_ms : 60000));
 	b->op_cap_ms = clamp_ms(cap);
 	b->silence_ms = clamp_ms(cap + 30000);
+	return 0;
 }
 
 /* ------------------------------------------------------------------------ */
 /* Options                                                                   */
 
-static void usage(FILE *f)
+void bench_usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: " PROG " [OPTIONS]\n"
@@ -386,7 +389,7 @@ static const struct option long_opts[] = {
 };
 
 /* Launcher environment: 1 with rank and size when run by mpirun, PMI or srun. */
-int launched_by(int *rank, int *size, const char **name)
+static int launched_by(int *rank, int *size, const char **name)
 {
 	static const char *const vars[][3] = {
 		{ "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun" },
@@ -412,39 +415,40 @@ int launched_by(int *rank, int *size, const char **name)
 	}
 	return 0;
 }
-
 /*
  * nccl-tests' -g, -t, -d and -o choose what mpbench has no choice of: the
  * value that describes what it does anyway is accepted, any other is a
  * usage error that says why, so that a command line copied from nccl-tests
  * either means the same here or fails saying what differs.
  */
-static void nccl_flag(int o, const char *arg)
+static int nccl_flag(int o, const char *arg, char *err, size_t errlen)
 {
 	switch (o) {
 	case 'g':
 		if (strcmp(arg, "1"))
-			usage_error("-g %s (GPUs per thread, from nccl-tests) is not taken: every "
-				    "mpbench peer is one process with one buffer; use --peers=N", arg);
+			return cli_fail(err, errlen, "-g %s (GPUs per thread, from nccl-tests) is not "
+					"taken: every mpbench peer is one process with one buffer; "
+					"use --peers=N", arg);
 		break;
 	case 't':
 		if (strcmp(arg, "1"))
-			usage_error("-t %s (threads per process, from nccl-tests) is not taken: "
-				    "every peer is one process (one thread of one process with "
-				    "--transport=loop); use --peers=N", arg);
+			return cli_fail(err, errlen, "-t %s (threads per process, from nccl-tests) is "
+					"not taken: every peer is one process (one thread of one "
+					"process with --transport=loop); use --peers=N", arg);
 		break;
 	case 'd':
 		if (strcmp(arg, "float") && strcmp(arg, "fp32") && strcmp(arg, "float32"))
-			usage_error("-d %s (data type, from nccl-tests) is not taken: libmoshpit "
-				    "averages float (fp32) only; --codec sets what goes on the wire",
-				    arg);
+			return cli_fail(err, errlen, "-d %s (data type, from nccl-tests) is not taken: "
+					"libmoshpit averages float (fp32) only; --codec sets what "
+					"goes on the wire", arg);
 		break;
 	case 'o':
 		if (strcmp(arg, "avg") && strcmp(arg, "mean"))
-			usage_error("-o %s (reduction, from nccl-tests) is not taken: libmoshpit "
-				    "computes the (weighted) mean only (-o avg)", arg);
+			return cli_fail(err, errlen, "-o %s (reduction, from nccl-tests) is not taken: "
+					"libmoshpit computes the (weighted) mean only (-o avg)", arg);
 		break;
 	}
+	return 0;
 }
 
 /* An option whose value is only checked, then stored in its variable. */
@@ -456,23 +460,31 @@ struct field_opt {
 	double lo, hi;    /* the range of FIELD_INT (exact in a double) and FIELD_REAL */
 };
 
-/* 1 when @o is in @f (its value stored), 0 when it is not. */
-static int set_field_opt(const struct field_opt *f, size_t n, int o, const char *arg)
+/* 1 when @o is in @f (its value stored), 0 when it is not, -EINVAL when its
+ * value is bad. */
+static int set_field_opt(const struct field_opt *f, size_t n, int o, const char *arg, char *err,
+			 size_t errlen)
 {
 	for (; n > 0; f++, n--) {
+		int64_t iv;
+		double dv;
+
 		if (f->opt != o)
 			continue;
 		switch (f->kind) {
 		case FIELD_INT:
-			*(int *)f->field = (int)parse_int(f->name, arg, (int64_t)f->lo,
-							  (int64_t)f->hi);
+			if (cli_int(f->name, arg, (int64_t)f->lo, (int64_t)f->hi, &iv, err, errlen))
+				return -EINVAL;
+			*(int *)f->field = (int)iv;
 			break;
 		case FIELD_REAL:
-			*(double *)f->field = parse_real(f->name, arg, f->lo, f->hi);
+			if (cli_real(f->name, arg, f->lo, f->hi, &dv, err, errlen))
+				return -EINVAL;
+			*(double *)f->field = dv;
 			break;
 		case FIELD_TEXT:
 			if (!*arg)
-				usage_error("empty %s", f->name);
+				return cli_fail(err, errlen, "empty %s", f->name);
 			*(const char **)f->field = arg;
 			break;
 		}
@@ -481,8 +493,36 @@ static int set_field_opt(const struct field_opt *f, size_t n, int o, const char 
 	return 0;
 }
 
-void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
-			  int *peers_opt)
+/* --fault=I:SPEC, appended to b->faults (the spec points into @arg). */
+static int add_fault(struct bench *b, const char *arg, char *err, size_t errlen)
+{
+	struct fault_opt *f;
+	char *end;
+	long idx;
+
+	errno = 0;
+	idx = strtol(arg, &end, 10);
+	if (errno || end == arg || *end != ':' || !end[1] || idx < 0 || idx > INT_MAX)
+		return cli_fail(err, errlen, "bad --fault '%s' (INDEX:SPEC, e.g. "
+				"3:kill:round=1:phase=gather)", arg);
+	f = realloc(b->faults, (size_t)(b->nfaults + 1) * sizeof(*b->faults));
+	if (!f)
+		die_oom();
+	b->faults = f;
+	b->faults[b->nfaults].index = (int)idx;
+	b->faults[b->nfaults].spec = end + 1;
+	b->nfaults++;
+	return 0;
+}
+
+/*
+ * The options one by one, over the settings in @b; every value is checked
+ * here, their combinations by mpbench_parse. getopt_long keeps its place
+ * in globals: optind = 0 makes glibc's start over (and read
+ * POSIXLY_CORRECT again), so that each call parses its @argv from the
+ * start, whatever an earlier call left. 1 for --help (stop there).
+ */
+static int parse_argv(struct bench *b, int argc, char **argv, char *err, size_t errlen)
 {
 	struct mp_config *c = &b->cfg;
 	const struct field_opt fields[] = {
@@ -490,8 +530,8 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		{ 'w', "--warmup_iters", FIELD_INT, &b->warmup, 0, INT_MAX / 2 },
 		{ 'c', "--check", FIELD_INT, &b->check, 0, 1 },
 		{ OPT_SYNC, "--sync", FIELD_INT, &b->sync, 0, 1 },
-		{ OPT_PEERS, "--peers", FIELD_INT, peers_opt, 1, 1 << 20 },
-		{ OPT_RANK, "--rank", FIELD_INT, rank_opt, 0, INT_MAX - 1 },
+		{ OPT_PEERS, "--peers", FIELD_INT, &b->peers_opt, 1, MPBENCH_MAX_PEERS },
+		{ OPT_RANK, "--rank", FIELD_INT, &b->rank_opt, 0, INT_MAX - 1 },
 		{ OPT_ROUNDS, "--rounds", FIELD_INT, &c->rounds, 0, 1 << 16 },
 		{ OPT_STREAMS, "--streams", FIELD_INT, &c->streams, 0, 1024 },
 		{ OPT_DHT_PORT, "--dht-port", FIELD_INT, &c->dht_port, 0, 65535 },
@@ -513,33 +553,42 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 		{ OPT_LOGS, "--logs", FIELD_TEXT, &b->logdir, 0, 0 },
 		{ OPT_DEAD, "--dead", FIELD_TEXT, &b->dead, 0, 0 },
 	};
-	int o;
+	int o, rc;
 
-	cli_init(PROG);
-	*rank_opt = -1;
-	*peers_opt = 0;
+	b->rank_opt = -1;
+	b->peers_opt = 0;
 	opterr = 0;
+	optind = 0;
 	while ((o = getopt_long(argc, argv, ":b:e:f:n:w:c:g:t:d:o:h", long_opts, NULL)) != -1) {
 		const char *name = optind > 0 && optind <= argc ? argv[optind - 1] : "option";
+		int64_t iv;
 
-		if (set_field_opt(fields, sizeof(fields) / sizeof(fields[0]), o, optarg))
+		rc = set_field_opt(fields, sizeof(fields) / sizeof(fields[0]), o, optarg, err,
+				   errlen);
+		if (rc < 0)
+			return rc;
+		if (rc)
 			continue;
 		switch (o) {
 		case 'b':
-			b->minbytes = parse_size("--minbytes", optarg, 0, UINT64_MAX);
+			if (cli_size("--minbytes", optarg, 0, UINT64_MAX, &b->minbytes, err, errlen))
+				return -EINVAL;
 			b->size_given |= 1;
 			break;
 		case 'e':
-			b->maxbytes = parse_size("--maxbytes", optarg, 0, UINT64_MAX);
+			if (cli_size("--maxbytes", optarg, 0, UINT64_MAX, &b->maxbytes, err, errlen))
+				return -EINVAL;
 			b->size_given |= 2;
 			break;
 		case 'f':
-			b->stepfactor = (uint64_t)parse_int("--stepfactor", optarg, 2, 1 << 20);
+			if (cli_int("--stepfactor", optarg, 2, 1 << 20, &iv, err, errlen))
+				return -EINVAL;
+			b->stepfactor = (uint64_t)iv;
 			break;
 		case OPT_TRANSPORT:
 			if (!mp_transport_available(optarg))
-				usage_error("--transport=%s: not built into this library, registered "
-					    "or in MP_DRIVER_PATH", optarg);
+				return cli_fail(err, errlen, "--transport=%s: not built into this library, "
+						"registered or in MP_DRIVER_PATH", optarg);
 			b->transport = optarg;
 			break;
 		case OPT_DPDK_ARGS:
@@ -549,8 +598,8 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			int v = mp_algo_from_name(optarg);
 
 			if (v < 0)
-				usage_error("unknown --algo '%s' (moshpit, ring or butterfly)",
-					    optarg);
+				return cli_fail(err, errlen, "unknown --algo '%s' (moshpit, ring or "
+						"butterfly)", optarg);
 			c->algo = v;
 			break;
 		}
@@ -560,35 +609,36 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			/* Syntax only here: the cell count is checked once the
 			 * number of peers is known. */
 			if (grid_from_library(optarg, 1, &g) < 0)
-				usage_error("bad --grid '%s' (like 4x4 or 2x2x2, at most %d "
-					    "dimensions)", optarg, MP_MAX_GRID_DIMS);
+				return cli_fail(err, errlen, "bad --grid '%s' (like 4x4 or 2x2x2, at most "
+						"%d dimensions)", optarg, MP_MAX_GRID_DIMS);
 			c->grid = optarg;
 			break;
 		}
 		case OPT_CODEC: {
 			if (mp_codec_parse(optarg, c))
-				usage_error("bad --codec '%s': %s (the form: none, fp16, bf16, "
-					    "uniform8[:SIGMAS], blockwise8[:BLOCK], topk[:FRACTION], "
-					    "adacomp[:conv|fc|BIN] or auto)", optarg,
-					    mp_last_error(NULL));
+				return cli_fail(err, errlen, "bad --codec '%s': %s (the form: none, fp16, "
+						"bf16, uniform8[:SIGMAS], blockwise8[:BLOCK], "
+						"topk[:FRACTION], adacomp[:conv|fc|BIN] or auto)",
+						optarg, mp_last_error(NULL));
 			break;
 		}
 		case OPT_CHUNK: {
-			uint64_t v = parse_size("--chunk", optarg, 0, UINT64_MAX);
+			uint64_t v;
 
+			if (cli_size("--chunk", optarg, 0, UINT64_MAX, &v, err, errlen))
+				return -EINVAL;
 			if (v == 0 || v % 4 || v > SIZE_MAX / 2)
-				usage_error("bad --chunk '%s' (a positive multiple of 4 bytes)",
-					    optarg);
+				return cli_fail(err, errlen, "bad --chunk '%s' (a positive multiple of 4 "
+						"bytes)", optarg);
 			c->chunk_bytes = (size_t)v;
 			break;
 		}
-		case OPT_TIMEOUT: {
-			int v = (int)parse_int("--timeout", optarg, 1, INT_MAX / 64);
-
-			c->connect_timeout_ms = v;
-			c->round_timeout_ms = v;
+		case OPT_TIMEOUT:
+			if (cli_int("--timeout", optarg, 1, INT_MAX / 64, &iv, err, errlen))
+				return -EINVAL;
+			c->connect_timeout_ms = (int)iv;
+			c->round_timeout_ms = (int)iv;
 			break;
-		}
 		case OPT_WEIGHTED:
 			b->weighted = 1;
 			break;
@@ -596,7 +646,8 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			b->peer_stats = 1;
 			break;
 		case OPT_SEED:
-			b->seed = parse_u64("--seed", optarg);
+			if (cli_u64("--seed", optarg, &b->seed, err, errlen))
+				return -EINVAL;
 			break;
 		case OPT_TOL: {
 			char *end;
@@ -605,7 +656,8 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			errno = 0;
 			v = strtod(optarg, &end);
 			if (errno || end == optarg || *end || !(v >= 0) || !isfinite(v))
-				usage_error("bad --tol '%s' (a non-negative number)", optarg);
+				return cli_fail(err, errlen, "bad --tol '%s' (a non-negative number)",
+						optarg);
 			b->tol = v;
 			b->tol_set = 1;
 			break;
@@ -616,38 +668,27 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			else if (strcmp(optarg, "static") == 0)
 				b->rdv_static = 1;
 			else
-				usage_error("unknown --rendezvous '%s' (static or dht)", optarg);
+				return cli_fail(err, errlen, "unknown --rendezvous '%s' (static or dht)",
+						optarg);
 			if (b->dht && b->rdv_static)
-				usage_error("--rendezvous given as both static and dht");
+				return cli_fail(err, errlen, "--rendezvous given as both static and dht");
 			break;
 		case OPT_BOOTSTRAP:
 			if (!*optarg || !strchr(optarg, ':'))
-				usage_error("bad --bootstrap '%s' (host:port[,host:port...])", optarg);
+				return cli_fail(err, errlen, "bad --bootstrap '%s' (host:port[,host:port...])",
+						optarg);
 			c->bootstrap = optarg;
 			break;
-		case OPT_FAULT: {
-			char *end;
-			long idx;
-
-			errno = 0;
-			idx = strtol(optarg, &end, 10);
-			if (errno || end == optarg || *end != ':' || !end[1] || idx < 0 ||
-			    idx > INT_MAX)
-				usage_error("bad --fault '%s' (INDEX:SPEC, e.g. "
-					    "3:kill:round=1:phase=gather)", optarg);
-			b->faults = realloc(b->faults, (size_t)(b->nfaults + 1) * sizeof(*b->faults));
-			if (!b->faults)
-				die_oom();
-			b->faults[b->nfaults].index = (int)idx;
-			b->faults[b->nfaults].spec = end + 1;
-			b->nfaults++;
+		case OPT_FAULT:
+			if (add_fault(b, optarg, err, errlen))
+				return -EINVAL;
 			break;
-		}
 		case 'g':
 		case 't':
 		case 'd':
 		case 'o':
-			nccl_flag(o, optarg);
+			if (nccl_flag(o, optarg, err, errlen))
+				return -EINVAL;
 			break;
 		case OPT_MINMAX:
 			b->minmax = 1;
@@ -658,20 +699,20 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
 			else if (strcmp(optarg, "host") == 0)
 				b->cuda = 0;
 			else
-				usage_error("unknown --memory '%s' (host or cuda)", optarg);
+				return cli_fail(err, errlen, "unknown --memory '%s' (host or cuda)", optarg);
 			break;
 		case 'h':
-			usage(stdout);
-			exit(EXIT_OK);
+			return 1;
 		case ':':
-			usage_error("%s needs a value", name);
+			return cli_fail(err, errlen, "%s needs a value", name);
 		case '?':
 		default:
-			usage_error("unknown or malformed option '%s'", name);
+			return cli_fail(err, errlen, "unknown or malformed option '%s'", name);
 		}
 	}
 	if (optind < argc)
-		usage_error("unexpected argument '%s'", argv[optind]);
+		return cli_fail(err, errlen, "unexpected argument '%s'", argv[optind]);
+	return 0;
 }
 
 /*
@@ -680,18 +721,21 @@ void parse_options(struct bench *b, int argc, char **argv, int *rank_opt,
  * (tcp, ofi, verbs: a fault kills its process), and the codecs the replay
  * can follow.
  */
-void follow_options(struct bench *b)
+static int follow_options(struct bench *b, char *err, size_t errlen)
 {
 	if (b->loop)
-		usage_error("--rendezvous=dht, --churn and --fault need a process per peer: "
-			    "--transport=tcp, ofi or verbs (a fault kills its whole process)");
+		return cli_fail(err, errlen, "--rendezvous=dht, --churn and --fault need a process "
+				"per peer: --transport=tcp, ofi or verbs (a fault kills its whole "
+				"process)");
 	if (b->cfg.algo != MP_ALGO_MOSHPIT)
-		usage_error("--rendezvous=dht, --churn and --fault need --algo=moshpit");
+		return cli_fail(err, errlen, "--rendezvous=dht, --churn and --fault need "
+				"--algo=moshpit");
 	if (codec_sparse(b->cfg.codec))
-		usage_error("--codec=%s holds values back (error feedback), which the replay "
-			    "of the logs cannot follow", codec_name(b->cfg.codec));
+		return cli_fail(err, errlen, "--codec=%s holds values back (error feedback), which "
+				"the replay of the logs cannot follow", codec_name(b->cfg.codec));
 	if (b->size_given == 3 && b->minbytes != b->maxbytes)
-		usage_error("--rendezvous=dht, --churn and --fault run one size: give -b or -e");
+		return cli_fail(err, errlen, "--rendezvous=dht, --churn and --fault run one size: "
+				"give -b or -e");
 	/* The size asked for is the size run: -b alone, -e alone or both equal. */
 	if (b->size_given == 1)
 		b->maxbytes = b->minbytes;
@@ -699,47 +743,291 @@ void follow_options(struct bench *b)
 		b->minbytes = b->maxbytes;
 	else if (b->size_given == 0)
 		b->minbytes = b->maxbytes = 256u << 10;
+	return 0;
 }
 
 /* Every peer of a followed run, joiners included, gets the same grid: the
  * one given, or the library's choice for the peers and the late peers. */
-void follow_grid(struct bench *b)
+static int follow_grid(struct bench *b, char *err, size_t errlen)
 {
 	struct gridinfo g;
 
 	if (b->cfg.grid)
-		return;
+		return 0;
 	if (grid_from_library(NULL, b->npeers + b->late, &g) < 0)
-		usage_error("no grid for %d peers", b->npeers + b->late);
+		return cli_fail(err, errlen, "no grid for %d peers", b->npeers + b->late);
 	grid_format(&g, b->grid_buf, sizeof(b->grid_buf));
 	b->cfg.grid = b->grid_buf;
+	return 0;
+}
+
+/*
+ * A followed run's rounds, once bench_derive knows the grid: the late peers
+ * need free cells, and --churn rounds to kill in. The last rounds are free
+ * of deaths, so that the survivors and any replacement can reach
+ * consensus: rms_err measures whether they do.
+ */
+static int follow_rounds(struct bench *b, char *err, size_t errlen)
+{
+	/* -n and -w take up to INT_MAX / 2 each, --rounds 65536: their
+	 * product overflowed an int (fuzz_mpbench_opts, regress-total-rounds). */
+	int64_t total = (int64_t)(b->warmup + b->iters) * b->rounds_eff;
+
+	if ((uint64_t)b->npeers + (uint64_t)b->late > b->grid.cells)
+		return cli_fail(err, errlen, "--late=%d needs free grid cells: grid %s has %" PRIu64
+				" cells for %d peers", b->late, b->cfg.grid, b->grid.cells,
+				b->npeers);
+	if (total > INT_MAX)
+		return cli_fail(err, errlen, "-w %d and -n %d of %d round(s) make %" PRId64 " rounds: "
+				"a followed run (--rendezvous=dht, --churn, --fault) runs at most %d",
+				b->warmup, b->iters, b->rounds_eff, total, INT_MAX);
+	b->total_rounds = (int)total;
+	b->churn_end = b->total_rounds - 2 * b->grid.ndims - 2;
+	if (b->churn_end < 0)
+		b->churn_end = 0;
+	if (b->churn > 0 && b->churn_end == 0)
+		return cli_fail(err, errlen, "--churn: %d rounds leave none for deaths (the last 2 x "
+				"%d + 2 converge); raise --rounds or --iters", b->total_rounds,
+				b->grid.ndims);
+	return 0;
 }
 
 /* Sizes from min to max, multiplying by the step factor. */
-void make_sizes(struct bench *b)
+static int make_sizes(struct bench *b, char *err, size_t errlen)
 {
 	int cap = 0;
 
 	if (b->minbytes == 0 || b->minbytes % 4)
-		usage_error("--minbytes %" PRIu64 " is not a positive multiple of 4 bytes (fp32)",
-			    b->minbytes);
+		return cli_fail(err, errlen, "--minbytes %" PRIu64 " is not a positive multiple of 4 "
+				"bytes (fp32)", b->minbytes);
 	if (b->maxbytes == 0 || b->maxbytes % 4)
-		usage_error("--maxbytes %" PRIu64 " is not a positive multiple of 4 bytes (fp32)",
-			    b->maxbytes);
+		return cli_fail(err, errlen, "--maxbytes %" PRIu64 " is not a positive multiple of 4 "
+				"bytes (fp32)", b->maxbytes);
 	if (b->minbytes > b->maxbytes)
-		usage_error("--minbytes %" PRIu64 " is larger than --maxbytes %" PRIu64,
-			    b->minbytes, b->maxbytes);
+		return cli_fail(err, errlen, "--minbytes %" PRIu64 " is larger than --maxbytes %"
+				PRIu64, b->minbytes, b->maxbytes);
 	if (b->maxbytes > SIZE_MAX / 2)
-		usage_error("--maxbytes %" PRIu64 " is too large", b->maxbytes);
+		return cli_fail(err, errlen, "--maxbytes %" PRIu64 " is too large", b->maxbytes);
 	for (uint64_t s = b->minbytes; s <= b->maxbytes; s *= b->stepfactor) {
 		if (b->nsizes == cap) {
+			uint64_t *p;
+
 			cap = cap ? cap * 2 : 16;
-			b->sizes = realloc(b->sizes, (size_t)cap * sizeof(*b->sizes));
-			if (!b->sizes)
+			p = realloc(b->sizes, (size_t)cap * sizeof(*b->sizes));
+			if (!p)
 				die_oom();
+			b->sizes = p;
 		}
 		b->sizes[b->nsizes++] = s;
 		if (s > UINT64_MAX / b->stepfactor)
 			break;
 	}
+	return 0;
+}
+
+/* --dead's syntax; the ranks' range once the peer count is known (launch.c). */
+static int dead_syntax(const char *dead, char *err, size_t errlen)
+{
+	const char *s = dead;
+
+	do {
+		char *end;
+		long v;
+
+		errno = 0;
+		v = strtol(s, &end, 10);
+		if (end == s || errno || v < 0 || v >= 1 << 20 || (*end && *end != ','))
+			return cli_fail(err, errlen, "bad --dead '%s' (ranks, e.g. 7 or 3,5)", dead);
+		s = *end ? end + 1 : end;
+	} while (*s);
+	return 0;
+}
+
+/* The ring forwards partial sums: no place for a sparse codec's error
+ * feedback. */
+static int ring_sparse(const struct bench *b, char *err, size_t errlen)
+{
+	if (b->cfg.algo == MP_ALGO_RING && codec_sparse(b->cfg.codec))
+		return cli_fail(err, errlen, "--codec=%s needs --algo=moshpit or butterfly (the ring "
+				"forwards partial sums, with no place for error feedback)",
+				codec_name(b->cfg.codec));
+	return 0;
+}
+
+int bench_init(struct bench *b)
+{
+	int rc;
+
+	memset(b, 0, sizeof(*b));
+	mp_config_init(&b->cfg);
+	rc = mp_config_from_env(&b->cfg);
+	b->minbytes = 64ULL << 10;
+	b->maxbytes = 16ULL << 20;
+	b->stepfactor = 2;
+	b->iters = 5;
+	b->warmup = 1;
+	b->check = 1;
+	b->sync = 1;
+	b->seed = 42;
+	b->transport = b->cfg.transport && *b->cfg.transport ? b->cfg.transport : "tcp";
+	b->join = -1;
+	b->max_rms = -1.0;
+	b->rank_opt = -1;
+	b->lrank = -1;
+	return rc;
+}
+
+void bench_free(struct bench *b)
+{
+	free(b->sizes);
+	free(b->faults);
+	free(b->dead_mask);
+	b->sizes = NULL;
+	b->faults = NULL;
+	b->dead_mask = NULL;
+	b->nsizes = 0;
+	b->nfaults = 0;
+}
+
+/* mpbench_parse, but what it allocated stays in @b on failure too. */
+static int parse_checked(int argc, char **argv, struct bench *b, char *err, size_t errlen)
+{
+	int rc;
+
+	rc = parse_argv(b, argc, argv, err, errlen);
+	if (rc < 0)
+		return rc;
+	if (rc) {
+		b->help = 1;
+		return 0;
+	}
+	if (!b->rdv_static && b->cfg.rendezvous && strcmp(b->cfg.rendezvous, "dht") == 0)
+		b->dht = 1;
+	if (b->churn > 0 || b->late || b->intruders || (b->cfg.bootstrap && !b->rdv_static)) {
+		if (b->rdv_static)
+			return cli_fail(err, errlen, "--churn, --late and --intruders need "
+					"--rendezvous=dht");
+		b->dht = 1;
+	}
+	if (b->join < 0)
+		b->join = b->churn > 0;
+	b->loop = strcmp(b->transport, "loop") == 0;
+
+	b->launched = launched_by(&b->lrank, &b->lsize, &b->lname);
+	b->multi = b->cfg.hostfile || b->cfg.peers || b->rank_opt >= 0 || b->cfg.rank >= 0 ||
+		   (b->launched && b->lsize > 1) || (b->dht && b->cfg.bootstrap);
+	b->follow = !b->multi && (b->dht || b->nfaults || b->churn > 0 || b->late || b->intruders);
+	if (b->dead && !b->multi)
+		return cli_fail(err, errlen, "--dead names ranks of a multi-host run (local runs kill "
+				"with --fault)");
+	if (b->dead && dead_syntax(b->dead, err, errlen))
+		return -EINVAL;
+	if (b->multi && (b->nfaults || b->churn > 0 || b->late || b->intruders))
+		return cli_fail(err, errlen, "--churn, --fault, --late and --intruders start local "
+				"peers: they cannot be used across hosts");
+	if ((b->clients || b->aux) && (!b->dht || b->multi))
+		return cli_fail(err, errlen, "--clients and --aux give local peers of a "
+				"--rendezvous=dht run their DeDLOC modes");
+	if ((b->keep || b->sample) && !b->follow)
+		return cli_fail(err, errlen, "--keep and --sample are for followed runs "
+				"(--rendezvous=dht, --churn, --fault)");
+	if (b->compute_ms && !b->follow)
+		return cli_fail(err, errlen, "--compute-ms paces followed runs (--rendezvous=dht, "
+				"--churn, --fault)");
+	if (b->follow && follow_options(b, err, errlen))
+		return -EINVAL;
+	if (strcmp(b->transport, "dpdk") == 0) {
+		if (b->follow)
+			return cli_fail(err, errlen, "--transport=dpdk runs static rounds: no "
+					"--rendezvous=dht, --churn or --fault");
+	} else if (b->dpdk_args || b->inject_loss > 0) {
+		return cli_fail(err, errlen, "--dpdk-args and --inject-loss are for --transport=dpdk");
+	}
+	if (make_sizes(b, err, errlen))
+		return -EINVAL;
+	if (b->follow && b->check && b->maxbytes > (1u << 20))
+		return cli_fail(err, errlen, "--check with --rendezvous=dht, --churn or --fault sends "
+				"every peer's final values to the launcher: at most 1M (or --check=0)");
+	if (b->cuda) {
+		if (b->follow)
+			return cli_fail(err, errlen, "--memory=cuda runs static averages: no "
+					"--rendezvous=dht, --churn, --fault, --late or --intruders");
+		if (codec_sparse(b->cfg.codec))
+			return cli_fail(err, errlen, "--memory=cuda with --codec=%s: its check needs "
+					"mp_average_flush, which averages host memory only",
+					codec_name(b->cfg.codec));
+	}
+	if (!b->multi) {
+		const char *run_env;
+
+		b->npeers = b->peers_opt ? b->peers_opt : b->cfg.npeers > 0 ? b->cfg.npeers : 8;
+		if (b->keep >= b->npeers && b->churn > 0)
+			return cli_fail(err, errlen, "--keep=%d spares every one of the %d peers from "
+					"--churn", b->keep, b->npeers);
+		if (b->clients + b->aux >= b->npeers)
+			return cli_fail(err, errlen, "--clients=%d and --aux=%d leave no normal peer "
+					"of %d", b->clients, b->aux, b->npeers);
+		run_env = getenv("MP_RUN");
+		if (b->run == NULL && run_env && *run_env)
+			b->run = run_env;
+		if (b->run == NULL) {
+			snprintf(b->run_buf, sizeof(b->run_buf), PROG "-%ld", (long)getpid());
+			b->run = b->run_buf;
+		}
+		if (b->follow) {
+			for (int k = 0; k < b->nfaults; k++)
+				if (b->faults[k].index >= b->npeers + b->late)
+					return cli_fail(err, errlen, "--fault=%d:...: peers are numbered 0 "
+							"to %d", b->faults[k].index,
+							b->npeers + b->late - 1);
+			if (follow_grid(b, err, errlen))
+				return -EINVAL;
+		}
+		/* bench_derive's and run_follow's checks, which ran after these
+		 * (their messages come in the same order). */
+		if (bench_derive(b, b->npeers, err, errlen) || ring_sparse(b, err, errlen))
+			return -EINVAL;
+		if (b->follow && follow_rounds(b, err, errlen))
+			return -EINVAL;
+		return 0;
+	}
+
+	if (b->dht) {
+		if (b->rank_opt < 0 && b->cfg.rank < 0 && !b->launched)
+			return cli_fail(err, errlen, "--rendezvous=dht across hosts needs --rank=R and "
+					"--peers=N: this process is peer R of N");
+	} else if (!b->cfg.hostfile && !b->cfg.peers) {
+		if (b->launched)
+			return cli_fail(err, errlen, "started by %s as rank %d of %d: multi-host mode "
+					"needs --hostfile=FILE (or MP_HOSTFILE / MP_PEERS)", b->lname,
+					b->lrank, b->lsize);
+		return cli_fail(err, errlen, "a rank was given: multi-host mode needs --hostfile=FILE "
+				"(or MP_HOSTFILE / MP_PEERS)");
+	}
+	if (b->loop)
+		return cli_fail(err, errlen, "--transport=loop runs every peer in one process; it "
+				"cannot be used across hosts");
+	if (!b->run)
+		b->run = b->cfg.run_name;
+	if (b->rank_opt >= 0)
+		b->cfg.rank = b->rank_opt;
+	else if (b->cfg.rank < 0 && b->launched)
+		b->cfg.rank = b->lrank;
+	if (b->peers_opt)
+		b->cfg.npeers = b->peers_opt;
+	else if (b->cfg.npeers <= 0 && b->launched && (b->rank_opt < 0 || b->lrank == b->rank_opt))
+		b->cfg.npeers = b->lsize;
+	if (b->dht && b->cfg.npeers <= 0)
+		return cli_fail(err, errlen, "--rendezvous=dht across hosts needs --peers=N");
+	/* Before mp_init now, which the peer count of bench_derive waits for. */
+	return ring_sparse(b, err, errlen);
+}
+
+int mpbench_parse(int argc, char **argv, struct bench *b, char *err, size_t errlen)
+{
+	int rc = parse_checked(argc, argv, b, err, errlen);
+
+	if (rc)
+		bench_free(b);
+	return rc;
 }
