@@ -136,7 +136,7 @@ int cli_size(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t 
 
 int64_t parse_int(const char *opt, const char *s, int64_t lo, int64_t hi)
 {
-	int64_t v;
+	int64_t v = 0;
 
 	if (cli_int(opt, s, lo, hi, &v, NULL, 0))
 		CLI_REFUSE(cli_int(opt, s, lo, hi, &v, err, errlen));
@@ -145,7 +145,7 @@ int64_t parse_int(const char *opt, const char *s, int64_t lo, int64_t hi)
 
 double parse_real(const char *opt, const char *s, double lo, double hi)
 {
-	double v;
+	double v = 0.0;
 
 	if (cli_real(opt, s, lo, hi, &v, NULL, 0))
 		CLI_REFUSE(cli_real(opt, s, lo, hi, &v, err, errlen));
@@ -154,7 +154,7 @@ double parse_real(const char *opt, const char *s, double lo, double hi)
 
 uint64_t parse_u64(const char *opt, const char *s)
 {
-	uint64_t v;
+	uint64_t v = 0;
 
 	if (cli_u64(opt, s, &v, NULL, 0))
 		CLI_REFUSE(cli_u64(opt, s, &v, err, errlen));
@@ -163,7 +163,7 @@ uint64_t parse_u64(const char *opt, const char *s)
 
 uint64_t parse_size(const char *opt, const char *s, uint64_t lo, uint64_t hi)
 {
-	uint64_t v;
+	uint64_t v = 0;
 
 	if (cli_size(opt, s, lo, hi, &v, NULL, 0))
 		CLI_REFUSE(cli_size(opt, s, lo, hi, &v, err, errlen));
