@@ -431,7 +431,8 @@ static void late_peer_is_taken_back(void **s)
  * ended in microseconds, and in a soak such a peer ran 90 of them in 0.3 s,
  * published the round it reached, and the whole run jumped there and fell
  * apart into rounds alone. Each of its rounds alone now waits the request
- * timeout (1 s here) for company.
+ * timeout (1 s here) for company, or until newer records of the others
+ * bring them back.
  */
 static void cut_off_peer_does_not_race(void **s)
 {
@@ -470,9 +471,12 @@ static void cut_off_peer_does_not_race(void **s)
 		collect(&k[3], &r[3]);
 		if (r[3].grouped)
 			fail_msg("peer 3, average %d: in a group while the others were idle", t + 1);
-		if (r[3].avg_s < 0.9)
-			fail_msg("peer 3, average %d after it ran again: alone in %.3f s, want it "
-				 "to wait the request timeout (1 s) for company", t + 1, r[3].avg_s);
+		/* Ending sooner is right once newer records have brought the
+		 * others back (none gone): they are alive, only idle. */
+		if (r[3].avg_s < 0.9 && r[3].gone > 0)
+			fail_msg("peer 3, average %d after it ran again: alone in %.3f s with %d "
+				 "peer(s) gone, want it to wait the request timeout (1 s) for "
+				 "company", t + 1, r[3].avg_s, r[3].gone);
 	}
 	/* And the run is whole again. */
 	usleep(2 * 2000 * 1000);
