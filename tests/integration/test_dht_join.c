@@ -366,27 +366,18 @@ static void join_timeout_names_the_counts(void **s)
 }
 
 /*
- * A peer that was only late is taken back. Peer 3 is stopped (SIGSTOP)
- * past its record's TTL while the others average, so they take it for
- * gone (mp_peers_info says so); once it runs again, its refreshed record,
- * stamped after that, must bring it back: after their next average none of
- * them shows a peer gone. Left out for good, it would be a hole in every
- * round of theirs while it counted on them in its own, which is what a
- * refresher starved on a loaded machine used to do to a whole run.
- * (Whether peer 3 then averages with them is another matter, open:
- * doc/reliability.md, "A round behind, call after call".)
+ * Four peers average once; peer 3 is stopped (SIGSTOP) past its 2 s TTL and
+ * the other three average again, each seeing exactly one peer gone. The
+ * peers' key and bootstrap live in @key and @boot.
  */
-static void late_peer_is_taken_back(void **s)
+static void four_then_stop_peer_3(struct kid k[4], struct report r[4], char *key, size_t keylen,
+				  char *boot, size_t bootlen)
 {
-	struct kid k[4];
-	struct report r[4];
-	char key[64], boot[64];
 	struct peer_env e = {.key = key, .npeers = 4, .join_timeout_ms = 30000,
 			     .record_ttl_ms = 2000, .more = 1};
 
-	(void)s;
-	snprintf(key, sizeof(key), "run key %d", (int)getpid());
-	spawn_first(&k[0], &e, boot, sizeof(boot));
+	snprintf(key, keylen, "run key %d", (int)getpid());
+	spawn_first(&k[0], &e, boot, bootlen);
 	e.bootstrap = boot;
 	e.dht_port = 0;
 	for (int i = 1; i < 4; i++)
@@ -408,6 +399,27 @@ static void late_peer_is_taken_back(void **s)
 		if (r[i].gone != 1)
 			fail_msg("peer %d with peer 3 stopped: %d peer(s) gone, want 1", i, r[i].gone);
 	}
+}
+
+/*
+ * A peer that was only late is taken back. Peer 3 is stopped (SIGSTOP)
+ * past its record's TTL while the others average, so they take it for
+ * gone (mp_peers_info says so); once it runs again, its refreshed record,
+ * stamped after that, must bring it back: after their next average none of
+ * them shows a peer gone. Left out for good, it would be a hole in every
+ * round of theirs while it counted on them in its own, which is what a
+ * refresher starved on a loaded machine used to do to a whole run.
+ * (Whether peer 3 then averages with them is another matter, open:
+ * doc/reliability.md, "A round behind, call after call".)
+ */
+static void late_peer_is_taken_back(void **s)
+{
+	struct kid k[4];
+	struct report r[4];
+	char key[64], boot[64];
+
+	(void)s;
+	four_then_stop_peer_3(k, r, key, sizeof(key), boot, sizeof(boot));
 	assert_int_equal(kill(k[3].pid, SIGCONT), 0);
 	/* A refresh (every TTL/3) reaches them well within a TTL. */
 	usleep(2 * 2000 * 1000);
@@ -439,31 +451,9 @@ static void cut_off_peer_does_not_race(void **s)
 	struct kid k[4];
 	struct report r[4];
 	char key[64], boot[64];
-	struct peer_env e = {.key = key, .npeers = 4, .join_timeout_ms = 30000,
-			     .record_ttl_ms = 2000, .more = 1};
 
 	(void)s;
-	snprintf(key, sizeof(key), "run key %d", (int)getpid());
-	spawn_first(&k[0], &e, boot, sizeof(boot));
-	e.bootstrap = boot;
-	e.dht_port = 0;
-	for (int i = 1; i < 4; i++)
-		spawn(&k[i], &e);
-	for (int i = 0; i < 4; i++) {
-		collect(&k[i], &r[i]);
-		if (r[i].init_rc || r[i].avg_rc)
-			fail_msg("peer %d before the stop: mp_init %d, mp_average %d: %s", i,
-				 r[i].init_rc, r[i].avg_rc, r[i].err);
-	}
-	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
-	usleep(3 * 2000 * 1000);
-	for (int i = 0; i < 3; i++)
-		write_all(k[i].down, "a", 1);
-	for (int i = 0; i < 3; i++) {
-		collect(&k[i], &r[i]);
-		if (r[i].gone != 1)
-			fail_msg("peer %d with peer 3 stopped: %d peer(s) gone, want 1", i, r[i].gone);
-	}
+	four_then_stop_peer_3(k, r, key, sizeof(key), boot, sizeof(boot));
 	assert_int_equal(kill(k[3].pid, SIGCONT), 0);
 	/* Peer 3 alone averages 3 times; the others do not average. */
 	for (int t = 0; t < 3; t++) {
