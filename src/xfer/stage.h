@@ -80,6 +80,20 @@ struct mp_stage_dev_ops {
 	 * another context. */
 	int (*wait_value)(const struct mp_stage_dev *d, void *stream, const uint32_t *word,
 			  uint32_t value, char *why, size_t n);
+	/* The device path (devk.h, group_allreduce.c) also needs these. */
+	/* @len bytes of device memory in @d's context (cuMemAlloc), 256-byte
+	 * aligned, and its release (which may come while nothing queued uses
+	 * it any more). -ENOMEM. */
+	int (*dev_alloc)(const struct mp_stage_dev *d, size_t len, void **dptr);
+	void (*dev_free)(const struct mp_stage_dev *d, void *dptr);
+	/* Queue a copy of @len bytes from device memory to device memory on
+	 * @stream. -EIO as copy_async. */
+	int (*copy_d2d)(const struct mp_stage_dev *d, void *dst, const void *src, size_t len,
+			void *stream);
+	/* Queue: @count 32-bit words at device address @dst set to @word
+	 * (cuMemsetD32Async). -EIO. */
+	int (*fill32)(const struct mp_stage_dev *d, void *dst, uint32_t word, size_t count,
+		      void *stream);
 };
 
 /* The CUDA driver, loaded on first use (or, with -Dcuda=disabled, a table
