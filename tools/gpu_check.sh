@@ -33,9 +33,11 @@
 #     5. test_cuda_codecs --bench: encode and decode-and-accumulate GB/s per
 #        codec beside a device-to-device cudaMemcpy of the same bytes, in
 #        the same run.
-#     6. mpbench, 8 local peers over tcp on loopback, --memory=host then
-#        --memory=cuda, sizes 1M to 64M, every result checked (--check=1;
-#        with cuda on the device buffers, copied back).
+#     6. mpbench, 8 local peers over tcp on loopback, --memory=host, then
+#        --memory=cuda on the device path and staged whole
+#        (MP_CUDA_STAGE=1), then host and cuda with --codec=blockwise8,
+#        sizes 1M to 64M, every result checked (--check=1; with cuda on the
+#        device buffers, copied back).
 #     7. Prints a summary: per codec encode and decode_acc GB/s; their
 #        rate, the bytes one pass must read and write per second (encode:
 #        the fp32 values and the payload; decode_acc: the payload and the
@@ -46,9 +48,10 @@
 #        mpbench's cuda time against its host time. Writes DIR/gpu_check.json
 #        (everything, the step logs beside it).
 #
-#     Device memory is averaged through a whole-buffer pinned host copy
-#     today ("staged"): the cuda rows are labelled so. A device reducer
-#     will add rows labelled "device" (see cuda_runs in the summary).
+#     The cuda rows are labelled by the path device memory took: "device"
+#     (reduced on the GPU, chunks through a ring of pinned buffers, the
+#     default), "staged" (MP_CUDA_STAGE=1: a whole-buffer pinned host copy)
+#     and "device-blockwise8" (against host memory with blockwise8 too).
 #
 # OPTIONS
 #     --out DIR        where the logs and gpu_check.json go
@@ -298,10 +301,24 @@ step kernel_tests 240 "$tcc" || failed=1
 step stage_stream 60 "$build/tests/unit/test_stage_cuda_real" || failed=1
 step kernel_bench 180 "$tcc" --bench "$count" --json "$out/kernels.json" || failed=1
 
-for mem in host cuda; do
-	step "mpbench_$mem" 300 "$mpbench" --memory=$mem --peers="$peers" --transport=tcp \
-		-b "$min" -e "$max" -f 4 -n "$iters" -w 1 --check=1 \
-		--json="$out/mpbench_$mem.json" || failed=1
+# cuda: the device path (reduced on the GPU, a ring of pinned chunks);
+# cuda_staged: the same buffers staged whole through the host
+# (MP_CUDA_STAGE=1); and blockwise8 on host and device, to check the device
+# path's codec kernels inside an average.
+for run in host cuda cuda_staged host_bw8 cuda_bw8; do
+	case $run in
+	host*) mem=host ;;
+	*) mem=cuda ;;
+	esac
+	extra=()
+	stage=0
+	case $run in
+	*_bw8) extra=(--codec=blockwise8) ;;
+	cuda_staged) stage=1 ;;
+	esac
+	step "mpbench_$run" 300 env MP_CUDA_STAGE=$stage "$mpbench" --memory=$mem --peers="$peers" \
+		--transport=tcp -b "$min" -e "$max" -f 4 -n "$iters" -w 1 --check=1 "${extra[@]}" \
+		--json="$out/mpbench_$run.json" || failed=1
 done
 
 # ---------------------------------------------------------------------------
@@ -330,6 +347,9 @@ rc_of = {s["step"]: s["rc"] for s in steps}
 kernels = load("kernels.json")
 host = load("mpbench_host.json")
 cuda = load("mpbench_cuda.json")
+staged = load("mpbench_cuda_staged.json")
+host_bw8 = load("mpbench_host_bw8.json")
+cuda_bw8 = load("mpbench_cuda_bw8.json")
 problems = []
 
 print()
@@ -400,27 +420,29 @@ def wrong(j, mem):
 
 wrong(host, "host")
 wrong(cuda, "cuda")
-# mpbench --memory=cuda runs by the path device memory takes: a whole-buffer
-# pinned host copy ("staged") is the only one today. A device reducer adds
-# its run here, e.g. "device": load("mpbench_cuda_device.json") from a step
-# of its own above, and each size gets a row for it.
-cuda_runs = {"staged": cuda}
-hr = rows(host)
+wrong(staged, "cuda_staged")
+wrong(host_bw8, "host_bw8")
+wrong(cuda_bw8, "cuda_bw8")
+# mpbench --memory=cuda by the path device memory takes: the device path
+# (the default where the kernels run) and a whole-buffer pinned host copy
+# (MP_CUDA_STAGE=1), each against host memory with the same codec.
+cuda_runs = {"device": (host, cuda), "staged": (host, staged),
+             "device-blockwise8": (host_bw8, cuda_bw8)}
 ratios = []
 print()
 print("== mpbench, %s peers over tcp on loopback, checked: cuda against host (time = the slowest peer's mean)"
       % (host or cuda or {"settings": {"peers": "?"}})["settings"]["peers"])
-print("%12s %12s %14s %8s %12s" % ("bytes", "host us", "cuda us", "ratio", "cuda path"))
-for b in sorted(set(hr).union(*(rows(j) for j in cuda_runs.values()))):
-    h = hr.get(b)
-    for path, run in cuda_runs.items():
+print("%12s %12s %14s %8s %18s" % ("bytes", "host us", "cuda us", "ratio", "cuda path"))
+for b in sorted(set(rows(host)).union(*(rows(j[1]) for j in cuda_runs.values()))):
+    for path, (hrun, run) in cuda_runs.items():
+        h = rows(hrun).get(b)
         c = rows(run).get(b)
         ratio = c["time_us"] / h["time_us"] if h and c and h["time_us"] else None
         ratios.append({"bytes": b, "host_us": h["time_us"] if h else None,
                        "cuda_us": c["time_us"] if c else None, "cuda_path": path,
                        "ratio": ratio, "host_wrong": h["wrong"] if h else None,
                        "cuda_wrong": c["wrong"] if c else None})
-        print("%12d %12s %14s %8s %12s" % (b, "%.0f" % h["time_us"] if h else "-",
+        print("%12d %12s %14s %8s %18s" % (b, "%.0f" % h["time_us"] if h else "-",
               "%.0f" % c["time_us"] if c else "-", "%.2f" % ratio if ratio else "-", path))
 
 ok = not problems and not failed
@@ -435,7 +457,8 @@ doc = {
     "target_pct_of_copy": target,
     "target_codecs": TARGET_CODECS,
     "targets_met": targets,
-    "mpbench": {"host": host, "cuda": cuda_runs, "cuda_vs_host": ratios},
+    "mpbench": {"host": host, "host_blockwise8": host_bw8,
+                "cuda": {k: v[1] for k, v in cuda_runs.items()}, "cuda_vs_host": ratios},
     "problems": problems,
     "passed": ok,
 }

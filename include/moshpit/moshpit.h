@@ -70,8 +70,9 @@ typedef struct mp_request mp_request;
 /** Where a buffer lives. Transports advertise which kinds they can move. */
 enum mp_mem_kind {
 	MP_MEM_HOST = 0,   /**< ordinary host memory */
-	MP_MEM_CUDA = 1,   /**< CUDA device memory: averaged through a pinned host copy
-	                        (see ::mp_mem_register) */
+	MP_MEM_CUDA = 1,   /**< CUDA device memory: reduced on the GPU where the codec
+	                        kernels can run, else averaged through a pinned host
+	                        copy (see ::mp_mem_register) */
 	MP_MEM_DMABUF = 2, /**< memory exported as a dma-buf (not supported yet: -ENOTSUP) */
 };
 
@@ -221,6 +222,11 @@ struct mp_config {
 	                             with tcp) and never shut a peer out; each is also closed at
 	                             connect_timeout_ms. Counted in ::mp_stats. Local: peers of a
 	                             run need not agree */
+	int cuda_stage;         /**< MP_CUDA_STAGE=1: stage CUDA memory whole through pinned host
+	                             memory even where the device path could reduce it on the GPU
+	                             (see ::mp_mem_register): to compare the two, or to step
+	                             around the device path. Local: peers need not agree
+	                             (default 0) */
 };
 
 /** Default of ::mp_config::max_handshakes: a run's own peers dialling at
@@ -365,12 +371,25 @@ MP_API int mp_finalize(mp_ctx *ctx);
  * registration of this function's that covers its buffer (and keeps it from
  * ::mp_mem_deregister, -EBUSY, while it runs).
  *
- * CUDA device memory (::MP_MEM_CUDA) is staged through host memory on every
- * transport, because the reducer runs on the CPU: the registration
- * allocates a pinned host copy of @p len bytes and registers the copy with
- * the transport. A transport that can move device memory (verbs with
- * GPUDirect RDMA) also registers the device memory itself. One INFO line
- * says that the buffer is staged, and why. The CUDA driver (libcuda.so.1)
+ * CUDA device memory (::MP_MEM_CUDA) takes one of two paths, and one INFO
+ * line says which, and why:
+ *  - The device path, where the library was built with the CUDA kernels
+ *    and they run on the memory's GPU, for the moshpit and butterfly
+ *    algorithms with any codec but the sparse ones (topk, adacomp), and
+ *    without ::mp_config::check_finite: chunks are encoded, decoded and
+ *    reduced on the GPU, and only encoded chunks cross the bus, through a
+ *    ring of 32 pinned host buffers of one encoded chunk each
+ *    (::mp_config::chunk_bytes), whatever @p len. Results are the host
+ *    path's bit for bit for none, fp16, bf16 and blockwise8; uniform8's
+ *    GPU encoder sums its statistics in another fixed order, so a code may
+ *    differ by one next to a bucket edge (doc/design.md, "The device
+ *    path"). Short vectors (::mp_config::direct_max) are averaged in one of
+ *    those buffers.
+ *  - Otherwise the memory is staged whole through host memory, because the
+ *    reducer then runs on the CPU: the registration allocates a pinned
+ *    host copy of @p len bytes and registers the copy with the transport.
+ *    A transport that can move device memory (verbs with GPUDirect RDMA)
+ *    also registers the device memory itself. The CUDA driver (libcuda.so.1)
  * is loaded at the first such registration; the library does not link it.
  * The memory must stay allocated, in a live CUDA context, until
  * ::mp_mem_deregister.
@@ -413,7 +432,16 @@ MP_API int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr);
  * the work queued on the legacy default stream by then, as a copy on that
  * stream would, which includes work on blocking streams but not work on
  * non-blocking ones (PyTorch's streams are non-blocking: give the stream to
- * ::mp_average_start_stream instead). The progress thread queues the copy of
+ * ::mp_average_start_stream instead). On the device path the progress
+ * thread waits for that work when the operation starts (polling, at most
+ * ::mp_config::round_timeout_ms: past it -EIO, the buffer as it was), then
+ * reads and writes the device buffer on the registration's own stream: it
+ * is written at the end of each round, as host memory would be, so a
+ * failure keeps the rounds completed before it (after -EBADE and
+ * -EMSGSIZE the buffer is put back, as host memory's is), and a device
+ * failure fails the operation with -EIO, naming what failed, with the
+ * buffer as the failing round found it. When staged whole, the progress
+ * thread queues the copy of
  * the values into the registration's host copy when the operation starts,
  * and of the result back when it ends, each time on the registration's own
  * CUDA stream in the memory's own CUDA context, and waits for each (polling,

@@ -334,6 +334,7 @@ int mp_config_from_env(struct mp_config *cfg)
 	INT_VAR("MP_PROBE_MAX_MS", probe_max_ms, MP_PROBE_LO_MS, MP_PROBE_HI_MS)
 	INT_VAR("MP_DIRECT_MAX", direct_max, 0, 1u << 28)
 	INT_VAR("MP_MAX_HANDSHAKES", max_handshakes, 1, 65536)
+	INT_VAR("MP_CUDA_STAGE", cuda_stage, 0, 1)
 #undef INT_VAR
 	/* The backoff's ends in order, once the environment set either (the
 	 * other may be the caller's or the default). Neither is moved to fit
@@ -799,6 +800,10 @@ common:
 		mp_set_init_error("config: chunk_bytes %zu must be a multiple of 4 in [4, 256 MiB]",
 				  out->chunk_bytes);
 		goto bad;
+	}
+	if (out->cuda_stage < 0 || out->cuda_stage > 1) {
+		mp_set_init_error("config: cuda_stage %d is not 0 or 1", out->cuda_stage);
+		return -EINVAL;
 	}
 	if (out->max_handshakes < 1 || out->max_handshakes > 65536) {
 		mp_set_init_error("config: max_handshakes %d out of range [1, 65536]",

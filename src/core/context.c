@@ -19,6 +19,7 @@
 #include "log.h"
 #include "matchmaker.h"
 #include "stage.h"
+#include "devpath.h"
 
 static char *dup_or_null(const char *s)
 {
@@ -488,28 +489,43 @@ int mp_npeers(const mp_ctx *ctx)
 }
 
 /*
- * CUDA memory. The reducer and the codecs read host memory, so averaging
- * goes through a pinned host copy of the registration (stage.c) on every
- * transport. A transport that can move device memory (verbs with GPUDirect
- * RDMA) registers it as well, through its own ladder (dma-buf, then
+ * CUDA memory. Where the codec kernels can run on its device, the group
+ * all-reduce reduces it on the GPU and only encoded chunks cross the bus,
+ * through a small ring of pinned buffers (the device path, devpath.h).
+ * Otherwise, and for what the device path does not do (the ring
+ * algorithm, MP_CHECK_FINITE, sparse codecs), averaging goes through a
+ * pinned host copy of the whole registration (stage.c) on every transport.
+ * A transport that can move device memory (verbs with GPUDirect RDMA)
+ * registers it as well, through its own ladder (dma-buf, then
  * nvidia-peermem), and logs which path it took; when it cannot
  * (-EOPNOTSUPP, or any other refusal), the host copy is all there is. One
- * INFO line says that the buffer is staged, and why.
+ * INFO line says which path the buffer takes, and why.
  */
 static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 {
 	struct mp_mr *mr = calloc(1, sizeof(*mr));
-	char why[160];
-	int rc;
+	char why[160], whyd[256] = "";
+	int rc, device = 0;
 
 	if (!mr)
 		return -ENOMEM;
-	rc = mp_stage_open(ctx, buf, len, &mr->stage);
+	if (ctx->cfg.cuda_stage)
+		snprintf(whyd, sizeof(whyd), "MP_CUDA_STAGE=1");
+	else if (ctx->cfg.algo == MP_ALGO_RING)
+		snprintf(whyd, sizeof(whyd), "the ring algorithm has no device path");
+	else if (ctx->cfg.check_finite)
+		snprintf(whyd, sizeof(whyd), "MP_CHECK_FINITE has no device path");
+	rc = mp_stage_open_dev(ctx, buf, len, whyd[0] ? NULL : &device, whyd, sizeof(whyd),
+			       &mr->stage);
 	if (rc) {
 		free(mr);
 		return rc;
 	}
-	if (!(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
+	if (device) {
+		MP_INFO("CUDA memory %p (%zu bytes) is averaged on the GPU (%s); %d pinned chunk "
+			"buffers of %zu bytes cross the bus", buf, len, mr->stage->dp->k->name,
+			MP_DEV_SLOTS, mr->stage->dp->slot_bytes);
+	} else if (!(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
 		snprintf(why, sizeof(why), "transport %s cannot move device memory", ctx->transport);
 	} else if ((rc = ctx->ops->reg_mr(ctx->drv, buf, len, MP_MEM_CUDA, &mr->dmr))) {
 		mr->dmr = NULL;
@@ -519,7 +535,9 @@ static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 		snprintf(why, sizeof(why), "the reducer reads host memory (transport %s registered "
 			 "the device memory too)", ctx->transport);
 	}
-	MP_INFO("CUDA memory %p (%zu bytes) is staged through host memory: %s", buf, len, why);
+	if (!device)
+		MP_INFO("CUDA memory %p (%zu bytes) is staged through host memory: %s (no device "
+			"path: %s)", buf, len, why, whyd);
 	mr->buf = buf;
 	mr->len = len;
 	mr->kind = MP_MEM_CUDA;
@@ -720,7 +738,15 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	if (undo) {
 		/* Staged CUDA memory is copied back only after a success: its
 		 * device buffer needs no copy of ours. */
-		nsave = (a->x_is_copy ? 0 : a->n) + (a->residue ? a->n : 0);
+		nsave = (a->x_is_copy || a->dev ? 0 : a->n) + (a->residue ? a->n : 0);
+		if (a->dev) {
+			/* The device path: the copy stays on the device. */
+			void *u = mp_dev_undo_mem(ctx, a->dev, a->n * sizeof(float));
+			rc = u ? mp_dev_copy_sync(ctx, a->dev, u, a->x, a->n * sizeof(float), 2,
+						  "the copy of the buffer before the rounds") : -ENOMEM;
+			if (rc)
+				goto end;
+		}
 		if (nsave) {
 			save = mp_scratch(ctx, MP_SCR_UNDO, nsave * sizeof(float));
 			if (!save) {
@@ -792,8 +818,15 @@ end:
 	if ((rc == -EBADE || rc == -EMSGSIZE) && wrote && undo) {
 		/* The disagreement ends the average as if it had met it first:
 		 * the buffer, residue and weight as the caller passed them. */
-		if (!a->x_is_copy)
+		if (a->dev) {
+			int ru = mp_dev_copy_sync(ctx, a->dev, a->x, a->dev->dp->dundo,
+						  a->n * sizeof(float), 2, "putting the buffer back");
+			if (ru)
+				MP_WARN("round %u: the buffer could not be put back: it holds the "
+					"earlier rounds' values", last_round);
+		} else if (!a->x_is_copy) {
 			memcpy(a->x, save, a->n * sizeof(float));
+		}
 		if (a->residue)
 			memcpy(a->residue, save + nsave - a->n, a->n * sizeof(float));
 		a->weight = w0;
@@ -851,7 +884,8 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 	struct mp_stage *s = req->mr->stage;
 	struct mp_avg a = {.x = req->x, .n = req->count, .weight = req->weight,
 			   .dmr = s ? s->dmr : req->mr->dmr, .res = &req->res, .codec = req->codec,
-			   .residue = req->fb ? req->fb->residue : NULL, .x_is_copy = s != NULL};
+			   .residue = req->fb ? req->fb->residue : NULL,
+			   .dev = s && s->dp ? s : NULL, .x_is_copy = s && !s->dp};
 	int rc;
 
 	req->res.codec = req->codec->id;
@@ -913,6 +947,14 @@ static int run_request(struct mp_ctx *ctx, struct mp_request *req)
 
 	if (!s)
 		return run_average(ctx, req);
+	if (s->dp) {
+		/* The device path reads the buffer on the registration's stream:
+		 * it waits for the caller's work there, bounded as the copy in. */
+		rc = mp_stage_order(ctx, s, req->in_ev);
+		mp_stage_unmark(s, req->in_ev);
+		req->in_ev = NULL;
+		return rc ? rc : run_average(ctx, req);
+	}
 	off = (size_t)((char *)req->buf - (char *)req->mr->buf);
 	rc = mp_stage_in(ctx, s, off, bytes, req->in_ev);
 	/* Waited for (or given up on): the stream's wait holds what it needs. */
@@ -1150,7 +1192,9 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	}
 	req->ctx = ctx;
 	req->buf = buf;
-	req->x = mr->stage ? (float *)((char *)mr->stage->host + ((char *)buf - (char *)mr->buf)) : buf;
+	/* Staged whole: the host copy. The device path reads the buffer itself. */
+	req->x = mr->stage && !mr->stage->dp ?
+		(float *)((char *)mr->stage->host + ((char *)buf - (char *)mr->buf)) : buf;
 	req->count = count;
 	req->weight = weight;
 	req->mr = mr;

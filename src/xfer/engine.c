@@ -65,7 +65,7 @@ size_t mp_frame_rx_max(const struct mp_ctx *ctx)
 /* Codec none sends straight from the user's buffer; others encode into the slot. */
 static int zero_copy(const struct mp_xfer *x)
 {
-	return x->codec->id == MP_CODEC_NONE;
+	return x->codec->id == MP_CODEC_NONE && !x->copy_values;
 }
 
 uint8_t *mp_slab(struct mp_ctx *ctx, size_t bytes)
@@ -597,10 +597,19 @@ int mp_xfer_run(struct mp_xfer *x)
 	memset(&x->busy, 0, sizeof(x->busy));
 	ctx->cur_res = x->res;
 
+	x->abort_err = 0;
 	for (;;) {
-		int active = 0, moved = 0;
+		int active = 0, moved = 0, pumping = 0;
 		uint64_t now = mp_now_ns();
 
+		if (x->abort_err) {
+			/* The algorithm failed on its own: no peer is at fault. */
+			for (int i = 0; i < x->nch; i++)
+				if (!x->ch[i].failed)
+					close_chan(x, &x->ch[i], -ECANCELED);
+			rc = x->abort_err;
+			break;
+		}
 		if (__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 			for (int i = 0; i < x->nch; i++)
 				if (!x->ch[i].failed)
@@ -616,6 +625,8 @@ int mp_xfer_run(struct mp_xfer *x)
 		} else {
 			mp_conn_poll(ctx);
 		}
+		if (x->xops->pump)
+			pumping = x->xops->pump(x->op);
 		for (int i = 0; i < x->nch; i++) {
 			struct mp_chan *ch = &x->ch[i];
 			struct mp_drv_conn *conn;
@@ -779,7 +790,8 @@ int mp_xfer_run(struct mp_xfer *x)
 		 * event, bounded so that timeouts are noticed. */
 		if (moved)
 			last_move = now;
-		rc = ctx->ops->progress(ctx->drv, moved || now - last_move < spin_ns ? 0 : 10);
+		rc = ctx->ops->progress(ctx->drv,
+					moved || pumping || now - last_move < spin_ns ? 0 : 10);
 		if (rc && rc != -EAGAIN && rc != -EINTR) {
 			MP_WARN("%s: transport progress failed: %s", x->what, mp_strerror(rc));
 			for (int i = 0; i < x->nch; i++)

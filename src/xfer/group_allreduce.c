@@ -59,6 +59,7 @@
 #include <string.h>
 
 #include "clog.h"
+#include "devpath.h"
 #include "fault.h"
 #include "xfer.h"
 #include "mp_kernels.h"
@@ -70,6 +71,10 @@ struct gchan {
 	uint64_t gath_next;    /* next chunk of our part we return (GATHER) */
 	uint64_t rscat_next;   /* next chunk of our part expected from j */
 	uint64_t rgath_next;   /* next chunk of part j expected back from j */
+	/* the device path: the message being made ready in a ring slot */
+	struct mp_ring_slot *prep;
+	struct mp_wire_hdr ph; /* its header, as produce will return it */
+	size_t plen;           /* its payload's length */
 };
 
 struct gmember {
@@ -85,6 +90,8 @@ struct gmember {
 	uint8_t stalled, cut;   /* fault injection: send nothing more / drop it */
 	uint8_t nonfinite;      /* MP_CHECK_FINITE: its contribution to our part held NaN or
 	                           infinity, and is left out; its results say so */
+	uint8_t malformed;      /* the device path: a payload of its contribution (or of its
+	                           result) failed to decode on the device */
 };
 
 struct gar {
@@ -118,6 +125,19 @@ struct gar {
 	/* fault injection: frames sent in this round, per phase (scatter, gather) */
 	uint64_t sent[2];
 	int refused;           /* a reducer left our contribution out as non-finite */
+	/* the device path (a->dev, devpath.h): the round's device memory */
+	struct mp_stage *ds;
+	struct mp_xfer *xw;    /* the exchange, to abort it on a device failure */
+	float *dcb;            /* as cbuf */
+	float *dsum, *dres;    /* our part's weighted sum, and its result */
+	uint8_t *denc;         /* our result, encoded, chunk c at c * enc_cap */
+	float *dstage;         /* as stage */
+	uint32_t *dstat;       /* decode status: member m's contribution at m, its result at k + m */
+	void *dscr_enc, *dscr_dec;
+	size_t enc_scr, dec_scr;
+	struct mp_ring_slot *stat_slot; /* the status words on their way to the host */
+	int reducing;          /* every contribution is in: the status read is queued */
+	int dev_err;           /* a device call failed: the exchange is aborted */
 };
 
 /* Chunks at or after @next on the stream of @next's residue. */
@@ -172,6 +192,39 @@ static float *used_contribution(void *arg, int i)
 	return contribution(r, r->who[i]);
 }
 
+/* The contributions our part's result counts, in member order (r->who,
+ * r->whow, r->nused, r->wsum); returns the members that take the result. */
+static int select_contributions(struct gar *r)
+{
+	struct mp_ctx *ctx = r->ctx;
+	const int me = r->me;
+	const uint64_t nc = r->mb[me].nch;
+	int recipients = 0;
+
+	r->nused = 0;
+	r->wsum = 0.0f;
+	for (int m = 0; m < r->k; m++) {
+		if (m != me && (!serves(r, m) || r->mb[m].got < nc))
+			continue;
+		if (r->mb[m].nonfinite || r->mb[m].malformed) {
+			/* Left out, not poisoning every member's result. */
+			MP_WARN("round %u: left out peer %d's contribution to part %d: %s", r->round,
+				m == me ? ctx->rank : r->g->members[m], me,
+				r->mb[m].malformed ? "a payload of it failed to decode on the device" :
+						     "it holds NaN or infinity (MP_CHECK_FINITE)");
+			continue;
+		}
+		r->who[r->nused] = m;
+		r->whow[r->nused] = m == me ? r->a->weight : r->mb[m].w;
+		r->wsum += r->whow[r->nused];
+		r->nused++;
+		recipients += m != me && !r->mb[m].failed;
+	}
+	return recipients;
+}
+
+static void dev_begin_reduce(struct gar *r);
+
 /*
  * Every contributor has delivered our whole part or failed: sum the complete
  * contributions in member order, then divide by Σ w. The sum of one
@@ -188,27 +241,10 @@ static void reduce_part(struct gar *r)
 	float *x = a->x + o;
 	int recipients = 0;
 
-	r->nused = 0;
-	r->wsum = 0.0f;
 	if (ctx->cfg.check_finite)
 		for (uint64_t i = 0; i < L && !r->mb[me].nonfinite; i++)
 			r->mb[me].nonfinite = !isfinite(x[i]);
-	for (int m = 0; m < r->k; m++) {
-		if (m != me && (!serves(r, m) || r->mb[m].got < nc))
-			continue;
-		if (r->mb[m].nonfinite) {
-			/* Left out, not poisoning every member's result. */
-			MP_WARN("round %u: left out peer %d's contribution to part %d: it holds NaN or "
-				"infinity (MP_CHECK_FINITE)", r->round,
-				m == me ? ctx->rank : r->g->members[m], me);
-			continue;
-		}
-		r->who[r->nused] = m;
-		r->whow[r->nused] = m == me ? a->weight : r->mb[m].w;
-		r->wsum += r->whow[r->nused];
-		r->nused++;
-		recipients += m != me && !r->mb[m].failed;
-	}
+	recipients = select_contributions(r);
 	if (r->nused > 1 && a->residue) {
 		/* Our own contribution reaches the result without the wire: it
 		 * carries its held-back residue along in full (mass moves, none
@@ -272,12 +308,15 @@ static void try_reduce(struct gar *r)
 {
 	/* Not before every member's OPEN has shown that it averages our
 	 * length: the sum is written into the buffer. */
-	if (r->done || !r->mb[r->me].len || r->x->unopened > 0 || r->x->fatal)
+	if (r->done || r->reducing || !r->mb[r->me].len || r->x->unopened > 0 || r->x->fatal)
 		return;
 	for (int m = 0; m < r->k; m++)
 		if (serves(r, m) && !r->mb[m].failed && r->mb[m].got < r->mb[r->me].nch)
 			return;
-	reduce_part(r);
+	if (r->ds)
+		dev_begin_reduce(r);
+	else
+		reduce_part(r);
 }
 
 static struct gchan *gchan_of(struct gar *r, struct mp_chan *ch)
@@ -302,6 +341,400 @@ static void faults_due(struct gar *r, int phase)
 			}
 }
 
+/* ---- the device path (a->dev, devpath.h) --------------------------------
+ *
+ * The same exchange, with the round's memory on the GPU: contributions are
+ * decoded there as they land (a ring slot carries each payload across the
+ * bus), the sum runs there in member order with the same roundings as
+ * mp_k_wmean (so the result is the CPU's bit for bit: a sum starts from
+ * -0.0, to which adding any value gives that value exactly, and the
+ * division is the product with 1/Σw), the result is encoded there once,
+ * and each message to send is encoded (or taken as it is) into a ring slot
+ * and copied to the host, where the engine takes it once it is there. The
+ * buffer is written only in finish, as in the host path.
+ *
+ * A payload the device finds malformed cannot be refused when it arrives
+ * (the decode has not run yet): the decode writes nothing and sets its
+ * member's status word, which the host reads before the sum (contribution
+ * left out, with a warning) and before the results are applied (that part
+ * not applied). Any failed device call aborts the exchange (-EIO): the
+ * buffer is as the round found it.
+ */
+
+static void dev_fail(struct gar *r, int rc, const char *what)
+{
+	if (r->dev_err)
+		return;
+	r->dev_err = rc ? rc : -EIO;
+	mp_set_error(r->ctx, "round %u: %s memory %p: %s failed on the device (%s): this peer "
+		     "leaves the round, its buffer as the round found it", r->round,
+		     r->ds->ops->name, r->ds->dev_base, what, mp_strerror(r->dev_err));
+	r->xw->abort_err = -EIO;
+}
+
+/* Status words: contributions at m, results at k + m, our own result's
+ * check at 2k, and one that stays 0 (sums of fp32) at 2k + 1. */
+static uint32_t *dev_zero(const struct gar *r)
+{
+	return r->dstat + 2 * r->k + 1;
+}
+
+/* Every contribution is in: bring the status words to the host, then sum. */
+static void dev_begin_reduce(struct gar *r)
+{
+	struct mp_stage *s = r->ds;
+	struct mp_ring_slot *sl;
+
+	if (r->reducing || r->dev_err)
+		return;
+	r->reducing = 1;
+	sl = mp_dev_slot_wait(r->ctx, s);
+	if (!sl) {
+		dev_fail(r, -EIO, "waiting for a chunk buffer");
+		return;
+	}
+	r->stat_slot = sl;
+	if (s->ops->copy_async(&s->dev, s->dp->hstatus, r->dstat, (size_t)r->k * sizeof(uint32_t), 0,
+			       s->stream) ||
+	    mp_dev_slot_queued(s, sl, 1))
+		dev_fail(r, -EIO, "reading the contributions' status");
+}
+
+/* Queue the sum of our part (the statuses are on the host). */
+static void dev_reduce(struct gar *r)
+{
+	struct mp_ctx *ctx = r->ctx;
+	struct mp_stage *s = r->ds;
+	const struct mp_stage_dev_ops *o = s->ops;
+	const struct mp_devk_ops *k = s->dp->k;
+	const int me = r->me, codec = (int)r->a->codec->id;
+	const uint64_t L = r->mb[me].len, off = r->mb[me].off, nc = r->mb[me].nch;
+	float *xo = r->a->x + off;
+	int rc = 0, recipients;
+
+	for (int m = 0; m < r->k; m++)
+		if (m != me && serves(r, m) && r->mb[m].got == nc && s->dp->hstatus[m])
+			r->mb[m].malformed = 1;
+	mp_dev_slot_put(s, r->stat_slot);
+	r->stat_slot = NULL;
+	recipients = select_contributions(r);
+	if (r->wsum > 0.0f && r->nused > 1) {
+		rc = o->fill32(&s->dev, r->dsum, 0x80000000u, L, s->stream);
+		for (int i = 0; !rc && i < r->nused; i++) {
+			int m = r->who[i];
+			const float *c = m == me ? xo : r->dcb + (size_t)r->mb[m].slot * L;
+			rc = k->decode(&s->dev, MP_CODEC_NONE, c, L * sizeof(float), r->dsum, L,
+				       r->whow[i], 1, dev_zero(r), NULL, 0, s->stream);
+		}
+		if (!rc)
+			rc = o->fill32(&s->dev, r->dres, 0x80000000u, L, s->stream);
+		if (!rc)
+			rc = k->decode(&s->dev, MP_CODEC_NONE, r->dsum, L * sizeof(float), r->dres, L,
+				       1.0f / r->wsum, 1, dev_zero(r), NULL, 0, s->stream);
+	} else {
+		/* One contribution, or Σ w = 0: ours, kept bit for bit. */
+		const float *c = r->wsum > 0.0f && r->who[0] != me ?
+			r->dcb + (size_t)r->mb[r->who[0]].slot * L : xo;
+		rc = o->copy_d2d(&s->dev, r->dres, c, L * sizeof(float), s->stream);
+	}
+	if (!rc && codec != MP_CODEC_NONE && recipients) {
+		/* As reduce_part: encoded once, and kept as members decode it. */
+		for (uint64_t c = 0; !rc && c < nc; c++) {
+			uint32_t n = chunk_count(r, me, c);
+			uint8_t *e = r->denc + c * r->enc_cap;
+			size_t len = 0;
+
+			rc = k->encode(&s->dev, codec, &ctx->cparams, r->dres + c * r->C, n, e,
+				       r->enc_cap, &len, r->dscr_enc, r->enc_scr, s->stream);
+			if (!rc)
+				rc = k->decode(&s->dev, codec, e, len, r->dres + c * r->C, n, 0.0f, 0,
+					       r->dstat + 2 * r->k, r->dscr_dec, r->dec_scr, s->stream);
+			r->enc_len[c] = (uint32_t)len;
+		}
+	}
+	if (rc) {
+		dev_fail(r, rc, "the sum of this peer's part");
+		return;
+	}
+	mp_clog_reduce(ctx, r->round, r->g, off, L, r->wsum, r->nused, r->who, r->whow);
+	r->done = 1;
+}
+
+static int g_pump(void *op)
+{
+	struct gar *r = op;
+	int busy = 0;
+
+	if (!r->ds || r->dev_err)
+		return 0;
+	if (r->reducing && !r->done) {
+		int rc = mp_dev_slot_ready(r->ds, r->stat_slot);
+		if (rc < 0)
+			dev_fail(r, rc, "reading the contributions' status");
+		else if (rc)
+			dev_reduce(r);
+		else
+			busy = 1;
+	}
+	for (int i = 0; i < r->x->nch && !busy; i++)
+		busy = r->gc[i].prep != NULL;
+	return busy;
+}
+
+/* A payload arrived for @dst (device memory, @count values): across the
+ * bus in a ring slot, decoded there under status word @st. -EBADMSG for a
+ * length the codec refuses (nothing written); -EIO after dev_fail. */
+static int dev_land(struct gar *r, const void *payload, size_t len, float *dst, uint32_t count,
+		    uint32_t *st)
+{
+	struct mp_stage *s = r->ds;
+	struct mp_ring_slot *sl;
+	int rc;
+
+	if (r->dev_err)
+		return -EIO;
+	if (len > s->dp->slot_bytes)
+		return -EBADMSG;
+	sl = mp_dev_slot_wait(r->ctx, s);
+	if (!sl) {
+		dev_fail(r, -EIO, "waiting for a chunk buffer");
+		return -EIO;
+	}
+	memcpy(sl->host, payload, len);
+	rc = s->ops->copy_async(&s->dev, sl->dev, sl->host, len, 1, s->stream);
+	if (!rc)
+		rc = s->dp->k->decode(&s->dev, (int)r->a->codec->id, sl->dev, len, dst, count, 0.0f, 0,
+				      st, r->dscr_dec, r->dec_scr, s->stream);
+	/* The copy may be queued even when the decode was refused: the slot's
+	 * host bytes stay busy until it has run. */
+	if (mp_dev_slot_queued(s, sl, 0) && !rc)
+		rc = -EIO;
+	if (rc && rc != -EBADMSG)
+		dev_fail(r, rc, "taking a chunk to the device");
+	return rc;
+}
+
+/*
+ * The device path's produce: the message chosen as the host path chooses
+ * it, made ready in a ring slot first. Returns 1 with @h and @pl once it is
+ * on the host (the engine copies it into its frame at once, so the slot is
+ * free again), else 0.
+ */
+static int dev_produce(struct gar *r, struct gchan *gc, struct mp_wire_hdr *h,
+		       struct mp_payload *pl)
+{
+	struct mp_stage *s = r->ds;
+	const struct mp_devk_ops *k = s->dp->k;
+	const int codec = (int)r->a->codec->id;
+	int me = r->me, j = gc->j, rc;
+
+	if (r->dev_err)
+		return 0;
+	if (gc->prep) {
+		rc = mp_dev_slot_ready(s, gc->prep);
+		if (rc < 0)
+			dev_fail(r, rc, "copying a chunk to the host");
+		if (rc <= 0)
+			return 0;
+		*h = gc->ph;
+		*pl = (struct mp_payload){.kind = MP_PAYLOAD_ENCODED, .bytes = gc->prep->host,
+					 .len = gc->plen};
+		mp_dev_slot_put(s, gc->prep);
+		gc->prep = NULL;
+		return 1;
+	}
+	int gather = r->done && serves(r, j) && gc->gath_next < r->mb[me].nch;
+	int scatter = !gather && sends_to(r, j) && gc->scat_next < r->mb[j].nch;
+	int phase = gather ? MP_FAULT_GATHER : MP_FAULT_SCATTER;
+	struct mp_ring_slot *sl;
+
+	if (!gather && !scatter)
+		return 0;
+	/* Half the ring at most for sends: receives must find slots. */
+	if (s->dp->held >= MP_DEV_SLOTS / 2)
+		return 0;
+	faults_due(r, phase);
+	if (r->mb[j].stalled || r->mb[j].cut)
+		return 0;
+	sl = mp_dev_slot_try(s);
+	if (!sl)
+		return 0;
+	r->sent[phase - MP_FAULT_SCATTER]++;
+	memset(&gc->ph, 0, sizeof(gc->ph));
+	if (gather) {
+		uint64_t c = gc->gath_next;
+		gc->ph.type = MP_MSG_GATHER;
+		gc->ph.part = (uint32_t)me;
+		gc->ph.offset = r->mb[me].off + c * r->C;
+		gc->ph.count = chunk_count(r, me, c);
+		gc->ph.weight = r->wsum;
+		gc->ph.aux = (uint32_t)r->nused;
+		gc->gath_next += (uint64_t)r->S;
+		if (codec != MP_CODEC_NONE) {
+			gc->plen = r->enc_len[c];
+			rc = s->ops->copy_async(&s->dev, sl->host, r->denc + c * r->enc_cap, gc->plen, 0,
+						s->stream);
+		} else {
+			gc->plen = (size_t)gc->ph.count * sizeof(float);
+			rc = s->ops->copy_async(&s->dev, sl->host, r->dres + c * r->C, gc->plen, 0,
+						s->stream);
+		}
+	} else {
+		uint64_t c = gc->scat_next;
+		gc->ph.type = MP_MSG_SCATTER;
+		gc->ph.part = (uint32_t)j;
+		gc->ph.offset = r->mb[j].off + c * r->C;
+		gc->ph.count = chunk_count(r, j, c);
+		gc->ph.weight = r->a->weight;
+		gc->ph.aux = r->plan;
+		gc->scat_next += (uint64_t)r->S;
+		const float *src = r->a->x + gc->ph.offset;
+		if (codec != MP_CODEC_NONE) {
+			rc = k->encode(&s->dev, codec, &r->ctx->cparams, src, gc->ph.count, sl->dev,
+				       s->dp->slot_bytes, &gc->plen, r->dscr_enc, r->enc_scr, s->stream);
+			if (!rc)
+				rc = s->ops->copy_async(&s->dev, sl->host, sl->dev, gc->plen, 0, s->stream);
+		} else {
+			gc->plen = (size_t)gc->ph.count * sizeof(float);
+			rc = s->ops->copy_async(&s->dev, sl->host, src, gc->plen, 0, s->stream);
+		}
+	}
+	if (!rc)
+		rc = mp_dev_slot_queued(s, sl, 1);
+	if (rc) {
+		mp_dev_slot_put(s, sl);
+		dev_fail(r, rc, "making a chunk ready to send");
+		return 0;
+	}
+	gc->prep = sl;
+	return 0;
+}
+
+/* The round's device memory: 0, or -ENOMEM with the context's error set. */
+static int dev_setup(struct gar *r, int nslots)
+{
+	struct mp_ctx *ctx = r->ctx;
+	struct mp_stage *s = r->ds;
+	const struct mp_devk_ops *k = s->dp->k;
+	const int codec = (int)r->a->codec->id;
+	const uint64_t L = r->mb[r->me].len, nc = r->mb[r->me].nch, rest = r->a->n - L;
+	size_t sz[8], total = 0;
+	uint8_t *base;
+
+	r->enc_scr = (k->enc_scratch(codec, &ctx->cparams, r->C) + 255) & ~(size_t)255;
+	r->dec_scr = (k->dec_scratch(codec, s->dp->slot_bytes, r->C) + 255) & ~(size_t)255;
+	sz[0] = (size_t)nslots * L * sizeof(float);                  /* dcb */
+	sz[1] = L * sizeof(float);                                   /* dsum */
+	sz[2] = L * sizeof(float);                                   /* dres */
+	sz[3] = codec != MP_CODEC_NONE ? nc * r->enc_cap : 0;        /* denc */
+	sz[4] = rest * sizeof(float);                                /* dstage */
+	sz[5] = (size_t)(2 * r->k + 2) * sizeof(uint32_t);           /* dstat */
+	sz[6] = r->enc_scr;
+	sz[7] = r->dec_scr;
+	for (int i = 0; i < 8; i++)
+		total += (sz[i] + 255) & ~(size_t)255;
+	base = mp_dev_scratch(ctx, s, total);
+	if (!base)
+		return -ENOMEM;
+	void **at[8] = {(void **)&r->dcb, (void **)&r->dsum, (void **)&r->dres, (void **)&r->denc,
+			(void **)&r->dstage, (void **)&r->dstat, &r->dscr_enc, &r->dscr_dec};
+	for (int i = 0; i < 8; i++) {
+		*at[i] = sz[i] ? base : NULL;
+		base += (sz[i] + 255) & ~(size_t)255;
+	}
+	if (s->ops->fill32(&s->dev, r->dstat, 0, (size_t)(2 * r->k + 2), s->stream)) {
+		mp_set_error(ctx, "round %u: %s memory %p: clearing the status words failed",
+			     r->round, s->ops->name, s->dev_base);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* After the exchange (not aborted): the statuses of the results to the
+ * host, then the parts that arrived whole and well into the buffer. 0, or
+ * -EIO with the context's error set (the buffer may then hold some parts). */
+static int dev_apply(struct gar *r)
+{
+	struct mp_ctx *ctx = r->ctx;
+	struct mp_stage *s = r->ds;
+	const int me = r->me;
+	const size_t nst = (size_t)(2 * r->k + 2);
+	int rc;
+
+	rc = s->ops->copy_async(&s->dev, s->dp->hstatus, r->dstat, nst * sizeof(uint32_t), 0,
+				s->stream) ? -EIO : 0;
+	if (!rc)
+		rc = mp_dev_sync(ctx, s, "the round's results");
+	if (rc)
+		return -EIO;
+	for (int j = 0; j < r->k; j++) {
+		struct gmember *mj = &r->mb[j];
+		if (sends_to(r, j) && mj->gotg == mj->nch && s->dp->hstatus[r->k + j]) {
+			MP_WARN("round %u: the result of part %d from peer %d failed to decode on the "
+				"device: not applied", r->round, j, r->g->members[j]);
+			mj->malformed = 1;
+		}
+	}
+	for (int j = 0; !rc && j < r->k; j++) {
+		const struct gmember *mj = &r->mb[j];
+		if (sends_to(r, j) && mj->gotg == mj->nch && !mj->malformed)
+			rc = s->ops->copy_d2d(&s->dev, r->a->x + mj->off, r->dstage + stage_off(r, j),
+					      mj->len * sizeof(float), s->stream);
+	}
+	if (!rc && r->done && r->mb[me].len)
+		rc = s->ops->copy_d2d(&s->dev, r->a->x + r->mb[me].off, r->dres,
+				      r->mb[me].len * sizeof(float), s->stream);
+	if (!rc)
+		rc = mp_dev_sync(ctx, s, "the round's results written to the buffer");
+	else
+		mp_set_error(ctx, "round %u: %s memory %p: queueing the copy of the results into the "
+			     "buffer failed: it may hold some of this round's parts", r->round,
+			     s->ops->name, s->dev_base);
+	return rc ? -EIO : 0;
+}
+
+/*
+ * A direct exchange (short vectors: at most one chunk) of device memory:
+ * every member decides alike whether to take it, whatever its memory, so
+ * the device path takes it too, on the host, through ring slot 0's pinned
+ * bytes: still a chunk, not the buffer.
+ */
+static int dev_direct(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
+		      struct mp_avg *a)
+{
+	struct mp_stage *s = a->dev;
+	struct mp_ring_slot *sl = mp_dev_slot_wait(ctx, s);
+	size_t bytes = a->n * sizeof(float);
+	struct mp_avg h = *a;
+	int rc;
+
+	if (!sl)
+		return -EIO;
+	if (bytes > s->dp->slot_bytes) {
+		mp_dev_slot_put(s, sl);
+		mp_set_error(ctx, "round %u: a direct exchange of %zu bytes does not fit a chunk buffer "
+			     "of %zu", round, bytes, s->dp->slot_bytes);
+		return -EMSGSIZE;
+	}
+	rc = mp_dev_copy_sync(ctx, s, sl->host, a->x, bytes, 0, "a short vector's copy to the host");
+	if (!rc) {
+		h.x = (float *)sl->host;
+		h.dev = NULL;
+		h.dmr = s->dmr;
+		rc = mp_direct_allreduce(ctx, g, round, &h, 0);
+		/* Whatever the exchange wrote, as it would have in host memory. */
+		if (rc != -ECANCELED) {
+			int wr = mp_dev_copy_sync(ctx, s, a->x, sl->host, bytes, 1,
+						  "a short vector's copy back");
+			rc = rc ? rc : wr;
+		}
+		a->weight = h.weight;
+		a->influence = h.influence;
+	}
+	mp_dev_slot_put(s, sl);
+	return rc;
+}
+
 static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct mp_payload *pl)
 {
 	struct gar *r = op;
@@ -312,6 +745,8 @@ static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct
 	int scatter = !gather && sends_to(r, j) && gc->scat_next < r->mb[j].nch;
 	int phase = gather ? MP_FAULT_GATHER : MP_FAULT_SCATTER;
 
+	if (r->ds)
+		return dev_produce(r, gc, h, pl);
 	if (!gather && !scatter)
 		return 0;
 	faults_due(r, phase);
@@ -382,6 +817,18 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		/* A member has one weight in a round: all its chunks carry it. */
 		if (mj->got && h->weight != mj->w)
 			return -EPROTO;
+		if (r->ds) {
+			float *dd = r->dcb + (size_t)mj->slot * r->mb[me].len + c * r->C;
+			int rc = dev_land(r, payload, h->length, dd, h->count, &r->dstat[j]);
+			if (rc)
+				return rc == -EBADMSG ? -EPROTO : 0;
+			mj->w = h->weight;
+			mj->got++;
+			gc->rscat_next += (uint64_t)r->S;
+			if (mj->got == r->mb[me].nch)
+				try_reduce(r);
+			return 0;
+		}
 		float *dst = r->cbuf + (size_t)mj->slot * r->mb[me].len + c * r->C;
 		if (r->a->codec->decode(payload, h->length, dst, h->count))
 			return -EPROTO;
@@ -405,8 +852,15 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		if (mj->gotg && (h->weight != mj->gw || h->aux != mj->gn))
 			return -EPROTO;
 		/* Validated; staged until the whole part is in. */
-		if (r->a->codec->decode(payload, h->length, r->stage + stage_off(r, j) + c * r->C, h->count))
+		if (r->ds) {
+			int rc = dev_land(r, payload, h->length, r->dstage + stage_off(r, j) + c * r->C,
+					  h->count, &r->dstat[r->k + j]);
+			if (rc)
+				return rc == -EBADMSG ? -EPROTO : 0;
+		} else if (r->a->codec->decode(payload, h->length, r->stage + stage_off(r, j) + c * r->C,
+					       h->count)) {
 			return -EPROTO;
+		}
 		mj->gw = h->weight;
 		mj->gn = h->aux;
 		mj->gotg++;
@@ -488,6 +942,7 @@ static const struct mp_xfer_ops gar_ops = {
 	.opened = g_opened,
 	.drop = g_drop,
 	.waits_on_others = g_waits_on_others,
+	.pump = g_pump,
 };
 
 /* Part sizes from the roster's bandwidths (clients: none), then offsets. */
@@ -562,6 +1017,18 @@ static int setup_memory(struct gar *r)
 	}
 	/* Layout: cbuf | enc_len | rtmp | who | whow | enc (64-aligned) */
 	r->enc_cap = lossy ? (a->codec->max_encoded(&ctx->cparams, r->C) + 63) & ~(size_t)63 : 0;
+	if (r->ds) {
+		/* The device path: on the host, only what the host decides with. */
+		size_t hb = nc * sizeof(uint32_t) + (size_t)r->k * (sizeof(int) + sizeof(float));
+		r->cbuf = mp_scratch(ctx, MP_SCR_REDUCE, hb);
+		if (!r->cbuf)
+			return -ENOMEM;
+		r->enc_len = (uint32_t *)r->cbuf;
+		r->who = (int *)(r->enc_len + nc);
+		r->whow = (float *)(r->who + r->k);
+		r->cbuf = NULL;
+		return dev_setup(r, nslots);
+	}
 	size_t fixed = (size_t)nslots * L * sizeof(float) + nc * sizeof(uint32_t) +
 		       (sparse ? r->C * sizeof(float) : 0) + (size_t)r->k * (sizeof(int) + sizeof(float));
 	fixed = (fixed + 63) & ~(size_t)63;
@@ -600,12 +1067,17 @@ static int finish(struct gar *r)
 	const int me = r->me;
 	int first = -1, reached = r->done && r->nused > 1;
 
+	if (r->ds && dev_apply(r))
+		return -EIO;
 	for (int j = 0; j < r->k; j++) {
 		if (!sends_to(r, j))
 			continue;
 		const struct gmember *mj = &r->mb[j];
-		int whole = mj->gotg == mj->nch;
-		if (whole) {
+		int whole = mj->gotg == mj->nch && !mj->malformed;
+		if (whole && r->ds) {
+			if (first < 0)
+				first = j;
+		} else if (whole) {
 			memcpy(a->x + mj->off, r->stage + stage_off(r, j), mj->len * sizeof(float));
 			if (first < 0)
 				first = j;
@@ -643,8 +1115,11 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 			    .group_id = g->id, .user_mr = a->dmr, .res = a->res,
 			    .what = "group all-reduce", .codec = a->codec, .residue = a->residue,
 			    .deadline_ms = ctx->cfg.allreduce_timeout_ms, .total = a->n,
-			    .no_give_up = a->irreversible};
+			    .no_give_up = a->irreversible, .copy_values = a->dev != NULL};
 	int rc = -ENOMEM, k = g->size;
+
+	r.ds = a->dev;
+	r.xw = &x;
 
 	a->res->group_size = k;
 	if (k < 2) {
@@ -654,7 +1129,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		return 0;
 	}
 	if (mp_direct_fits(ctx, g, a))
-		return mp_direct_allreduce(ctx, g, round, a, 0);
+		return a->dev ? dev_direct(ctx, g, round, a) : mp_direct_allreduce(ctx, g, round, a, 0);
 	r.mb = calloc((size_t)k, sizeof(*r.mb));
 	if (!r.mb)
 		goto out;
@@ -704,6 +1179,28 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	/* Every contributor has delivered or failed now, unless cancelled. */
 	if (!rc)
 		try_reduce(&r);
+	if (r.ds && !rc && !r.dev_err && r.reducing && !r.done) {
+		/* Nobody waited for our result (every member failed): the sum
+		 * still decides our own part. */
+		if (mp_dev_sync(ctx, r.ds, "the contributions' status"))
+			dev_fail(&r, -EIO, "reading the contributions' status");
+		else
+			dev_reduce(&r);
+	}
+	if (r.ds) {
+		/* Messages made ready for channels that failed meanwhile. */
+		for (int i = 0; i < x.nch; i++)
+			if (r.gc[i].prep)
+				mp_dev_slot_put(r.ds, r.gc[i].prep);
+		if (r.stat_slot)
+			mp_dev_slot_put(r.ds, r.stat_slot);
+		if (r.dev_err || rc || x.fatal) {
+			/* Nothing may still run on the round's memory. */
+			int ws = mp_dev_sync(ctx, r.ds, "the round's work");
+			if (r.dev_err || (ws && !rc))
+				rc = -EIO;
+		}
+	}
 	/* Given up (a peer's settings or length differ): no frame reached us,
 	 * and nothing of the round is applied; the buffer is as it was, and so
 	 * is the residue: the SCATTER frames that went out with the OPENs took
@@ -713,7 +1210,11 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 			if (sends_to(&r, j))
 				memcpy(a->residue + r.mb[j].off, r.esave + stage_off(&r, j),
 				       r.mb[j].len * sizeof(float));
-	int reached = x.fatal ? 0 : finish(&r);
+	int reached = x.fatal || rc == -EIO ? 0 : finish(&r);
+	if (reached < 0) {
+		rc = reached;
+		reached = 0;
+	}
 	if (r.refused || (r.mb && r.mb[r.me].nonfinite))
 		mp_set_error(ctx, "round %u: this peer's contribution was left out of %s: it holds NaN "
 			     "or infinity (MP_CHECK_FINITE)", round,

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "mp_build_config.h"
 #include "stage.h"
+#include "devpath.h"
 
 #ifdef MP_HAVE_CUDA_STAGE
 #include <dlfcn.h>
@@ -576,7 +577,8 @@ static size_t word_off(size_t len)
 	return (len + 63) & ~(size_t)63;
 }
 
-int mp_stage_open(struct mp_ctx *ctx, void *dev, size_t len, struct mp_stage **out)
+int mp_stage_open_dev(struct mp_ctx *ctx, void *dev, size_t len, int *device, char *why_dev,
+		      size_t n, struct mp_stage **out)
 {
 	const struct mp_stage_dev_ops *ops = mp_stage_dev_ops;
 	struct mp_stage *s = calloc(1, sizeof(*s));
@@ -584,6 +586,8 @@ int mp_stage_open(struct mp_ctx *ctx, void *dev, size_t len, struct mp_stage **o
 	void *host = NULL;
 	int rc;
 
+	if (device)
+		*device = 0;
 	if (!s)
 		return -ENOMEM;
 	s->ops = ops;
@@ -596,16 +600,6 @@ int mp_stage_open(struct mp_ctx *ctx, void *dev, size_t len, struct mp_stage **o
 		free(s);
 		return rc;
 	}
-	/* One pinned allocation for the copy and the word: pinning is slow. */
-	rc = ops->host_alloc(&s->dev, word_off(len) + 64, &host);
-	if (rc) {
-		mp_set_error(ctx, "no %zu bytes of pinned host memory to stage %s memory %p through: %s",
-			     len, ops->name, dev, mp_strerror(rc));
-		goto fail_release;
-	}
-	s->host = host;
-	s->word = (uint32_t *)((char *)host + word_off(len));
-	__atomic_store_n(s->word, 0, __ATOMIC_RELEASE);
 	rc = ops->stream_create(&s->dev, &s->stream);
 	if (!rc)
 		rc = ops->event_create(&s->dev, &s->done);
@@ -616,6 +610,27 @@ int mp_stage_open(struct mp_ctx *ctx, void *dev, size_t len, struct mp_stage **o
 			     ops->name, dev, mp_strerror(rc));
 		goto fail_stream;
 	}
+	if (device) {
+		rc = mp_dev_open(ctx, s, why_dev, n);
+		if (!rc) {
+			*device = 1;
+			__atomic_store_n(s->word, 0, __ATOMIC_RELEASE);
+			*out = s;
+			return 0;
+		}
+		if (rc != -ENOTSUP)
+			goto fail_stream;
+	}
+	/* One pinned allocation for the copy and the word: pinning is slow. */
+	rc = ops->host_alloc(&s->dev, word_off(len) + 64, &host);
+	if (rc) {
+		mp_set_error(ctx, "no %zu bytes of pinned host memory to stage %s memory %p through: %s",
+			     len, ops->name, dev, mp_strerror(rc));
+		goto fail_stream;
+	}
+	s->host = host;
+	s->word = (uint32_t *)((char *)host + word_off(len));
+	__atomic_store_n(s->word, 0, __ATOMIC_RELEASE);
 	rc = ctx->ops->reg_mr(ctx->drv, host, len, MP_MEM_HOST, &s->dmr);
 	if (rc) {
 		mp_set_error(ctx, "transport %s cannot register the %zu-byte host copy of %s memory %p: %s",
@@ -631,11 +646,16 @@ fail_stream:
 		ops->event_destroy(&s->dev, s->done);
 	if (s->stream)
 		ops->stream_destroy(&s->dev, s->stream);
-	ops->host_free(&s->dev, host);
-fail_release:
+	if (host)
+		ops->host_free(&s->dev, host);
 	ops->release(&s->dev);
 	free(s);
 	return rc;
+}
+
+int mp_stage_open(struct mp_ctx *ctx, void *dev, size_t len, struct mp_stage **out)
+{
+	return mp_stage_open_dev(ctx, dev, len, NULL, NULL, 0, out);
 }
 
 /*
@@ -682,13 +702,21 @@ void mp_stage_close(struct mp_ctx *ctx, struct mp_stage *s)
 	ctx->ops->dereg_mr(ctx->drv, s->dmr);
 	/* A copy in that an operation gave up on may still be queued (behind
 	 * a caller's stream), and it writes the pinned copy. */
+	if (s->dp) {
+		/* The device path's work may still be queued: wait for all of it. */
+		char why[128];
+		(void)s->ops->event_record(&s->dev, s->done, s->stream, why, sizeof(why));
+	}
 	rc = stage_poll(ctx, s, 0);
+	if (!rc && s->dp)
+		mp_dev_close(ctx, s);
 	s->ops->event_destroy(&s->dev, s->legacy);
 	s->ops->event_destroy(&s->dev, s->done);
 	s->ops->stream_destroy(&s->dev, s->stream);
 	if (rc)
-		MP_WARN("stage: copies of %s memory %p still queued (%s): its %zu-byte pinned copy is "
-			"left allocated", s->ops->name, s->dev_base, mp_strerror(rc), s->len);
+		MP_WARN("stage: copies of %s memory %p still queued (%s): its pinned %s is left "
+			"allocated", s->ops->name, s->dev_base, mp_strerror(rc),
+			s->dp ? "ring" : "copy");
 	else
 		s->ops->host_free(&s->dev, s->host);
 	s->ops->release(&s->dev);
@@ -776,6 +804,38 @@ int mp_stage_in(struct mp_ctx *ctx, struct mp_stage *s, size_t off, size_t bytes
 			     s->ops->name, (void *)((char *)s->dev_base + off), what, mp_strerror(rc),
 			     rc == -ETIMEDOUT ? " within round_timeout_ms; the stream it waits for did "
 			     "not get there" : "");
+	return rc == -ECANCELED ? rc : rc ? -EIO : 0;
+}
+
+int mp_stage_order(struct mp_ctx *ctx, struct mp_stage *s, void *ev)
+{
+	char why[256] = "";
+	int rc = 0;
+
+	if (!ev) {
+		/* As mp_stage_in: what the legacy default stream sees now. */
+		ev = s->legacy;
+		rc = s->ops->event_record(&s->dev, ev, NULL, why, sizeof(why));
+		if (rc)
+			MP_WARN("stage: %s", why);
+	}
+	if (!rc)
+		rc = s->ops->stream_wait_event(&s->dev, s->stream, ev);
+	if (!rc)
+		rc = s->ops->event_record(&s->dev, s->done, s->stream, why, sizeof(why));
+	/* Waited for here rather than found out mid-exchange: a stream that
+	 * never gets there fails the operation before it starts. */
+	if (!rc)
+		rc = stage_poll(ctx, s, 1);
+	if (rc == -ECANCELED)
+		mp_set_error(ctx, "the context was finalized while the average of %s memory %p waited "
+			     "for the caller's stream: it did not start", s->ops->name, s->dev_base);
+	else if (rc)
+		mp_set_error(ctx, "the average of %s memory %p could not wait for the caller's stream "
+			     "(%s%s): it did not start and the buffer is as it was", s->ops->name,
+			     s->dev_base, mp_strerror(rc),
+			     rc == -ETIMEDOUT ? " within round_timeout_ms; the stream did not get there" :
+			     "");
 	return rc == -ECANCELED ? rc : rc ? -EIO : 0;
 }
 

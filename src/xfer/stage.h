@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 struct mp_ctx;
+struct mp_devpath;
 struct mp_drv_mr;
 
 /* What the table learnt about a device allocation: which CUDA context the
@@ -125,6 +126,8 @@ struct mp_stage {
 	uint32_t *word;          /* pinned, after the copy: the ticket of the last request
 	                            that ended; the device reads it */
 	uint32_t tickets;        /* the last ticket handed out (the core's, under its mutex) */
+	struct mp_devpath *dp;   /* the device path (devpath.h): reduced on the GPU, host holds
+	                            a ring of chunks, not a copy; NULL: staged whole */
 };
 
 /*
@@ -135,6 +138,14 @@ struct mp_stage {
  * transport's registration error.
  */
 int mp_stage_open(struct mp_ctx *ctx, void *dev, size_t len, struct mp_stage **out);
+/*
+ * As mp_stage_open, but reduced on the GPU when the device path
+ * (devpath.h) can take the memory: no host copy then, a ring of chunks. A
+ * registration the path cannot take is staged whole, and @why (@n bytes)
+ * says why; *@device says which it got.
+ */
+int mp_stage_open_dev(struct mp_ctx *ctx, void *dev, size_t len, int *device, char *why, size_t n,
+		      struct mp_stage **out);
 /* Undo mp_stage_open, once the copies still queued have run (bounded by
  * the context's round timeout: past it the pinned copy is left allocated,
  * with a warning, since the device may still write it). @s may be NULL. */
@@ -143,6 +154,12 @@ void mp_stage_close(struct mp_ctx *ctx, struct mp_stage *s);
  * on @stream now, which the operation's copy in will wait for. 0, or
  * -EINVAL, -ENOMEM, -EIO with the context's error set. */
 int mp_stage_mark(struct mp_ctx *ctx, struct mp_stage *s, void *stream, void **ev);
+/* The device path's start of an operation: the registration's stream waits
+ * for @ev (mp_stage_mark), or with @ev NULL for the work on the legacy
+ * default stream so far, and so does the caller, polling, within the round
+ * timeout. 0; -EIO (the operation did not start, the buffer is as it was)
+ * or -ECANCELED with the context's error set. */
+int mp_stage_order(struct mp_ctx *ctx, struct mp_stage *s, void *ev);
 /* Release an event of mp_stage_mark. @ev may be NULL. */
 void mp_stage_unmark(struct mp_stage *s, void *ev);
 /*

@@ -57,6 +57,12 @@ struct mp_xfer_ops {
 	 * other peers first (a result needs every contribution): silence there
 	 * is not the peer's fault, and only the exchange's deadline applies. */
 	int (*waits_on_others)(void *op, struct mp_chan *ch);
+	/* Optional: once per pass of the engine, move work the algorithm runs
+	 * beside the network (the device path's copies and kernels, devpath.h)
+	 * and return nonzero while some is outstanding: the engine then polls
+	 * the transport instead of sleeping in it, since nothing there will
+	 * wake it when the device is done. */
+	int (*pump)(void *op);
 };
 
 /* One connection of an exchange: (peer, stream). */
@@ -159,6 +165,12 @@ struct mp_xfer {
 	struct mp_result *res;
 	const char *what;          /* for messages: "group all-reduce", "ring" */
 	int deadline_ms;           /* the whole exchange; members still missing then are dropped (0 = none) */
+	int copy_values;           /* VALUES are copied into the frame even with codec none
+	                              (the device path's chunks leave a ring slot at once) */
+	int abort_err;             /* set by the algorithm: it failed on its own (the device
+	                              path: -EIO); every channel closes, nobody is blamed, and
+	                              mp_xfer_run returns it; nothing of the exchange may be
+	                              applied */
 	int no_rate;               /* a few header-only frames (RATE): their bytes are counted,
 	                              but a rate from them would measure latency, not bandwidth */
 	uint64_t total;            /* values the whole vector holds: every OPEN carries it */
@@ -208,6 +220,8 @@ struct mp_avg {
 	uint64_t influence; /* peers whose values can have reached ours (see mp_result.peers) */
 	const struct mp_codec_ops *codec;
 	float *residue;     /* n values of error feedback (sparse codecs), or NULL */
+	struct mp_stage *dev; /* the device path (devpath.h): x is CUDA memory of this
+	                         registration, reduced on the GPU; NULL: x is host memory */
 	int x_is_copy;      /* x is staged CUDA memory's host copy: the caller's buffer is
 	                       written from it only after a success */
 	int irreversible;   /* an earlier round of this average wrote x (or the residue)

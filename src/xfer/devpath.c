@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The device path's ring and device memory (devpath.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "devpath.h"
+#include "log.h"
+#include "xfer.h"
+
+/* The codecs an average of this context may use. */
+static int codecs_of(const struct mp_ctx *ctx, int *ids)
+{
+	if (ctx->codec_cfg != MP_CODEC_AUTO) {
+		/* And none, for MP_AVG_UNCOMPRESSED. */
+		ids[0] = ctx->codec_cfg;
+		ids[1] = MP_CODEC_NONE;
+		return ctx->codec_cfg == MP_CODEC_NONE ? 1 : 2;
+	}
+	/* resolve_codec (context.c) picks among these by size. */
+	ids[0] = MP_CODEC_NONE;
+	ids[1] = MP_CODEC_FP16;
+	ids[2] = MP_CODEC_BLOCKWISE8;
+	return 3;
+}
+
+/* Where the stage's word sits in the pinned allocation: after the slots
+ * and the status words, on its own cache line. */
+static size_t word_at(size_t slot_bytes)
+{
+	return MP_DEV_SLOTS * slot_bytes + MP_DEV_NSTATUS * sizeof(uint32_t);
+}
+
+int mp_dev_open(struct mp_ctx *ctx, struct mp_stage *s, char *why, size_t n)
+{
+	const struct mp_devk_ops *k = mp_devk_ops;
+	const struct mp_stage_dev_ops *ops = s->ops;
+	struct mp_devpath *dp;
+	int ids[3], nid = codecs_of(ctx, ids), rc = 0;
+	size_t sb = ctx->chunk_elems * sizeof(float);
+	void *host = NULL;
+
+	if (!ops->dev_alloc || !ops->copy_d2d || !ops->fill32) {
+		snprintf(why, n, "the %s table has no device allocations", ops->name);
+		return -ENOTSUP;
+	}
+	for (int i = 0; i < nid; i++) {
+		rc = k->usable(&s->dev, ids[i], why, n);
+		if (rc)
+			return rc;
+		size_t e = k->max_encoded(ids[i], &ctx->cparams, ctx->chunk_elems);
+		sb = e > sb ? e : sb;
+	}
+	sb = (sb + 255) & ~(size_t)255;
+	dp = calloc(1, sizeof(*dp));
+	if (!dp)
+		return -ENOMEM;
+	dp->k = k;
+	dp->slot_bytes = sb;
+	rc = ops->host_alloc(&s->dev, word_at(sb) + 64, &host);
+	if (rc) {
+		mp_set_error(ctx, "no %zu bytes of pinned host memory for the device path of %s memory "
+			     "%p: %s", word_at(sb) + 64, ops->name, s->dev_base, mp_strerror(rc));
+		free(dp);
+		return rc;
+	}
+	s->host = host;
+	s->word = (uint32_t *)((char *)host + word_at(sb));
+	dp->hstatus = (uint32_t *)((char *)host + MP_DEV_SLOTS * sb);
+	rc = ops->dev_alloc(&s->dev, MP_DEV_SLOTS * sb, &dp->dring);
+	for (int i = 0; !rc && i < MP_DEV_SLOTS; i++) {
+		dp->slot[i].host = (uint8_t *)host + (size_t)i * sb;
+		dp->slot[i].dev = (uint8_t *)dp->dring + (size_t)i * sb;
+		rc = ops->event_create(&s->dev, &dp->slot[i].ev);
+	}
+	if (!rc)
+		rc = ops->event_create(&s->dev, &dp->sync_ev);
+	if (rc) {
+		mp_set_error(ctx, "no %s device memory or events for the device path of memory %p: %s",
+			     ops->name, s->dev_base, mp_strerror(rc));
+		goto fail;
+	}
+	/* The slots take part in no transfer of their own (the engine copies
+	 * payloads into its slab), but a direct exchange runs in slot 0. */
+	rc = ctx->ops->reg_mr(ctx->drv, host, MP_DEV_SLOTS * sb, MP_MEM_HOST, &s->dmr);
+	if (rc) {
+		mp_set_error(ctx, "transport %s cannot register the pinned ring of %s memory %p: %s",
+			     ctx->transport, ops->name, s->dev_base, mp_strerror(rc));
+		s->dmr = NULL;
+		goto fail;
+	}
+	s->dp = dp;
+	return 0;
+fail:
+	for (int i = 0; i < MP_DEV_SLOTS; i++)
+		if (dp->slot[i].ev)
+			ops->event_destroy(&s->dev, dp->slot[i].ev);
+	if (dp->sync_ev)
+		ops->event_destroy(&s->dev, dp->sync_ev);
+	if (dp->dring)
+		ops->dev_free(&s->dev, dp->dring);
+	ops->host_free(&s->dev, host);
+	s->host = NULL;
+	s->word = NULL;
+	free(dp);
+	return rc;
+}
+
+void mp_dev_close(struct mp_ctx *ctx, struct mp_stage *s)
+{
+	struct mp_devpath *dp = s->dp;
+	const struct mp_stage_dev_ops *ops = s->ops;
+
+	(void)ctx;
+	if (!dp)
+		return;
+	for (int i = 0; i < MP_DEV_SLOTS; i++)
+		ops->event_destroy(&s->dev, dp->slot[i].ev);
+	ops->event_destroy(&s->dev, dp->sync_ev);
+	ops->dev_free(&s->dev, dp->dring);
+	if (dp->dscr)
+		ops->dev_free(&s->dev, dp->dscr);
+	if (dp->dundo)
+		ops->dev_free(&s->dev, dp->dundo);
+	free(dp);
+	s->dp = NULL;
+}
+
+struct mp_ring_slot *mp_dev_slot_try(struct mp_stage *s)
+{
+	struct mp_devpath *dp = s->dp;
+	struct mp_ring_slot *pick = NULL;
+
+	for (int i = 0; i < MP_DEV_SLOTS; i++) {
+		struct mp_ring_slot *sl = &dp->slot[i];
+		/* A failed event frees its slot too: the failure shows in the
+		 * exchange's sync, which every device error reaches. */
+		if (sl->state == MP_SLOT_PENDING && s->ops->event_query(&s->dev, sl->ev) != -EAGAIN)
+			sl->state = MP_SLOT_FREE;
+		if (sl->state == MP_SLOT_FREE && !pick)
+			pick = sl;
+	}
+	if (pick) {
+		pick->state = MP_SLOT_HELD;
+		dp->held++;
+	}
+	return pick;
+}
+
+/* Poll @ev until it completes, within the round timeout. */
+static int dev_poll(struct mp_ctx *ctx, struct mp_stage *s, void *ev)
+{
+	int ms = ctx->cfg.round_timeout_ms > 0 ? ctx->cfg.round_timeout_ms : 10000;
+	struct timespec t0, now, nap = {0, 2000};
+	int rc;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		rc = s->ops->event_query(&s->dev, ev);
+		if (rc != -EAGAIN)
+			return rc;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 >= ms)
+			return -ETIMEDOUT;
+		nanosleep(&nap, NULL);
+		nap.tv_nsec = nap.tv_nsec >= 500000L ? 1000000L : nap.tv_nsec * 2;
+	}
+}
+
+struct mp_ring_slot *mp_dev_slot_wait(struct mp_ctx *ctx, struct mp_stage *s)
+{
+	struct mp_ring_slot *sl = mp_dev_slot_try(s);
+	int rc;
+
+	if (sl)
+		return sl;
+	/* Every slot busy: the oldest work is queued first, so waiting for the
+	 * stream frees every pending slot at once. */
+	rc = mp_dev_sync(ctx, s, "a free chunk buffer");
+	return rc ? NULL : mp_dev_slot_try(s);
+}
+
+int mp_dev_slot_queued(struct mp_stage *s, struct mp_ring_slot *sl, int keep)
+{
+	char why[256] = "";
+	int rc = s->ops->event_record(&s->dev, sl->ev, s->stream, why, sizeof(why));
+
+	if (rc) {
+		MP_WARN("devpath: recording a chunk's event: %s", why);
+		return -EIO;
+	}
+	if (!keep) {
+		sl->state = MP_SLOT_PENDING;
+		s->dp->held--;
+	}
+	return 0;
+}
+
+int mp_dev_slot_ready(struct mp_stage *s, struct mp_ring_slot *sl)
+{
+	int rc = s->ops->event_query(&s->dev, sl->ev);
+
+	return rc == -EAGAIN ? 0 : rc ? -EIO : 1;
+}
+
+void mp_dev_slot_put(struct mp_stage *s, struct mp_ring_slot *sl)
+{
+	if (sl->state == MP_SLOT_HELD)
+		s->dp->held--;
+	sl->state = MP_SLOT_FREE;
+}
+
+static void *grow(struct mp_ctx *ctx, struct mp_stage *s, void **mem, size_t *len, size_t bytes,
+		  const char *what)
+{
+	int rc;
+
+	if (*len >= bytes && *mem)
+		return *mem;
+	if (*mem)
+		s->ops->dev_free(&s->dev, *mem);
+	*mem = NULL;
+	*len = 0;
+	rc = s->ops->dev_alloc(&s->dev, bytes ? bytes : 64, mem);
+	if (rc) {
+		mp_set_error(ctx, "no %zu bytes of %s device memory for %s: %s", bytes, s->ops->name,
+			     what, mp_strerror(rc));
+		*mem = NULL;
+		return NULL;
+	}
+	*len = bytes;
+	return *mem;
+}
+
+void *mp_dev_scratch(struct mp_ctx *ctx, struct mp_stage *s, size_t bytes)
+{
+	return grow(ctx, s, &s->dp->dscr, &s->dp->dscr_len, bytes, "the round's reduction");
+}
+
+void *mp_dev_undo_mem(struct mp_ctx *ctx, struct mp_stage *s, size_t bytes)
+{
+	return grow(ctx, s, &s->dp->dundo, &s->dp->dundo_len, bytes, "the copy of the buffer");
+}
+
+int mp_dev_sync(struct mp_ctx *ctx, struct mp_stage *s, const char *what)
+{
+	char why[256] = "";
+	int rc = s->ops->event_record(&s->dev, s->dp->sync_ev, s->stream, why, sizeof(why));
+
+	if (!rc)
+		rc = dev_poll(ctx, s, s->dp->sync_ev);
+	else
+		MP_WARN("devpath: %s", why);
+	if (rc) {
+		mp_set_error(ctx, "%s memory %p: waiting for %s on the device failed (%s%s)", s->ops->name,
+			     s->dev_base, what, mp_strerror(rc),
+			     rc == -ETIMEDOUT ? " within round_timeout_ms" : "; the log names the call");
+		return -EIO;
+	}
+	for (int i = 0; i < MP_DEV_SLOTS; i++)
+		if (s->dp->slot[i].state == MP_SLOT_PENDING)
+			s->dp->slot[i].state = MP_SLOT_FREE;
+	return 0;
+}
+
+int mp_dev_copy_sync(struct mp_ctx *ctx, struct mp_stage *s, void *dst, const void *src,
+		     size_t bytes, int kind, const char *what)
+{
+	int rc = !bytes ? 0 :
+		 kind == 2 ? s->ops->copy_d2d(&s->dev, dst, src, bytes, s->stream) :
+			     s->ops->copy_async(&s->dev, dst, src, bytes, kind, s->stream);
+
+	if (rc) {
+		mp_set_error(ctx, "%s memory %p: queueing %s failed (%s; the log names the call)",
+			     s->ops->name, s->dev_base, what, mp_strerror(rc));
+		return -EIO;
+	}
+	return mp_dev_sync(ctx, s, what);
+}

@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The device path (devpath.c): a CUDA registration whose codec kernels can
+ * run (devk.h) is reduced on the GPU by the group all-reduce, and only
+ * encoded chunks cross the bus. What the host holds for it is a constant
+ * ring of pinned chunk buffers, not a copy of the memory:
+ *
+ *  - each slot is a pinned host buffer of one encoded chunk, its device
+ *    twin (where an encoded chunk lands from the host, or is encoded before
+ *    it leaves) and an event recorded after the last work that uses it;
+ *  - a message to send is encoded on the GPU into a slot's twin and copied
+ *    into its pinned buffer, and goes once the event says so; a message
+ *    received is copied into a slot, then to its twin, and decoded there
+ *    into the round's device memory; its slot is free once the event says
+ *    so. Copies and kernels all go to the registration's one stream, in
+ *    order, so the host never waits for the device except for a slot or at
+ *    the end of an exchange, and the network transfer of one chunk overlaps
+ *    the copies and kernels of the next.
+ *
+ * The round's device memory (contributions, sums, results) comes from
+ * mp_dev_scratch, kept with the registration and grown on demand.
+ */
+#ifndef MP_DEVPATH_H
+#define MP_DEVPATH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "devk.h"
+#include "stage.h"
+
+struct mp_ctx;
+
+/* Slots of a registration's ring: a window of sends and receives in flight
+ * for a group of a few members, each of one chunk. */
+#define MP_DEV_SLOTS 32
+/* Pinned status words (decode's MP_DEVK_BAD), two per member at most. */
+#define MP_DEV_NSTATUS 256
+
+enum { MP_SLOT_FREE, MP_SLOT_HELD, MP_SLOT_PENDING };
+
+struct mp_ring_slot {
+	uint8_t *host; /* pinned, slot_bytes */
+	uint8_t *dev;  /* its device twin, slot_bytes */
+	void *ev;      /* recorded after the last work queued with the slot */
+	int state;     /* MP_SLOT_*: PENDING is free once ev has completed */
+};
+
+struct mp_devpath {
+	const struct mp_devk_ops *k;
+	struct mp_ring_slot slot[MP_DEV_SLOTS];
+	size_t slot_bytes;
+	void *dring;          /* the twins, one allocation */
+	uint32_t *hstatus;    /* MP_DEV_NSTATUS pinned words: status reads land here */
+	void *dscr;           /* the round's device memory */
+	size_t dscr_len;
+	void *dundo;          /* run_moshpit's copy of the buffer, for an undo */
+	size_t dundo_len;
+	void *sync_ev;        /* for mp_dev_sync */
+	int held;             /* slots HELD now (sends being prepared) */
+};
+
+/*
+ * Try to set up the device path for @s (queried, no host copy yet), for
+ * the codec the context is configured with (MP_CODEC_AUTO: every codec it
+ * may pick): the kernels' table must be usable there. Allocates the ring
+ * (pinned slots with the status words and the stage's word after them,
+ * their device twins, events) and registers the pinned part with the
+ * transport (s->dmr). Returns 0; -ENOTSUP with the reason in @why when the
+ * path is not for this registration (the caller stages it whole instead);
+ * or another negative errno with the context's error set.
+ */
+int mp_dev_open(struct mp_ctx *ctx, struct mp_stage *s, char *why, size_t n);
+/* Undo mp_dev_open, once nothing is queued (the caller has synced). */
+void mp_dev_close(struct mp_ctx *ctx, struct mp_stage *s);
+
+/* A free slot, now HELD, or NULL when every slot is busy. Slots whose
+ * event has completed become free on the way. */
+struct mp_ring_slot *mp_dev_slot_try(struct mp_stage *s);
+/* As mp_dev_slot_try, waiting for a busy slot if need be (polling, within
+ * the round timeout): NULL with the context's error set on a device
+ * failure or timeout. */
+struct mp_ring_slot *mp_dev_slot_wait(struct mp_ctx *ctx, struct mp_stage *s);
+/* The work of HELD slot @sl is queued: record its event; it stays HELD
+ * (@keep: a send, whose bytes the caller takes once it is ready) or
+ * becomes PENDING (a receive: free once the work has run). 0 or -EIO. */
+int mp_dev_slot_queued(struct mp_stage *s, struct mp_ring_slot *sl, int keep);
+/* 1 once the work queued with @sl has run, 0 before, -EIO when it failed. */
+int mp_dev_slot_ready(struct mp_stage *s, struct mp_ring_slot *sl);
+/* Give back a HELD slot. */
+void mp_dev_slot_put(struct mp_stage *s, struct mp_ring_slot *sl);
+
+/* @bytes of device memory for the round (64-byte aligned), kept between
+ * rounds; NULL with the context's error set. Only once nothing queued uses
+ * the old one (the caller has synced). */
+void *mp_dev_scratch(struct mp_ctx *ctx, struct mp_stage *s, size_t bytes);
+/* Device memory for run_moshpit's undo copy, as mp_dev_scratch. */
+void *mp_dev_undo_mem(struct mp_ctx *ctx, struct mp_stage *s, size_t bytes);
+
+/* Wait until everything queued on the registration's stream so far has run
+ * (polling, within the round timeout). 0; -EIO with the context's error set
+ * (naming @what) when the device failed or did not get there. */
+int mp_dev_sync(struct mp_ctx *ctx, struct mp_stage *s, const char *what);
+/* Queue a copy of @bytes (kind: 0 device to host, 1 host to device, 2
+ * device to device) and wait for it, as mp_dev_sync. */
+int mp_dev_copy_sync(struct mp_ctx *ctx, struct mp_stage *s, void *dst, const void *src,
+		     size_t bytes, int kind, const char *what);
+
+#endif

@@ -1,0 +1,426 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The device path (src/xfer/devpath.h, group_allreduce.c): CUDA memory
+ * reduced on the GPU, only encoded chunks crossing the bus through a ring
+ * of pinned buffers, against the FAKE of the CUDA driver and of the codec
+ * kernels in tests/fakes/fake_cuda.c (no GPU needed or touched). The fake's
+ * device memory faults on any access outside its own operations, so a host
+ * read or write of it anywhere in the library crashes the test.
+ *
+ * Peers are threads, over loop and tcp. Checked, per codec (none, fp16,
+ * bf16, uniform8, blockwise8) and algorithm (moshpit on a 2x2 grid,
+ * butterfly): the device buffer ends bit for bit where the host path ends
+ * for the same input and configuration (a second context of each peer
+ * averages host memory); the pinned host memory the registration holds is
+ * the same for a buffer ten times as long (a ring of chunks, not a copy);
+ * the registration says it took the device path. Also: short vectors (the
+ * direct exchange) exact on device memory; a failed copy to the host in
+ * the middle of a peer's pipeline fails its average with -EIO, the buffer
+ * as the round found it, while the others end with an exact average of
+ * what they could reach, and the next average is exact again; the ring
+ * algorithm and MP_CHECK_FINITE stage the buffer whole and say why.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <moshpit/moshpit.h>
+
+#include "devk.h"
+#include "stage.h"
+#include "fake_cuda.h"
+
+#define MAXP FK_MAXP
+#define MAXOPS 2
+
+static char log_path[64];
+
+struct scen {
+	const char *name;
+	const char *transport;
+	int npeers;
+	int algo;            /* MP_ALGO_* */
+	int codec;           /* MP_CODEC_* */
+	int check_finite;
+	size_t count;        /* floats averaged */
+	int nops;            /* averages of device memory */
+	int fail_rank;       /* 1 + the rank whose device-to-host copy fails; 0: none */
+	int fail_after;      /* ... its this many-th copy (1-based) of the first average */
+};
+
+struct shared {
+	const struct scen *sc;
+	pthread_barrier_t bar;
+	char addr[2][MAXP][MP_ADDR_STRLEN];
+	float *host[MAXP][MAXOPS];   /* the host path's result */
+	float *dev[MAXP][MAXOPS];    /* the device path's */
+	int rc_host[MAXP][MAXOPS], rc_dev[MAXP][MAXOPS];
+	struct mp_result res[MAXP][MAXOPS];
+	char err[MAXP][MAXOPS][256];
+	char fail[MAXP][160];
+};
+
+struct arg {
+	struct shared *sh;
+	int rank;
+};
+
+/* Values of some spread, not exactly representable sums: codecs round. */
+static float input(int rank, int op, size_t i)
+{
+	unsigned h = (unsigned)(rank * 7919 + op * 104729 + (int)i * 31337) * 2654435761u;
+	return ((float)(h >> 8) / 16777216.0f - 0.5f) * 8.0f + (float)(i % 7) * 0.25f;
+}
+
+static void note(struct shared *sh, int rank, const char *what)
+{
+	if (!sh->fail[rank][0])
+		snprintf(sh->fail[rank], sizeof(sh->fail[rank]), "%s", what);
+}
+
+static mp_ctx *open_ctx(struct shared *sh, int r, int pass)
+{
+	const struct scen *sc = sh->sc;
+	struct mp_config cfg;
+	mp_ctx *ctx = NULL;
+	char run[96];
+	int rc;
+
+	snprintf(run, sizeof(run), "devpath-%s-%d", sc->name, pass);
+	mp_config_init(&cfg);
+	cfg.transport = sc->transport;
+	cfg.run_name = run;
+	cfg.rank = r;
+	cfg.npeers = sc->npeers;
+	cfg.algo = sc->algo;
+	cfg.grid = sc->algo == MP_ALGO_MOSHPIT ? "2x2" : NULL;
+	cfg.codec = sc->codec;
+	cfg.codec_block = 64;
+	cfg.check_finite = sc->check_finite;
+	cfg.chunk_bytes = 1024; /* several chunks per part */
+	cfg.connect_timeout_ms = 5000;
+	cfg.round_timeout_ms = 3000;
+	rc = mp_init(&cfg, &ctx);
+	if (!rc)
+		mp_local_address(ctx, sh->addr[pass][r], MP_ADDR_STRLEN);
+	else
+		note(sh, r, "mp_init failed");
+	pthread_barrier_wait(&sh->bar);
+	if (ctx) {
+		const char *addrs[MAXP];
+		for (int i = 0; i < sc->npeers; i++)
+			addrs[i] = sh->addr[pass][i];
+		if (mp_set_peers(ctx, addrs, sc->npeers))
+			note(sh, r, "mp_set_peers failed");
+	}
+	return ctx;
+}
+
+static void *peer_main(void *p)
+{
+	struct arg *a = p;
+	struct shared *sh = a->sh;
+	const struct scen *sc = sh->sc;
+	const int r = a->rank;
+	const size_t bytes = sc->count * sizeof(float);
+	mp_ctx *ctx;
+
+	/* Pass 0: the host path, the reference. */
+	ctx = open_ctx(sh, r, 0);
+	for (int op = 0; op < sc->nops; op++) {
+		float *v = malloc(bytes);
+		for (size_t i = 0; i < sc->count; i++)
+			v[i] = input(r, op, i);
+		pthread_barrier_wait(&sh->bar);
+		sh->rc_host[r][op] = ctx ? mp_average(ctx, v, sc->count, 1.0f, NULL) : -ENOENT;
+		sh->host[r][op] = v;
+	}
+	pthread_barrier_wait(&sh->bar);
+	mp_finalize(ctx);
+
+	/* Pass 1: the same averages of device memory. */
+	ctx = open_ctx(sh, r, 1);
+	float *dev = (float *)fk.mem[r].base;
+	mp_mr *mr = NULL;
+	if (ctx && mp_mem_register(ctx, dev, bytes, MP_MEM_CUDA, &mr))
+		note(sh, r, "mp_mem_register failed");
+	for (int op = 0; op < sc->nops; op++) {
+		float *v = malloc(bytes);
+		mp_request *req;
+		int rc;
+
+		for (size_t i = 0; i < sc->count; i++)
+			v[i] = input(r, op, i);
+		fk_write(r, 0, v, bytes);
+		if (op == 0 && sc->fail_rank == r + 1) {
+			pthread_mutex_lock(&fk.mu);
+			fk.fail_d2h_after[r] = sc->fail_after;
+			pthread_mutex_unlock(&fk.mu);
+		}
+		pthread_barrier_wait(&sh->bar);
+		rc = mr ? mp_average_start(ctx, dev, sc->count, 1.0f, mr, &req) : -ENOENT;
+		if (!rc)
+			rc = mp_wait(req, 30000, &sh->res[r][op]);
+		sh->rc_dev[r][op] = rc;
+		if (rc)
+			snprintf(sh->err[r][op], sizeof(sh->err[r][op]), "%s", mp_last_error(ctx));
+		fk_read(r, 0, v, bytes);
+		sh->dev[r][op] = v;
+		/* Every peer done with this average before the next starts. */
+		pthread_barrier_wait(&sh->bar);
+	}
+	if (mr && mp_mem_deregister(ctx, mr))
+		note(sh, r, "mp_mem_deregister failed");
+	pthread_barrier_wait(&sh->bar);
+	mp_finalize(ctx);
+	return NULL;
+}
+
+static void run(struct shared *sh)
+{
+	const struct scen *sc = sh->sc;
+	pthread_t th[MAXP];
+	struct arg args[MAXP];
+
+	assert_true(sc->npeers <= MAXP && sc->nops <= MAXOPS);
+	for (int r = 0; r < sc->npeers; r++)
+		fk_mem_init(r, sc->count * sizeof(float));
+	pthread_barrier_init(&sh->bar, NULL, (unsigned)sc->npeers);
+	for (int r = 0; r < sc->npeers; r++) {
+		args[r] = (struct arg){sh, r};
+		assert_int_equal(pthread_create(&th[r], NULL, peer_main, &args[r]), 0);
+	}
+	for (int r = 0; r < sc->npeers; r++)
+		pthread_join(th[r], NULL);
+	pthread_barrier_destroy(&sh->bar);
+	for (int r = 0; r < sc->npeers; r++)
+		if (sh->fail[r][0])
+			fail_msg("%s: peer %d: %s", sc->name, r, sh->fail[r]);
+}
+
+static void release(struct shared *sh)
+{
+	for (int r = 0; r < sh->sc->npeers; r++) {
+		for (int op = 0; op < sh->sc->nops; op++) {
+			free(sh->host[r][op]);
+			free(sh->dev[r][op]);
+		}
+		fk_mem_fini(r);
+	}
+	free(sh);
+}
+
+/* Lines of the log file that contain @s. */
+static int log_count(const char *s)
+{
+	char line[1200];
+	int n = 0;
+	FILE *f = fopen(log_path, "r");
+
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, s) != NULL;
+	fclose(f);
+	return n;
+}
+
+/* Bit for bit where the host path ends. */
+static void same_as_host(struct shared *sh)
+{
+	const struct scen *sc = sh->sc;
+
+	for (int r = 0; r < sc->npeers; r++)
+		for (int op = 0; op < sc->nops; op++) {
+			if (sh->rc_host[r][op] || sh->rc_dev[r][op])
+				fail_msg("%s: peer %d, average %d: host %s, device %s (%s)", sc->name, r, op,
+					 mp_strerror(sh->rc_host[r][op]), mp_strerror(sh->rc_dev[r][op]),
+					 sh->err[r][op]);
+			if (memcmp(sh->host[r][op], sh->dev[r][op], sc->count * sizeof(float))) {
+				for (size_t i = 0; i < sc->count; i++)
+					if (memcmp(&sh->host[r][op][i], &sh->dev[r][op][i], sizeof(float)))
+						fail_msg("%s: peer %d, average %d, value %zu: device %.9g, "
+							 "host %.9g", sc->name, r, op, i, sh->dev[r][op][i],
+							 sh->host[r][op][i]);
+			}
+			assert_int_equal(sh->res[r][op].failed_peers, 0);
+			assert_int_equal(sh->res[r][op].frames_rejected, 0);
+		}
+}
+
+static struct shared *scenario(const struct scen *sc)
+{
+	struct shared *sh = calloc(1, sizeof(*sh));
+
+	assert_non_null(sh);
+	sh->sc = sc;
+	fk_reset();
+	mp_devk_ops = &fk_devk_ops;
+	run(sh);
+	return sh;
+}
+
+static const char *codec_name(int c)
+{
+	static const char *n[] = {"none", "fp16", "bf16", "uniform8", "blockwise8"};
+	return n[c];
+}
+
+/* Every codec the path takes, both group algorithms, over @transport. */
+static void same_as_host_on(const char *transport)
+{
+	static const int algos[] = {MP_ALGO_MOSHPIT, MP_ALGO_BUTTERFLY};
+
+	for (int c = MP_CODEC_NONE; c <= MP_CODEC_BLOCKWISE8; c++)
+		for (int ai = 0; ai < 2; ai++) {
+			char name[64];
+			snprintf(name, sizeof(name), "%s-%s-%s", transport, codec_name(c),
+				 algos[ai] == MP_ALGO_MOSHPIT ? "moshpit" : "butterfly");
+			/* Odd length: parts and chunks end short. */
+			struct scen sc = {.name = name, .transport = transport, .npeers = 4,
+					  .algo = algos[ai], .codec = c, .count = 3001, .nops = 2};
+			struct shared *sh = scenario(&sc);
+			same_as_host(sh);
+			/* Nothing of the buffer's size was pinned: a ring of chunks. */
+			assert_true(fk.pinned_peak < 4 * 64 * 1024);
+			release(sh);
+		}
+	char want[64];
+	snprintf(want, sizeof(want), "is averaged on the GPU");
+	assert_true(log_count(want) >= 4 * 10);
+}
+
+static void devpath_same_as_host_loop(void **state)
+{
+	(void)state;
+	same_as_host_on("loop");
+}
+
+static void devpath_same_as_host_tcp(void **state)
+{
+	(void)state;
+	same_as_host_on("tcp");
+}
+
+/* The pinned memory a registration holds does not grow with the buffer. */
+static void devpath_pinned_is_constant(void **state)
+{
+	size_t peak[2];
+	size_t counts[2] = {2000, 20000};
+
+	(void)state;
+	for (int i = 0; i < 2; i++) {
+		struct scen sc = {.name = i ? "pinned-long" : "pinned-short", .transport = "loop",
+				  .npeers = 4, .algo = MP_ALGO_MOSHPIT, .codec = MP_CODEC_BLOCKWISE8,
+				  .count = counts[i], .nops = 1};
+		struct shared *sh = scenario(&sc);
+		same_as_host(sh);
+		peak[i] = fk.pinned_peak;
+		release(sh);
+	}
+	/* 4 registrations, each its ring; the long buffer is 80 KB per peer. */
+	assert_int_equal(peak[0], peak[1]);
+	assert_true(peak[1] < counts[1] * sizeof(float) * 4);
+}
+
+/* Short vectors take the direct exchange, through one slot. */
+static void devpath_short_vectors(void **state)
+{
+	(void)state;
+	for (size_t n = 1; n <= 33; n += 8) {
+		char name[32];
+		snprintf(name, sizeof(name), "short-%zu", n);
+		struct scen sc = {.name = name, .transport = "loop", .npeers = 4,
+				  .algo = MP_ALGO_MOSHPIT, .codec = MP_CODEC_NONE, .count = n, .nops = 1};
+		struct shared *sh = scenario(&sc);
+		same_as_host(sh);
+		release(sh);
+	}
+}
+
+/*
+ * Peer 1's third copy to the host fails mid-pipeline: its average fails
+ * with -EIO and a message, its buffer as the round found it (butterfly: one
+ * round, so its input); the others leave it out and agree among
+ * themselves; the next average is everyone's, exact.
+ */
+static void devpath_copy_fails_midway(void **state)
+{
+	struct scen sc = {.name = "fail-d2h", .transport = "loop", .npeers = 4,
+			  .algo = MP_ALGO_BUTTERFLY, .codec = MP_CODEC_FP16, .count = 3001, .nops = 2,
+			  .fail_rank = 2, .fail_after = 3};
+	struct shared *sh;
+
+	(void)state;
+	sh = scenario(&sc);
+	assert_int_equal(sh->rc_dev[1][0], -EIO);
+	assert_non_null(strstr(sh->err[1][0], "failed on the device"));
+	for (size_t i = 0; i < sc.count; i++)
+		if (sh->dev[1][0][i] != input(1, 0, i))
+			fail_msg("peer 1's buffer changed at %zu: %.9g, was %.9g", i, sh->dev[1][0][i],
+				 input(1, 0, i));
+	for (int r = 0; r < 4; r++) {
+		if (r == 1)
+			continue;
+		assert_int_equal(sh->rc_dev[r][0], 0);
+		assert_true(sh->res[r][0].failed_peers >= 1);
+		/* The survivors' parts agree: whatever they reached, they hold alike. */
+		assert_memory_equal(sh->dev[r][0], sh->dev[r == 0 ? 2 : 0][0], sc.count * sizeof(float));
+	}
+	/* The next average: every peer again, as the host path gets it. */
+	for (int r = 0; r < 4; r++) {
+		assert_int_equal(sh->rc_dev[r][1], 0);
+		assert_memory_equal(sh->dev[r][1], sh->host[r][1], sc.count * sizeof(float));
+	}
+	release(sh);
+}
+
+/* What the path does not do stages the buffer whole, and says why. */
+static void devpath_not_taken(void **state)
+{
+	struct scen ring = {.name = "ring", .transport = "loop", .npeers = 4, .algo = MP_ALGO_RING,
+			    .codec = MP_CODEC_NONE, .count = 500, .nops = 1};
+	struct scen fin = {.name = "finite", .transport = "loop", .npeers = 4,
+			   .algo = MP_ALGO_BUTTERFLY, .codec = MP_CODEC_NONE, .check_finite = 1,
+			   .count = 500, .nops = 1};
+	struct shared *sh;
+
+	(void)state;
+	sh = scenario(&ring);
+	same_as_host(sh);
+	release(sh);
+	assert_int_equal(log_count("(no device path: the ring algorithm has no device path)"), 4);
+	sh = scenario(&fin);
+	same_as_host(sh);
+	release(sh);
+	assert_int_equal(log_count("(no device path: MP_CHECK_FINITE has no device path)"), 4);
+}
+
+int main(void)
+{
+	snprintf(log_path, sizeof(log_path), "/tmp/test_devpath_fake.%d.log", (int)getpid());
+	setenv("MP_DEBUG", "INFO", 1);
+	setenv("MP_DEBUG_FILE", log_path, 1);
+	mp_stage_dev_ops = &fk_ops;
+
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(devpath_same_as_host_loop),
+		cmocka_unit_test(devpath_same_as_host_tcp),
+		cmocka_unit_test(devpath_pinned_is_constant),
+		cmocka_unit_test(devpath_short_vectors),
+		cmocka_unit_test(devpath_copy_fails_midway),
+		cmocka_unit_test(devpath_not_taken),
+	};
+	int rc = cmocka_run_group_tests(tests, NULL, NULL);
+	fk_shutdown();
+	unlink(log_path);
+	return rc;
+}
