@@ -37,6 +37,10 @@ def allowed() -> dict[str, set[str]]:
         below = below | {layer}
         if layer == "src/codec":
             below |= set(KERNELS) - {"kernels/cuda"}
+        # The CUDA kernels are the device path's (src/xfer/devk_cuda.c),
+        # not the CPU codecs'.
+        if layer == "src/xfer":
+            below |= {"kernels/cuda"}
         rule[layer] = set(below)
     rule["src/common"] = {API, "src/common"}
     return rule

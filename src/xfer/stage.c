@@ -83,6 +83,10 @@ struct cu_api {
 	mp_cu_result (*dtoh_async)(void *dst, mp_cu_ptr src, size_t len, mp_cu_stream st);
 	mp_cu_result (*htod_async)(mp_cu_ptr dst, const void *src, size_t len, mp_cu_stream st);
 	mp_cu_result (*host_dev_ptr)(mp_cu_ptr *dptr, void *p, unsigned flags);
+	mp_cu_result (*mem_alloc)(mp_cu_ptr *dptr, size_t len);
+	mp_cu_result (*mem_free)(mp_cu_ptr dptr);
+	mp_cu_result (*dtod_async)(mp_cu_ptr dst, mp_cu_ptr src, size_t len, mp_cu_stream st);
+	mp_cu_result (*memset_d32_async)(mp_cu_ptr dst, unsigned word, size_t count, mp_cu_stream st);
 	mp_cu_result (*driver_version)(int *v);
 	mp_cu_result (*ctx_device)(mp_cu_device *dev);
 	mp_cu_result (*device_attr)(int *v, unsigned attribute, mp_cu_device dev);
@@ -138,6 +142,10 @@ SAME_TYPE(stream_wait_event, cuStreamWaitEvent);
 SAME_TYPE(dtoh_async, cuMemcpyDtoHAsync_v2);
 SAME_TYPE(htod_async, cuMemcpyHtoDAsync_v2);
 SAME_TYPE(host_dev_ptr, cuMemHostGetDevicePointer_v2);
+SAME_TYPE(mem_alloc, cuMemAlloc_v2);
+SAME_TYPE(mem_free, cuMemFree_v2);
+SAME_TYPE(dtod_async, cuMemcpyDtoDAsync_v2);
+SAME_TYPE(memset_d32_async, cuMemsetD32Async);
 SAME_TYPE(driver_version, cuDriverGetVersion);
 SAME_TYPE(ctx_device, cuCtxGetDevice);
 SAME_TYPE(device_attr, cuDeviceGetAttribute);
@@ -189,6 +197,10 @@ static void cu_load(void)
 		{"cuMemcpyDtoHAsync_v2", offsetof(struct cu_api, dtoh_async)},
 		{"cuMemcpyHtoDAsync_v2", offsetof(struct cu_api, htod_async)},
 		{"cuMemHostGetDevicePointer_v2", offsetof(struct cu_api, host_dev_ptr)},
+		{"cuMemAlloc_v2", offsetof(struct cu_api, mem_alloc)},
+		{"cuMemFree_v2", offsetof(struct cu_api, mem_free)},
+		{"cuMemcpyDtoDAsync_v2", offsetof(struct cu_api, dtod_async)},
+		{"cuMemsetD32Async", offsetof(struct cu_api, memset_d32_async)},
 		{"cuDriverGetVersion", offsetof(struct cu_api, driver_version)},
 		{"cuCtxGetDevice", offsetof(struct cu_api, ctx_device)},
 		{"cuDeviceGetAttribute", offsetof(struct cu_api, device_attr)},
@@ -537,6 +549,98 @@ static int real_wait_value(const struct mp_stage_dev *d, void *stream, const uin
 	return rc;
 }
 
+/* Device memory for the device path (devk.h): cuMemAlloc gives 256-byte
+ * aligned memory of the current context, the memory's here. */
+static int real_dev_alloc(const struct mp_stage_dev *d, size_t len, void **dptr)
+{
+	mp_cu_ptr p = 0;
+	mp_cu_result r = cu_enter(d);
+
+	if (!r) {
+		r = cu.mem_alloc(&p, len);
+		cu_leave();
+	}
+	if (r) {
+		MP_WARN("stage: cuMemAlloc(%zu bytes): %s", len, cu_name(r));
+		return -ENOMEM;
+	}
+	*dptr = (void *)(uintptr_t)p;
+	return 0;
+}
+
+static void real_dev_free(const struct mp_stage_dev *d, void *dptr)
+{
+	mp_cu_result r;
+
+	if (!dptr)
+		return;
+	r = cu_enter(d);
+	if (!r) {
+		r = cu.mem_free((mp_cu_ptr)(uintptr_t)dptr);
+		cu_leave();
+	}
+	if (r)
+		MP_WARN("stage: cuMemFree(%p): %s", dptr, cu_name(r));
+}
+
+static int real_copy_d2d(const struct mp_stage_dev *d, void *dst, const void *src, size_t len,
+			 void *stream)
+{
+	mp_cu_result r = cu_enter(d);
+
+	if (!r) {
+		r = cu.dtod_async((mp_cu_ptr)(uintptr_t)dst, (mp_cu_ptr)(uintptr_t)src, len,
+				  (mp_cu_stream)stream);
+		cu_leave();
+	}
+	if (r) {
+		MP_WARN("stage: cuMemcpyDtoDAsync(%zu bytes, %p to %p): %s", len, src, dst,
+			cu_name(r));
+		return -EIO;
+	}
+	return 0;
+}
+
+static int real_fill32(const struct mp_stage_dev *d, void *dst, uint32_t word, size_t count,
+		       void *stream)
+{
+	mp_cu_result r = cu_enter(d);
+
+	if (!r) {
+		r = cu.memset_d32_async((mp_cu_ptr)(uintptr_t)dst, word, count, (mp_cu_stream)stream);
+		cu_leave();
+	}
+	if (r) {
+		MP_WARN("stage: cuMemsetD32Async(%zu words at %p): %s", count, dst, cu_name(r));
+		return -EIO;
+	}
+	return 0;
+}
+
+int mp_stage_enter(const struct mp_stage_dev *d)
+{
+	mp_cu_result r;
+
+	/* Only reached after a query succeeded, which loaded the driver; the
+	 * check keeps a caller that skipped it from calling through NULL. */
+	pthread_once(&cu_once, cu_load);
+	if (cu_err) {
+		MP_WARN("stage: %s", cu_why);
+		return -EIO;
+	}
+	r = cu_enter(d);
+	if (r) {
+		MP_WARN("stage: cuCtxPushCurrent(%p): %s", d->ctx, cu_name(r));
+		return -EIO;
+	}
+	return 0;
+}
+
+void mp_stage_leave(void)
+{
+	cu_leave();
+}
+
 const struct mp_stage_dev_ops mp_stage_cuda_ops = {
 	.name = "CUDA",
 	.query = real_query,
@@ -552,6 +656,10 @@ const struct mp_stage_dev_ops mp_stage_cuda_ops = {
 	.copy_async = real_copy_async,
 	.event_query = real_event_query,
 	.wait_value = real_wait_value,
+	.dev_alloc = real_dev_alloc,
+	.dev_free = real_dev_free,
+	.copy_d2d = real_copy_d2d,
+	.fill32 = real_fill32,
 };
 #else
 /* -Dcuda=disabled: no CUDA code at all. The other entries are never
@@ -567,6 +675,16 @@ const struct mp_stage_dev_ops mp_stage_cuda_ops = {
 	.name = "CUDA",
 	.query = off_query,
 };
+
+int mp_stage_enter(const struct mp_stage_dev *d)
+{
+	(void)d;
+	return -ENOTSUP;
+}
+
+void mp_stage_leave(void)
+{
+}
 #endif
 
 const struct mp_stage_dev_ops *mp_stage_dev_ops = &mp_stage_cuda_ops;

@@ -104,6 +104,17 @@ extern const struct mp_stage_dev_ops mp_stage_cuda_ops;
 extern const struct mp_stage_dev_ops *mp_stage_dev_ops;
 
 /*
+ * For the real kernel table (devk_cuda.c), whose CUDA runtime calls run in
+ * the current context: make @d's context (from mp_stage_cuda_ops' query)
+ * current on this thread, as every entry of that table does for its own
+ * calls, until mp_stage_leave restores what the thread had. 0, or -EIO
+ * (logged) when the driver refuses; -ENOTSUP with -Dcuda=disabled. Only
+ * for memory the real table queried, never a fake's.
+ */
+int mp_stage_enter(const struct mp_stage_dev *d);
+void mp_stage_leave(void);
+
+/*
  * A registration's host copy of its device memory, and what orders the
  * copies: its own stream, on which every copy is queued, so that a copy
  * queued later runs after every earlier one, whatever became of the

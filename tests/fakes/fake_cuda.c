@@ -18,7 +18,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <moshpit/moshpit.h>
+
+#include "codec.h"
 #include "fake_cuda.h"
+#include "mp_kernels.h"
 
 struct fk_state fk = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
 		      .gate_rank = -1};
@@ -32,9 +36,88 @@ static void fk_protect(const struct fk_mem *m, int prot)
 		abort();
 }
 
-static void fk_check_range(const struct fk_mem *m, const void *p, size_t len)
+/* An allocation of dev_alloc: fake device memory as a peer's buffer is. */
+struct fk_dalloc {
+	char *base;
+	size_t len, maplen;
+	int rank;
+	struct fk_dalloc *next;
+};
+
+static int fk_inside(const char *base, size_t blen, const void *p, size_t len)
 {
-	if ((const char *)p < m->base || (const char *)p + len > m->base + m->len)
+	const char *c = p;
+
+	return base && c >= base && (size_t)(c - base) <= blen && len <= blen - (size_t)(c - base);
+}
+
+/* Under fk.mu: the mapping of the fake device memory that holds
+ * [p, p + len), a peer's buffer or an allocation; 0 if none does. */
+static int fk_region(const void *p, size_t len, char **base, size_t *maplen)
+{
+	for (int r = 0; r < FK_MAXP; r++) {
+		if (fk_inside(fk.mem[r].base, fk.mem[r].len, p, len)) {
+			*base = fk.mem[r].base;
+			*maplen = fk.mem[r].maplen;
+			return 1;
+		}
+	}
+	for (struct fk_dalloc *a = fk.dallocs; a; a = a->next) {
+		if (fk_inside(a->base, a->len, p, len)) {
+			*base = a->base;
+			*maplen = a->maplen;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Under fk.mu: [p, p + len) must be fake device memory (an empty range
+ * names none: the real calls take any pointer with nothing to do). */
+static void fk_check_dev(const void *p, size_t len, const char *what)
+{
+	char *b;
+	size_t ml;
+
+	if (len && !fk_region(p, len, &b, &ml)) {
+		fprintf(stderr, "fake_cuda: %s: %p (%zu bytes) is not fake device memory\n", what, p,
+			len);
+		abort();
+	}
+}
+
+static int fk_overlaps(const char *base, size_t blen, const void *p, size_t len)
+{
+	const char *c = p;
+
+	return base && len && c < base + blen && c + len > base;
+}
+
+/* Under fk.mu: [p, p + len) must not touch fake device memory. */
+static void fk_check_host(const void *p, size_t len, const char *what)
+{
+	int bad = 0;
+
+	for (int r = 0; r < FK_MAXP; r++)
+		bad |= fk_overlaps(fk.mem[r].base, fk.mem[r].maplen, p, len);
+	for (struct fk_dalloc *a = fk.dallocs; a; a = a->next)
+		bad |= fk_overlaps(a->base, a->maplen, p, len);
+	if (bad) {
+		fprintf(stderr, "fake_cuda: %s: host side %p (%zu bytes) is fake device memory\n",
+			what, p, len);
+		abort();
+	}
+}
+
+/* Under fk.mu: open (or close, PROT_NONE) the device memory of [p, p + len). */
+static void fk_open(const void *p, size_t len, int prot)
+{
+	char *b;
+	size_t ml;
+
+	if (!len)
+		return;
+	if (!fk_region(p, len, &b, &ml) || mprotect(b, ml, prot))
 		abort();
 }
 
@@ -90,6 +173,26 @@ void fk_write(int rank, size_t off, const void *src, size_t len)
 	pthread_mutex_unlock(&fk.mu);
 }
 
+void fk_dread(const void *dev, void *dst, size_t len)
+{
+	pthread_mutex_lock(&fk.mu);
+	fk_check_dev(dev, len, "fk_dread");
+	fk_open(dev, len, PROT_READ);
+	memcpy(dst, dev, len);
+	fk_open(dev, len, PROT_NONE);
+	pthread_mutex_unlock(&fk.mu);
+}
+
+void fk_dwrite(void *dev, const void *src, size_t len)
+{
+	pthread_mutex_lock(&fk.mu);
+	fk_check_dev(dev, len, "fk_dwrite");
+	fk_open(dev, len, PROT_READ | PROT_WRITE);
+	memcpy(dev, src, len);
+	fk_open(dev, len, PROT_NONE);
+	pthread_mutex_unlock(&fk.mu);
+}
+
 static int fk_query(void *ptr, size_t len, struct mp_stage_dev *d, char *why, size_t n)
 {
 	struct fk_mem *found = NULL;
@@ -120,31 +223,48 @@ static void fk_release(struct mp_stage_dev *d)
 	pthread_mutex_unlock(&fk.mu);
 }
 
+/* Pinned host memory: its length sits in a header before it, for the
+ * counts of bytes in use; 64-byte aligned, as a cache line. */
+#define FK_HOST_HDR 64
+
 static int fk_host_alloc(const struct mp_stage_dev *d, size_t len, void **host)
 {
+	void *p = NULL;
+
 	(void)d;
-	*host = malloc(len);
-	if (!*host)
+	if (len > SIZE_MAX - FK_HOST_HDR || posix_memalign(&p, 64, FK_HOST_HDR + len))
 		return -ENOMEM;
+	memcpy(p, &len, sizeof(len));
+	*host = (char *)p + FK_HOST_HDR;
 	pthread_mutex_lock(&fk.mu);
 	fk.allocs++;
+	fk.host_live += len;
+	if (fk.host_live > fk.host_peak)
+		fk.host_peak = fk.host_live;
 	pthread_mutex_unlock(&fk.mu);
 	return 0;
 }
 
 static void fk_host_free(const struct mp_stage_dev *d, void *host)
 {
+	char *p = (char *)host - FK_HOST_HDR;
+	size_t len;
+
 	(void)d;
-	free(host);
+	if (!host)
+		return;
+	memcpy(&len, p, sizeof(len));
+	free(p);
 	pthread_mutex_lock(&fk.mu);
 	fk.frees++;
+	fk.host_live -= len;
 	pthread_mutex_unlock(&fk.mu);
 }
 
 /* ---- the device: streams, events and their queues ---------------------- */
 
 enum { OP_COPY_IN, OP_COPY_OUT, OP_RECORD, OP_WAIT_EVENT, OP_WAIT_VALUE, OP_WRITE, OP_PROBE,
-       OP_HOLD };
+       OP_HOLD, OP_D2D, OP_FILL32, OP_ENCODE, OP_DECODE };
 
 struct fk_event {
 	unsigned recorded, completed; /* records queued, and run */
@@ -155,8 +275,21 @@ struct fk_event {
 struct fk_op {
 	int kind;
 	struct timespec not_before;   /* CLOCK_MONOTONIC */
-	struct fk_mem *m;
+	struct fk_mem *m;             /* copies: the peer's buffer staged (NULL: device path) */
 	int op;                       /* copies: the operation's index */
+	/* The device memory it uses: opened while it runs; dev_free refuses
+	 * an allocation that one still queued names. */
+	struct {
+		const void *p;
+		size_t len;
+	} dr[3];
+	int ndr;
+	int codec;                    /* the kernels */
+	struct mp_codec_params prm;
+	size_t count;
+	float w;
+	int acc;
+	uint32_t *status;
 	char *dst;
 	const char *src;
 	size_t len;
@@ -214,7 +347,7 @@ static int fk_ready(struct fk_op *o)
 	case OP_HOLD:
 		return *o->go;
 	case OP_COPY_OUT:
-		if (o->m->rank == fk.gate_rank && o->op == fk.gate_op) {
+		if (o->m && o->m->rank == fk.gate_rank && o->op == fk.gate_op) {
 			if (!fk.gate_entered) {
 				fk.gate_entered = 1;
 				pthread_cond_broadcast(&fk.cv);
@@ -227,6 +360,57 @@ static int fk_ready(struct fk_op *o)
 	}
 }
 
+/* Under fk.mu: @o's device memory opened with @prot, or closed (PROT_NONE). */
+static void fk_open_op(const struct fk_op *o, int prot)
+{
+	for (int i = 0; i < o->ndr; i++)
+		fk_open(o->dr[i].p, o->dr[i].len, prot);
+}
+
+/* The CPU encoder on the opened memory: the length was promised when the
+ * call returned. */
+static void fk_run_encode(struct fk_op *o)
+{
+	const struct mp_codec_ops *c = mp_codec_by_id((unsigned)o->codec);
+	size_t sb = c->scratch_size ? c->scratch_size(&o->prm, o->count) : 0, got = 0;
+	void *scratch = NULL;
+
+	if (sb && posix_memalign(&scratch, 64, sb))
+		abort();
+	int rc = c->encode(&o->prm, (const float *)o->src, NULL, o->count, o->dst, o->len, &got,
+			   scratch);
+	free(scratch);
+	if (rc || got != o->len) {
+		fprintf(stderr, "fake_cuda: %s encode of %zu values: %d, %zu bytes where %zu were "
+			"promised\n", c->name, o->count, rc, got, o->len);
+		abort();
+	}
+}
+
+/* The CPU decoder into a temporary, then to the destination as the real
+ * kernels write it, unless the status word says a payload was bad. */
+static void fk_run_decode(struct fk_op *o)
+{
+	const struct mp_codec_ops *c = mp_codec_by_id((unsigned)o->codec);
+	float *tmp;
+
+	if (o->status && *o->status)
+		return;
+	tmp = malloc(o->count ? o->count * sizeof(float) : 1);
+	if (!tmp)
+		abort();
+	if (c->decode(o->src, o->len, tmp, o->count)) {
+		if (!o->status)
+			abort(); /* only codecs whose length says all are decoded without one */
+		*o->status |= MP_DEVK_BAD;
+	} else if (o->acc) {
+		mp_k_axpy((float *)o->dst, tmp, o->w, o->count);
+	} else if (o->count) {
+		memcpy(o->dst, tmp, o->count * sizeof(float));
+	}
+	free(tmp);
+}
+
 /* Under fk.mu: run @o. */
 static void fk_run(struct fk_op *o)
 {
@@ -234,18 +418,39 @@ static void fk_run(struct fk_op *o)
 
 	switch (o->kind) {
 	case OP_COPY_IN:
-		fk_protect(m, PROT_READ);
+		fk_open_op(o, PROT_READ);
 		memcpy(o->dst, o->src, o->len);
-		fk_protect(m, PROT_NONE);
-		for (size_t i = 0; i < o->len; i++)
+		fk_open_op(o, PROT_NONE);
+		for (size_t i = 0; m && i < o->len; i++)
 			m->n_in[(size_t)(o->src - m->base) + i]++;
 		break;
 	case OP_COPY_OUT:
-		fk_protect(m, PROT_READ | PROT_WRITE);
+		fk_open_op(o, PROT_READ | PROT_WRITE);
 		memcpy(o->dst, o->src, o->len);
-		fk_protect(m, PROT_NONE);
-		for (size_t i = 0; i < o->len; i++)
+		fk_open_op(o, PROT_NONE);
+		for (size_t i = 0; m && i < o->len; i++)
 			m->n_out[(size_t)(o->dst - m->base) + i]++;
+		break;
+	case OP_D2D:
+		fk_open_op(o, PROT_READ | PROT_WRITE);
+		memmove(o->dst, o->src, o->len);
+		fk_open_op(o, PROT_NONE);
+		break;
+	case OP_FILL32:
+		fk_open_op(o, PROT_READ | PROT_WRITE);
+		for (size_t i = 0; i < o->count; i++)
+			memcpy(o->dst + 4 * i, &o->value, 4);
+		fk_open_op(o, PROT_NONE);
+		break;
+	case OP_ENCODE:
+		fk_open_op(o, PROT_READ | PROT_WRITE);
+		fk_run_encode(o);
+		fk_open_op(o, PROT_NONE);
+		break;
+	case OP_DECODE:
+		fk_open_op(o, PROT_READ | PROT_WRITE);
+		fk_run_decode(o);
+		fk_open_op(o, PROT_NONE);
 		break;
 	case OP_RECORD:
 		o->ev->completed = o->seq;
@@ -463,18 +668,29 @@ static int fk_copy_async(const struct mp_stage_dev *d, void *dst, const void *sr
 			 int to_device, void *stream)
 {
 	struct fk_mem *m = d->ctx;
-	int rc = 0;
+	const void *dev = to_device ? dst : src;
+	int rc = 0, op = -1;
 
 	pthread_mutex_lock(&fk.mu);
-	fk_check_range(m, to_device ? dst : src, len);
-	/* The copy back belongs to the operation whose copy in came last. */
-	int op = to_device ? m->in_calls - 1 : m->in_calls++;
-	unsigned fail = op >= 0 && op < FK_MAXOPS ? (to_device ? fk.fail_out : fk.fail_in)[op] : 0;
-	if (fail & (1u << m->rank)) {
+	fk_check_dev(dev, len, "copy_async");
+	fk_check_host(to_device ? src : dst, len, "copy_async");
+	/* The staging's copies are those of the peer's own buffer; the
+	 * device path's, of its allocations, belong to no operation. */
+	int staged = fk_inside(m->base, m->len, dev, len);
+	if (staged) {
+		/* The copy back belongs to the operation whose copy in came last. */
+		op = to_device ? m->in_calls - 1 : m->in_calls++;
+		unsigned fail = op >= 0 && op < FK_MAXOPS ? (to_device ? fk.fail_out : fk.fail_in)[op] : 0;
+		if (fail & (1u << m->rank))
+			rc = -EIO;
+	}
+	if (!to_device && ++fk.d2h_calls[m->rank] == fk.fail_d2h_after[m->rank])
 		rc = -EIO;
-	} else {
-		struct fk_op o = {.kind = to_device ? OP_COPY_OUT : OP_COPY_IN, .m = m, .op = op,
-				  .dst = dst, .src = src, .len = len};
+	if (!rc) {
+		struct fk_op o = {.kind = to_device ? OP_COPY_OUT : OP_COPY_IN, .m = staged ? m : NULL,
+				  .op = op, .dst = dst, .src = src, .len = len, .ndr = 1};
+		o.dr[0].p = dev;
+		o.dr[0].len = len;
 		fk_after_ms(&o.not_before, fk.copy_delay_ms);
 		fk_push(fk_stream_of(stream), &o);
 	}
@@ -515,6 +731,142 @@ static int fk_wait_value(const struct mp_stage_dev *d, void *stream, const uint3
 	return rc;
 }
 
+/* ---- the device path: allocations, device copies, fills ---------------- */
+
+static int fk_dev_alloc(const struct mp_stage_dev *d, size_t len, void **dptr)
+{
+	struct fk_dalloc *a;
+	long pg = sysconf(_SC_PAGESIZE);
+
+	if (!len)
+		return -ENOMEM; /* cuMemAlloc refuses 0 bytes */
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	a->maplen = (len + (size_t)pg - 1) & ~((size_t)pg - 1);
+	/* Page aligned: more than cuMemAlloc's 256 bytes. */
+	a->base = mmap(NULL, a->maplen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (a->base == MAP_FAILED) {
+		free(a);
+		return -ENOMEM;
+	}
+	a->len = len;
+	a->rank = ((const struct fk_mem *)d->ctx)->rank;
+	pthread_mutex_lock(&fk.mu);
+	fk_dev_start();
+	a->next = fk.dallocs;
+	fk.dallocs = a;
+	fk.dev_bytes += len;
+	if (++fk.dev_live > fk.dev_peak)
+		fk.dev_peak = fk.dev_live;
+	pthread_mutex_unlock(&fk.mu);
+	*dptr = a->base;
+	return 0;
+}
+
+/* Under fk.mu: does work still queued name [base, base + len)? */
+static int fk_queued_use(const char *base, size_t len)
+{
+	for (struct fk_stream *s = fk.all; s; s = s->next)
+		for (struct fk_op *o = s->head; o; o = o->next)
+			for (int i = 0; i < o->ndr; i++)
+				if (fk_overlaps(base, len, o->dr[i].p, o->dr[i].len))
+					return 1;
+	return 0;
+}
+
+static void fk_dev_free(const struct mp_stage_dev *d, void *dptr)
+{
+	struct fk_dalloc **pp, *a = NULL;
+
+	(void)d;
+	if (!dptr)
+		return;
+	pthread_mutex_lock(&fk.mu);
+	for (pp = &fk.dallocs; *pp; pp = &(*pp)->next)
+		if ((*pp)->base == dptr) {
+			a = *pp;
+			break;
+		}
+	if (!a) {
+		fprintf(stderr, "fake_cuda: dev_free(%p): not an allocation of dev_alloc\n", dptr);
+		abort();
+	}
+	/* The contract: freed once nothing queued uses it. The real driver
+	 * might let the work run on freed memory, or not: the fake says so. */
+	if (fk_queued_use(a->base, a->len)) {
+		fprintf(stderr, "fake_cuda: dev_free(%p): work still queued uses it\n", dptr);
+		abort();
+	}
+	*pp = a->next;
+	fk.dev_live--;
+	fk.dev_bytes -= a->len;
+	pthread_mutex_unlock(&fk.mu);
+	munmap(a->base, a->maplen);
+	free(a);
+}
+
+/* Under fk.mu: a stream of another peer's context than @d's memory, on
+ * which a kernel or a device copy fails at launch as on the driver. */
+static int fk_foreign(const struct mp_stage_dev *d, const struct fk_stream *s, const char *what)
+{
+	char why[160];
+
+	if (fk_wrong_ctx(d, s, why, sizeof(why))) {
+		fprintf(stderr, "fake_cuda: %s: %s\n", what, why);
+		return 1;
+	}
+	return 0;
+}
+
+static int fk_copy_d2d(const struct mp_stage_dev *d, void *dst, const void *src, size_t len,
+		       void *stream)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&fk.mu);
+	fk_check_dev(dst, len, "copy_d2d");
+	fk_check_dev(src, len, "copy_d2d");
+	struct fk_stream *s = fk_stream_of(stream);
+	if (fk_foreign(d, s, "copy_d2d")) {
+		rc = -EIO;
+	} else {
+		struct fk_op o = {.kind = OP_D2D, .dst = dst, .src = src, .len = len, .ndr = 2};
+		o.dr[0].p = dst;
+		o.dr[0].len = len;
+		o.dr[1].p = src;
+		o.dr[1].len = len;
+		fk_after_ms(&o.not_before, fk.copy_delay_ms);
+		fk_push(s, &o);
+	}
+	pthread_mutex_unlock(&fk.mu);
+	return rc;
+}
+
+static int fk_fill32(const struct mp_stage_dev *d, void *dst, uint32_t word, size_t count,
+		     void *stream)
+{
+	int rc = 0;
+
+	if (count > SIZE_MAX / 4 || (uintptr_t)dst % 4)
+		return -EIO; /* cuMemsetD32 wants 4-byte alignment */
+	pthread_mutex_lock(&fk.mu);
+	fk_check_dev(dst, 4 * count, "fill32");
+	struct fk_stream *s = fk_stream_of(stream);
+	if (fk_foreign(d, s, "fill32")) {
+		rc = -EIO;
+	} else {
+		struct fk_op o = {.kind = OP_FILL32, .dst = dst, .count = count, .value = word,
+				  .ndr = 1};
+		o.dr[0].p = dst;
+		o.dr[0].len = 4 * count;
+		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
+		fk_push(s, &o);
+	}
+	pthread_mutex_unlock(&fk.mu);
+	return rc;
+}
+
 const struct mp_stage_dev_ops fk_ops = {
 	.name = "CUDA",
 	.query = fk_query,
@@ -530,6 +882,208 @@ const struct mp_stage_dev_ops fk_ops = {
 	.copy_async = fk_copy_async,
 	.event_query = fk_event_query,
 	.wait_value = fk_wait_value,
+	.dev_alloc = fk_dev_alloc,
+	.dev_free = fk_dev_free,
+	.copy_d2d = fk_copy_d2d,
+	.fill32 = fk_fill32,
+};
+
+/* ---- the device path: the CPU codecs as kernels ------------------------- */
+
+static const struct mp_codec_ops *fk_codec(int codec)
+{
+	return codec >= 0 ? mp_codec_by_id((unsigned)codec) : NULL;
+}
+
+static int fk_k_usable(const struct mp_stage_dev *d, int codec, char *why, size_t n)
+{
+	const struct mp_codec_ops *c = fk_codec(codec);
+	int off;
+
+	(void)d;
+	pthread_mutex_lock(&fk.mu);
+	off = fk.no_kernels;
+	pthread_mutex_unlock(&fk.mu);
+	if (off) {
+		snprintf(why, n, "fake: no kernels (fk.no_kernels)");
+		return -ENOTSUP;
+	}
+	if (!c || (c->flags & MP_CODEC_F_SPARSE)) {
+		snprintf(why, n, "fake: codec %d is not taken by the device path", codec);
+		return -ENOTSUP;
+	}
+	return 0;
+}
+
+/* The settings the CPU codec runs with: @p, or the defaults. */
+static struct mp_codec_params fk_params(const struct mp_codec_params *p)
+{
+	struct mp_codec_params q;
+
+	if (p)
+		return *p;
+	mp_codec_params_default(&q);
+	return q;
+}
+
+static size_t fk_k_max_encoded(int codec, const struct mp_codec_params *p, size_t count)
+{
+	const struct mp_codec_ops *c = fk_codec(codec);
+	struct mp_codec_params q = fk_params(p);
+
+	return c ? c->max_encoded(&q, count) : 0;
+}
+
+static size_t fk_k_enc_scratch(int codec, const struct mp_codec_params *p, size_t count)
+{
+	const struct mp_codec_ops *c = fk_codec(codec);
+	struct mp_codec_params q = fk_params(p);
+
+	return c && c->scratch_size ? c->scratch_size(&q, count) : 0;
+}
+
+static size_t fk_k_dec_scratch(int codec, size_t len, size_t count)
+{
+	(void)codec, (void)len, (void)count;
+	return 0;
+}
+
+/* Under fk.mu: count a kernel call of @d's peer; 1 if it is the one to refuse. */
+static int fk_k_refused(const struct mp_stage_dev *d)
+{
+	int r = ((const struct fk_mem *)d->ctx)->rank;
+
+	return ++fk.kernel_calls[r] == fk.fail_kernel_after[r];
+}
+
+static int fk_k_encode(const struct mp_stage_dev *d, int codec, const struct mp_codec_params *p,
+		       const float *d_src, size_t count, void *d_dst, size_t cap, size_t *len,
+		       void *d_scratch, size_t scratch_bytes, void *stream)
+{
+	const struct mp_codec_ops *c = fk_codec(codec);
+	struct mp_codec_params q = fk_params(p);
+	int rc = 0;
+
+	pthread_mutex_lock(&fk.mu);
+	int refused = fk_k_refused(d);
+	pthread_mutex_unlock(&fk.mu);
+	if (refused)
+		return -EIO;
+	if (!c || (c->flags & MP_CODEC_F_SPARSE) || mp_codec_params_check(&q) ||
+	    count > SIZE_MAX / sizeof(float))
+		return -EINVAL;
+	size_t need = c->max_encoded(&q, count);
+	size_t sb = c->scratch_size ? c->scratch_size(&q, count) : 0;
+	if (sb && (!d_scratch || scratch_bytes < sb))
+		return -EINVAL;
+	pthread_mutex_lock(&fk.mu);
+	fk_check_dev(d_src, count * sizeof(float), "encode (source)");
+	fk_check_dev(d_dst, cap, "encode (destination)");
+	if (d_scratch && scratch_bytes)
+		fk_check_dev(d_scratch, scratch_bytes, "encode (scratch)");
+	struct fk_stream *s = fk_stream_of(stream);
+	if (fk_foreign(d, s, "encode")) {
+		rc = -EIO;
+	} else if (cap < need) {
+		rc = -ENOSPC;
+	} else {
+		struct fk_op o = {.kind = OP_ENCODE, .codec = codec, .prm = q, .src = (const char *)d_src,
+				  .count = count, .dst = d_dst, .len = need, .ndr = 2};
+		o.dr[0].p = d_src;
+		o.dr[0].len = count * sizeof(float);
+		o.dr[1].p = d_dst;
+		o.dr[1].len = need;
+		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
+		fk_push(s, &o);
+		*len = need;
+	}
+	pthread_mutex_unlock(&fk.mu);
+	return rc;
+}
+
+/*
+ * What mp_cuda_decode_async checks on the host: the payload's length
+ * against @count (-EBADMSG), and a status word for the codecs whose
+ * payloads only the device can check (-EINVAL).
+ */
+static int fk_k_host_check(int codec, size_t len, size_t count, const uint32_t *d_status)
+{
+	switch (codec) {
+	case MP_CODEC_NONE:
+		return count > SIZE_MAX / 4 || len != 4 * count ? -EBADMSG : 0;
+	case MP_CODEC_FP16:
+	case MP_CODEC_BF16:
+		return count > SIZE_MAX / 2 || len != 2 * count ? -EBADMSG : 0;
+	case MP_CODEC_UNIFORM8:
+		if (count > SIZE_MAX - 1024 || len != 1024 + count) /* the table, then a code each */
+			return -EBADMSG;
+		break;
+	case MP_CODEC_BLOCKWISE8:
+		/* The block size, a scale per block, a code each. */
+		if (count > SIZE_MAX - 4 || len < 4 + count || (len - 4 - count) % 4)
+			return -EBADMSG;
+		break;
+	case MP_CODEC_TOPK:
+	case MP_CODEC_ADACOMP:
+		if (len < (codec == MP_CODEC_TOPK ? 4u : 12u))
+			return -EBADMSG;
+		break;
+	default:
+		return -EINVAL;
+	}
+	return d_status ? 0 : -EINVAL;
+}
+
+static int fk_k_decode(const struct mp_stage_dev *d, int codec, const void *d_payload, size_t len,
+		       float *d_dst, size_t count, float w, int acc, uint32_t *d_status,
+		       void *d_scratch, size_t scratch_bytes, void *stream)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&fk.mu);
+	if (fk_k_refused(d)) {
+		pthread_mutex_unlock(&fk.mu);
+		return -EIO;
+	}
+	rc = fk_k_host_check(codec, len, count, d_status);
+	if (rc) {
+		pthread_mutex_unlock(&fk.mu);
+		return rc;
+	}
+	fk_check_dev(d_payload, len, "decode (payload)");
+	fk_check_dev(d_dst, count * sizeof(float), "decode (destination)");
+	if (d_status)
+		fk_check_dev(d_status, sizeof(*d_status), "decode (status)");
+	if (d_scratch && scratch_bytes)
+		fk_check_dev(d_scratch, scratch_bytes, "decode (scratch)");
+	struct fk_stream *s = fk_stream_of(stream);
+	if (fk_foreign(d, s, "decode")) {
+		rc = -EIO;
+	} else {
+		struct fk_op o = {.kind = OP_DECODE, .codec = codec, .src = d_payload, .len = len,
+				  .dst = (char *)d_dst, .count = count, .w = w, .acc = acc,
+				  .status = d_status, .ndr = d_status ? 3 : 2};
+		o.dr[0].p = d_payload;
+		o.dr[0].len = len;
+		o.dr[1].p = d_dst;
+		o.dr[1].len = count * sizeof(float);
+		o.dr[2].p = d_status;
+		o.dr[2].len = sizeof(*d_status);
+		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
+		fk_push(s, &o);
+	}
+	pthread_mutex_unlock(&fk.mu);
+	return rc;
+}
+
+const struct mp_devk_ops fk_devk_ops = {
+	.name = "CUDA kernels (fake: the CPU codecs)",
+	.usable = fk_k_usable,
+	.max_encoded = fk_k_max_encoded,
+	.enc_scratch = fk_k_enc_scratch,
+	.encode = fk_k_encode,
+	.dec_scratch = fk_k_dec_scratch,
+	.decode = fk_k_decode,
 };
 
 /* ---- the application's side --------------------------------------------- */
@@ -646,6 +1200,15 @@ void fk_shutdown(void)
 			free(s);
 	}
 	fk_legacy_listed = 0;
+	/* Allocations a failed test left. */
+	while (fk.dallocs) {
+		struct fk_dalloc *a = fk.dallocs;
+		fk.dallocs = a->next;
+		munmap(a->base, a->maplen);
+		free(a);
+	}
+	fk.dev_live = 0;
+	fk.dev_bytes = 0;
 }
 
 void fk_reset(void)
@@ -658,5 +1221,12 @@ void fk_reset(void)
 	fk.copy_delay_ms = 0;
 	fk.no_memops = 0;
 	fk.queries = fk.releases = fk.allocs = fk.frees = 0;
+	fk.host_peak = fk.host_live;
+	fk.dev_peak = fk.dev_live;
+	fk.no_kernels = 0;
+	memset(fk.d2h_calls, 0, sizeof(fk.d2h_calls));
+	memset(fk.kernel_calls, 0, sizeof(fk.kernel_calls));
+	memset(fk.fail_d2h_after, 0, sizeof(fk.fail_d2h_after));
+	memset(fk.fail_kernel_after, 0, sizeof(fk.fail_kernel_after));
 	pthread_mutex_unlock(&fk.mu);
 }

@@ -35,6 +35,20 @@
  * The library calls the table from its threads: everything goes under
  * fk.mu, and the table's checks abort rather than use cmocka's asserts
  * (only the test's own calls, fk_mem_init and the like, use those).
+ *
+ * The device path (devk.h): dev_alloc gives more fake device memory, mapped
+ * and opened as the per-peer buffers are, and belonging to the peer whose
+ * buffer the stage was queried on (d->ctx); copy_async (either way),
+ * copy_d2d, fill32 and the kernels take either kind as device memory and
+ * abort on a range that is neither (or on freeing an allocation that work
+ * still queued names). fk_devk_ops runs the CPU codecs (src/codec) on the
+ * device thread, in stream order with the copies, so its payloads and sums
+ * are the CPU's bit for bit: encode gives the CPU encoder's bytes, decode
+ * the CPU decoder's values, with @acc added as mp_k_axpy adds them. It
+ * counts device allocations (live and peak) and the pinned host memory of
+ * host_alloc (bytes live and peak), so a test can hold the host memory in
+ * use to a few chunks; and can refuse, per peer, the Nth copy to the host
+ * or the Nth kernel call (fail_d2h_after, fail_kernel_after).
  */
 #ifndef MP_FAKE_CUDA_H
 #define MP_FAKE_CUDA_H
@@ -43,6 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "devk.h"
 #include "stage.h"
 
 #define FK_MAXP 4   /* device buffers: one per peer */
@@ -72,6 +87,24 @@ struct fk_state {
 	int no_memops;             /* wait_value: -ENOTSUP */
 	int queries, releases, allocs, frees;
 	int streams, events;       /* the library's, alive */
+	/* Pinned host memory (host_alloc), in bytes: allocated now, and the
+	 * most at once (fk_reset brings the peak down to what is live). */
+	size_t host_live, host_peak;
+	/* The device path. Device allocations (dev_alloc): alive now, and the
+	 * most at once (fk_reset: down to live), and their bytes alive. */
+	int dev_live, dev_peak;
+	size_t dev_bytes;
+	int no_kernels;            /* fk_devk_ops.usable: -ENOTSUP, as a build without them */
+	/* Per peer (the rank of the buffer the stage was queried on), counted
+	 * from fk_reset: copy_async calls to the host (the staging's copies in
+	 * and the device path's alike), and encode and decode calls of
+	 * fk_devk_ops, the refused ones included. When a count reaches
+	 * fail_d2h_after[rank] (fail_kernel_after[rank]), that one call returns
+	 * -EIO and queues nothing; the calls before and after it are served.
+	 * 0: never. fk_reset clears both. */
+	unsigned d2h_calls[FK_MAXP], kernel_calls[FK_MAXP];
+	unsigned fail_d2h_after[FK_MAXP], fail_kernel_after[FK_MAXP];
+	struct fk_dalloc *dallocs; /* the allocations of dev_alloc */
 	/* the device */
 	struct fk_stream *all;     /* every stream with work, or alive */
 	pthread_t dev;
@@ -81,6 +114,21 @@ extern struct fk_state fk;
 
 /* The table to point mp_stage_dev_ops at. */
 extern const struct mp_stage_dev_ops fk_ops;
+/*
+ * The table to point mp_devk_ops at: the CPU codecs on fake device memory.
+ * usable: -ENOTSUP for the sparse codecs (as the real table) and while
+ * fk.no_kernels is set. encode takes the non-sparse codecs only (-EINVAL
+ * for the others): their payload's length is the CPU codec's max_encoded,
+ * known when the call returns; the run aborts if the CPU encoder then
+ * writes another. decode takes every codec: what the real decoder checks
+ * on the host (the length against @count; a status word where it needs
+ * one) returns -EBADMSG or -EINVAL at once; when the stream gets there, a
+ * nonzero *d_status writes nothing, and a payload the CPU decoder refuses
+ * sets MP_DEVK_BAD in it and writes nothing either. enc_scratch is the CPU
+ * codec's scratch_size (0 for all the non-sparse ones); the fake encodes
+ * with scratch of its own. A stream of another peer's context: -EIO.
+ */
+extern const struct mp_devk_ops fk_devk_ops;
 
 /* Device memory of @len bytes for peer @rank, and its release. */
 void fk_mem_init(int rank, size_t len);
@@ -89,7 +137,12 @@ void fk_mem_fini(int rank);
  * give it (it does not wait for any stream). */
 void fk_read(int rank, size_t off, void *dst, size_t len);
 void fk_write(int rank, size_t off, const void *src, size_t len);
-/* No failures, no gate, no delay, counters at 0. */
+/* The same at any fake device address (a dev_alloc allocation or a peer's
+ * buffer); aborts on anything else. */
+void fk_dread(const void *dev, void *dst, size_t len);
+void fk_dwrite(void *dev, const void *src, size_t len);
+/* No failures, no gate, no delay, kernels back, counters at 0 (the peaks
+ * at what is live). */
 void fk_reset(void);
 /* Stop the device thread (the end of the test program). */
 void fk_shutdown(void);

@@ -480,6 +480,60 @@ API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t len, 
 	return copy(dst, (void *)(uintptr_t)src, len, 1);
 }
 
+/* The device path's copies and fills (stage.c loads them with the rest),
+ * done at once like the other asynchronous calls. */
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream st)
+{
+	CUresult r = in_context();
+	int i, j;
+
+	(void)st;
+	if (r)
+		return r;
+	pthread_mutex_lock(&mu);
+	i = find(dst, len);
+	j = find(src, len);
+	if (i < 0 || j < 0) {
+		pthread_mutex_unlock(&mu);
+		return INVALID_VALUE;
+	}
+	if (mprotect(allocs[i].base, allocs[i].maplen, PROT_READ | PROT_WRITE) ||
+	    mprotect(allocs[j].base, allocs[j].maplen, PROT_READ | PROT_WRITE))
+		abort();
+	memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, len);
+	if (mprotect(allocs[i].base, allocs[i].maplen, PROT_NONE) ||
+	    mprotect(allocs[j].base, allocs[j].maplen, PROT_NONE))
+		abort();
+	pthread_mutex_unlock(&mu);
+	return OK;
+}
+
+API CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned word, size_t count, CUstream st)
+{
+	CUresult r = in_context();
+	int i;
+
+	(void)st;
+	if (r)
+		return r;
+	if (dst % 4 || count > SIZE_MAX / 4)
+		return INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	i = find(dst, 4 * count);
+	if (i < 0) {
+		pthread_mutex_unlock(&mu);
+		return INVALID_VALUE;
+	}
+	if (mprotect(allocs[i].base, allocs[i].maplen, PROT_READ | PROT_WRITE))
+		abort();
+	for (size_t k = 0; k < count; k++)
+		((uint32_t *)(uintptr_t)dst)[k] = word;
+	if (mprotect(allocs[i].base, allocs[i].maplen, PROT_NONE))
+		abort();
+	pthread_mutex_unlock(&mu);
+	return OK;
+}
+
 API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags)
 {
 	CUresult r = in_context();

@@ -14,6 +14,11 @@ libs=$(pkg-config --libs moshpit)
 libdir=$(pkg-config --variable=libdir moshpit)  # the sysroot is already applied
 cc -std=c11 $cflags "$src/tests/integration/example_link.c" -o "$dest/example" $libs -pthread
 LD_LIBRARY_PATH=$libdir "$dest/example"
+# With nvcc, the static library needs the toolkit's libcudart_static.a,
+# which the .pc file names by its absolute path on this host; the sysroot
+# is prefixed to that path too, and taken off again here.
+static=$(pkg-config --libs --static moshpit | sed 's/-L[^ ]*//; s/-lmoshpit//' |
+	sed "s|$dest/|/|g")
 cc -std=c11 $cflags "$src/tests/integration/example_link.c" -o "$dest/example_static" \
-	"$libdir/libmoshpit.a" $(pkg-config --libs --static moshpit | sed 's/-L[^ ]*//; s/-lmoshpit//') -pthread
+	"$libdir/libmoshpit.a" $static -pthread
 "$dest/example_static"
