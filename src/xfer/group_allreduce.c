@@ -793,6 +793,8 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 	int me = r->me, j = gc->j;
 	struct gmember *mj = &r->mb[j];
 
+	if (r->dev_err)
+		return 0; /* aborted: the engine closes every channel next */
 	if (h->type == MP_MSG_SCATTER) {
 		uint64_t c = gc->rscat_next;
 		if (h->aux != r->plan && serves(r, j)) {
@@ -887,8 +889,11 @@ static uint64_t g_send_left(void *op, struct mp_chan *ch)
 	struct gchan *gc = gchan_of(r, ch);
 	int j = gc->j;
 
+	/* The device path counts a message as sent once it is being made
+	 * ready (gc->prep): until produce hands it over, it is still to send. */
 	return (serves(r, j) ? left_from(r->mb[r->me].nch, gc->gath_next, r->S) : 0) +
-	       (sends_to(r, j) ? left_from(r->mb[j].nch, gc->scat_next, r->S) : 0);
+	       (sends_to(r, j) ? left_from(r->mb[j].nch, gc->scat_next, r->S) : 0) +
+	       (gc->prep != NULL);
 }
 
 static void g_peer_failed(void *op, int peer)
