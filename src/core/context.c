@@ -515,8 +515,8 @@ static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 		snprintf(whyd, sizeof(whyd), "the ring algorithm has no device path");
 	else if (ctx->cfg.check_finite)
 		snprintf(whyd, sizeof(whyd), "MP_CHECK_FINITE has no device path");
-	rc = mp_stage_open_dev(ctx, buf, len, whyd[0] ? NULL : &device, whyd, sizeof(whyd),
-			       &mr->stage);
+	rc = mp_stage_open_dev(ctx, buf, len, whyd[0] ? NULL : mp_dev_open, &device, whyd,
+			       sizeof(whyd), &mr->stage);
 	if (rc) {
 		free(mr);
 		return rc;

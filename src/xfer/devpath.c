@@ -92,6 +92,7 @@ int mp_dev_open(struct mp_ctx *ctx, struct mp_stage *s, char *why, size_t n)
 		goto fail;
 	}
 	s->dp = dp;
+	s->dp_close = mp_dev_close;
 	return 0;
 fail:
 	for (int i = 0; i < MP_DEV_SLOTS; i++)

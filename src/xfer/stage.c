@@ -15,7 +15,6 @@
 #include "log.h"
 #include "mp_build_config.h"
 #include "stage.h"
-#include "devpath.h"
 
 #ifdef MP_HAVE_CUDA_STAGE
 #include <dlfcn.h>
@@ -695,8 +694,8 @@ static size_t word_off(size_t len)
 	return (len + 63) & ~(size_t)63;
 }
 
-int mp_stage_open_dev(struct mp_ctx *ctx, void *dev, size_t len, int *device, char *why_dev,
-		      size_t n, struct mp_stage **out)
+int mp_stage_open_dev(struct mp_ctx *ctx, void *dev, size_t len, mp_stage_dev_open_fn dev_open,
+		      int *device, char *why_dev, size_t n, struct mp_stage **out)
 {
 	const struct mp_stage_dev_ops *ops = mp_stage_dev_ops;
 	struct mp_stage *s = calloc(1, sizeof(*s));
@@ -704,8 +703,7 @@ int mp_stage_open_dev(struct mp_ctx *ctx, void *dev, size_t len, int *device, ch
 	void *host = NULL;
 	int rc;
 
-	if (device)
-		*device = 0;
+	*device = 0;
 	if (!s)
 		return -ENOMEM;
 	s->ops = ops;
@@ -728,8 +726,8 @@ int mp_stage_open_dev(struct mp_ctx *ctx, void *dev, size_t len, int *device, ch
 			     ops->name, dev, mp_strerror(rc));
 		goto fail_stream;
 	}
-	if (device) {
-		rc = mp_dev_open(ctx, s, why_dev, n);
+	if (dev_open) {
+		rc = dev_open(ctx, s, why_dev, n);
 		if (!rc) {
 			*device = 1;
 			__atomic_store_n(s->word, 0, __ATOMIC_RELEASE);
@@ -773,7 +771,9 @@ fail_stream:
 
 int mp_stage_open(struct mp_ctx *ctx, void *dev, size_t len, struct mp_stage **out)
 {
-	return mp_stage_open_dev(ctx, dev, len, NULL, NULL, 0, out);
+	int device;
+
+	return mp_stage_open_dev(ctx, dev, len, NULL, &device, NULL, 0, out);
 }
 
 /*
@@ -827,7 +827,7 @@ void mp_stage_close(struct mp_ctx *ctx, struct mp_stage *s)
 	}
 	rc = stage_poll(ctx, s, 0);
 	if (!rc && s->dp)
-		mp_dev_close(ctx, s);
+		s->dp_close(ctx, s);
 	s->ops->event_destroy(&s->dev, s->legacy);
 	s->ops->event_destroy(&s->dev, s->done);
 	s->ops->stream_destroy(&s->dev, s->stream);

@@ -139,7 +139,16 @@ struct mp_stage {
 	uint32_t tickets;        /* the last ticket handed out (the core's, under its mutex) */
 	struct mp_devpath *dp;   /* the device path (devpath.h): reduced on the GPU, host holds
 	                            a ring of chunks, not a copy; NULL: staged whole */
+	/* The device path's own undoing (mp_dev_close), which mp_stage_close
+	 * calls once nothing is queued: stage.c does not name the path above it. */
+	void (*dp_close)(struct mp_ctx *ctx, struct mp_stage *s);
 };
+
+/* The device path's set-up (mp_dev_open, devpath.h), as mp_stage_open_dev
+ * takes it: 0 with s->dp and s->dp_close set; -ENOTSUP (why in @why) when
+ * the path does not take the memory; another negative errno with the
+ * context's error set. */
+typedef int (*mp_stage_dev_open_fn)(struct mp_ctx *ctx, struct mp_stage *s, char *why, size_t n);
 
 /*
  * Stage [dev, dev + len) for @ctx: check it, allocate the pinned copy and
@@ -150,13 +159,13 @@ struct mp_stage {
  */
 int mp_stage_open(struct mp_ctx *ctx, void *dev, size_t len, struct mp_stage **out);
 /*
- * As mp_stage_open, but reduced on the GPU when the device path
- * (devpath.h) can take the memory: no host copy then, a ring of chunks. A
- * registration the path cannot take is staged whole, and @why (@n bytes)
- * says why; *@device says which it got.
+ * As mp_stage_open, but first offered to @dev_open (the device path,
+ * mp_dev_open; NULL: none): when it takes the memory there is no host
+ * copy, a ring of chunks. A registration it does not take is staged whole,
+ * and @why (@n bytes) says why; *@device says which it got.
  */
-int mp_stage_open_dev(struct mp_ctx *ctx, void *dev, size_t len, int *device, char *why, size_t n,
-		      struct mp_stage **out);
+int mp_stage_open_dev(struct mp_ctx *ctx, void *dev, size_t len, mp_stage_dev_open_fn dev_open,
+		      int *device, char *why, size_t n, struct mp_stage **out);
 /* Undo mp_stage_open, once the copies still queued have run (bounded by
  * the context's round timeout: past it the pinned copy is left allocated,
  * with a warning, since the device may still write it). @s may be NULL. */
