@@ -819,24 +819,21 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		/* A member has one weight in a round: all its chunks carry it. */
 		if (mj->got && h->weight != mj->w)
 			return -EPROTO;
+		const size_t at = (size_t)mj->slot * r->mb[me].len + c * r->C;
 		if (r->ds) {
-			float *dd = r->dcb + (size_t)mj->slot * r->mb[me].len + c * r->C;
-			int rc = dev_land(r, payload, h->length, dd, h->count, &r->dstat[j]);
+			/* Decoded on the device; a malformed payload shows in its
+			 * status word, before the sum. */
+			int rc = dev_land(r, payload, h->length, r->dcb + at, h->count, &r->dstat[j]);
 			if (rc)
 				return rc == -EBADMSG ? -EPROTO : 0;
-			mj->w = h->weight;
-			mj->got++;
-			gc->rscat_next += (uint64_t)r->S;
-			if (mj->got == r->mb[me].nch)
-				try_reduce(r);
-			return 0;
+		} else {
+			float *dst = r->cbuf + at;
+			if (r->a->codec->decode(payload, h->length, dst, h->count))
+				return -EPROTO;
+			if (r->ctx->cfg.check_finite)
+				for (uint32_t i = 0; i < h->count && !mj->nonfinite; i++)
+					mj->nonfinite = !isfinite(dst[i]);
 		}
-		float *dst = r->cbuf + (size_t)mj->slot * r->mb[me].len + c * r->C;
-		if (r->a->codec->decode(payload, h->length, dst, h->count))
-			return -EPROTO;
-		if (r->ctx->cfg.check_finite)
-			for (uint32_t i = 0; i < h->count && !mj->nonfinite; i++)
-				mj->nonfinite = !isfinite(dst[i]);
 		mj->w = h->weight;
 		mj->got++;
 		gc->rscat_next += (uint64_t)r->S;
