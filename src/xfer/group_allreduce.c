@@ -90,8 +90,9 @@ struct gmember {
 	uint8_t stalled, cut;   /* fault injection: send nothing more / drop it */
 	uint8_t nonfinite;      /* MP_CHECK_FINITE: its contribution to our part held NaN or
 	                           infinity, and is left out; its results say so */
-	uint8_t malformed;      /* the device path: a payload of its contribution (or of its
-	                           result) failed to decode on the device */
+	uint8_t malformed;      /* the device path: a payload of its contribution to our part
+	                           failed to decode on the device */
+	uint8_t bad_result;     /* ... a payload of its part's result did */
 };
 
 struct gar {
@@ -672,12 +673,12 @@ static int dev_apply(struct gar *r)
 		if (sends_to(r, j) && mj->gotg == mj->nch && s->dp->hstatus[r->k + j]) {
 			MP_WARN("round %u: the result of part %d from peer %d failed to decode on the "
 				"device: not applied", r->round, j, r->g->members[j]);
-			mj->malformed = 1;
+			mj->bad_result = 1;
 		}
 	}
 	for (int j = 0; !rc && j < r->k; j++) {
 		const struct gmember *mj = &r->mb[j];
-		if (sends_to(r, j) && mj->gotg == mj->nch && !mj->malformed)
+		if (sends_to(r, j) && mj->gotg == mj->nch && !mj->bad_result)
 			rc = s->ops->copy_d2d(&s->dev, r->a->x + mj->off, r->dstage + stage_off(r, j),
 					      mj->len * sizeof(float), s->stream);
 	}
@@ -1075,7 +1076,7 @@ static int finish(struct gar *r)
 		if (!sends_to(r, j))
 			continue;
 		const struct gmember *mj = &r->mb[j];
-		int whole = mj->gotg == mj->nch && !mj->malformed;
+		int whole = mj->gotg == mj->nch && !mj->bad_result;
 		if (whole && r->ds) {
 			if (first < 0)
 				first = j;

@@ -289,6 +289,7 @@ struct fk_op {
 	size_t count;
 	float w;
 	int acc;
+	int malformed;      /* decode: taken as malformed (fk.bad_decode_after) */
 	uint32_t *status;
 	char *dst;
 	const char *src;
@@ -399,7 +400,7 @@ static void fk_run_decode(struct fk_op *o)
 	tmp = malloc(o->count ? o->count * sizeof(float) : 1);
 	if (!tmp)
 		abort();
-	if (c->decode(o->src, o->len, tmp, o->count)) {
+	if (o->malformed || c->decode(o->src, o->len, tmp, o->count)) {
 		if (!o->status)
 			abort(); /* only codecs whose length says all are decoded without one */
 		*o->status |= MP_DEVK_BAD;
@@ -1060,9 +1061,13 @@ static int fk_k_decode(const struct mp_stage_dev *d, int codec, const void *d_pa
 	if (fk_foreign(d, s, "decode")) {
 		rc = -EIO;
 	} else {
+		int r = ((const struct fk_mem *)d->ctx)->rank;
 		struct fk_op o = {.kind = OP_DECODE, .codec = codec, .src = d_payload, .len = len,
 				  .dst = (char *)d_dst, .count = count, .w = w, .acc = acc,
 				  .status = d_status, .ndr = d_status ? 3 : 2};
+		/* Only a decode with a status word can report a bad payload. */
+		o.malformed = d_status && codec != MP_CODEC_NONE &&
+			      ++fk.decode_calls[r] == fk.bad_decode_after[r];
 		o.dr[0].p = d_payload;
 		o.dr[0].len = len;
 		o.dr[1].p = d_dst;
@@ -1228,5 +1233,7 @@ void fk_reset(void)
 	memset(fk.kernel_calls, 0, sizeof(fk.kernel_calls));
 	memset(fk.fail_d2h_after, 0, sizeof(fk.fail_d2h_after));
 	memset(fk.fail_kernel_after, 0, sizeof(fk.fail_kernel_after));
+	memset(fk.decode_calls, 0, sizeof(fk.decode_calls));
+	memset(fk.bad_decode_after, 0, sizeof(fk.bad_decode_after));
 	pthread_mutex_unlock(&fk.mu);
 }

@@ -104,6 +104,11 @@ struct fk_state {
 	 * 0: never. fk_reset clears both. */
 	unsigned d2h_calls[FK_MAXP], kernel_calls[FK_MAXP];
 	unsigned fail_d2h_after[FK_MAXP], fail_kernel_after[FK_MAXP];
+	/* Per peer, from fk_reset: decodes of a lossy codec with a status word;
+	 * the one that reaches bad_decode_after[rank] takes its payload for
+	 * malformed when it runs (the status word set, nothing written), as a
+	 * payload the GPU rejects. 0: never. */
+	unsigned decode_calls[FK_MAXP], bad_decode_after[FK_MAXP];
 	struct fk_dalloc *dallocs; /* the allocations of dev_alloc */
 	/* the device */
 	struct fk_stream *all;     /* every stream with work, or alive */

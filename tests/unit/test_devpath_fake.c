@@ -18,7 +18,9 @@
  * the middle of a peer's pipeline fails its average with -EIO, the buffer
  * as the round found it, while the others end with an exact average of
  * what they could reach, and the next average is exact again; the ring
- * algorithm and MP_CHECK_FINITE stage the buffer whole and say why.
+ * a payload the GPU finds malformed leaves its contribution out, with a
+ * warning, and the average goes on; the ring algorithm, MP_CHECK_FINITE and
+ * MP_CUDA_STAGE=1 stage the buffer whole and say why.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -56,6 +58,8 @@ struct scen {
 	int nops;            /* averages of device memory */
 	int fail_rank;       /* 1 + the rank whose device-to-host copy fails; 0: none */
 	int fail_after;      /* ... its this many-th copy (1-based) of the first average */
+	int bad_rank;        /* 1 + the rank whose decode finds a payload malformed; 0: none */
+	int bad_after;       /* ... its this many-th lossy decode */
 };
 
 struct shared {
@@ -169,9 +173,12 @@ static void *peer_main(void *p)
 		for (size_t i = 0; i < sc->count; i++)
 			v[i] = input(r, op, i);
 		fk_write(r, 0, v, bytes);
-		if (op == 0 && sc->fail_rank == r + 1) {
+		if (op == 0 && (sc->fail_rank == r + 1 || sc->bad_rank == r + 1)) {
 			pthread_mutex_lock(&fk.mu);
-			fk.fail_d2h_after[r] = sc->fail_after;
+			if (sc->fail_rank == r + 1)
+				fk.fail_d2h_after[r] = sc->fail_after;
+			else
+				fk.bad_decode_after[r] = sc->bad_after;
 			pthread_mutex_unlock(&fk.mu);
 		}
 		pthread_barrier_wait(&sh->bar);
@@ -413,6 +420,59 @@ static void devpath_copy_fails_midway(void **state)
 	release(sh);
 }
 
+/*
+ * A payload the GPU finds malformed (the fake takes peer 0's first lossy
+ * decode, a contribution to its part, for one): the sum leaves that
+ * contribution out, with a warning, and the average goes on. Every member
+ * holds the same result; it differs from the host path's in part 0 only.
+ * Then a result found malformed: that part is not applied.
+ */
+static void devpath_malformed_on_device(void **state)
+{
+	struct scen sc = {.name = "malformed", .transport = "loop", .npeers = 4,
+			  .algo = MP_ALGO_BUTTERFLY, .codec = MP_CODEC_FP16, .count = 3001, .nops = 1,
+			  .bad_rank = 1, .bad_after = 1};
+	struct shared *sh;
+	size_t differ = 0;
+
+	(void)state;
+	sh = scenario(&sc);
+	for (int r = 0; r < 4; r++) {
+		assert_int_equal(sh->rc_dev[r][0], 0);
+		for (size_t i = 0; i < sc.count; i++)
+			if (memcmp(&sh->dev[r][0][i], &sh->dev[0][0][i], sizeof(float)))
+				fail_msg("value %zu: peer %d holds %.9g, peer 0 %.9g (host %.9g, %.9g)", i,
+					 r, sh->dev[r][0][i], sh->dev[0][0][i], sh->host[r][0][i],
+					 sh->host[0][0][i]);
+	}
+	for (size_t i = 0; i < sc.count; i++)
+		if (memcmp(&sh->dev[0][0][i], &sh->host[0][0][i], sizeof(float))) {
+			if (i > sc.count / 4 + 1)
+				fail_msg("value %zu, outside part 0, differs from the host path", i);
+			differ++;
+		}
+	assert_true(differ > sc.count / 8);
+	release(sh);
+	assert_int_equal(log_count("a payload of it failed to decode on the device"), 1);
+
+	/* Peer 0's last lossy decode (of 21: 9 contributions, its own result's 3
+	 * chunks, 9 of the others' results) is of a result: that part is not
+	 * applied, and peer 0 keeps its own values there; the rest is the host
+	 * path's. */
+	sc.bad_after = 21;
+	sh = scenario(&sc);
+	differ = 0;
+	assert_int_equal(sh->rc_dev[0][0], 0);
+	for (size_t i = 0; i < sc.count; i++)
+		if (memcmp(&sh->dev[0][0][i], &sh->host[0][0][i], sizeof(float))) {
+			assert_true(sh->dev[0][0][i] == input(0, 0, i));
+			differ++;
+		}
+	assert_true(differ > sc.count / 8 && differ < sc.count / 3);
+	release(sh);
+	assert_int_equal(log_count("failed to decode on the device: not applied"), 1);
+}
+
 /* What the path does not do stages the buffer whole, and says why. */
 static void devpath_not_taken(void **state)
 {
@@ -458,6 +518,7 @@ int main(void)
 		cmocka_unit_test(devpath_pinned_is_constant),
 		cmocka_unit_test(devpath_short_vectors),
 		cmocka_unit_test(devpath_copy_fails_midway),
+		cmocka_unit_test(devpath_malformed_on_device),
 		cmocka_unit_test(devpath_not_taken),
 	};
 	/* DEVPATH_ONLY=name runs one of them (the log is kept with DEVPATH_KEEP_LOG). */
