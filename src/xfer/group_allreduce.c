@@ -373,6 +373,13 @@ static void dev_fail(struct gar *r, int rc, const char *what)
 	r->xw->abort_err = -EIO;
 }
 
+/* A payload found malformed on the device: a rejected frame. */
+static void dev_rejected(struct gar *r)
+{
+	MP_STAT_ADD(r->ctx->rejected[MP_REJ_UNEXPECTED], 1);
+	r->a->res->frames_rejected++;
+}
+
 /* Status words: contributions at m, results at k + m, our own result's
  * check at 2k, and one that stays 0 (sums of fp32) at 2k + 1. */
 static uint32_t *dev_zero(const struct gar *r)
@@ -414,8 +421,11 @@ static void dev_reduce(struct gar *r)
 	int rc = 0, recipients;
 
 	for (int m = 0; m < r->k; m++)
-		if (m != me && serves(r, m) && r->mb[m].got == nc && s->dp->hstatus[m])
+		if (m != me && serves(r, m) && r->mb[m].got == nc && s->dp->hstatus[m]) {
+			/* Counted as the host path counts a frame it cannot decode. */
 			r->mb[m].malformed = 1;
+			dev_rejected(r);
+		}
 	mp_dev_slot_put(s, r->stat_slot);
 	r->stat_slot = NULL;
 	recipients = select_contributions(r);
@@ -674,6 +684,7 @@ static int dev_apply(struct gar *r)
 			MP_WARN("round %u: the result of part %d from peer %d failed to decode on the "
 				"device: not applied", r->round, j, r->g->members[j]);
 			mj->bad_result = 1;
+			dev_rejected(r);
 		}
 	}
 	for (int j = 0; !rc && j < r->k; j++) {

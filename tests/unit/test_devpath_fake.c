@@ -452,6 +452,7 @@ static void devpath_malformed_on_device(void **state)
 			differ++;
 		}
 	assert_true(differ > sc.count / 8);
+	assert_int_equal(sh->res[0][0].frames_rejected, 1);
 	release(sh);
 	assert_int_equal(log_count("a payload of it failed to decode on the device"), 1);
 
@@ -469,6 +470,7 @@ static void devpath_malformed_on_device(void **state)
 			differ++;
 		}
 	assert_true(differ > sc.count / 8 && differ < sc.count / 3);
+	assert_int_equal(sh->res[0][0].frames_rejected, 1);
 	release(sh);
 	assert_int_equal(log_count("failed to decode on the device: not applied"), 1);
 }
