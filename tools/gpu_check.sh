@@ -29,7 +29,9 @@
 #        did, see doc/codecs.md);
 #        test_cuda_codecs: every CUDA codec kernel against the CPU codecs;
 #        test_stage_cuda_real: staging with the caller's CUDA stream
-#        (mp_average_start_stream, mp_request_stream_wait), two peers.
+#        (mp_average_start_stream, mp_request_stream_wait), two peers;
+#        test_devpath_cuda_real: the device path against the host path,
+#        per codec (bit for bit but uniform8), four peers.
 #     5. test_cuda_codecs --bench: encode and decode-and-accumulate GB/s per
 #        codec beside a device-to-device cudaMemcpy of the same bytes, in
 #        the same run.
@@ -274,7 +276,8 @@ if ! (cd "$here" && step configure 300 "${setup[@]}"); then
 fi
 cpu_tests=(test_codec test_codec_quant test_codec_average test_codec_sparse test_kernels)
 if ! step build 900 nice ninja -C "$build" tools/mpbench tests/unit/test_cuda_codecs \
-	tests/unit/test_stage_cuda_real "${cpu_tests[@]/#/tests/unit/}"; then
+	tests/unit/test_stage_cuda_real tests/unit/test_devpath_cuda_real \
+	"${cpu_tests[@]/#/tests/unit/}"; then
 	say "FAILED: the build (log: $out/build.log)"
 	exit 1
 fi
@@ -299,6 +302,8 @@ step kernel_tests 240 "$tcc" || failed=1
 # Staging with the caller's stream on the real driver: mp_average_start_stream
 # and mp_request_stream_wait between two peers (exit 77 would mean no GPU).
 step stage_stream 60 "$build/tests/unit/test_stage_cuda_real" || failed=1
+# The device path against the host path, per codec, four peers (loop).
+step devpath 120 "$build/tests/unit/test_devpath_cuda_real" || failed=1
 step kernel_bench 180 "$tcc" --bench "$count" --json "$out/kernels.json" || failed=1
 
 # cuda: the device path (reduced on the GPU, a ring of pinned chunks);
@@ -361,6 +366,10 @@ print("== CUDA codec kernels: test_cuda_codecs against the CPU codecs: %s" %
       ("passed" if rc_of.get("kernel_tests") == 0 else "FAILED (rc %s)" % rc_of.get("kernel_tests")))
 if rc_of.get("kernel_tests") != 0:
     problems.append("kernel tests")
+print("== the device path against the host path (test_devpath_cuda_real): %s" %
+      ("passed" if rc_of.get("devpath") == 0 else "FAILED (rc %s)" % rc_of.get("devpath")))
+if rc_of.get("devpath") != 0:
+    problems.append("device path test")
 
 targets = {}
 if kernels:
@@ -453,6 +462,7 @@ doc = {
     "steps": steps,
     "cpu_codec_tests_passed": rc_of.get("cpu_codecs") == 0,
     "kernel_tests_passed": rc_of.get("kernel_tests") == 0,
+    "devpath_test_passed": rc_of.get("devpath") == 0,
     "kernels": kernels,
     "target_pct_of_copy": target,
     "target_codecs": TARGET_CODECS,
