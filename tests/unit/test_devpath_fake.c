@@ -19,7 +19,10 @@
  * as the round found it, while the others end with an exact average of
  * what they could reach, and the next average is exact again; the ring
  * a payload the GPU finds malformed leaves its contribution out, with a
- * warning, and the average goes on; the ring algorithm, MP_CHECK_FINITE and
+ * warning, and the average goes on; with the caller's stream
+ * (mp_average_start_stream, mp_request_stream_wait) the average is of what
+ * its kernel wrote 40 ms after the call, and the stream reads the result
+ * after its wait; the ring algorithm, MP_CHECK_FINITE and
  * MP_CUDA_STAGE=1 stage the buffer whole and say why.
  */
 #include <stdarg.h>
@@ -60,6 +63,9 @@ struct scen {
 	int fail_after;      /* ... its this many-th copy (1-based) of the first average */
 	int bad_rank;        /* 1 + the rank whose decode finds a payload malformed; 0: none */
 	int bad_after;       /* ... its this many-th lossy decode */
+	int stream_ms;       /* mp_average_start_stream: a kernel on the caller's stream writes
+	                        the input this long after the call, over stale values; the
+	                        stream then waits for the request and reads the buffer */
 };
 
 struct shared {
@@ -68,6 +74,8 @@ struct shared {
 	char addr[2][MAXP][MP_ADDR_STRLEN];
 	float *host[MAXP][MAXOPS];   /* the host path's result */
 	float *dev[MAXP][MAXOPS];    /* the device path's */
+	float *probe[MAXP][MAXOPS];  /* stream_ms: what the caller's stream read after its wait */
+	int ran[MAXP][MAXOPS];
 	int rc_host[MAXP][MAXOPS], rc_dev[MAXP][MAXOPS];
 	struct mp_result res[MAXP][MAXOPS];
 	char err[MAXP][MAXOPS][256];
@@ -171,7 +179,7 @@ static void *peer_main(void *p)
 		int rc;
 
 		for (size_t i = 0; i < sc->count; i++)
-			v[i] = input(r, op, i);
+			v[i] = sc->stream_ms ? -1000.0f : input(r, op, i);
 		fk_write(r, 0, v, bytes);
 		if (op == 0 && (sc->fail_rank == r + 1 || sc->bad_rank == r + 1)) {
 			pthread_mutex_lock(&fk.mu);
@@ -184,9 +192,28 @@ static void *peer_main(void *p)
 		pthread_barrier_wait(&sh->bar);
 		if (op > 0 && sc->fail_rank)
 			usleep(200000); /* the probes of the failed peer answer */
-		rc = mr ? mp_average_start(ctx, dev, sc->count, 1.0f, mr, &req) : -ENOENT;
+		struct fk_stream *cs = NULL;
+		if (sc->stream_ms && mr) {
+			for (size_t i = 0; i < sc->count; i++)
+				v[i] = input(r, op, i);
+			cs = fk_stream_new(r);
+			fk_kernel_write(cs, r, 0, v, bytes, sc->stream_ms);
+			rc = mp_average_start_stream(ctx, dev, sc->count, 1.0f, mr, 0, cs, &req);
+			sh->probe[r][op] = calloc(sc->count, sizeof(float));
+			if (!rc && mp_request_stream_wait(req, cs))
+				note(sh, r, "mp_request_stream_wait failed");
+			if (!rc)
+				fk_probe(cs, r, 0, sh->probe[r][op], bytes, &sh->ran[r][op]);
+		} else {
+			rc = mr ? mp_average_start(ctx, dev, sc->count, 1.0f, mr, &req) : -ENOENT;
+		}
 		if (!rc)
 			rc = mp_wait(req, 30000, &sh->res[r][op]);
+		if (cs) {
+			if (fk_stream_sync(cs, 5000))
+				note(sh, r, "the caller's stream did not get through");
+			fk_stream_free(cs);
+		}
 		sh->rc_dev[r][op] = rc;
 		if (rc)
 			snprintf(sh->err[r][op], sizeof(sh->err[r][op]), "%s", mp_last_error(ctx));
@@ -230,6 +257,7 @@ static void release(struct shared *sh)
 		for (int op = 0; op < sh->sc->nops; op++) {
 			free(sh->host[r][op]);
 			free(sh->dev[r][op]);
+			free(sh->probe[r][op]);
 		}
 		fk_mem_fini(r);
 	}
@@ -475,6 +503,30 @@ static void devpath_malformed_on_device(void **state)
 	assert_int_equal(log_count("failed to decode on the device: not applied"), 1);
 }
 
+/*
+ * The caller's stream: its kernel writes the input 40 ms after the call,
+ * over stale values, and the average is of the input (the device path
+ * waited for the stream); the stream, told to wait for the request, reads
+ * the result.
+ */
+static void devpath_stream_order(void **state)
+{
+	struct scen sc = {.name = "stream", .transport = "tcp", .npeers = 4,
+			  .algo = MP_ALGO_MOSHPIT, .codec = MP_CODEC_BLOCKWISE8, .count = 3001, .nops = 2,
+			  .stream_ms = 40};
+	struct shared *sh;
+
+	(void)state;
+	sh = scenario(&sc);
+	same_as_host(sh);
+	for (int r = 0; r < 4; r++)
+		for (int op = 0; op < 2; op++) {
+			assert_int_equal(sh->ran[r][op], 1);
+			assert_memory_equal(sh->probe[r][op], sh->host[r][op], sc.count * sizeof(float));
+		}
+	release(sh);
+}
+
 /* What the path does not do stages the buffer whole, and says why. */
 static void devpath_not_taken(void **state)
 {
@@ -521,6 +573,7 @@ int main(void)
 		cmocka_unit_test(devpath_short_vectors),
 		cmocka_unit_test(devpath_copy_fails_midway),
 		cmocka_unit_test(devpath_malformed_on_device),
+		cmocka_unit_test(devpath_stream_order),
 		cmocka_unit_test(devpath_not_taken),
 	};
 	/* DEVPATH_ONLY=name runs one of them (the log is kept with DEVPATH_KEEP_LOG). */
