@@ -38,7 +38,12 @@ echo "== MP_DRIVER_PATH plugin"
 LD_LIBRARY_PATH=$libdir MP_DRIVER_PATH="$dest/missing.so:$dest/libsp_bad.so:$dest/libsp_plugin.so" \
 	"$dest/oot_test" plugin
 
+# With nvcc, the static library needs the toolkit's libcudart_static.a, which
+# the .pc file names by its absolute path on this host; the sysroot is
+# prefixed to that path too, and taken off again here (as pkgconfig.sh does).
+static=$(pkg-config --libs --static moshpit | sed 's/-L[^ ]*//; s/-lmoshpit//' |
+	sed "s|$dest/|/|g")
 cc $strict $cflags "$here/oot_test.c" "$here/sockpair.c" -o "$dest/oot_static" \
-	"$libdir/libmoshpit.a" $(pkg-config --libs --static moshpit | sed 's/-L[^ ]*//; s/-lmoshpit//') -pthread
+	"$libdir/libmoshpit.a" $static -pthread
 echo "== registered (static library)"
 env -u MP_DRIVER_PATH "$dest/oot_static" register
