@@ -38,7 +38,7 @@ static int codec, stage, failed;
 
 static float input(int rank, size_t i)
 {
-	unsigned h = (unsigned)(rank * 7919 + (int)i * 31337) * 2654435761u;
+	unsigned h = ((unsigned)rank * 7919u + (unsigned)i * 31337u) * 2654435761u;
 
 	if (i % 97 == 5)
 		return -0.0f;

@@ -90,7 +90,7 @@ struct arg {
 /* Values of some spread, not exactly representable sums: codecs round. */
 static float input(int rank, int op, size_t i)
 {
-	unsigned h = (unsigned)(rank * 7919 + op * 104729 + (int)i * 31337) * 2654435761u;
+	unsigned h = ((unsigned)rank * 7919u + (unsigned)op * 104729u + (unsigned)i * 31337u) * 2654435761u;
 
 	if (i % 97 == 5)
 		return -0.0f; /* the mean of -0s is -0: the sum must start from -0 */
