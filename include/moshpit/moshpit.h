@@ -375,8 +375,9 @@ MP_API int mp_finalize(mp_ctx *ctx);
  * line says which, and why:
  *  - The device path, where the library was built with the CUDA kernels
  *    and they run on the memory's GPU, for the moshpit and butterfly
- *    algorithms with any codec but the sparse ones (topk, adacomp), and
- *    without ::mp_config::check_finite: chunks are encoded, decoded and
+ *    algorithms with any codec but the sparse ones (topk, adacomp)
+ *    (::mp_config::check_finite included: the check runs on the GPU):
+ *    chunks are encoded, decoded and
  *    reduced on the GPU, and only encoded chunks cross the bus, through a
  *    ring of 32 pinned host buffers of one encoded chunk each
  *    (::mp_config::chunk_bytes), whatever @p len. Results are the host

@@ -958,6 +958,30 @@ extern "C" int mp_cuda_available(char *why, size_t n)
 	return -ENODEV;
 }
 
+/* Sets *flag when any of src[0..n) is NaN or infinite: one word written by
+ * at most one thread per block, after a block-wide vote. */
+static __global__ void k_nonfinite(const float *__restrict__ src, size_t n, uint32_t *flag)
+{
+	int bad = 0;
+
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n && !bad;
+	     i += (size_t)gridDim.x * blockDim.x)
+		bad = !isfinite(src[i]);
+	if (__syncthreads_or(bad) && threadIdx.x == 0)
+		atomicOr(flag, 1u);
+}
+
+extern "C" int mp_cuda_check_finite(const float *d_src, size_t count, uint32_t *d_flag,
+				    void *stream)
+{
+	if (!d_flag || !mpc_aligned(d_src, 4))
+		return -EINVAL;
+	if (!count)
+		return 0;
+	k_nonfinite<<<mpc_gs_grid(count), MPC_TPB, 0, (cudaStream_t)stream>>>(d_src, count, d_flag);
+	return launched();
+}
+
 extern "C" int mp_cuda_codec_supported(int codec)
 {
 	return codec >= MPC_NONE && codec <= MPC_ADACOMP;

@@ -106,6 +106,13 @@ int mp_cuda_decode_async(int codec, const void *d_payload, size_t len, float *d_
 			 size_t count, float w, int acc_mode, uint32_t *d_status, void *d_scratch,
 			 size_t scratch_bytes, void *stream);
 
+/*
+ * Set *d_flag (device memory) nonzero when any of d_src[0..count) is NaN or
+ * infinite (MP_CHECK_FINITE on the device); leave it alone otherwise.
+ * Returns after queueing.
+ */
+int mp_cuda_check_finite(const float *d_src, size_t count, uint32_t *d_flag, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -493,7 +493,7 @@ int mp_npeers(const mp_ctx *ctx)
  * all-reduce reduces it on the GPU and only encoded chunks cross the bus,
  * through a small ring of pinned buffers (the device path, devpath.h).
  * Otherwise, and for what the device path does not do (the ring
- * algorithm, MP_CHECK_FINITE, sparse codecs), averaging goes through a
+ * algorithm, sparse codecs), averaging goes through a
  * pinned host copy of the whole registration (stage.c) on every transport.
  * A transport that can move device memory (verbs with GPUDirect RDMA)
  * registers it as well, through its own ladder (dma-buf, then
@@ -513,8 +513,6 @@ static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 		snprintf(whyd, sizeof(whyd), "MP_CUDA_STAGE=1");
 	else if (ctx->cfg.algo == MP_ALGO_RING)
 		snprintf(whyd, sizeof(whyd), "the ring algorithm has no device path");
-	else if (ctx->cfg.check_finite)
-		snprintf(whyd, sizeof(whyd), "MP_CHECK_FINITE has no device path");
 	rc = mp_stage_open_dev(ctx, buf, len, whyd[0] ? NULL : mp_dev_open, &device, whyd,
 			       sizeof(whyd), &mr->stage);
 	if (rc) {

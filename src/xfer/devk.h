@@ -61,6 +61,10 @@ struct mp_devk_ops {
 	int (*decode)(const struct mp_stage_dev *d, int codec, const void *d_payload, size_t len,
 		      float *d_dst, size_t count, float w, int acc, uint32_t *d_status,
 		      void *d_scratch, size_t scratch_bytes, void *stream);
+	/* Queue: *d_flag set nonzero when any of d_src[0..count) is NaN or
+	 * infinite, left alone otherwise (MP_CHECK_FINITE). */
+	int (*nonfinite)(const struct mp_stage_dev *d, const float *d_src, size_t count,
+			 uint32_t *d_flag, void *stream);
 };
 
 /* The kernels of kernels/cuda (or, built without them, a table whose

@@ -114,6 +114,18 @@ static int cuda_decode(const struct mp_stage_dev *d, int codec, const void *d_pa
 }
 
 /* The two status bits must mean the same thing. */
+static int cuda_nonfinite(const struct mp_stage_dev *d, const float *d_src, size_t count,
+			  uint32_t *d_flag, void *stream)
+{
+	int rc = mp_stage_enter(d);
+
+	if (rc)
+		return rc;
+	rc = mp_cuda_check_finite(d_src, count, d_flag, stream);
+	mp_stage_leave();
+	return kerr(rc, "mp_cuda_check_finite", MP_CODEC_NONE);
+}
+
 _Static_assert(MP_DEVK_BAD == MP_CUDA_BAD, "MP_DEVK_BAD");
 
 const struct mp_devk_ops mp_devk_cuda_ops = {
@@ -124,6 +136,7 @@ const struct mp_devk_ops mp_devk_cuda_ops = {
 	.encode = cuda_encode,
 	.dec_scratch = cuda_dec_scratch,
 	.decode = cuda_decode,
+	.nonfinite = cuda_nonfinite,
 };
 #else
 /* Built without nvcc: the group all-reduce stages such memory through the
@@ -152,6 +165,13 @@ static int off_encode(const struct mp_stage_dev *d, int codec, const struct mp_c
 	return -ENOTSUP;
 }
 
+static int off_nonfinite(const struct mp_stage_dev *d, const float *d_src, size_t count,
+			 uint32_t *d_flag, void *stream)
+{
+	(void)d, (void)d_src, (void)count, (void)d_flag, (void)stream;
+	return -ENOTSUP;
+}
+
 static size_t off_dec_scratch(int codec, size_t len, size_t count)
 {
 	(void)codec, (void)len, (void)count;
@@ -175,6 +195,7 @@ const struct mp_devk_ops mp_devk_cuda_ops = {
 	.encode = off_encode,
 	.dec_scratch = off_dec_scratch,
 	.decode = off_decode,
+	.nonfinite = off_nonfinite,
 };
 #endif
 

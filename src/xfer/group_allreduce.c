@@ -381,7 +381,19 @@ static void dev_rejected(struct gar *r)
 }
 
 /* Status words: contributions at m, results at k + m, our own result's
- * check at 2k, and one that stays 0 (sums of fp32) at 2k + 1. */
+ * check at 2k, one that stays 0 (sums of fp32) at 2k + 1, and with
+ * MP_CHECK_FINITE member m's contribution holding NaN or infinity at
+ * 2k + 2 + m. */
+static size_t dev_nstat(const struct gar *r)
+{
+	return (size_t)(3 * r->k + 2);
+}
+
+static uint32_t *dev_finite_flag(const struct gar *r, int m)
+{
+	return r->dstat + 2 * r->k + 2 + m;
+}
+
 static uint32_t *dev_zero(const struct gar *r)
 {
 	return r->dstat + 2 * r->k + 1;
@@ -402,7 +414,13 @@ static void dev_begin_reduce(struct gar *r)
 		return;
 	}
 	r->stat_slot = sl;
-	if (s->ops->copy_async(&s->dev, s->dp->hstatus, r->dstat, (size_t)r->k * sizeof(uint32_t), 0,
+	if (r->ctx->cfg.check_finite &&
+	    s->dp->k->nonfinite(&s->dev, r->a->x + r->mb[r->me].off, r->mb[r->me].len,
+				dev_finite_flag(r, r->me), s->stream)) {
+		dev_fail(r, -EIO, "checking this peer's part for NaN and infinity");
+		return;
+	}
+	if (s->ops->copy_async(&s->dev, s->dp->hstatus, r->dstat, dev_nstat(r) * sizeof(uint32_t), 0,
 			       s->stream) ||
 	    mp_dev_slot_queued(s, sl, 1))
 		dev_fail(r, -EIO, "reading the contributions' status");
@@ -420,12 +438,15 @@ static void dev_reduce(struct gar *r)
 	float *xo = r->a->x + off;
 	int rc = 0, recipients;
 
-	for (int m = 0; m < r->k; m++)
+	for (int m = 0; m < r->k; m++) {
 		if (m != me && serves(r, m) && r->mb[m].got == nc && s->dp->hstatus[m]) {
 			/* Counted as the host path counts a frame it cannot decode. */
 			r->mb[m].malformed = 1;
 			dev_rejected(r);
 		}
+		if (s->dp->hstatus[2 * r->k + 2 + m])
+			r->mb[m].nonfinite = 1;
+	}
 	mp_dev_slot_put(s, r->stat_slot);
 	r->stat_slot = NULL;
 	recipients = select_contributions(r);
@@ -496,7 +517,7 @@ static int g_pump(void *op)
  * bus in a ring slot, decoded there under status word @st. -EBADMSG for a
  * length the codec refuses (nothing written); -EIO after dev_fail. */
 static int dev_land(struct gar *r, const void *payload, size_t len, float *dst, uint32_t count,
-		    uint32_t *st)
+		    uint32_t *st, uint32_t *finite)
 {
 	struct mp_stage *s = r->ds;
 	struct mp_ring_slot *sl;
@@ -516,6 +537,8 @@ static int dev_land(struct gar *r, const void *payload, size_t len, float *dst, 
 	if (!rc)
 		rc = s->dp->k->decode(&s->dev, (int)r->a->codec->id, sl->dev, len, dst, count, 0.0f, 0,
 				      st, r->dscr_dec, r->dec_scr, s->stream);
+	if (!rc && finite)
+		rc = s->dp->k->nonfinite(&s->dev, dst, count, finite, s->stream);
 	/* The copy may be queued even when the decode was refused: the slot's
 	 * host bytes stay busy until it has run. */
 	if (mp_dev_slot_queued(s, sl, 0) && !rc)
@@ -580,6 +603,8 @@ static int dev_produce(struct gar *r, struct gchan *gc, struct mp_wire_hdr *h,
 		gc->ph.count = chunk_count(r, me, c);
 		gc->ph.weight = r->wsum;
 		gc->ph.aux = (uint32_t)r->nused;
+		if (r->mb[j].nonfinite)
+			gc->ph.flags = MP_WIRE_F_NONFINITE; /* the member learns why */
 		gc->gath_next += (uint64_t)r->S;
 		if (codec != MP_CODEC_NONE) {
 			gc->plen = r->enc_len[c];
@@ -639,7 +664,7 @@ static int dev_setup(struct gar *r, int nslots)
 	sz[2] = L * sizeof(float);                                   /* dres */
 	sz[3] = codec != MP_CODEC_NONE ? nc * r->enc_cap : 0;        /* denc */
 	sz[4] = rest * sizeof(float);                                /* dstage */
-	sz[5] = (size_t)(2 * r->k + 2) * sizeof(uint32_t);           /* dstat */
+	sz[5] = dev_nstat(r) * sizeof(uint32_t);                     /* dstat */
 	sz[6] = r->enc_scr;
 	sz[7] = r->dec_scr;
 	for (int i = 0; i < 8; i++)
@@ -653,7 +678,7 @@ static int dev_setup(struct gar *r, int nslots)
 		*at[i] = sz[i] ? base : NULL;
 		base += (sz[i] + 255) & ~(size_t)255;
 	}
-	if (s->ops->fill32(&s->dev, r->dstat, 0, (size_t)(2 * r->k + 2), s->stream)) {
+	if (s->ops->fill32(&s->dev, r->dstat, 0, dev_nstat(r), s->stream)) {
 		mp_set_error(ctx, "round %u: %s memory %p: clearing the status words failed",
 			     r->round, s->ops->name, s->dev_base);
 		return -EIO;
@@ -669,7 +694,7 @@ static int dev_apply(struct gar *r)
 	struct mp_ctx *ctx = r->ctx;
 	struct mp_stage *s = r->ds;
 	const int me = r->me;
-	const size_t nst = (size_t)(2 * r->k + 2);
+	const size_t nst = dev_nstat(r);
 	int rc;
 
 	rc = s->ops->copy_async(&s->dev, s->dp->hstatus, r->dstat, nst * sizeof(uint32_t), 0,
@@ -835,7 +860,8 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		if (r->ds) {
 			/* Decoded on the device; a malformed payload shows in its
 			 * status word, before the sum. */
-			int rc = dev_land(r, payload, h->length, r->dcb + at, h->count, &r->dstat[j]);
+			int rc = dev_land(r, payload, h->length, r->dcb + at, h->count, &r->dstat[j],
+					  r->ctx->cfg.check_finite ? dev_finite_flag(r, j) : NULL);
 			if (rc)
 				return rc == -EBADMSG ? -EPROTO : 0;
 		} else {
@@ -865,7 +891,7 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 		/* Validated; staged until the whole part is in. */
 		if (r->ds) {
 			int rc = dev_land(r, payload, h->length, r->dstage + stage_off(r, j) + c * r->C,
-					  h->count, &r->dstat[r->k + j]);
+					  h->count, &r->dstat[r->k + j], NULL);
 			if (rc)
 				return rc == -EBADMSG ? -EPROTO : 0;
 		} else if (r->a->codec->decode(payload, h->length, r->stage + stage_off(r, j) + c * r->C,

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -264,7 +265,7 @@ static void fk_host_free(const struct mp_stage_dev *d, void *host)
 /* ---- the device: streams, events and their queues ---------------------- */
 
 enum { OP_COPY_IN, OP_COPY_OUT, OP_RECORD, OP_WAIT_EVENT, OP_WAIT_VALUE, OP_WRITE, OP_PROBE,
-       OP_HOLD, OP_D2D, OP_FILL32, OP_ENCODE, OP_DECODE };
+       OP_HOLD, OP_D2D, OP_FILL32, OP_ENCODE, OP_DECODE, OP_NONFINITE };
 
 struct fk_event {
 	unsigned recorded, completed; /* records queued, and run */
@@ -451,6 +452,18 @@ static void fk_run(struct fk_op *o)
 	case OP_DECODE:
 		fk_open_op(o, PROT_READ | PROT_WRITE);
 		fk_run_decode(o);
+		fk_open_op(o, PROT_NONE);
+		break;
+	case OP_NONFINITE:
+		fk_open_op(o, PROT_READ | PROT_WRITE);
+		for (size_t i = 0; i < o->count; i++) {
+			float v;
+			memcpy(&v, o->src + 4 * i, 4);
+			if (!isfinite(v)) {
+				*o->status |= 1u;
+				break;
+			}
+		}
 		fk_open_op(o, PROT_NONE);
 		break;
 	case OP_RECORD:
@@ -1081,6 +1094,35 @@ static int fk_k_decode(const struct mp_stage_dev *d, int codec, const void *d_pa
 	return rc;
 }
 
+static int fk_k_nonfinite(const struct mp_stage_dev *d, const float *d_src, size_t count,
+			  uint32_t *d_flag, void *stream)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&fk.mu);
+	if (fk_k_refused(d)) {
+		pthread_mutex_unlock(&fk.mu);
+		return -EIO;
+	}
+	fk_check_dev(d_src, count * sizeof(float), "nonfinite (source)");
+	fk_check_dev(d_flag, sizeof(*d_flag), "nonfinite (flag)");
+	struct fk_stream *s = fk_stream_of(stream);
+	if (fk_foreign(d, s, "nonfinite")) {
+		rc = -EIO;
+	} else {
+		struct fk_op o = {.kind = OP_NONFINITE, .src = (const char *)d_src, .count = count,
+				  .status = d_flag, .ndr = 2};
+		o.dr[0].p = d_src;
+		o.dr[0].len = count * sizeof(float);
+		o.dr[1].p = d_flag;
+		o.dr[1].len = sizeof(*d_flag);
+		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
+		fk_push(s, &o);
+	}
+	pthread_mutex_unlock(&fk.mu);
+	return rc;
+}
+
 const struct mp_devk_ops fk_devk_ops = {
 	.name = "CUDA kernels (fake: the CPU codecs)",
 	.usable = fk_k_usable,
@@ -1089,6 +1131,7 @@ const struct mp_devk_ops fk_devk_ops = {
 	.encode = fk_k_encode,
 	.dec_scratch = fk_k_dec_scratch,
 	.decode = fk_k_decode,
+	.nonfinite = fk_k_nonfinite,
 };
 
 /* ---- the application's side --------------------------------------------- */

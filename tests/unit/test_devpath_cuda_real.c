@@ -12,7 +12,8 @@
  * path's result bit for bit; uniform8, whose GPU encoder sums its
  * statistics in another order, within one code step of it (the largest
  * difference is printed). And MP_CUDA_STAGE=1 (whole staging) bit for bit
- * too, for fp16.
+ * too, for fp16; and the kernel of MP_CHECK_FINITE flags a NaN and an
+ * infinity, and nothing else.
  */
 #include <errno.h>
 #include <math.h>
@@ -181,6 +182,34 @@ int main(void)
 	if (mp_cuda_available(why, sizeof(why))) {
 		printf("skipped: %s\n", why);
 		return 77;
+	}
+	/* The kernel MP_CHECK_FINITE uses: a flag for a NaN or an infinity
+	 * anywhere, none for finite values (the largest and -0 included). */
+	{
+		const size_t m = 1 << 20;
+		float *h = malloc(m * sizeof(float)), *d = NULL;
+		uint32_t *flag = NULL, got[3] = {0, 0, 0};
+		cudaMalloc((void **)&d, m * sizeof(float));
+		cudaMalloc((void **)&flag, 3 * sizeof(uint32_t));
+		cudaMemset(flag, 0, 3 * sizeof(uint32_t));
+		for (size_t i = 0; i < m; i++)
+			h[i] = i % 3 ? 3.4028235e38f : -0.0f;
+		cudaMemcpy(d, h, m * sizeof(float), cudaMemcpyHostToDevice);
+		int rc = mp_cuda_check_finite(d, m, &flag[0], NULL);
+		h[m - 7] = NAN;
+		cudaMemcpy(d, h, m * sizeof(float), cudaMemcpyHostToDevice);
+		rc |= mp_cuda_check_finite(d, m, &flag[1], NULL);
+		h[m - 7] = 1.0f;
+		h[12345] = -INFINITY;
+		cudaMemcpy(d, h, m * sizeof(float), cudaMemcpyHostToDevice);
+		rc |= mp_cuda_check_finite(d, m, &flag[2], NULL);
+		cudaMemcpy(got, flag, sizeof(got), cudaMemcpyDeviceToHost);
+		printf("mp_cuda_check_finite: finite %u, NaN %u, -inf %u (want 0, 1, 1)\n", got[0],
+		       got[1], got[2]);
+		bad |= rc || got[0] || !got[1] || !got[2];
+		cudaFree(d);
+		cudaFree(flag);
+		free(h);
 	}
 	pthread_barrier_init(&bar, NULL, NP);
 	bad |= run(MP_CODEC_NONE, 0, 0.0);
