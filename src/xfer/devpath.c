@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "devpath.h"
 #include "log.h"
@@ -150,26 +149,6 @@ struct mp_ring_slot *mp_dev_slot_try(struct mp_stage *s)
 	return pick;
 }
 
-/* Poll @ev until it completes, within the round timeout. */
-static int dev_poll(struct mp_ctx *ctx, struct mp_stage *s, void *ev)
-{
-	int ms = ctx->cfg.round_timeout_ms > 0 ? ctx->cfg.round_timeout_ms : 10000;
-	struct timespec t0, now, nap = {0, 2000};
-	int rc;
-
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	for (;;) {
-		rc = s->ops->event_query(&s->dev, ev);
-		if (rc != -EAGAIN)
-			return rc;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 >= ms)
-			return -ETIMEDOUT;
-		nanosleep(&nap, NULL);
-		nap.tv_nsec = nap.tv_nsec >= 500000L ? 1000000L : nap.tv_nsec * 2;
-	}
-}
-
 struct mp_ring_slot *mp_dev_slot_wait(struct mp_ctx *ctx, struct mp_stage *s)
 {
 	struct mp_ring_slot *sl = mp_dev_slot_try(s);
@@ -251,7 +230,7 @@ int mp_dev_sync(struct mp_ctx *ctx, struct mp_stage *s, const char *what)
 	int rc = s->ops->event_record(&s->dev, s->dp->sync_ev, s->stream, why, sizeof(why));
 
 	if (!rc)
-		rc = dev_poll(ctx, s, s->dp->sync_ev);
+		rc = mp_stage_poll(ctx, s, s->dp->sync_ev, 0);
 	else
 		MP_WARN("devpath: %s", why);
 	if (rc) {

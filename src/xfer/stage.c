@@ -777,13 +777,13 @@ int mp_stage_open(struct mp_ctx *ctx, void *dev, size_t len, struct mp_stage **o
 }
 
 /*
- * Wait for the copies queued before s->done's last record, polling: the
+ * Wait for the work queued before @ev's last record, polling: the
  * progress thread must not block inside the driver, where nothing bounds
  * the wait (the copy in waits for a stream of the caller's, which may hold
  * anything). Bounded by the round timeout, as a silent peer is: the other
  * peers drop this one after as long. @stop: give up when the context stops.
  */
-static int stage_poll(struct mp_ctx *ctx, struct mp_stage *s, int stop)
+int mp_stage_poll(struct mp_ctx *ctx, struct mp_stage *s, void *ev, int stop)
 {
 	int ms = ctx->cfg.round_timeout_ms > 0 ? ctx->cfg.round_timeout_ms : 10000;
 	struct timespec now, dl, nap = {0, 20000};
@@ -797,7 +797,7 @@ static int stage_poll(struct mp_ctx *ctx, struct mp_stage *s, int stop)
 		dl.tv_nsec -= 1000000000L;
 	}
 	for (;;) {
-		rc = s->ops->event_query(&s->dev, s->done);
+		rc = s->ops->event_query(&s->dev, ev);
 		if (rc != -EAGAIN)
 			return rc;
 		if (stop && __atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE))
@@ -825,7 +825,7 @@ void mp_stage_close(struct mp_ctx *ctx, struct mp_stage *s)
 		char why[128];
 		(void)s->ops->event_record(&s->dev, s->done, s->stream, why, sizeof(why));
 	}
-	rc = stage_poll(ctx, s, 0);
+	rc = mp_stage_poll(ctx, s, s->done, 0);
 	if (!rc && s->dp)
 		s->dp_close(ctx, s);
 	s->ops->event_destroy(&s->dev, s->legacy);
@@ -890,7 +890,7 @@ static int stage_copy(struct mp_ctx *ctx, struct mp_stage *s, size_t off, size_t
 	/* The copy back waits for nothing but this registration's earlier
 	 * copies, and must not be left running behind a failed request: it
 	 * writes the caller's buffer. */
-	return stage_poll(ctx, s, !to_device);
+	return mp_stage_poll(ctx, s, s->done, !to_device);
 }
 
 int mp_stage_in(struct mp_ctx *ctx, struct mp_stage *s, size_t off, size_t bytes, void *ev)
@@ -944,7 +944,7 @@ int mp_stage_order(struct mp_ctx *ctx, struct mp_stage *s, void *ev)
 	/* Waited for here rather than found out mid-exchange: a stream that
 	 * never gets there fails the operation before it starts. */
 	if (!rc)
-		rc = stage_poll(ctx, s, 1);
+		rc = mp_stage_poll(ctx, s, s->done, 1);
 	if (rc == -ECANCELED)
 		mp_set_error(ctx, "the context was finalized while the average of %s memory %p waited "
 			     "for the caller's stream: it did not start", s->ops->name, s->dev_base);

@@ -180,6 +180,12 @@ int mp_stage_mark(struct mp_ctx *ctx, struct mp_stage *s, void *stream, void **e
  * timeout. 0; -EIO (the operation did not start, the buffer is as it was)
  * or -ECANCELED with the context's error set. */
 int mp_stage_order(struct mp_ctx *ctx, struct mp_stage *s, void *ev);
+/* Wait, polling (20 us doubling to 1 ms), until the work before @ev's last
+ * record on the registration's stream has run: the progress thread must not
+ * block inside the driver, where nothing bounds the wait. 0; -EIO when it
+ * failed; -ETIMEDOUT past the round timeout; with @stop, -ECANCELED when
+ * the context stops meanwhile. */
+int mp_stage_poll(struct mp_ctx *ctx, struct mp_stage *s, void *ev, int stop);
 /* Release an event of mp_stage_mark. @ev may be NULL. */
 void mp_stage_unmark(struct mp_stage *s, void *ev);
 /*
