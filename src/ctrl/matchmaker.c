@@ -1791,6 +1791,11 @@ int mp_mm_holes(const struct mp_grid *g, uint64_t self, uint32_t round, const st
 	return nh;
 }
 
+int mp_mm_round_left(const struct mp_grid *g, uint32_t round, uint32_t heard)
+{
+	return (uint64_t)heard >= (uint64_t)round + (uint64_t)(g->ndims > 0 ? g->ndims : 1);
+}
+
 /*
  * Leave @round (its key @key) for a later one: our "placing" there would
  * keep the round's leaders waiting for us until it expired (a matchmaking
@@ -1852,11 +1857,15 @@ again:
 	while (mp_now_ns() - start < limit && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t now = mp_now_ns();
 		mp_ctrl_poll(ctx); /* declarations come over control connections too */
-		if (ctx->dht->decl_round > round && retargets < MAX_RETARGETS) {
-			/* Others declare for a later round: this one's groups
-			 * have formed without us, and its holes, read now, would
-			 * be no holes at all. Place in the next one; not for
-			 * ever, when rounds are shorter than our reads. */
+		if (mp_mm_round_left(&ctx->grid, round, ctx->dht->decl_round) &&
+		    retargets < MAX_RETARGETS) {
+			/* Others declare for a round so late that this one's
+			 * groups have formed without us, and its holes, read
+			 * now, would be no holes at all. Place in the next one;
+			 * not for ever, when rounds are shorter than our reads.
+			 * Moving on as soon as full lines went on (decl_round >
+			 * round) left the lines that waited for us, and a
+			 * replacement took 4 to 6 rounds more to get in. */
 			retargets++;
 			MP_INFO("round %u: the run is at round %u; placing in %u", round,
 				ctx->dht->decl_round, ctx->dht->decl_round + 1);

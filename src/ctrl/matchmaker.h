@@ -128,4 +128,16 @@ struct mp_hole {
 int mp_mm_holes(const struct mp_grid *g, uint64_t self, uint32_t round, const struct mp_decl *all,
 		int n, struct mp_hole *h, uint32_t *count, uint8_t *used);
 
+/*
+ * A peer placing itself in @round has heard members declare in round
+ * @heard: has the run left @round behind it (its holes are no holes any
+ * more), so that it should place in a later one? Not merely because @heard
+ * is later: the lines of @round with a hole wait for a placer they heard
+ * of, while full lines go on, and the lines of the rounds after them that
+ * cross a waiting line wait in turn. On a grid of d dimensions every line
+ * of round @round + d - 1 crosses one, so only a declaration of round
+ * @round + d or later shows that the waiting lines went on without us.
+ */
+int mp_mm_round_left(const struct mp_grid *g, uint32_t round, uint32_t heard);
+
 #endif

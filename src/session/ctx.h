@@ -184,6 +184,7 @@ struct mp_ctx {
 
 	int clog_fd;                       /* contribution log, or -1 */
 	struct mp_fault *faults;           /* MP_FAULT actions (fault.c) */
+	uint64_t fault_first;              /* fault.c: this peer's first round + 1; 0 before it */
 	const struct mp_grouping_ops *grouping; /* the grid, or the dht matchmaker */
 	void *grouping_st;
 	/* Progress of the control plane that an exchange makes as it waits

@@ -47,6 +47,7 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 	const char *end = s + len, *p = memchr(s, ':', len);
 	size_t klen = p ? (size_t)(p - s) : len;
 	int have_round = 0, have_phase = 0, have_peer = 0, have_after = 0, have_until = 0;
+	int have_joined = 0;
 
 	memset(f, 0, sizeof(*f));
 	f->kind = name_index(s, klen, kind_names, 3);
@@ -56,6 +57,7 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 	}
 	f->phase = MP_FAULT_SCATTER;
 	f->all_peers = 1;
+	f->joined = UINT64_MAX;
 	while (p && p < end) {
 		const char *key = p + 1, *next = memchr(key, ':', (size_t)(end - key));
 		const char *stop = next ? next : end, *eq = memchr(key, '=', (size_t)(stop - key));
@@ -95,6 +97,12 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 			}
 			f->until = v;
 			have_until = 1;
+		} else if (kl == 6 && !memcmp(key, "joined", 6) && !have_joined) {
+			if (parse_u64(val, vl, 10, UINT32_MAX, &f->joined)) {
+				*why = "joined must be a round number";
+				return -EINVAL;
+			}
+			have_joined = 1;
 		} else if (kl == 5 && !memcmp(key, "after", 5) && !have_after) {
 			if (parse_u64(val, vl, 10, UINT64_MAX, &f->after)) {
 				*why = "after must be a frame count";
@@ -102,7 +110,7 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 			}
 			have_after = 1;
 		} else {
-			*why = "unknown or repeated key (round, until, phase, peer, after)";
+			*why = "unknown or repeated key (round, until, joined, phase, peer, after)";
 			return -EINVAL;
 		}
 		p = next;
@@ -168,7 +176,7 @@ void mp_fault_free(struct mp_ctx *ctx)
 	}
 }
 
-static void fire(struct mp_fault *f, uint64_t sent)
+static void fire(struct mp_fault *f, uint32_t round, uint64_t sent)
 {
 	char whom[40] = "every peer";
 
@@ -176,34 +184,44 @@ static void fire(struct mp_fault *f, uint64_t sent)
 	if (!f->all_peers)
 		snprintf(whom, sizeof(whom), "peer %016llx", (unsigned long long)f->peer);
 	if (f->kind == MP_FAULT_KILL) {
-		MP_WARN("fault: killing self at round %u %s after %llu frames", f->round,
+		MP_WARN("fault: killing self at round %u %s after %llu frames", round,
 			phase_names[f->phase], (unsigned long long)sent);
 		raise(SIGKILL);
 	}
 	MP_WARN("fault: %s %s at round %u %s after %llu frames",
 		f->kind == MP_FAULT_STALL ? "stalling sends to" : "cutting the connections to", whom,
-		f->round, phase_names[f->phase], (unsigned long long)sent);
+		round, phase_names[f->phase], (unsigned long long)sent);
 }
 
-/* In [round, until): the first such round this peer's rounds reach. */
-static int due_round(const struct mp_fault *f, uint32_t round)
+/* This peer's first round: the first one asked about. */
+static void note_round(struct mp_ctx *ctx, uint32_t round)
 {
-	return round >= f->round && (uint64_t)round < f->until;
+	if (!ctx->fault_first)
+		ctx->fault_first = (uint64_t)round + 1;
+}
+
+/* In [round, until): the first such round this peer's rounds reach, for a
+ * peer that was there by @joined. */
+static int due_round(const struct mp_ctx *ctx, const struct mp_fault *f, uint32_t round)
+{
+	return round >= f->round && (uint64_t)round < f->until && ctx->fault_first - 1 <= f->joined;
 }
 
 int mp_fault_match(struct mp_ctx *ctx, uint32_t round)
 {
+	note_round(ctx, round);
 	for (struct mp_fault *f = ctx->faults; f; f = f->next)
-		if (!f->fired && f->phase == MP_FAULT_MATCH && due_round(f, round))
-			fire(f, 0);
+		if (!f->fired && f->phase == MP_FAULT_MATCH && due_round(ctx, f, round))
+			fire(f, round, 0);
 	return 0;
 }
 
 const struct mp_fault *mp_fault_due(struct mp_ctx *ctx, uint32_t round, int phase, uint64_t sent)
 {
+	note_round(ctx, round);
 	for (struct mp_fault *f = ctx->faults; f; f = f->next)
-		if (!f->fired && f->phase == phase && due_round(f, round) && sent >= f->after) {
-			fire(f, sent);
+		if (!f->fired && f->phase == phase && due_round(ctx, f, round) && sent >= f->after) {
+			fire(f, round, sent);
 			return f;
 		}
 	return NULL;

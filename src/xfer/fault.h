@@ -4,13 +4,17 @@
  * sending or cuts its connections at a chosen point of a chosen round, so
  * that churn can be reproduced at will. Comma-separated actions:
  *
- *   kill:round=R[:until=E][:phase=match|scatter|gather][:after=N]
- *   stall:round=R[:until=E][:phase=scatter|gather][:peer=ID][:after=N]
- *   cut:round=R[:until=E][:phase=scatter|gather][:peer=ID][:after=N]
+ *   kill:round=R[:until=E][:joined=J][:phase=match|scatter|gather][:after=N]
+ *   stall:round=R[:until=E][:joined=J][:phase=scatter|gather][:peer=ID][:after=N]
+ *   cut:round=R[:until=E][:joined=J][:phase=scatter|gather][:peer=ID][:after=N]
  *
  * R is the global round; with until=E (> R) the action fires in the first
  * round in [R, E) in which this peer reaches that point (a peer alone in
- * round R, or not yet joined, meets it later), by default only in R; phase defaults to scatter; N counts the frames of
+ * round R, or not yet joined, meets it later), by default only in R; with
+ * joined=J only if this peer's first round (the first it matchmade or
+ * exchanged in) was J or earlier: a process that joins the run late (a
+ * standby woken to replace a dead peer) skips the actions of rounds
+ * before it came, whatever its plan says; phase defaults to scatter; N counts the frames of
  * that phase this peer has sent in round R (default 0: at the phase's first
  * frame); ID is a peer id in hex (static runs: the rank), default every peer.
  * A stall sends nothing more to those peers for the rest of the round but
@@ -33,6 +37,7 @@ struct mp_fault {
 	uint32_t round;
 	uint64_t until;     /* fires in a round in [round, until) */
 	uint64_t after;     /* frames of the phase sent in the round before it fires */
+	uint64_t joined;    /* only if this peer's first round was <= joined (default: any) */
 	int all_peers;      /* stall/cut: every peer, else only @peer */
 	uint64_t peer;
 	int fired;

@@ -191,6 +191,33 @@ static void test_placers_spread(void **state)
 	}
 }
 
+/*
+ * When a placer gives its round up (mp_mm_round_left): on a 4x4 grid the
+ * next round's declarations come while a line with a hole still waits for
+ * it; only round + 2 shows the waiting line went on. One dimension: one
+ * line, so any later round does. Three: round + 3.
+ */
+static void test_round_left_behind(void **state)
+{
+	struct mp_grid g1, g2, g3;
+
+	(void)state;
+	assert_int_equal(mp_grid_parse("8", &g1), 0);
+	assert_int_equal(mp_grid_parse("4x4", &g2), 0);
+	assert_int_equal(mp_grid_parse("2x2x4", &g3), 0);
+	assert_false(mp_mm_round_left(&g2, 6, 5));
+	assert_false(mp_mm_round_left(&g2, 6, 6));
+	assert_false(mp_mm_round_left(&g2, 6, 7));
+	assert_true(mp_mm_round_left(&g2, 6, 8));
+	assert_true(mp_mm_round_left(&g2, 6, 9));
+	assert_false(mp_mm_round_left(&g1, 6, 6));
+	assert_true(mp_mm_round_left(&g1, 6, 7));
+	assert_false(mp_mm_round_left(&g3, 6, 8));
+	assert_true(mp_mm_round_left(&g3, 6, 9));
+	/* No wrap at the top of the round numbers. */
+	assert_false(mp_mm_round_left(&g2, UINT32_MAX - 1, UINT32_MAX));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -198,6 +225,7 @@ int main(void)
 		cmocka_unit_test(test_order_emptiest_line_first),
 		cmocka_unit_test(test_what_holds_a_cell),
 		cmocka_unit_test(test_placers_spread),
+		cmocka_unit_test(test_round_left_behind),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
