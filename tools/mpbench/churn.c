@@ -49,6 +49,7 @@ struct fpeer {
 	char addr[MP_ADDR_STRLEN]; /* static: data-plane address */
 	char dht[MP_ADDR_STRLEN];
 	int64_t last_round;   /* -1 before its first */
+	int woken;            /* a standby that was sent MSG_GO */
 	int grouped;          /* rounds in a group, as it reported them */
 	float *vec;           /* final values (--check) */
 	struct size_result res;
@@ -74,10 +75,12 @@ struct fcoord {
 static void fpeer_name(const struct fpeer *fp, char *buf, size_t len)
 {
 	if (fp->pid > 0)
-		snprintf(buf, len, "%s %d (id %016llx, pid %ld)", role_names[fp->s.role],
+		snprintf(buf, len, "%s%s %d (id %016llx, pid %ld)", fp->s.standby ? "standby " : "",
+			 role_names[fp->s.role],
 			 fp->s.idx, (unsigned long long)fp->s.id, (long)fp->pid);
 	else
-		snprintf(buf, len, "%s %d (id %016llx)", role_names[fp->s.role], fp->s.idx,
+		snprintf(buf, len, "%s%s %d (id %016llx)", fp->s.standby ? "standby " : "",
+			 role_names[fp->s.role], fp->s.idx,
 			 (unsigned long long)fp->s.id);
 }
 
@@ -121,8 +124,13 @@ static void plan_faults(const struct bench *b, struct fspec *s, int64_t from)
 	if (b->churn <= 0 || s->role == ROLE_INTRUDER ||
 	    (s->role == ROLE_INITIAL && s->idx < b->keep))
 		return;
-	for (int64_t r = from < 0 ? 0 : from; r < b->churn_end; r++) {
+	/* A standby does not know the round it will be woken in: it gets a
+	 * death for every round the draw picks, each only for a peer there by
+	 * then (joined=), so that it dies in the first drawn round from the
+	 * one it joins in, as a replacement planned from that round would. */
+	for (int64_t r = from < 0 || s->standby ? 0 : from; r < b->churn_end; r++) {
 		uint64_t h;
+		char joined[32] = "";
 
 		st = mix64(st + 0x9e3779b97f4a7c15ULL);
 		if ((double)(st >> 11) * 0x1p-53 >= b->churn)
@@ -133,11 +141,14 @@ static void plan_faults(const struct bench *b, struct fspec *s, int64_t from)
 		 * instead of living on; never in the rounds after the churn.
 		 * Without it (the default, as the suite's churn tests were
 		 * measured) the death comes in round r or not at all. */
-		fault_add(s, "kill:round=%lld:until=%lld:phase=%s:after=%d", (long long)r,
+		if (s->standby)
+			snprintf(joined, sizeof(joined), ":joined=%lld", (long long)r);
+		fault_add(s, "kill:round=%lld:until=%lld:phase=%s:after=%d%s", (long long)r,
 			  (long long)(b->catchup ? b->churn_end : r + 1), (h & 1) ? "gather" : "scatter",
-			  (int)((h >> 1) & 1));
+			  (int)((h >> 1) & 1), joined);
 		s->kill = 1;
-		break;
+		if (!s->standby)
+			break;
 	}
 }
 
@@ -153,7 +164,7 @@ static int peer_mode(const struct bench *b, int role, int idx)
 
 /* Start a peer of @role. 0, or -1 after a message. */
 static int fspawn(struct fcoord *fc, int role, int npeers, const char *bootstrap, int dht_port,
-		  int64_t from_round)
+		  int64_t from_round, int standby)
 {
 	const struct bench *b = fc->b;
 	struct fpeer *fp;
@@ -178,7 +189,13 @@ static int fspawn(struct fcoord *fc, int role, int npeers, const char *bootstrap
 	fp->s.dht_port = dht_port;
 	fp->s.mode = peer_mode(b, role, fp->s.idx);
 	snprintf(fp->s.bootstrap, sizeof(fp->s.bootstrap), "%s", bootstrap ? bootstrap : "");
+	fp->s.standby = standby;
 	plan_faults(b, &fp->s, from_round);
+	if (strlen(fp->s.fault) + 1 >= sizeof(fp->s.fault)) {
+		fprintf(stderr, PROG ": the faults planned for %s %d do not fit in %zu bytes "
+			"(fewer rounds of --churn)\n", role_names[role], fp->s.idx, sizeof(fp->s.fault));
+		return -1;
+	}
 	snprintf(fp->s.log, sizeof(fp->s.log), "%s/%016llx.log", fc->logdir,
 		 (unsigned long long)fp->s.id);
 	unlink(fp->s.log); /* a kept directory from an earlier run */
@@ -418,6 +435,19 @@ static void fsample(const struct fcoord *fc, int64_t round)
 	fflush(stdout);
 }
 
+/* --standby: the oldest standby not woken yet (its MSG_GO waits in its pipe
+ * if it is still in mp_init), or NULL. */
+static struct fpeer *fstandby(struct fcoord *fc)
+{
+	for (int k = 0; k < fc->n; k++) {
+		struct fpeer *fp = &fc->p[k];
+
+		if (fp->s.standby && !fp->woken && fpeer_running(fp) && fp->down_fd >= 0)
+			return fp;
+	}
+	return NULL;
+}
+
 /* A peer's pipe closed before MSG_DONE: a planned death is a loss, anything
  * else a failure. 0 or -1. */
 static int fpeer_gone(struct fcoord *fc, struct fpeer *fp)
@@ -448,8 +478,21 @@ static int fpeer_gone(struct fcoord *fc, struct fpeer *fp)
 	 * gives the exact mean. */
 	if (b->churn > 0 && b->join > 0 && fround(fc) < b->churn_end) {
 		int64_t from = fround(fc) + 1;
+		struct fpeer *sb = fstandby(fc);
 
-		if (fspawn(fc, ROLE_REPLACEMENT, 0, fboot(fc), 0, from))
+		if (sb) {
+			/* Woken, it joins at once: its process, DHT node and
+			 * welcome are done. Another takes its place. */
+			if (fd_send_msg(sb->down_fd, MSG_GO, -1, NULL, 0, 1000)) {
+				fprintf(stderr, PROG ": cannot wake standby %d\n", sb->s.idx);
+				return -1;
+			}
+			sb->woken = 1;
+			fpeer_name(sb, name, sizeof(name));
+			fprintf(stderr, PROG ": %s woken\n", name);
+			return fspawn(fc, ROLE_REPLACEMENT, 0, fboot(fc), 0, 0, 1);
+		}
+		if (fspawn(fc, ROLE_REPLACEMENT, 0, fboot(fc), 0, from, 0))
 			return -1;
 		fpeer_name(&fc->p[fc->n - 1], name, sizeof(name));
 		fprintf(stderr, PROG ": %s started\n", name);
@@ -565,7 +608,7 @@ static int fsend_peers(struct fcoord *fc)
 static int fdrive(struct fcoord *fc)
 {
 	const struct bench *b = fc->b;
-	int N = b->npeers, sent_peers = 0, late_done = 0, intruders_done = 0;
+	int N = b->npeers, sent_peers = 0, late_done = 0, intruders_done = 0, standby_done = 0;
 
 	if (b->dht) {
 		int port = free_udp_port(), status;
@@ -576,7 +619,7 @@ static int fdrive(struct fcoord *fc)
 			return -1;
 		}
 		snprintf(fc->boot, sizeof(fc->boot), "127.0.0.1:%d", port);
-		if (fspawn(fc, ROLE_INITIAL, N, NULL, port, 0))
+		if (fspawn(fc, ROLE_INITIAL, N, NULL, port, 0, 0))
 			return -1;
 		/* The others bootstrap from peer 0's node: wait until it is up
 		 * (bounded; they retry bootstrapping anyway). */
@@ -589,11 +632,11 @@ static int fdrive(struct fcoord *fc)
 			usleep(10000);
 		}
 		for (int k = 1; k < N; k++)
-			if (fspawn(fc, ROLE_INITIAL, N, fc->boot, 0, 0))
+			if (fspawn(fc, ROLE_INITIAL, N, fc->boot, 0, 0, 0))
 				return -1;
 	} else {
 		for (int k = 0; k < N; k++)
-			if (fspawn(fc, ROLE_INITIAL, N, NULL, 0, 0))
+			if (fspawn(fc, ROLE_INITIAL, N, NULL, 0, 0, 0))
 				return -1;
 	}
 
@@ -657,15 +700,22 @@ static int fdrive(struct fcoord *fc)
 				sent_peers = 1;
 			}
 		}
+		if (started && !standby_done) {
+			/* Ahead of the first death, from the running peers. */
+			for (int k = 0; k < b->standby; k++)
+				if (fspawn(fc, ROLE_REPLACEMENT, 0, fboot(fc), 0, 0, 1))
+					return -1;
+			standby_done = 1;
+		}
 		if (started && !intruders_done) {
 			for (int k = 0; k < b->intruders; k++)
-				if (fspawn(fc, ROLE_INTRUDER, 0, fboot(fc), 0, 0))
+				if (fspawn(fc, ROLE_INTRUDER, 0, fboot(fc), 0, 0, 0))
 					return -1;
 			intruders_done = 1;
 		}
 		if (started && past1 && initial_running && !late_done) {
 			for (int k = 0; k < b->late; k++)
-				if (fspawn(fc, ROLE_LATE, 0, fboot(fc), 0, fround(fc) + 1))
+				if (fspawn(fc, ROLE_LATE, 0, fboot(fc), 0, fround(fc) + 1, 0))
 					return -1;
 			late_done = 1;
 		}
@@ -735,12 +785,14 @@ static int fevaluate(struct fcoord *fc, struct agg *a, struct size_result *row)
 	for (int k = 0; k < fc->n; k++) {
 		const struct fpeer *fp = &fc->p[k];
 
-		if (fp->s.role == ROLE_INTRUDER)
+		/* A standby never woken was never a member: nothing to count. */
+		if (fp->s.role == ROLE_INTRUDER || (fp->s.standby && !fp->woken))
 			continue;
 		if (fp->lost)
 			row->lost++;
 		if ((fp->s.role == ROLE_LATE || fp->s.role == ROLE_REPLACEMENT) && fp->grouped)
 			row->joined++;
+		row->woken += fp->woken;
 		if (fp->s.mode == MP_MODE_CLIENT)
 			row->client_reduces += count_reduces(fp->s.log);
 		if (!fp->done || !fp->have_res)

@@ -57,6 +57,7 @@ enum {
 	MSG_STOP = 12,     /* coord -> peer: the run is over, stop averaging */
 	MSG_PEER_STATS = 13, /* peer -> coord: its struct mp_peer_info table (--peer-stats) */
 	MSG_DETAIL = 14,   /* peer -> coord: mp_transport_detail (text; rank 0, after mp_init) */
+	MSG_GO = 15,       /* coord -> standby: replace a dead peer, start averaging */
 };
 
 struct msg {
@@ -87,6 +88,7 @@ struct size_result {
 	int32_t flushed;      /* checked after mp_average_flush (sparse codecs) */
 	int32_t lost;         /* followed runs: peers that died */
 	int32_t joined;       /* followed runs: peers that joined later and took part */
+	int32_t woken;        /* --standby: standbys woken to replace a dead peer */
 	int32_t client_reduces; /* --clients: parts client peers reduced (0 is right) */
 	int32_t time_ranks;   /* multi-host: ranks whose times time_us is the max of
 	                         (npeers when every rank's arrived; 1: rank 0's own) */
@@ -137,6 +139,8 @@ struct bench {
 	int keep;           /* --keep: the first K initial peers never die of --churn */
 	int catchup;        /* --churn-catchup: a planned death not met in its round
 	                       fires in the peer's next one, until the churn ends */
+	int standby;        /* --standby: replacements started ahead, past mp_init,
+	                       woken when a peer dies */
 	int sample;         /* --sample: every this many rounds, the resources of the
 	                       running initial peers (0: never) */
 	int intruders;      /* peers with another run key */
@@ -323,8 +327,9 @@ struct fspec {
 	int dht_port;  /* dht: 0 = any */
 	int kill;      /* a kill is planned: its death is a loss, not a failure */
 	int mode;      /* enum mp_mode */
+	int standby;   /* a replacement started ahead: waits for MSG_GO after mp_init */
 	char bootstrap[MP_ADDR_STRLEN];
-	char fault[1024];
+	char fault[4096];
 	char log[PATH_MAX];
 };
 

@@ -257,6 +257,9 @@ void bench_usage(FILE *f)
 		"      --keep=K             the first K initial peers never die of --churn\n"
 		"      --churn-catchup=0|1  1: a planned death its peer misses (alone, not yet\n"
 		"                           joined) comes in its next round (default 0)\n"
+		"      --standby=N          keep N replacements started ahead (past mp_init,\n"
+		"                           on the DHT); a death wakes one (default 0: start\n"
+		"                           a new process per death)\n"
 		"      --sample=R           every R rounds, print the RSS, open descriptors\n"
 		"                           and threads of the running initial peers\n"
 		"      --compute-ms=MS      followed runs: each peer pauses MS between its rounds,\n"
@@ -328,6 +331,7 @@ enum {
 	OPT_SYNC,
 	OPT_KEEP,
 	OPT_CATCHUP,
+	OPT_STANDBY,
 	OPT_SAMPLE,
 	OPT_DEAD,
 	OPT_MEMORY,
@@ -376,6 +380,7 @@ static const struct option long_opts[] = {
 	{ "sync", required_argument, NULL, OPT_SYNC },
 	{ "keep", required_argument, NULL, OPT_KEEP },
 	{ "churn-catchup", required_argument, NULL, OPT_CATCHUP },
+	{ "standby", required_argument, NULL, OPT_STANDBY },
 	{ "sample", required_argument, NULL, OPT_SAMPLE },
 	{ "dead", required_argument, NULL, OPT_DEAD },
 	{ "memory", required_argument, NULL, OPT_MEMORY },
@@ -543,6 +548,7 @@ static int parse_argv(struct bench *b, int argc, char **argv, char *err, size_t 
 		{ OPT_COMPUTE_MS, "--compute-ms", FIELD_INT, &b->compute_ms, 0, 60000 },
 		{ OPT_KEEP, "--keep", FIELD_INT, &b->keep, 0, 1 << 20 },
 		{ OPT_CATCHUP, "--churn-catchup", FIELD_INT, &b->catchup, 0, 1 },
+		{ OPT_STANDBY, "--standby", FIELD_INT, &b->standby, 0, 64 },
 		{ OPT_SAMPLE, "--sample", FIELD_INT, &b->sample, 0, 1 << 20 },
 		{ OPT_INJECT_LOSS, "--inject-loss", FIELD_REAL, &b->inject_loss, 0.0, 0.5 },
 		{ OPT_CHURN, "--churn", FIELD_REAL, &b->churn, 0.0, 0.5 },
@@ -928,6 +934,8 @@ static int parse_checked(int argc, char **argv, struct bench *b, char *err, size
 	if ((b->clients || b->aux) && (!b->dht || b->multi))
 		return cli_fail(err, errlen, "--clients and --aux give local peers of a "
 				"--rendezvous=dht run their DeDLOC modes");
+	if (b->standby && !(b->follow && b->churn > 0 && b->join))
+		return cli_fail(err, errlen, "--standby keeps replacements for --churn (with --join=1)");
 	if ((b->keep || b->sample) && !b->follow)
 		return cli_fail(err, errlen, "--keep and --sample are for followed runs "
 				"(--rendezvous=dht, --churn, --fault)");

@@ -936,6 +936,35 @@ static int follow_rounds(struct peer *p, const struct fspec *s, struct summary *
 	return rc ? -1 : 0;
 }
 
+/*
+ * A standby, past mp_init (its DHT node up, welcomed, its record out as a
+ * joiner's): wait for the coordinator's MSG_GO (1) or MSG_STOP (0), with a
+ * heartbeat a second so that the wait does not read as a hang. Bounded by
+ * the coordinator, whose end closes the pipe (-1).
+ */
+static int standby_wait(struct peer *p)
+{
+	double hb = mp_now_s();
+
+	for (;;) {
+		struct msg m = { 0 };
+		int rc = chan_recv(p->down, &m, 200);
+
+		free(m.data);
+		if (rc < 0)
+			return -1;
+		if (rc > 0 && m.type == MSG_GO)
+			return 1;
+		if (rc > 0 && m.type == MSG_STOP)
+			return 0;
+		if (mp_now_s() - hb >= 1.0) {
+			hb = mp_now_s();
+			if (chan_send(p->up, MSG_HEARTBEAT, p->rank, NULL, 0, p->b->silence_ms))
+				return -1;
+		}
+	}
+}
+
 /* A peer of a followed run (a child process). 0 on success. */
 int follow_peer(const struct bench *b, const struct fspec *s, const struct chan *up,
 		       const struct chan *down)
@@ -997,8 +1026,15 @@ int follow_peer(const struct bench *b, const struct fspec *s, const struct chan 
 			h.dht[0] = '\0';
 		rc = chan_send(up, MSG_HELLO, p.rank, &h, sizeof(h), b->silence_ms);
 	}
-	if (rc == 0)
+	if (rc == 0 && s->standby) {
+		int go = standby_wait(&p);
+
+		rc = go < 0 ? -1 : 0;
+		if (go == 1)
+			rc = follow_rounds(&p, s, &sum);
+	} else if (rc == 0) {
 		rc = follow_rounds(&p, s, &sum);
+	}
 	if (rc == 0) {
 		struct mp_stats st;
 

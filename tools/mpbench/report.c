@@ -91,8 +91,8 @@ void print_header(const struct bench *b, const char *mode)
 		       b->aux);
 		if (b->churn > 0)
 			printf("# churn %g per peer and round, deaths in rounds 0..%d, then %d "
-			       "rounds to converge  join %d\n", b->churn, b->churn_end - 1,
-			       b->total_rounds - b->churn_end, b->join);
+			       "rounds to converge  join %d  standby %d\n", b->churn, b->churn_end - 1,
+			       b->total_rounds - b->churn_end, b->join, b->standby);
 	}
 	if (c->algo == MP_ALGO_MOSHPIT && !b->grid.given && b->grid.ndims == 1) {
 		char eg[48] = "";
@@ -508,8 +508,9 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 	json_num(f, b->churn);
 	fprintf(f, ",\n    \"churn_end\": %d,\n    \"join\": %d,\n    \"late\": %d,\n"
 		"    \"intruders\": %d,\n    \"clients\": %d,\n    \"aux\": %d,\n"
-		"    \"faults\": [", b->churn > 0 ? b->churn_end : 0, b->join > 0, b->late,
-		b->intruders, b->clients, b->aux);
+		"    \"standby\": %d,\n    \"faults\": [", b->churn > 0 ? b->churn_end : 0, b->join > 0,
+		b->late,
+		b->intruders, b->clients, b->aux, b->standby);
 	for (int k = 0; k < b->nfaults; k++) {
 		char spec[640];
 
@@ -564,7 +565,8 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 		fprintf(f, ", \"checked\": %" PRId64 ", \"checked_after_flush\": %s", r->checked,
 			r->flushed ? "true" : "false");
 		fprintf(f, ", \"failed_peers\": %d, \"peers_lost\": %d, \"peers_joined\": %d, "
-			"\"client_reduces\": %d}%s\n", r->failed_peers, r->lost, r->joined,
+			"\"standby_woken\": %d, \"client_reduces\": %d}%s\n", r->failed_peers, r->lost,
+			r->joined, r->woken,
 			r->client_reduces, s + 1 < a->nrows ? "," : "");
 	}
 	fprintf(f, "  ],\n");
