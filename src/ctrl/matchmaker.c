@@ -598,6 +598,8 @@ int mp_dht_start(struct mp_ctx *ctx)
 	ctx->dht->ctx = ctx;
 	ctx->dht->rdv = mp_rdv_dht_ops;
 	ctx->dht->join_rank = -1;
+	const char *stay = getenv("MP_DHT_PLACE_STAY");
+	ctx->dht->place_stay = stay && !strcmp(stay, "1");
 	ctx->grouping = &mp_dht_grouping_ops;
 	ctx->grouping_st = ctx->dht;
 	/* Others bootstrap from the host our data plane listens on. */
@@ -1815,6 +1817,22 @@ static void moved_on(struct mp_ctx *ctx, uint32_t round, const char *key, const 
 	ctx->dht->rdv->forget(ctx->dht->rdv_st, key);
 }
 
+int mp_mm_line_went_on(const struct mp_ctx *ctx, uint32_t round, uint32_t line,
+		       const struct mp_decl *all, int n)
+{
+	for (int i = 0; i < n; i++) {
+		if (all[i].line != line || all[i].mode >= MP_DECL_ABSENT || all[i].id == ctx->self_id)
+			continue;
+		for (int j = 0; j < ctx->dht->nheard; j++) {
+			const struct mp_heard *hd = &ctx->dht->heard[j];
+
+			if (hd->round > round && hd->d.id == all[i].id && hd->d.mode < MP_DECL_ABSENT)
+				return 1;
+		}
+	}
+	return 0;
+}
+
 /*
  * A peer that joins a running run, or one displaced from a cell it shared,
  * moves into a free cell of its round: where a peer died its line is one
@@ -1857,15 +1875,20 @@ again:
 	while (mp_now_ns() - start < limit && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t now = mp_now_ns();
 		mp_ctrl_poll(ctx); /* declarations come over control connections too */
-		if (mp_mm_round_left(&ctx->grid, round, ctx->dht->decl_round) &&
+		/* Staying for the lines that wait (MP_DHT_PLACE_STAY=1) got
+		 * replacements in rounds sooner on an idle machine, and later
+		 * under ASan on 2 cores, where a placer can wait seconds for a
+		 * whole view while the run goes on: off by default until that
+		 * is understood (doc/reliability.md). */
+		uint32_t heard = ctx->dht->decl_round;
+		if ((ctx->dht->place_stay ? mp_mm_round_left(&ctx->grid, round, heard) : heard > round) &&
 		    retargets < MAX_RETARGETS) {
-			/* Others declare for a round so late that this one's
-			 * groups have formed without us, and its holes, read
-			 * now, would be no holes at all. Place in the next one;
-			 * not for ever, when rounds are shorter than our reads.
-			 * Moving on as soon as full lines went on (decl_round >
-			 * round) left the lines that waited for us, and a
-			 * replacement took 4 to 6 rounds more to get in. */
+			/* Others declare for a later round (by default), or for
+			 * one so late that the lines waiting for us went on too
+			 * (staying): this one's groups have formed without us,
+			 * and its holes, read now, would be no holes at all.
+			 * Place in the next one; not for ever, when rounds are
+			 * shorter than our reads. */
 			retargets++;
 			MP_INFO("round %u: the run is at round %u; placing in %u", round,
 				ctx->dht->decl_round, ctx->dht->decl_round + 1);
@@ -1930,6 +1953,25 @@ again:
 	/* More placers than holes: crowd in; a shared cell is found out and
 	 * left in the next round (next_coord). */
 	const struct mp_hole *h = &holes[rank % nh];
+	if (ctx->dht->place_stay && mp_mm_line_went_on(ctx, round, h->line, all, n) &&
+	    retargets < MAX_RETARGETS) {
+		/* Its line formed its group without us (we stayed for the lines
+		 * that wait, mp_mm_round_left, and this one did not): alone
+		 * there, we would come out a round behind. */
+		retargets++;
+		MP_INFO("round %u: line %u went on without us; the run is at round %u, placing in %u",
+			round, h->line, ctx->dht->decl_round, ctx->dht->decl_round + 1);
+		moved_on(ctx, round, key, &pd);
+		round = ctx->round = ctx->dht->decl_round + 1;
+		dim = (int)(round % (uint32_t)ctx->grid.ndims);
+		steady = 0;
+		seen = nlast = -1;
+		nsince = mp_now_ns();
+		memset(count, 0, (size_t)cells * sizeof(*count));
+		memset(used, 0, (size_t)cells);
+		whole = 0;
+		goto again;
+	}
 	int c[MP_MAX_GRID_DIMS];
 	mp_grid_coords(&ctx->grid, h->line, c);
 	c[dim] = h->coord;

@@ -42,6 +42,8 @@ struct mp_dht {
 	uint32_t kept_round;          /* 1 + the round whose key take_hole kept, or 0 */
 	uint32_t decl_round;          /* the largest round a DECL was heard for */
 	uint32_t jumped_to;           /* the round a round hint last moved us to */
+	int place_stay;               /* MP_DHT_PLACE_STAY=1: a placer stays for the lines
+	                                 that wait for it (take_hole) */
 	uint64_t suspects_seen;       /* ctx->suspects when the round was last told */
 	double bw[MP_MAX_GROUP];      /* the roster of the group formed last */
 	uint8_t mode[MP_MAX_GROUP];
@@ -139,5 +141,15 @@ int mp_mm_holes(const struct mp_grid *g, uint64_t self, uint32_t round, const st
  * @round + d or later shows that the waiting lines went on without us.
  */
 int mp_mm_round_left(const struct mp_grid *g, uint32_t round, uint32_t heard);
+
+/*
+ * Has a member that declared in line @line of @round (@all, the round's @n
+ * declarations) been heard declaring for a later round (ctx->dht->heard)?
+ * Then that line formed its group without us, and a placer about to take
+ * a cell there moves on. Heard only over control connections (small runs
+ * gossip every declaration); a larger run relies on mp_mm_round_left.
+ */
+int mp_mm_line_went_on(const struct mp_ctx *ctx, uint32_t round, uint32_t line,
+		       const struct mp_decl *all, int n);
 
 #endif

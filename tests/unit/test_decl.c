@@ -306,9 +306,36 @@ static void test_peer_record(void **state)
 	ctx_free(ctx);
 }
 
+/* A placer's check that the line it is about to take went on without it:
+ * a member of that line heard declaring in a line of a later round. */
+static void test_line_went_on(void **state)
+{
+	struct mp_ctx *ctx = ctx_new();
+	/* Round 10's declarations: THEM in line 4, OTHER in line 8. */
+	const struct mp_decl all[] = {
+		{.id = THEM, .mode = MP_MODE_NORMAL, .coord = 1, .line = 4},
+		{.id = OTHER, .mode = MP_MODE_NORMAL, .coord = 2, .line = 8},
+		{.id = ME, .mode = MP_MODE_NORMAL, .coord = 3, .line = 4},
+	};
+
+	(void)state;
+	assert_false(mp_mm_line_went_on(ctx, 10, 4, all, 3));
+	/* Placing itself in round 11, or moved on: in no line, not gone on. */
+	assert_int_equal(decl(ctx, 11, THEM, MP_DECL_PLACING, 0, UINT32_MAX), 0);
+	assert_false(mp_mm_line_went_on(ctx, 10, 4, all, 3));
+	/* In a line of round 11: its line of round 10 went on. */
+	assert_int_equal(decl(ctx, 11, THEM, MP_MODE_NORMAL, 1, 2), 0);
+	assert_true(mp_mm_line_went_on(ctx, 10, 4, all, 3));
+	assert_false(mp_mm_line_went_on(ctx, 10, 8, all, 3));
+	assert_false(mp_mm_line_went_on(ctx, 11, 4, all, 3));
+	assert_false(mp_mm_line_went_on(ctx, 10, 4, all, 0));
+	ctx_free(ctx);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_line_went_on),
 		cmocka_unit_test(test_malformed_refused),
 		cmocka_unit_test(test_absence_of_self_ignored),
 		cmocka_unit_test(test_absence_of_other_taken),
