@@ -497,20 +497,42 @@ static void devpath_malformed_on_device(void **state)
 	/* Peer 0's last lossy decode (of 21: 9 contributions, its own result's 3
 	 * chunks, 9 of the others' results) is of a result: that part is not
 	 * applied, and peer 0 keeps its own values there; the rest is the host
-	 * path's. */
+	 * path's. It is a result only when every contribution came first, which
+	 * a loaded machine does not promise (a fresh-clone suite once decoded
+	 * another peer's result sooner, and a contribution was left out): the
+	 * log says which it was, and a contribution's run is made again, up to
+	 * 5 times. */
 	sc.bad_after = 21;
-	sh = scenario(&sc);
-	differ = 0;
-	assert_int_equal(sh->rc_dev[0][0], 0);
-	for (size_t i = 0; i < sc.count; i++)
-		if (memcmp(&sh->dev[0][0][i], &sh->host[0][0][i], sizeof(float))) {
-			assert_true(sh->dev[0][0][i] == input(0, 0, i));
-			differ++;
+	for (int tries = 1;; tries++) {
+		int applied0 = log_count("failed to decode on the device: not applied");
+		int left0 = log_count("a payload of it failed to decode on the device");
+		size_t not_own = 0;
+		int rc, rejected;
+
+		sh = scenario(&sc);
+		differ = 0;
+		rc = sh->rc_dev[0][0];
+		rejected = (int)sh->res[0][0].frames_rejected;
+		for (size_t i = 0; i < sc.count; i++)
+			if (memcmp(&sh->dev[0][0][i], &sh->host[0][0][i], sizeof(float))) {
+				not_own += sh->dev[0][0][i] != input(0, 0, i);
+				differ++;
+			}
+		release(sh);
+		int result = log_count("failed to decode on the device: not applied") - applied0;
+		int contrib = log_count("a payload of it failed to decode on the device") - left0;
+		if (!result && contrib == 1 && tries < 5) {
+			print_message("devpath_malformed_on_device: decode 21 was a contribution; "
+				      "again\n");
+			continue;
 		}
-	assert_true(differ > sc.count / 8 && differ < sc.count / 3);
-	assert_int_equal(sh->res[0][0].frames_rejected, 1);
-	release(sh);
-	assert_int_equal(log_count("failed to decode on the device: not applied"), 1);
+		assert_int_equal(result, 1);
+		assert_int_equal(rc, 0);
+		assert_int_equal(not_own, 0);
+		assert_true(differ > sc.count / 8 && differ < sc.count / 3);
+		assert_int_equal(rejected, 1);
+		break;
+	}
 }
 
 /*
