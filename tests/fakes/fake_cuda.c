@@ -557,14 +557,16 @@ static struct fk_stream *fk_stream_of(void *s)
 	return &fk_legacy;
 }
 
-/* Under fk.mu: queue @o (a copy of the caller's) on @s. */
-static void fk_push(struct fk_stream *s, const struct fk_op *o)
+/* Under fk.mu: queue @o (a copy of the caller's) on @s, to run no sooner
+ * than @delay_ms from now. */
+static void fk_push(struct fk_stream *s, const struct fk_op *o, int delay_ms)
 {
 	struct fk_op *n = malloc(sizeof(*n));
 
 	if (!n)
 		abort();
 	*n = *o;
+	fk_after_ms(&n->not_before, delay_ms);
 	n->next = NULL;
 	if (s->tail)
 		s->tail->next = n;
@@ -654,8 +656,7 @@ static int fk_event_record(const struct mp_stage_dev *d, void *ev, void *stream,
 	} else {
 		struct fk_op o = {.kind = OP_RECORD, .ev = e, .seq = ++e->recorded};
 		e->refs++;
-		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
-		fk_push(s, &o);
+		fk_push(s, &o, 0);
 	}
 	pthread_mutex_unlock(&fk.mu);
 	return rc;
@@ -671,8 +672,7 @@ static int fk_stream_wait_event(const struct mp_stage_dev *d, void *stream, void
 	if (e->completed != e->recorded) {
 		struct fk_op o = {.kind = OP_WAIT_EVENT, .ev = e, .seq = e->recorded};
 		e->refs++;
-		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
-		fk_push(fk_stream_of(stream), &o);
+		fk_push(fk_stream_of(stream), &o, 0);
 	}
 	pthread_mutex_unlock(&fk.mu);
 	return 0;
@@ -705,8 +705,7 @@ static int fk_copy_async(const struct mp_stage_dev *d, void *dst, const void *sr
 				  .op = op, .dst = dst, .src = src, .len = len, .ndr = 1};
 		o.dr[0].p = dev;
 		o.dr[0].len = len;
-		fk_after_ms(&o.not_before, fk.copy_delay_ms);
-		fk_push(fk_stream_of(stream), &o);
+		fk_push(fk_stream_of(stream), &o, fk.copy_delay_ms);
 	}
 	pthread_mutex_unlock(&fk.mu);
 	return rc;
@@ -738,8 +737,7 @@ static int fk_wait_value(const struct mp_stage_dev *d, void *stream, const uint3
 		rc = -EINVAL;
 	} else {
 		struct fk_op o = {.kind = OP_WAIT_VALUE, .word = word, .value = value};
-		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
-		fk_push(s, &o);
+		fk_push(s, &o, 0);
 	}
 	pthread_mutex_unlock(&fk.mu);
 	return rc;
@@ -850,8 +848,7 @@ static int fk_copy_d2d(const struct mp_stage_dev *d, void *dst, const void *src,
 		o.dr[0].len = len;
 		o.dr[1].p = src;
 		o.dr[1].len = len;
-		fk_after_ms(&o.not_before, fk.copy_delay_ms);
-		fk_push(s, &o);
+		fk_push(s, &o, fk.copy_delay_ms);
 	}
 	pthread_mutex_unlock(&fk.mu);
 	return rc;
@@ -874,8 +871,7 @@ static int fk_fill32(const struct mp_stage_dev *d, void *dst, uint32_t word, siz
 				  .ndr = 1};
 		o.dr[0].p = dst;
 		o.dr[0].len = 4 * count;
-		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
-		fk_push(s, &o);
+		fk_push(s, &o, 0);
 	}
 	pthread_mutex_unlock(&fk.mu);
 	return rc;
@@ -1007,8 +1003,7 @@ static int fk_k_encode(const struct mp_stage_dev *d, int codec, const struct mp_
 		o.dr[0].len = count * sizeof(float);
 		o.dr[1].p = d_dst;
 		o.dr[1].len = need;
-		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
-		fk_push(s, &o);
+		fk_push(s, &o, 0);
 		*len = need;
 	}
 	pthread_mutex_unlock(&fk.mu);
@@ -1087,8 +1082,7 @@ static int fk_k_decode(const struct mp_stage_dev *d, int codec, const void *d_pa
 		o.dr[1].len = count * sizeof(float);
 		o.dr[2].p = d_status;
 		o.dr[2].len = sizeof(*d_status);
-		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
-		fk_push(s, &o);
+		fk_push(s, &o, 0);
 	}
 	pthread_mutex_unlock(&fk.mu);
 	return rc;
@@ -1116,8 +1110,7 @@ static int fk_k_nonfinite(const struct mp_stage_dev *d, const float *d_src, size
 		o.dr[0].len = count * sizeof(float);
 		o.dr[1].p = d_flag;
 		o.dr[1].len = sizeof(*d_flag);
-		clock_gettime(CLOCK_MONOTONIC, &o.not_before);
-		fk_push(s, &o);
+		fk_push(s, &o, 0);
 	}
 	pthread_mutex_unlock(&fk.mu);
 	return rc;
@@ -1187,9 +1180,8 @@ void fk_kernel_write(struct fk_stream *s, int rank, size_t off, const void *src,
 	o.buf = malloc(len);
 	assert_non_null(o.buf);
 	memcpy(o.buf, src, len);
-	fk_after_ms(&o.not_before, delay_ms);
 	pthread_mutex_lock(&fk.mu);
-	fk_push(fk_stream_of(s), &o);
+	fk_push(fk_stream_of(s), &o, delay_ms);
 	pthread_mutex_unlock(&fk.mu);
 }
 
@@ -1200,9 +1192,8 @@ void fk_probe(struct fk_stream *s, int rank, size_t off, void *dst, size_t len, 
 			  .ran = ran};
 
 	assert_true(off + len <= m->len);
-	clock_gettime(CLOCK_MONOTONIC, &o.not_before);
 	pthread_mutex_lock(&fk.mu);
-	fk_push(fk_stream_of(s), &o);
+	fk_push(fk_stream_of(s), &o, 0);
 	pthread_mutex_unlock(&fk.mu);
 }
 
@@ -1210,9 +1201,8 @@ void fk_hold(struct fk_stream *s, const int *go)
 {
 	struct fk_op o = {.kind = OP_HOLD, .go = go};
 
-	clock_gettime(CLOCK_MONOTONIC, &o.not_before);
 	pthread_mutex_lock(&fk.mu);
-	fk_push(fk_stream_of(s), &o);
+	fk_push(fk_stream_of(s), &o, 0);
 	pthread_mutex_unlock(&fk.mu);
 }
 
