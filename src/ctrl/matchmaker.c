@@ -1849,13 +1849,13 @@ int mp_mm_line_went_on(const struct mp_ctx *ctx, uint32_t round, uint32_t line,
 static void take_hole(struct mp_ctx *ctx)
 {
 	uint32_t round = ctx->round;
-	int dim = (int)(round % (uint32_t)ctx->grid.ndims);
+	int dim;
 	uint64_t cells = mp_grid_cells(&ctx->grid), start = mp_now_ns(), last = 0;
 	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) * 1000000ull;
-	int seen = -1, steady = 0, whole = 0, nlast = -1, n = 0, rc, mlast = -2, retargets = 0;
+	int seen, steady, whole = 0, nlast, n = 0, rc, mlast = -2, retargets = 0;
 	/* A welcome brought the members at once: their count need not settle. */
 	int settle = ctx->dht->rdv->welcomed && ctx->dht->rdv->welcomed(ctx->dht->rdv_st) ? 1 : STEADY_SYNCS;
-	uint64_t nsince = start;
+	uint64_t nsince;
 	struct mp_decl *all = malloc(MAX_RECORDS * sizeof(*all));
 	uint32_t *count = calloc((size_t)cells, sizeof(*count));
 	uint8_t *used = calloc((size_t)cells, 1);
@@ -1867,6 +1867,13 @@ static void take_hole(struct mp_ctx *ctx)
 	if (!all || !count || !used || !holes)
 		goto out;
 again:
+	/* A round to place in, from the start: nothing read of it yet. */
+	dim = (int)(round % (uint32_t)ctx->grid.ndims);
+	steady = whole = 0;
+	seen = nlast = -1;
+	nsince = mp_now_ns();
+	memset(count, 0, (size_t)cells * sizeof(*count));
+	memset(used, 0, (size_t)cells);
 	round_key(round, key, sizeof(key));
 	if ((rc = ctx->dht->rdv->declare(ctx->dht->rdv_st, key, &pd)))
 		MP_WARN("round %u: cannot say we are placing ourselves: %s", round, mp_strerror(rc));
@@ -1894,10 +1901,6 @@ again:
 				ctx->dht->decl_round, ctx->dht->decl_round + 1);
 			moved_on(ctx, round, key, &pd);
 			round = ctx->round = ctx->dht->decl_round + 1;
-			dim = (int)(round % (uint32_t)ctx->grid.ndims);
-			steady = 0;
-			seen = nlast = -1;
-			nsince = now;
 			goto again;
 		}
 		if (now - last > SYNC_NS) {
@@ -1963,13 +1966,6 @@ again:
 			round, h->line, ctx->dht->decl_round, ctx->dht->decl_round + 1);
 		moved_on(ctx, round, key, &pd);
 		round = ctx->round = ctx->dht->decl_round + 1;
-		dim = (int)(round % (uint32_t)ctx->grid.ndims);
-		steady = 0;
-		seen = nlast = -1;
-		nsince = mp_now_ns();
-		memset(count, 0, (size_t)cells * sizeof(*count));
-		memset(used, 0, (size_t)cells);
-		whole = 0;
 		goto again;
 	}
 	int c[MP_MAX_GRID_DIMS];
