@@ -474,7 +474,26 @@ static void devpath_malformed_on_device(void **state)
 	size_t differ = 0;
 
 	(void)state;
-	sh = scenario(&sc);
+	/* Peer 0's first lossy decode is a contribution unless a loaded
+	 * machine let another peer's result reach it first (seen once in a
+	 * suite run beside the DHT tests): the log says which, and that run
+	 * is made again, up to 5 times. */
+	for (int tries = 1;; tries++) {
+		int applied0 = log_count("failed to decode on the device: not applied");
+		int left0 = log_count("a payload of it failed to decode on the device");
+
+		sh = scenario(&sc);
+		if (log_count("a payload of it failed to decode on the device") == left0 &&
+		    log_count("failed to decode on the device: not applied") == applied0 + 1 &&
+		    tries < 5) {
+			print_message("devpath_malformed_on_device: decode 1 was a result; again\n");
+			release(sh);
+			continue;
+		}
+		assert_int_equal(log_count("a payload of it failed to decode on the device"),
+				 left0 + 1);
+		break;
+	}
 	for (int r = 0; r < 4; r++) {
 		assert_int_equal(sh->rc_dev[r][0], 0);
 		for (size_t i = 0; i < sc.count; i++)
@@ -492,7 +511,6 @@ static void devpath_malformed_on_device(void **state)
 	assert_true(differ > sc.count / 8);
 	assert_int_equal(sh->res[0][0].frames_rejected, 1);
 	release(sh);
-	assert_int_equal(log_count("a payload of it failed to decode on the device"), 1);
 
 	/* Peer 0's last lossy decode (of 21: 9 contributions, its own result's 3
 	 * chunks, 9 of the others' results) is of a result: that part is not
