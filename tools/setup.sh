@@ -4,7 +4,7 @@
 set -euo pipefail
 
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-need=(gcc meson ninja-build pkg-config libcmocka-dev libsodium-dev libopendht-dev libopendht-c-dev libunistring-dev libdpdk-dev libfabric-dev libibverbs-dev)
+need=(gcc g++ meson ninja-build pkg-config libcmocka-dev libsodium-dev libopendht-dev libopendht-c-dev libunistring-dev libdpdk-dev libfabric-dev libibverbs-dev)
 # OpenMPI is the reference in tools/bench_vs_mpi.sh; tests do not need it.
 [ "${MP_WITH_MPI:-0}" = 1 ] && need+=(openmpi-bin libopenmpi-dev)
 # The WAN test bed's delay (tools/nfq_delay.c, tools/wan_bed.sh): its tests

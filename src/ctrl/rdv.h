@@ -172,10 +172,16 @@ int mp_record_encode(const struct mp_auth *a, const char *run_name, const struct
 		     uint8_t *buf, size_t cap, size_t *len);
 int mp_record_decode(const struct mp_auth *a, const char *run_name, const uint8_t *buf,
 		     size_t len, struct mp_record *r);
-int mp_decl_encode(const struct mp_auth *a, const char *key, const struct mp_decl *d,
-		   uint8_t *buf, size_t cap, size_t *len);
-int mp_decl_decode(const struct mp_auth *a, const char *key, const uint8_t *buf, size_t len,
-		   struct mp_decl *d);
+int mp_decl_encode(const struct mp_auth *a, const char *key, uint32_t round,
+		   const struct mp_decl *d, uint8_t *buf, size_t cap, size_t *len);
+/* -ESTALE (before the MAC) when the declaration is of another round than
+ * @round: one of the rounds that share its DHT key (rdv_dht.c). */
+int mp_decl_decode(const struct mp_auth *a, const char *key, uint32_t round, const uint8_t *buf,
+		   size_t len, struct mp_decl *d);
+
+/* Declarations a dht backend dropped as another round's under a shared
+ * DHT key (rdv_dht.c, "Round slots"); for tests. */
+uint64_t mp_rdv_dht_stale(void *st);
 
 /* qsort order of declarations: by (expires_ms, id), the order in which a
  * key's leader is chosen. */

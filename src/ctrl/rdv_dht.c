@@ -4,7 +4,8 @@
  *
  * Keys (SHA-1 of the string, as OpenDHT hashes it):
  *   moshpit/v1/<run>/members/<epoch>   membership records, epoch = wall ms / 60 s
- *   moshpit/v1/<run>/mm/<key>          matchmaking declarations under a group key
+ *   moshpit/v1/<run>/mm/<key>          matchmaking declarations under a group key,
+ *                                      r<round mod ROUND_SLOTS>/... for r<round>/...
  * The keys are made from the run name alone, not from the run key
  * (MP_AUTH_LOCATOR is unused): a peer started with a wrong key then meets the
  * run, its records are refused and counted, and the log says why, instead of
@@ -13,7 +14,8 @@
  * Why epochs. OpenDHT cannot replace a value: an unsigned value with the id
  * of a stored one but other contents is refused by the storing nodes
  * (ValueType::DEFAULT_EDIT_POLICY), so every refresh is a new value, and the
- * storing nodes keep each one for the value type's lifetime (10 minutes),
+ * storing nodes keep each one for the value type's lifetime (10 minutes for
+ * OpenDHT's default type, 20 s and more for ours: "Lifetimes" below),
  * whatever the putter does next. Measured with OpenDHT 2.4.12 on loopback:
  * after 20 puts under one key, each cancelling the previous one with
  * dht_runner_cancel_put, a get from another node still returns 20 values;
@@ -25,7 +27,9 @@
  * MAX_VALUES), so a run of a few hundred peers would start losing records.
  * With epoch keys a key only takes the puts of one epoch: at most
  * 60 s / (ttl/3) + 2 values per peer (14 at the default TTL), whatever
- * the length of the run; older keys are left to expire. Every peer puts its
+ * the length of the run; older keys are left to expire. (With our shorter
+ * lifetimes a fixed key would hold fewer, but each new epoch's key also
+ * bounds the values one listen reads at once.) Every peer puts its
  * record under the new key as soon as an epoch starts. Readers listen to the
  * current epoch and already to the next one: a new listen takes a search,
  * which can last seconds while dead nodes time out (measured: over a second
@@ -34,6 +38,25 @@
  * for 2/3 of the TTL after the peer's last refresh there, which bridges the
  * boundary for a peer whose clock lags or leads by less than that.
  * Declarations are put once under per-round keys, which stay small.
+ *
+ * Round slots. Reading a key takes an OpenDHT search, and the node keeps
+ * each search an hour after its last use (Dht::SEARCH_EXPIRE_TIME, not
+ * configurable; max_searches would recycle them, but its loop in 2.4.12
+ * never advances). With a key per round a thousand-round run kept
+ * thousands of searches, 6.5 MB (doc/reliability.md, "Soak"). So group keys
+ * of the form r<round>/... share their DHT key with the rounds ROUND_SLOTS
+ * apart: r<round mod ROUND_SLOTS>/... . A declaration stores its round and
+ * a reader drops, unverified and uncounted, those of another round
+ * (mp_decl_decode's -ESTALE); the MAC still covers the full group key. The
+ * searches stop growing after ROUND_SLOTS rounds, and a slot's search,
+ * kept warm, knows the nodes to ask when its next round comes.
+ *
+ * Lifetimes. Values are put with a type whose lifetime covers their use
+ * (rdv_dht_life.h): a record its TTL, a declaration its deadline, each
+ * with LIFE_SLACK_MS to spare; every node registers the types, so the
+ * storing nodes drop them then instead of after the default 10 minutes.
+ * A slot's old declarations are gone, as a rule, before its key comes round
+ * again.
  *
  * The welcome (welcome.c). Those searches also make a new peer slow to read
  * the run: right after deaths its first read of the members takes 1.2 to
@@ -67,6 +90,7 @@
 
 #include "log.h"
 #include "rdv.h"
+#include "rdv_dht_life.h"
 #include "welcome.h"
 #include "wire.h"
 
@@ -86,6 +110,11 @@ uint64_t mp_dht_epoch_ms = 60000;
 #define KEY_MAX 512
 /* Longest group key a caller may pass. */
 #define GROUP_KEY_MAX 200
+/* Rounds whose group keys share a DHT key: part of the protocol. */
+#define ROUND_SLOTS 64
+/* A value's lifetime on the storing nodes covers its use and this much
+ * more (clock skew between machines, a put that lands late). */
+#define LIFE_SLACK_MS 5000
 
 /* One listen on a key; its callbacks get it as user data. */
 struct listen {
@@ -105,6 +134,7 @@ struct dkey {
 	struct listen *l;
 	struct mp_decl *d;
 	int n, cap;
+	uint32_t round;      /* the round in key, 0 when it has none */
 	char key[];
 };
 
@@ -156,6 +186,7 @@ struct rdv_dht {
 
 	uint64_t refused;
 	uint64_t refused_by[MP_RDV_REFUSED_N]; /* the same, by reason */
+	uint64_t stale;          /* declarations of another round in a shared slot */
 	uint64_t last_warn_ms;
 	uint64_t unlogged;       /* refusals since the last warning line */
 };
@@ -193,10 +224,33 @@ static int members_hash(const struct rdv_dht *st, uint64_t epoch, dht_infohash *
 	return 0;
 }
 
+/* The round of group key "r<round>/...", and where the rest starts; NULL
+ * for a key of another form. */
+static const char *key_round(const char *key, uint32_t *round)
+{
+	uint64_t r = 0;
+	int i = 1;
+
+	if (key[0] != 'r' || key[1] < '0' || key[1] > '9' || (key[1] == '0' && key[2] != '/'))
+		return NULL;
+	for (; key[i] >= '0' && key[i] <= '9'; i++)
+		if ((r = r * 10 + (uint64_t)(key[i] - '0')) > UINT32_MAX)
+			return NULL;
+	if (key[i] != '/')
+		return NULL;
+	*round = (uint32_t)r;
+	return key + i;
+}
+
+/* The DHT key of group key @key: its round slot for "r<round>/...". */
 static int decl_hash(const struct rdv_dht *st, const char *key, dht_infohash *h)
 {
 	char s[KEY_MAX];
-	int n = snprintf(s, sizeof(s), "moshpit/v1/%s/mm/%s", st->run_name, key);
+	uint32_t round;
+	const char *rest = key_round(key, &round);
+	int n = rest ? snprintf(s, sizeof(s), "moshpit/v1/%s/mm/r%u%s", st->run_name,
+				round % ROUND_SLOTS, rest)
+		     : snprintf(s, sizeof(s), "moshpit/v1/%s/mm/%s", st->run_name, key);
 
 	if (n < 0 || (size_t)n >= sizeof(s))
 		return -ENAMETOOLONG;
@@ -204,13 +258,15 @@ static int decl_hash(const struct rdv_dht *st, const char *key, dht_infohash *h)
 	return 0;
 }
 
+/* Put @len bytes under @h, to be kept @life_ms (then LIFE_SLACK_MS more). */
 static int put_value(struct rdv_dht *st, const dht_infohash *h, const uint8_t *buf, size_t len,
-		     dht_done_cb done)
+		     uint64_t life_ms, dht_done_cb done)
 {
 	dht_value *v = dht_value_new(buf, len);
 
 	if (!v)
 		return -ENOMEM;
+	mp_dht_value_set_type(v, mp_dht_life_type(life_ms + LIFE_SLACK_MS));
 	/* The runner keeps its own reference until the put is done. */
 	dht_runner_put(st->runner, h, v, done, st, false);
 	dht_value_unref(v);
@@ -361,9 +417,13 @@ static bool on_value(const dht_value *v, bool expired, void *arg)
 	if (l->dk) {
 		struct mp_decl d;
 
-		rc = mp_decl_decode(&st->auth, l->dk->key, dv.data, dv.size, &d);
+		rc = mp_decl_decode(&st->auth, l->dk->key, l->dk->round, dv.data, dv.size, &d);
 		if (!rc)
 			rc = decl_store(l->dk, &d);
+		if (rc == -ESTALE) { /* another round of the slot: not a refusal */
+			st->stale++;
+			rc = 0;
+		}
 	} else {
 		rc = take_record(st, dv.data, dv.size, now);
 	}
@@ -550,7 +610,7 @@ static int put_self(struct rdv_dht *st, bool bye)
 	pthread_mutex_unlock(&st->mu);
 	if (rc)
 		return rc;
-	rc = put_value(st, &h, buf, len, bye ? on_bye_done : NULL);
+	rc = put_value(st, &h, buf, len, st->ttl_ms, bye ? on_bye_done : NULL);
 	if (rc && bye) {
 		pthread_mutex_lock(&st->mu);
 		st->byes_in_flight--;
@@ -907,6 +967,11 @@ static int dht_init(const struct mp_rdv_params *p, void **out)
 		goto fail;
 	}
 	st->port = dht_runner_get_bound_port(st->runner, AF_INET);
+	/* Before the first put, and before others can reach the node: a value
+	 * stored while its type is unknown here is kept 10 minutes. */
+	rc = mp_dht_life_register(st->runner);
+	if (rc)
+		goto fail;
 	if (p->bootstrap && (rc = bootstrap(st, p->bootstrap)))
 		goto fail;
 	if (p->bootstrap) {
@@ -1060,6 +1125,7 @@ static struct dkey *dkey_get(struct rdv_dht *st, const char *key)
 	if (!dk)
 		return NULL;
 	memcpy(dk->key, key, n + 1);
+	key_round(key, &dk->round);
 	/* Linked before the listen starts, so the first values find it. */
 	pthread_mutex_lock(&st->mu);
 	dk->next = st->keys;
@@ -1083,10 +1149,14 @@ static int dht_declare(void *arg, const char *key, const struct mp_decl *d)
 	struct dkey *dk;
 	dht_infohash h;
 	size_t len;
+	uint32_t round = 0;
+	uint64_t now = mp_wall_ms();
 	int rc = check_group_key(key);
 
 	if (!rc)
-		rc = mp_decl_encode(&st->auth, key, d, buf, sizeof(buf), &len);
+		key_round(key, &round);
+	if (!rc)
+		rc = mp_decl_encode(&st->auth, key, round, d, buf, sizeof(buf), &len);
 	if (!rc)
 		rc = decl_hash(st, key, &h);
 	if (rc)
@@ -1098,7 +1168,7 @@ static int dht_declare(void *arg, const char *key, const struct mp_decl *d)
 	rc = decl_store(dk, d);
 	pthread_mutex_unlock(&st->mu);
 	if (!rc)
-		rc = put_value(st, &h, buf, len, NULL);
+		rc = put_value(st, &h, buf, len, d->expires_ms > now ? d->expires_ms - now : 0, NULL);
 	return rc;
 }
 
@@ -1163,6 +1233,17 @@ static int dht_declared(void *arg, const char *key, struct mp_decl *out, int max
 		qsort(dk->d, (size_t)dk->n, sizeof(*dk->d), mp_decl_cmp);
 	for (; n < dk->n && n < max; n++)
 		out[n] = dk->d[n];
+	pthread_mutex_unlock(&st->mu);
+	return n;
+}
+
+uint64_t mp_rdv_dht_stale(void *arg)
+{
+	struct rdv_dht *st = arg;
+	uint64_t n;
+
+	pthread_mutex_lock(&st->mu);
+	n = st->stale;
 	pthread_mutex_unlock(&st->mu);
 	return n;
 }

@@ -7,7 +7,7 @@
  *
  *   off  size  field
  *     0     1  magic 0x6d ('m')
- *     1     1  version 3
+ *     1     1  version 4
  *     2     1  kind 1
  *     3     1  mode (enum mp_mode, <= MP_MODE_AUX)
  *     4     1  bye (0 or 1)
@@ -24,21 +24,26 @@
  *   210     8  settings: fingerprint of the run-shared settings (settings.h)
  *   218    32  MAC = mp_auth_mac(MP_AUTH_RECORD, bytes 0..217)
  *
- * Declaration (kind 2), 58 bytes:
+ * Declaration (kind 2), 62 bytes:
  *
  *     0     1  magic 0x6d
- *     1     1  version 3
+ *     1     1  version 4
  *     2     1  kind 2
  *     3     1  mode (<= MP_MODE_AUX, MP_DECL_ABSENT, MP_DECL_PLACING or MP_DECL_MOVED)
  *     4     2  coord (int16)
  *     6     4  line (uint32)
  *    10     8  id (never 0)
  *    18     8  expires_ms (wall clock)
- *    26    32  MAC = mp_auth_mac(MP_AUTH_DECL, bytes 0..25, group key)
+ *    26     4  round: the round of its group key (0 for a key without one)
+ *    30    32  MAC = mp_auth_mac(MP_AUTH_DECL, bytes 0..29, group key)
  *
  * The group key is a second MAC piece, not stored: a declaration copied
- * under another key does not verify there. Decoding checks length, magic,
- * version and kind (-EBADMSG), then the MAC (-EACCES), then the run id of a
+ * under another key does not verify there. The round is stored because
+ * the dht rendezvous keeps the declarations of rounds ROUND_SLOTS apart
+ * under one DHT key (rdv_dht.c, "Round slots"): a reader tells another
+ * round's declaration (-ESTALE, not verified, not a refusal) from a forged
+ * one by it. Decoding checks length, magic, version and kind (-EBADMSG),
+ * a declaration's round (-ESTALE), then the MAC (-EACCES), then the run id of a
  * record (-EPROTO: a peer holding the key but in another run), then its
  * settings fingerprint against the reader's (-EBADE: a peer of this run
  * configured otherwise, which no handshake with it would accept; the
@@ -56,7 +61,7 @@
 #include "wire.h"
 
 #define MAGIC 0x6d
-#define VERSION 3
+#define VERSION 4
 #define KIND_RECORD 1
 #define KIND_DECL 2
 
@@ -82,7 +87,8 @@
 #define D_LINE 6
 #define D_ID 10
 #define D_EXPIRES 18
-#define D_MAC 26
+#define D_ROUND 26
+#define D_MAC 30
 #define DECL_LEN (D_MAC + MP_MAC_BYTES)
 
 _Static_assert(RECORD_LEN == 250, "record layout as documented");
@@ -210,8 +216,8 @@ int mp_decl_cmp(const void *a, const void *b)
 	return x->id < y->id ? -1 : x->id > y->id;
 }
 
-int mp_decl_encode(const struct mp_auth *a, const char *key, const struct mp_decl *d,
-		   uint8_t *buf, size_t cap, size_t *len)
+int mp_decl_encode(const struct mp_auth *a, const char *key, uint32_t round,
+		   const struct mp_decl *d, uint8_t *buf, size_t cap, size_t *len)
 {
 	struct mp_auth_piece pieces[2];
 
@@ -227,6 +233,7 @@ int mp_decl_encode(const struct mp_auth *a, const char *key, const struct mp_dec
 	mp_le_put32(buf + D_LINE, d->line);
 	mp_le_put64(buf + D_ID, d->id);
 	mp_le_put64(buf + D_EXPIRES, d->expires_ms);
+	mp_le_put32(buf + D_ROUND, round);
 	pieces[0] = (struct mp_auth_piece){ buf, D_MAC };
 	pieces[1] = (struct mp_auth_piece){ key, strlen(key) };
 	mp_auth_mac(a, MP_AUTH_DECL, pieces, 2, buf + D_MAC);
@@ -234,8 +241,8 @@ int mp_decl_encode(const struct mp_auth *a, const char *key, const struct mp_dec
 	return 0;
 }
 
-int mp_decl_decode(const struct mp_auth *a, const char *key, const uint8_t *buf, size_t len,
-		   struct mp_decl *out)
+int mp_decl_decode(const struct mp_auth *a, const char *key, uint32_t round, const uint8_t *buf,
+		   size_t len, struct mp_decl *out)
 {
 	struct mp_auth_piece pieces[2];
 	struct mp_decl d;
@@ -244,6 +251,8 @@ int mp_decl_decode(const struct mp_auth *a, const char *key, const uint8_t *buf,
 		return -EINVAL;
 	if (len != DECL_LEN || buf[0] != MAGIC || buf[1] != VERSION || buf[2] != KIND_DECL)
 		return -EBADMSG;
+	if (mp_le_get32(buf + D_ROUND) != round)
+		return -ESTALE;
 	pieces[0] = (struct mp_auth_piece){ buf, D_MAC };
 	pieces[1] = (struct mp_auth_piece){ key, strlen(key) };
 	if (mp_auth_verify(a, MP_AUTH_DECL, pieces, 2, buf + D_MAC))

@@ -5,7 +5,9 @@
  * Stages run in order on the same nodes: everyone sees everyone, one leaves,
  * one dies without a word, a stranger with another run key is refused,
  * membership holds across epoch changes (epochs shortened to 1 s) while each
- * epoch's key stays small, declarations meet under a group key.
+ * epoch's key stays small, declarations meet under a group key, rounds 64
+ * apart share a DHT key without seeing each other's declarations, and
+ * values are dropped by their storing nodes after their type's lifetime.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,6 +27,7 @@
 #include <opendht/opendht_c.h>
 
 #include "rdv.h"
+#include "rdv_dht_life.h"
 
 /* Protocol constant of rdv_dht.c, exported for this test only. */
 extern uint64_t mp_dht_epoch_ms;
@@ -97,6 +100,131 @@ static int members(void *s, uint64_t id, bool *has)
 	return n;
 }
 
+/* A bare OpenDHT node with moshpit's value types, bootstrapped from @boot
+ * (a runner) or else from be[0]. */
+static dht_runner *raw_node(dht_runner *boot)
+{
+	dht_runner *r = dht_runner_new();
+	dht_runner_config cfg;
+	char addr[MP_ADDR_STRLEN], *colon;
+
+	dht_runner_config_default(&cfg);
+	assert_int_equal(dht_runner_run_config(r, 0, &cfg), 0);
+	assert_int_equal(mp_dht_life_register(r), 0);
+	if (boot) {
+		snprintf(addr, sizeof(addr), "127.0.0.1:%u", dht_runner_get_bound_port(boot, AF_INET));
+	} else {
+		assert_int_equal(ops->address(be[0], addr, sizeof(addr)), 0);
+	}
+	colon = strrchr(addr, ':');
+	*colon = '\0';
+	dht_runner_bootstrap(r, addr, colon + 1);
+	return r;
+}
+
+/* What one get of @key finds: values, and how many of each of our types. */
+struct found {
+	atomic_int n, done;
+	atomic_int by_type[MP_DHT_LIFE_N + 1]; /* [MP_DHT_LIFE_N]: type 0 */
+};
+
+static bool found_value(const dht_value *v, void *arg)
+{
+	struct found *f = arg;
+	uint16_t t = mp_dht_value_type(v);
+
+	atomic_fetch_add(&f->n, 1);
+	if (!t)
+		atomic_fetch_add(&f->by_type[MP_DHT_LIFE_N], 1);
+	else if (t >= MP_DHT_LIFE_BASE && t < MP_DHT_LIFE_BASE + MP_DHT_LIFE_N)
+		atomic_fetch_add(&f->by_type[t - MP_DHT_LIFE_BASE], 1);
+	return true;
+}
+
+static void found_done(bool ok, void *arg)
+{
+	(void)ok;
+	atomic_store(&((struct found *)arg)->done, 1);
+}
+
+static void get_key(dht_runner *r, const char *key, struct found *f)
+{
+	dht_infohash h;
+	uint64_t deadline = mono_ms() + 5000;
+
+	memset(f, 0, sizeof(*f));
+	dht_infohash_get_from_string(&h, key);
+	dht_runner_get(r, &h, found_value, found_done, f);
+	while (!atomic_load(&f->done) && mono_ms() < deadline)
+		usleep(10000);
+	assert_true(atomic_load(&f->done));
+}
+
+/*
+ * Lifetimes (rdv_dht_life.h): a value of a type that lives 12 s is dropped
+ * by the nodes that stored it once that has passed, while a value of
+ * OpenDHT's default type, put at the same time under the same key, is still
+ * served. Three nodes of their own, apart from the backends, so that every
+ * node that may store the value knows the type, as every node of a run
+ * knows moshpit's. setup puts both values and reads them back; the last
+ * test, well over 12 s later, reads again. (OpenDHT's own margin makes types
+ * of 10 s or less live on: rdv_dht_life.h.)
+ */
+#define TEST_TYPE 0x6d6f
+#define TEST_LIFE_MS 12000
+static dht_runner *life_net[3];
+static uint64_t life_t0;
+static char life_key[160];
+
+static void lifetime_start(void)
+{
+	dht_runner_config cfg;
+	dht_infohash h;
+	struct found f;
+	dht_value *v;
+
+	life_net[0] = dht_runner_new();
+	dht_runner_config_default(&cfg);
+	assert_int_equal(dht_runner_run_config(life_net[0], 0, &cfg), 0);
+	assert_int_equal(mp_dht_life_register(life_net[0]), 0);
+	life_net[1] = raw_node(life_net[0]);
+	life_net[2] = raw_node(life_net[0]);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(mp_dht_life_register_type(life_net[i], TEST_TYPE, TEST_LIFE_MS), 0);
+	snprintf(life_key, sizeof(life_key), "moshpit/v1/%s/lifetime", run);
+	dht_infohash_get_from_string(&h, life_key);
+	usleep(300000); /* the routing tables fill */
+	v = dht_value_new_from_string("short-lived");
+	mp_dht_value_set_type(v, TEST_TYPE);
+	assert_int_equal(mp_dht_value_type(v), TEST_TYPE);
+	dht_runner_put(life_net[0], &h, v, NULL, NULL, false);
+	dht_value_unref(v);
+	v = dht_value_new_from_string("default type");
+	dht_runner_put(life_net[0], &h, v, NULL, NULL, false);
+	dht_value_unref(v);
+	life_t0 = mono_ms();
+	do {
+		usleep(50000);
+		get_key(life_net[1], life_key, &f);
+	} while (atomic_load(&f.n) < 2 && mono_ms() - life_t0 < 3000);
+	assert_int_equal(atomic_load(&f.n), 2);
+	assert_int_equal(atomic_load(&f.by_type[MP_DHT_LIFE_N]), 1);
+}
+
+static void test_value_lifetime(void **state)
+{
+	struct found f;
+
+	(void)state;
+	while (mono_ms() < life_t0 + TEST_LIFE_MS + 1500)
+		usleep(50000);
+	get_key(life_net[2], life_key, &f);
+	assert_int_equal(atomic_load(&f.n), 1);
+	assert_int_equal(atomic_load(&f.by_type[MP_DHT_LIFE_N]), 1);
+	for (int i = 0; i < 3; i++)
+		dht_runner_delete(life_net[i]);
+}
+
 static int setup(void **state)
 {
 	char addr[MP_ADDR_STRLEN];
@@ -118,6 +246,7 @@ static int setup(void **state)
 	}
 	for (int i = 0; i < N; i++)
 		publish(be[i], ids[i], i);
+	lifetime_start();
 	return 0;
 }
 
@@ -563,6 +692,70 @@ static void test_placing_moved_on(void **state)
 	placing_outranked_by("moved", &moved);
 }
 
+/*
+ * Group keys r<round>/... of rounds 64 apart share one DHT key (rdv_dht.c,
+ * "Round slots"): both declarations are stored there, yet each reader sees
+ * only its own round's, and drops the other round's as stale.
+ * Each value carries the lifetime type of its deadline plus the slack.
+ */
+static void test_round_slots(void **state)
+{
+	uint64_t now = mp_wall_ms();
+	struct mp_decl a = { .id = ids[0], .expires_ms = now + 4000, .mode = MP_MODE_NORMAL,
+			     .coord = 1, .line = 4 };
+	struct mp_decl b = { .id = ids[1], .expires_ms = now + 4000, .mode = MP_MODE_NORMAL,
+			     .coord = 2, .line = 4 };
+	struct mp_decl out[4];
+	char key[160];
+	struct found f;
+	dht_runner *raw = raw_node(NULL);
+	uint64_t stale2 = mp_rdv_dht_stale(be[2]), stale3 = mp_rdv_dht_stale(be[3]);
+	int n2 = 0, n3 = 0;
+
+	(void)state;
+	assert_int_equal(ops->declare(be[0], "r3/d0/*.1", &a), 0);
+	assert_int_equal(ops->declare(be[1], "r67/d0/*.1", &b), 0);
+	/* Both readers have had time to hear both values by the time each
+	 * has its own. */
+	for (uint64_t t0 = mono_ms(); mono_ms() - t0 < 5000; usleep(20000)) {
+		n2 = ops->declared(be[2], "r3/d0/*.1", out, 4);
+		n3 = ops->declared(be[3], "r67/d0/*.1", out + 2, 2);
+		if (n2 == 1 && n3 == 1)
+			break;
+	}
+	usleep(300000);
+	assert_int_equal(ops->declared(be[2], "r3/d0/*.1", out, 2), 1);
+	assert_int_equal(out[0].id, ids[0]);
+	assert_int_equal(ops->declared(be[3], "r67/d0/*.1", out, 2), 1);
+	assert_int_equal(out[0].id, ids[1]);
+	/* Each reader got the other round's value under the shared DHT key
+	 * and dropped it as stale, not as refused. */
+	assert_true(mp_rdv_dht_stale(be[2]) > stale2);
+	assert_true(mp_rdv_dht_stale(be[3]) > stale3);
+	/* One DHT key holds both, each with the shortest type (4 s + 5 s). */
+	snprintf(key, sizeof(key), "moshpit/v1/%s/mm/r3/d0/*.1", run);
+	get_key(raw, key, &f);
+	assert_int_equal(atomic_load(&f.n), 2);
+	assert_int_equal(atomic_load(&f.by_type[0]), 2);
+	snprintf(key, sizeof(key), "moshpit/v1/%s/mm/r67/d0/*.1", run);
+	get_key(raw, key, &f);
+	assert_int_equal(atomic_load(&f.n), 0);
+	dht_runner_delete(raw);
+	for (int i = 0; i < 4; i++) {
+		ops->forget(be[i], "r3/d0/*.1");
+		ops->forget(be[i], "r67/d0/*.1");
+	}
+	/* Which type keeps a value how long. */
+	assert_int_equal(mp_dht_life_type(1), MP_DHT_LIFE_BASE);
+	assert_int_equal(mp_dht_life_type(20000), MP_DHT_LIFE_BASE);
+	assert_int_equal(mp_dht_life_type(20001), MP_DHT_LIFE_BASE + 1);
+	assert_int_equal(mp_dht_life_type(320000), MP_DHT_LIFE_BASE + MP_DHT_LIFE_N - 1);
+	assert_int_equal(mp_dht_life_type(320001), 0);
+	assert_int_equal(mp_dht_life_ms(MP_DHT_LIFE_BASE + 2), 80000);
+	assert_int_equal(mp_dht_life_ms(0), 600000);
+	assert_int_equal(mp_dht_life_ms(7), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -578,6 +771,8 @@ int main(void)
 		cmocka_unit_test(test_declaration_expires),
 		cmocka_unit_test(test_placing_outranked),
 		cmocka_unit_test(test_placing_moved_on),
+		cmocka_unit_test(test_round_slots),
+		cmocka_unit_test(test_value_lifetime),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
