@@ -15,7 +15,7 @@
  * of a stored one but other contents is refused by the storing nodes
  * (ValueType::DEFAULT_EDIT_POLICY), so every refresh is a new value, and the
  * storing nodes keep each one for the value type's lifetime (10 minutes for
- * OpenDHT's default type, 20 s and more for ours: "Lifetimes" below),
+ * OpenDHT's default type, 80 s and more for ours: "Lifetimes" below),
  * whatever the putter does next. Measured with OpenDHT 2.4.12 on loopback:
  * after 20 puts under one key, each cancelling the previous one with
  * dht_runner_cancel_put, a get from another node still returns 20 values;
@@ -55,8 +55,9 @@
  * (rdv_dht_life.h): a record its TTL, a declaration its deadline, each
  * with LIFE_SLACK_MS to spare; every node registers the types, so the
  * storing nodes drop them then instead of after the default 10 minutes.
- * A slot's old declarations are gone, as a rule, before its key comes round
- * again.
+ * The shortest type lives 80 s, so a slot's key that comes round again
+ * within that still holds older rounds' declarations: readers drop them
+ * as stale, unverified.
  *
  * The welcome (welcome.c). Those searches also make a new peer slow to read
  * the run: right after deaths its first read of the members takes 1.2 to

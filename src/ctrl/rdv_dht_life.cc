@@ -24,7 +24,7 @@
 
 namespace {
 
-constexpr uint64_t first_life_ms = 20000;
+constexpr uint64_t first_life_ms = 80000;
 constexpr uint64_t default_life_ms = 600000; // dht::ValueType::USER_DATA
 
 dht::DhtRunner &runner_of(dht_runner *r)

@@ -747,11 +747,11 @@ static void test_round_slots(void **state)
 	}
 	/* Which type keeps a value how long. */
 	assert_int_equal(mp_dht_life_type(1), MP_DHT_LIFE_BASE);
-	assert_int_equal(mp_dht_life_type(20000), MP_DHT_LIFE_BASE);
-	assert_int_equal(mp_dht_life_type(20001), MP_DHT_LIFE_BASE + 1);
+	assert_int_equal(mp_dht_life_type(80000), MP_DHT_LIFE_BASE);
+	assert_int_equal(mp_dht_life_type(80001), MP_DHT_LIFE_BASE + 1);
 	assert_int_equal(mp_dht_life_type(320000), MP_DHT_LIFE_BASE + MP_DHT_LIFE_N - 1);
 	assert_int_equal(mp_dht_life_type(320001), 0);
-	assert_int_equal(mp_dht_life_ms(MP_DHT_LIFE_BASE + 2), 80000);
+	assert_int_equal(mp_dht_life_ms(MP_DHT_LIFE_BASE + 1), 160000);
 	assert_int_equal(mp_dht_life_ms(0), 600000);
 	assert_int_equal(mp_dht_life_ms(7), 0);
 }
