@@ -243,16 +243,20 @@ static const char *key_round(const char *key, uint32_t *round)
 	return key + i;
 }
 
-/* The DHT key of group key @key: its round slot for "r<round>/...". */
-static int decl_hash(const struct rdv_dht *st, const char *key, dht_infohash *h)
+/* The DHT key of group key @key: its round slot for "r<round>/...". *@round
+ * gets the key's round, 0 when it has none. */
+static int decl_hash(const struct rdv_dht *st, const char *key, dht_infohash *h,
+		     uint32_t *round)
 {
 	char s[KEY_MAX];
-	uint32_t round;
-	const char *rest = key_round(key, &round);
-	int n = rest ? snprintf(s, sizeof(s), "moshpit/v1/%s/mm/r%u%s", st->run_name,
-				round % ROUND_SLOTS, rest)
-		     : snprintf(s, sizeof(s), "moshpit/v1/%s/mm/%s", st->run_name, key);
+	const char *rest;
+	int n;
 
+	*round = 0;
+	rest = key_round(key, round);
+	n = rest ? snprintf(s, sizeof(s), "moshpit/v1/%s/mm/r%u%s", st->run_name,
+			    *round % ROUND_SLOTS, rest)
+		 : snprintf(s, sizeof(s), "moshpit/v1/%s/mm/%s", st->run_name, key);
 	if (n < 0 || (size_t)n >= sizeof(s))
 		return -ENAMETOOLONG;
 	dht_infohash_get_from_string(h, s);
@@ -1111,6 +1115,7 @@ static struct dkey *dkey_get(struct rdv_dht *st, const char *key)
 {
 	struct dkey *dk;
 	dht_infohash h;
+	uint32_t round;
 	size_t n = strlen(key);
 
 	pthread_mutex_lock(&st->mu);
@@ -1120,13 +1125,13 @@ static struct dkey *dkey_get(struct rdv_dht *st, const char *key)
 	pthread_mutex_unlock(&st->mu);
 	if (dk)
 		return dk;
-	if (decl_hash(st, key, &h))
+	if (decl_hash(st, key, &h, &round))
 		return NULL;
 	dk = calloc(1, sizeof(*dk) + n + 1);
 	if (!dk)
 		return NULL;
 	memcpy(dk->key, key, n + 1);
-	key_round(key, &dk->round);
+	dk->round = round;
 	/* Linked before the listen starts, so the first values find it. */
 	pthread_mutex_lock(&st->mu);
 	dk->next = st->keys;
@@ -1150,16 +1155,14 @@ static int dht_declare(void *arg, const char *key, const struct mp_decl *d)
 	struct dkey *dk;
 	dht_infohash h;
 	size_t len;
-	uint32_t round = 0;
+	uint32_t round;
 	uint64_t now = mp_wall_ms();
 	int rc = check_group_key(key);
 
 	if (!rc)
-		key_round(key, &round);
+		rc = decl_hash(st, key, &h, &round);
 	if (!rc)
 		rc = mp_decl_encode(&st->auth, key, round, d, buf, sizeof(buf), &len);
-	if (!rc)
-		rc = decl_hash(st, key, &h);
 	if (rc)
 		return rc;
 	dk = dkey_get(st, key);
