@@ -1,0 +1,686 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Moshpit All-Reduce from Python: average float vectors in place across
+unreliable peers with libmoshpit.
+
+    import numpy as np, moshpit
+    with moshpit.Context(rank=0, peers="10.0.0.1:7000,10.0.0.2:7000") as ctx:
+        x = np.ones(1024, dtype=np.float32)
+        result = ctx.average(x)          # x now holds the mean
+
+The library is found through MOSHPIT_LIB (a path to libmoshpit.so), else
+the installed one. Every setting of struct mp_config is a keyword of
+Context under the same name; those not given come from the MP_* variables
+(doc/python.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import numbers
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from . import _lib
+
+__all__ = [
+    "Context", "Handle", "Result", "PeerInfo", "Stats", "Error", "InvalidArgument",
+    "SettingsMismatch", "LengthMismatch", "Timeout", "Unsupported", "Busy", "Closed",
+    "PeerFailure", "CODECS", "transport_available", "grid_shape",
+]
+
+_lib_handle: Optional[ctypes.CDLL] = None
+_lib_lock = threading.Lock()
+
+
+def _L() -> ctypes.CDLL:
+    global _lib_handle
+    with _lib_lock:
+        if _lib_handle is None:
+            _lib_handle = _lib.load()
+        return _lib_handle
+
+
+# ---------------------------------------------------------------- errors
+
+class Error(Exception):
+    """A failure of libmoshpit: ``errno`` is the (positive) errno value, and
+    ``message`` the library's own words (mp_last_error), naming the setting,
+    length or peer that went wrong."""
+
+    def __init__(self, errno: int, message: str, call: str = "") -> None:
+        name = _strerror(errno)
+        text = f"{call}: {name}" if call else name
+        if message:
+            text += f": {message}"
+        super().__init__(text)
+        self.errno = errno
+        self.message = message
+        self.call = call
+
+
+class InvalidArgument(Error, ValueError):
+    """EINVAL: a bad setting or argument; nothing was changed or sent."""
+
+
+class SettingsMismatch(Error):
+    """EBADE: a peer runs with other run-shared settings (grid, codec, ...),
+    or averages this call compressed where this peer does not. Nothing of the
+    exchange that met it was applied."""
+
+
+class LengthMismatch(Error):
+    """EMSGSIZE: a peer averages another number of values. Nothing of the
+    exchange that met it was applied."""
+
+
+class Timeout(Error, TimeoutError):
+    """ETIMEDOUT: a wait with a timeout ran out (the operation goes on), or
+    the rendezvous did not see its peers in time."""
+
+
+class Unsupported(Error):
+    """ENOTSUP: this build, transport or buffer cannot do it."""
+
+
+class Busy(Error):
+    """EBUSY: the object is in use (say, peers already set)."""
+
+
+class Closed(Error):
+    """ESHUTDOWN or ECANCELED: the context left the run or was closed."""
+
+
+class PeerFailure(Error, ConnectionError):
+    """The operation failed with its peers (refused, cut, a protocol error)."""
+
+
+_CLASSES = {
+    _errno.EINVAL: InvalidArgument,
+    _errno.EBADE: SettingsMismatch,
+    _errno.EMSGSIZE: LengthMismatch,
+    _errno.ETIMEDOUT: Timeout,
+    _errno.ENOTSUP: Unsupported,
+    _errno.EBUSY: Busy,
+    _errno.ESHUTDOWN: Closed,
+    _errno.ECANCELED: Closed,
+    _errno.ECONNREFUSED: PeerFailure,
+    _errno.ECONNRESET: PeerFailure,
+    _errno.ENOTCONN: PeerFailure,
+    _errno.EPROTO: PeerFailure,
+    _errno.EHOSTUNREACH: PeerFailure,
+}
+
+
+def _strerror(errno: int) -> str:
+    try:
+        s = _L().mp_strerror(-errno)
+        return s.decode() if s else _errno.errorcode.get(errno, str(errno))
+    except OSError:
+        return _errno.errorcode.get(errno, str(errno))
+
+
+def _error(rc: int, message: str, call: str) -> Error:
+    err = -rc
+    return _CLASSES.get(err, Error)(err, message, call)
+
+
+def _init_error(rc: int, call: str) -> Error:
+    msg = _L().mp_last_error(None)
+    return _error(rc, msg.decode(errors="replace") if msg else "", call)
+
+
+# ---------------------------------------------------------------- values
+
+CODECS = {0: "none", 1: "fp16", 2: "bf16", 3: "uniform8", 4: "blockwise8", 5: "topk",
+          6: "adacomp", 255: "auto"}
+_MODES = {0: "normal", 1: "client", 2: "aux"}
+_STATES = {0: "live", 1: "down", 2: "gone", 3: "self"}
+_BALANCE = {"configured": 0, "measured": 1}
+_LOG_LEVELS = {"none": 0, "warn": 1, "info": 2, "trace": 3}
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one average did (struct mp_result)."""
+
+    rounds: int
+    """rounds (group all-reduces or ring passes) completed"""
+    peers: int
+    """peers whose contributions reached this result"""
+    weight: float
+    """this peer's weight after averaging"""
+    bytes_sent: int
+    bytes_received: int
+    frames_rejected: int
+    failed_peers: int
+    """peers dropped in this operation (timeouts, errors, bad frames)"""
+    codec: str
+    """the codec the average used (what "auto" chose)"""
+    values_sent: int
+    rounds_alone: int
+    """rounds in which no group formed"""
+    group_size: int
+
+    @classmethod
+    def _from(cls, r: _lib.MpResult) -> "Result":
+        return cls(r.rounds, r.peers, r.weight, r.bytes_sent, r.bytes_received,
+                   r.frames_rejected, r.failed_peers, CODECS.get(r.codec, str(r.codec)),
+                   r.values_sent, r.rounds_alone, r.group_size)
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """One peer as the context knows it (struct mp_peer_info)."""
+
+    id: int
+    rank: int
+    mode: str
+    state: str
+    """"live", "down", "gone" or "self\""""
+    failures: int
+    addr: str
+    since_progress_s: float
+    bandwidth_Bps: float
+    rtt_s: float
+    bytes_sent: int
+    bytes_received: int
+    rate_Bps: float
+    weight: float
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Counters of a context since it started (struct mp_stats)."""
+
+    frames_rejected: int
+    conns_accepted: int
+    conns_authenticated: int
+    conns_refused: int
+    conns_timed_out: int
+    conns_evicted: int
+    conns_hung_up: int
+    handshakes_pending: int
+    handshakes_max: int
+    peers_known: int
+    peers_held: int
+
+
+def transport_available(name: str) -> bool:
+    """Whether a transport ("tcp", "loop", "dpdk", ...) can be used."""
+    return bool(_L().mp_transport_available(name.encode()))
+
+
+def grid_shape(npeers: int, grid: Optional[str] = None) -> tuple[int, ...]:
+    """The grid a context of ``npeers`` peers would use (``grid`` parsed, or
+    the library's automatic choice)."""
+    dims = (ctypes.c_int * 8)()
+    n = _L().mp_grid_shape(grid.encode() if grid else None, npeers, dims, 8)
+    if n < 0:
+        raise _init_error(n, "grid_shape")
+    return tuple(dims[:n])
+
+
+# ---------------------------------------------------------------- buffers
+
+class _Buf:
+    """A float32 view of what the caller passed: its address and count, what
+    keeps it alive while the library uses it, and, for a converted copy, how
+    to write the result back."""
+
+    __slots__ = ("ptr", "count", "keep", "writeback")
+
+    def __init__(self, ptr: int, count: int, keep: Any, writeback: Any = None) -> None:
+        self.ptr = ptr
+        self.count = count
+        self.keep = keep
+        self.writeback = writeback
+
+
+def _as_float32(x: Any) -> _Buf:
+    """Map ``x`` to float32 memory the library may write in place.
+
+    float32 memory that is contiguous and writable is used as it is (no
+    copy). torch fp16 and bf16 tensors, numpy float16 arrays and
+    non-contiguous float32 ones go through a float32 copy that is written
+    back when the average ends: exact for the upcast, then rounded once to
+    the tensor's precision. Anything else (float64, integers, CUDA tensors,
+    read-only memory) is refused: averaging it through float32 would change
+    its values without saying so."""
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        return _torch_buf(x)
+    if mod.startswith("numpy"):
+        return _numpy_buf(x)
+    try:
+        mv = memoryview(x)
+    except TypeError:
+        raise InvalidArgument(_errno.EINVAL, f"cannot average a {type(x).__name__}: pass a "
+                              "numpy array, a torch tensor or a writable float32 buffer",
+                              "average") from None
+    if mv.format not in ("f", "<f", "=f") or mv.itemsize != 4:
+        raise InvalidArgument(_errno.EINVAL, f"buffer format {mv.format!r}: only float32 "
+                              "('f') buffers are averaged", "average")
+    if mv.readonly or not mv.c_contiguous:
+        raise InvalidArgument(_errno.EINVAL, "the buffer must be writable and contiguous: "
+                              "the average is written in place", "average")
+    if mv.nbytes == 0:
+        raise InvalidArgument(_errno.EINVAL, "cannot average an empty buffer", "average")
+    holder = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+    return _Buf(ctypes.addressof(holder), mv.nbytes // 4, (x, mv, holder))
+
+
+def _numpy_buf(a: Any) -> _Buf:
+    import numpy as np
+    if not isinstance(a, np.ndarray):
+        raise InvalidArgument(_errno.EINVAL, f"cannot average a {type(a).__name__}", "average")
+    if a.size == 0:
+        raise InvalidArgument(_errno.EINVAL, "cannot average an empty array", "average")
+    if not a.flags.writeable:
+        raise InvalidArgument(_errno.EINVAL, "the array is read-only: the average is written "
+                              "in place", "average")
+    if a.dtype == np.float32 and a.flags.c_contiguous and a.dtype.isnative:
+        return _Buf(a.ctypes.data, a.size, a)
+    if a.dtype in (np.float32, np.float16):
+        tmp = np.ascontiguousarray(a, dtype=np.float32)
+
+        def back() -> None:
+            a[...] = tmp
+        return _Buf(tmp.ctypes.data, tmp.size, (a, tmp), back)
+    raise InvalidArgument(_errno.EINVAL, f"dtype {a.dtype}: only float32 (in place) and "
+                          "float16 (through a float32 copy) are averaged", "average")
+
+
+def _torch_buf(t: Any) -> _Buf:
+    import torch
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgument(_errno.EINVAL, f"cannot average a {type(t).__name__}", "average")
+    if t.device.type != "cpu":
+        raise Unsupported(_errno.ENOTSUP, f"a tensor on {t.device}: the Python layer averages "
+                          "CPU tensors (move it with .cpu(), average, and copy back)", "average")
+    if t.numel() == 0:
+        raise InvalidArgument(_errno.EINVAL, "cannot average an empty tensor", "average")
+    if t.dtype == torch.float32 and t.is_contiguous():
+        return _Buf(t.data_ptr(), t.numel(), t)
+    if t.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        tmp = t.detach().to(dtype=torch.float32, memory_format=torch.contiguous_format,
+                            copy=True)
+
+        def back() -> None:
+            with torch.no_grad():
+                t.copy_(tmp.view_as(t))
+        return _Buf(tmp.data_ptr(), tmp.numel(), (t, tmp), back)
+    raise InvalidArgument(_errno.EINVAL, f"dtype {t.dtype}: float32 tensors are averaged in "
+                          "place, float16 and bfloat16 through a float32 copy", "average")
+
+
+# ---------------------------------------------------------------- context
+
+def _join(value: Any, sep: str) -> str:
+    if isinstance(value, str):
+        return value
+    return sep.join(str(v) for v in value)
+
+
+class Context:
+    """One peer of a run (mp_ctx). Keywords are struct mp_config's fields by
+    name; those not given come from the MP_* environment variables, then the
+    library's defaults. Names may be given for ``codec`` ("blockwise8",
+    "topk:0.05"), ``algo``, ``mode``, ``balance`` and ``log_level``; ``peers``
+    and ``bandwidths`` may be lists, ``grid`` a tuple of sizes.
+
+    Calls on one context are serialised with a lock: it may be shared by
+    threads. Close it (or use ``with``) to leave the run."""
+
+    def __init__(self, **config: Any) -> None:
+        lib = _L()
+        self._lock = threading.RLock()
+        self._pending: set[Handle] = set()
+        self._closing = False
+        self._ctx: Optional[int] = None
+        self._keep: list[bytes] = []  # the strings the configuration points to
+        room = ctypes.create_string_buffer(_lib.CONFIG_ROOM)
+        lib.mp_config_init(room)
+        cfg = _lib.MpConfig.from_buffer(room)
+        lib_size = cfg.size
+        if lib_size > _lib.CONFIG_ROOM:
+            raise Unsupported(_errno.ENOTSUP, f"the library's struct mp_config is {lib_size} "
+                              "bytes, more than this package's room", "Context")
+        rc = lib.mp_config_from_env(room)
+        if rc < 0:
+            raise _init_error(rc, "Context (MP_* environment)")
+        offsets = {name: getattr(_lib.MpConfig, name) for name, _ in _lib.MpConfig._fields_}
+        for key, value in config.items():
+            if key not in offsets or key == "size":
+                known = ", ".join(n for n, _ in _lib.MpConfig._fields_ if n != "size")
+                raise TypeError(f"moshpit.Context: unknown setting {key!r} (known: {known})")
+            field = offsets[key]
+            if field.offset + field.size > lib_size:
+                raise Unsupported(_errno.ENOTSUP, f"setting {key!r}: the loaded libmoshpit is "
+                                  "older and does not know it", "Context")
+            self._set(cfg, room, key, value)
+        out = ctypes.c_void_p()
+        rc = lib.mp_init(room, ctypes.byref(out))
+        if rc < 0:
+            raise _init_error(rc, "Context")
+        self._ctx = out.value
+        self._room = room
+
+    def _set(self, cfg: _lib.MpConfig, room: Any, key: str, value: Any) -> None:
+        lib = _L()
+        if key == "codec" and isinstance(value, str):
+            rc = lib.mp_codec_parse(value.encode(), room)
+            if rc < 0:
+                raise _init_error(rc, "Context")
+            return
+        names = {"algo": lib.mp_algo_from_name, "mode": lib.mp_mode_from_name}
+        if key in names and isinstance(value, str):
+            v = names[key](value.encode())
+            if v < 0:
+                raise InvalidArgument(_errno.EINVAL, f"{key} {value!r} is not known", "Context")
+            value = v
+        elif key == "balance" and isinstance(value, str):
+            if value.lower() not in _BALANCE:
+                raise InvalidArgument(_errno.EINVAL, f"balance {value!r}: configured or "
+                                      "measured", "Context")
+            value = _BALANCE[value.lower()]
+        elif key == "log_level" and isinstance(value, str):
+            if value.lower() not in _LOG_LEVELS:
+                raise InvalidArgument(_errno.EINVAL, f"log_level {value!r}: none, warn, info "
+                                      "or trace", "Context")
+            value = _LOG_LEVELS[value.lower()]
+        elif key == "peer_id" and isinstance(value, str):
+            value = int(value, 16)
+        if key in _lib.STRING_FIELDS:
+            if value is None:
+                setattr(cfg, key, None)
+                return
+            if key == "grid" and not isinstance(value, str):
+                value = _join(value, "x")
+            elif key in ("peers", "bandwidths") and not isinstance(value, str):
+                value = _join(value, ",")
+            if not isinstance(value, str):
+                raise InvalidArgument(_errno.EINVAL, f"{key} must be a string, not "
+                                      f"{type(value).__name__}", "Context")
+            b = ctypes.create_string_buffer(value.encode())
+            self._keep.append(b)
+            setattr(cfg, key, ctypes.addressof(b))
+            return
+        kind = dict(_lib.MpConfig._fields_)[key]
+        if kind in (ctypes.c_float, ctypes.c_double):
+            if not isinstance(value, (int, float)):
+                raise InvalidArgument(_errno.EINVAL, f"{key} must be a number", "Context")
+            setattr(cfg, key, float(value))
+            return
+        if not isinstance(value, int):
+            raise InvalidArgument(_errno.EINVAL, f"{key} must be an integer, not "
+                                  f"{type(value).__name__}", "Context")
+        # ctypes would wrap an out-of-range value silently.
+        bits = ctypes.sizeof(kind) * 8
+        signed = kind in (ctypes.c_int,)
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+        if not lo <= int(value) <= hi:
+            raise InvalidArgument(_errno.EINVAL, f"{key}={value} out of range [{lo}, {hi}]",
+                                  "Context")
+        setattr(cfg, key, int(value))
+
+    # -- lifetime
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Leave the run and free the context. Averages still in flight are
+        cancelled: their handles raise Closed."""
+        with self._lock:
+            if self._ctx is None or self._closing:
+                return
+            self._closing = True
+            pending = list(self._pending)
+        # A handle's wait may need the context lock for its error message:
+        # take the handles first, then the context.
+        for h in pending:
+            h._lock.acquire()
+        try:
+            with self._lock:
+                _L().mp_finalize(self._ctx)
+                self._ctx = None
+                for h in pending:
+                    h._cancel()
+                self._pending.clear()
+        finally:
+            for h in pending:
+                h._lock.release()
+
+    def _handle(self) -> int:
+        if self._ctx is None or self._closing:
+            raise Closed(_errno.ESHUTDOWN, "the context is closed", "moshpit")
+        return self._ctx
+
+    def last_error(self) -> str:
+        """The library's last message on this context ("" if none)."""
+        with self._lock:
+            if self._ctx is None:
+                return ""
+            s = _L().mp_last_error(self._ctx)
+            return s.decode(errors="replace") if s else ""
+
+    def _fail(self, rc: int, call: str) -> Error:
+        return _error(rc, self.last_error(), call)
+
+    # -- facts
+
+    @property
+    def rank(self) -> int:
+        with self._lock:
+            return _L().mp_rank(self._handle())
+
+    @property
+    def npeers(self) -> int:
+        with self._lock:
+            return _L().mp_npeers(self._handle())
+
+    @property
+    def peer_id(self) -> int:
+        with self._lock:
+            return _L().mp_peer_id(self._handle())
+
+    @property
+    def address(self) -> str:
+        """This peer's listening address, for the other peers' ``peers``."""
+        return self._text(_L().mp_local_address, "address")
+
+    @property
+    def dht_address(self) -> str:
+        """This peer's DHT node ("host:port"), for others' ``bootstrap``."""
+        return self._text(_L().mp_dht_address, "dht_address")
+
+    def _text(self, fn: Any, call: str) -> str:
+        buf = ctypes.create_string_buffer(_lib.ADDR_STRLEN * 2)
+        with self._lock:
+            rc = fn(self._handle(), buf, len(buf))
+            if rc < 0:
+                raise self._fail(rc, call)
+        return buf.value.decode()
+
+    def set_peers(self, addrs: Iterable[str]) -> None:
+        """Set every peer's address in rank order (this one's included), when
+        the configuration did not list them."""
+        items = [a.encode() for a in addrs]
+        arr = (ctypes.c_char_p * len(items))(*items)
+        with self._lock:
+            rc = _L().mp_set_peers(self._handle(), arr, len(items))
+            if rc < 0:
+                raise self._fail(rc, "set_peers")
+
+    def peers(self) -> list[PeerInfo]:
+        """Every peer this context knows, with its state and measurements."""
+        lib = _L()
+        with self._lock:
+            h = self._handle()
+            n = lib.mp_peers_info(h, None, 0, ctypes.sizeof(_lib.MpPeerInfo))
+            while True:
+                if n < 0:
+                    raise self._fail(n, "peers")
+                arr = (_lib.MpPeerInfo * max(n, 1))()
+                m = lib.mp_peers_info(h, arr, n, ctypes.sizeof(_lib.MpPeerInfo))
+                if m <= n:
+                    break
+                n = m  # a peer joined meanwhile
+        return [PeerInfo(p.id, p.rank, _MODES.get(p.mode, str(p.mode)),
+                         _STATES.get(p.state, str(p.state)), p.failures,
+                         p.addr.decode(errors="replace"), p.since_progress_s, p.bandwidth_Bps,
+                         p.rtt_s, p.bytes_sent, p.bytes_received, p.rate_Bps, p.weight)
+                for p in arr[:m]]
+
+    def stats(self) -> Stats:
+        """The context's counters (strangers refused, handshakes, peers held)."""
+        s = _lib.MpStats()
+        with self._lock:
+            rc = _L().mp_stats(self._handle(), ctypes.byref(s), ctypes.sizeof(s))
+            if rc < 0:
+                raise self._fail(rc, "stats")
+        return Stats(*(getattr(s, n) for n, _ in _lib.MpStats._fields_))
+
+    def leave(self) -> None:
+        """Tell the run this peer leaves (averaging afterwards fails)."""
+        with self._lock:
+            _L().mp_leave(self._handle())
+
+    # -- averaging
+
+    @staticmethod
+    def _flags(uncompressed: bool) -> int:
+        return _lib.AVG_UNCOMPRESSED if uncompressed else 0
+
+    @staticmethod
+    def _weight(weight: float) -> float:
+        # ctypes would turn a non-number into garbage; the library checks the value.
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
+            raise InvalidArgument(_errno.EINVAL, f"weight must be a number, not "
+                                  f"{type(weight).__name__}", "average")
+        return float(weight)
+
+    def average(self, x: Any, weight: float = 1.0, *, uncompressed: bool = False) -> Result:
+        """Average ``x`` in place with every peer, with this peer's ``weight``
+        (0 contributes nothing). Blocks until done; the GIL is released
+        meanwhile. ``uncompressed=True`` sends this call as fp32 whatever the
+        codec (all peers must agree). Raises Error on failure; after a
+        failure ``x`` may hold the rounds completed before it, except after
+        SettingsMismatch and LengthMismatch (``x`` as it was)."""
+        w = self._weight(weight)
+        buf = _as_float32(x)
+        res = _lib.MpResult()
+        with self._lock:
+            rc = _L().mp_average_ex(self._handle(), buf.ptr, buf.count, w,
+                                    self._flags(uncompressed), ctypes.byref(res))
+            err = self._fail(rc, "average") if rc < 0 else None
+        if buf.writeback:
+            buf.writeback()
+        if err:
+            raise err
+        return Result._from(res)
+
+    def average_async(self, x: Any, weight: float = 1.0, *,
+                      uncompressed: bool = False) -> "Handle":
+        """Start averaging ``x`` in place and return at once; ``x`` must not
+        be touched until the handle is done. The context keeps ``x`` alive
+        until then."""
+        w = self._weight(weight)
+        buf = _as_float32(x)
+        req = ctypes.c_void_p()
+        with self._lock:
+            rc = _L().mp_average_start_ex(self._handle(), buf.ptr, buf.count, w, None,
+                                          self._flags(uncompressed), ctypes.byref(req))
+            if rc < 0:
+                raise self._fail(rc, "average_async")
+            h = Handle(self, req.value, buf)
+            self._pending.add(h)
+        return h
+
+    def _forget(self, h: "Handle") -> None:
+        with self._lock:
+            self._pending.discard(h)
+
+
+class Handle:
+    """An average in flight (mp_request). Complete it with ``wait`` or poll
+    with ``done``; either may be called from any thread."""
+
+    def __init__(self, ctx: Context, req: int, buf: _Buf) -> None:
+        self._ctx = ctx
+        self._req: Optional[int] = req
+        self._buf: Optional[_Buf] = buf
+        self._lock = threading.Lock()
+        self._result: Optional[Result] = None
+        self._error: Optional[Error] = None
+
+    def _cancel(self) -> None:
+        # Called by Context.close with this handle's lock held.
+        if self._req is not None:
+            self._req = None
+            self._error = Closed(_errno.ECANCELED, "the context was closed while the "
+                                 "average ran", "wait")
+            self._buf = None
+
+    def _finish(self, rc: int, res: _lib.MpResult) -> None:
+        self._req = None
+        buf, self._buf = self._buf, None
+        if buf is not None and buf.writeback:
+            buf.writeback()
+        if rc < 0:
+            self._error = self._ctx._fail(rc, "average_async")
+        else:
+            self._result = Result._from(res)
+        self._ctx._forget(self)
+
+    def _outcome(self) -> Result:
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def done(self) -> bool:
+        """Whether the average has ended (successfully or not); never blocks
+        (False while another thread waits on it)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._req is None:
+                return True
+            flag = ctypes.c_int(0)
+            res = _lib.MpResult()
+            rc = _L().mp_test(self._req, ctypes.byref(flag), ctypes.byref(res))
+            if flag.value or rc < 0:
+                self._finish(rc, res)
+                return True
+            return False
+        finally:
+            self._lock.release()
+
+    def wait(self, timeout: Optional[float] = None) -> Result:
+        """Wait for the average and return its Result, or raise its Error.
+        ``timeout`` (seconds) bounds this wait only: past it Timeout is
+        raised and the average goes on; with None the context's own
+        deadlines bound it. The GIL is released while waiting."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        with self._lock:
+            if self._req is None:
+                return self._outcome()
+            res = _lib.MpResult()
+            rc = _L().mp_wait(self._req, ms, ctypes.byref(res))
+            if rc == -_errno.ETIMEDOUT and timeout is not None:
+                raise Timeout(_errno.ETIMEDOUT, f"not done within {timeout} s (the average "
+                              "goes on)", "wait")
+            self._finish(rc, res)
+            return self._outcome()
