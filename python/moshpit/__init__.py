@@ -365,7 +365,7 @@ class Context:
         if rc < 0:
             raise _init_error(rc, "Context")
         self._ctx = out.value
-        self._room = room
+        self._codec = CODECS.get(cfg.codec, str(cfg.codec))
 
     def _set(self, cfg: _lib.MpConfig, room: Any, key: str, value: Any) -> None:
         lib = _L()
@@ -489,6 +489,11 @@ class Context:
     def npeers(self) -> int:
         with self._lock:
             return _L().mp_npeers(self._handle())
+
+    @property
+    def codec(self) -> str:
+        """The codec this context averages with ("none", "blockwise8", ...)."""
+        return self._codec
 
     @property
     def peer_id(self) -> int:

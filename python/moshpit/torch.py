@@ -1,0 +1,375 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""PyTorch on moshpit: an optimizer wrapper that averages gradients or
+parameters, a model averager for PostLocalSGDOptimizer, and a DDP
+communication hook.
+
+Every average here goes through persistent flat float32 buffers, one per
+dtype, filled in the order of the parameters: the same order on every peer,
+and the same buffer address every step, which the sparse codecs' error
+feedback (keyed by buffer) needs.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+from typing import Any, Callable, Iterable, Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
+
+from . import Context, Handle, InvalidArgument, Result
+
+__all__ = ["Optimizer", "ParameterAverager", "DDPHookState", "ddp_comm_hook",
+           "TensorAverager"]
+
+
+def _dtype_key(t: torch.Tensor) -> str:
+    return str(t.dtype)
+
+
+class TensorAverager:
+    """Averages a fixed list of CPU floating-point tensors in place through
+    one flat float32 buffer per dtype (buckets in dtype-name order, tensors
+    in list order). ``start`` copies the tensors in and starts the averages;
+    ``finish`` waits and returns the averaged flat buffers, which the
+    caller applies (``copy_back``, or a delta of its own)."""
+
+    def __init__(self, ctx: Context, tensors: list[torch.Tensor], uncompressed: bool = False):
+        self.ctx = ctx
+        self.uncompressed = uncompressed
+        self.buckets: dict[str, list[torch.Tensor]] = {}
+        for t in tensors:
+            if not torch.is_floating_point(t):
+                raise InvalidArgument(_errno.EINVAL, f"a {t.dtype} tensor: only floating-point "
+                                      "tensors are averaged", "moshpit.torch")
+            if t.device.type != "cpu":
+                raise InvalidArgument(_errno.EINVAL, f"a tensor on {t.device}: moshpit.torch "
+                                      "averages CPU tensors", "moshpit.torch")
+            self.buckets.setdefault(_dtype_key(t), []).append(t)
+        self.keys = sorted(self.buckets)
+        self.flat = {k: torch.zeros(sum(t.numel() for t in self.buckets[k]), dtype=torch.float32)
+                     for k in self.keys}
+        self.handles: list[Handle] = []
+
+    def fill(self) -> None:
+        with torch.no_grad():
+            for k in self.keys:
+                off = 0
+                for t in self.buckets[k]:
+                    n = t.numel()
+                    self.flat[k][off:off + n].copy_(t.reshape(-1))
+                    off += n
+
+    def copy_back(self) -> None:
+        with torch.no_grad():
+            for k in self.keys:
+                off = 0
+                for t in self.buckets[k]:
+                    n = t.numel()
+                    t.copy_(self.flat[k][off:off + n].view_as(t))
+                    off += n
+
+    def start(self, weight: float = 1.0) -> None:
+        self.fill()
+        self.handles = [self.ctx.average_async(self.flat[k], weight, uncompressed=self.uncompressed)
+                        for k in self.keys if self.flat[k].numel()]
+
+    def finish(self, timeout: Optional[float] = None) -> list[Result]:
+        handles, self.handles = self.handles, []
+        results = []
+        error = None
+        for h in handles:  # wait for all, even after a failure: each holds a buffer
+            try:
+                results.append(h.wait(timeout))
+            except Exception as e:  # noqa: BLE001 - re-raised below
+                error = error or e
+        if error:
+            raise error
+        return results
+
+    def pending(self) -> bool:
+        return bool(self.handles)
+
+    def done(self) -> bool:
+        return all(h.done() for h in self.handles)
+
+    def average(self, weight: float = 1.0) -> list[Result]:
+        """Blocking: fill, average, copy back."""
+        self.fill()
+        results = [self.ctx.average(self.flat[k], weight, uncompressed=self.uncompressed)
+                   for k in self.keys if self.flat[k].numel()]
+        self.copy_back()
+        return results
+
+
+def _params_of(params: Any) -> list[torch.Tensor]:
+    """Parameters from an iterable of tensors or of param groups (dicts)."""
+    out: list[torch.Tensor] = []
+    for p in params:
+        if isinstance(p, dict):
+            out.extend(p["params"])
+        else:
+            out.append(p)
+    return out
+
+
+class Optimizer(torch.optim.Optimizer):
+    """Wrap a torch optimizer so that peers train together.
+
+    ``mode="gradients"``: each ``step()`` averages the gradients of every
+    parameter (missing gradients count as zeros) before the wrapped step,
+    weighted by ``batch_size`` when given: N peers with equal shards follow
+    single-process full-batch SGD.
+
+    ``mode="parameters"`` (local SGD, Moshpit SGD; hivemind's
+    ``use_local_updates=True``): peers step on their own, and every
+    ``every`` steps the parameters and the optimizer's floating-point state
+    are averaged in the background while training goes on. When the average
+    ends, at a later step, each parameter gets the average's change
+    (average - snapshot) added to its current value, keeping the local steps
+    taken meanwhile; the optimizer state is replaced by its average. The next
+    average starts only once the previous one has been applied.
+
+    ``optimizer`` is a torch optimizer or, as in hivemind, a callable that
+    makes one from ``params``. ``codec=None`` averages with the context's
+    codec; ``"none"`` sends these averages uncompressed (fp32) whatever the
+    context's codec; another codec must be the context's own (codecs are set
+    per run, MP_CODEC)."""
+
+    def __init__(self, ctx: Context, params: Optional[Iterable[Any]] = None,
+                 optimizer: Union[torch.optim.Optimizer, Callable[..., torch.optim.Optimizer],
+                                  None] = None,
+                 mode: str = "gradients", every: int = 1, codec: Optional[str] = None,
+                 average_state: bool = True) -> None:
+        if optimizer is None:
+            raise InvalidArgument(_errno.EINVAL, "optimizer is required", "Optimizer")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            if params is None:
+                raise InvalidArgument(_errno.EINVAL, "params are required to build the "
+                                      "optimizer", "Optimizer")
+            optimizer = optimizer(params)
+        if mode not in ("gradients", "parameters"):
+            raise InvalidArgument(_errno.EINVAL, f"mode {mode!r}: \"gradients\" or "
+                                  "\"parameters\"", "Optimizer")
+        if not isinstance(every, int) or every < 1:
+            raise InvalidArgument(_errno.EINVAL, f"every={every}: a positive integer",
+                                  "Optimizer")
+        if codec is not None and codec != "none" and codec.split(":")[0] != ctx.codec:
+            raise InvalidArgument(_errno.EINVAL, f"codec {codec!r}: the context averages with "
+                                  f"{ctx.codec!r}; the codec is set per run (Context(codec=...) "
+                                  "or MP_CODEC), per average only \"none\" can be chosen",
+                                  "Optimizer")
+        self.ctx = ctx
+        self.optimizer = optimizer
+        self.mode = mode
+        self.every = every
+        self.average_state = average_state
+        self.uncompressed = codec == "none"
+        self.local_step = 0
+        self.last_result: Optional[list[Result]] = None
+        # Share the wrapped optimizer's groups and state, as hivemind does,
+        # so that LR schedulers and state_dict see one optimizer.
+        self.param_groups = optimizer.param_groups
+        self.defaults = optimizer.defaults
+        self.state = optimizer.state
+        self._params = _params_of(optimizer.param_groups)
+        self._grads: Optional[TensorAverager] = None
+        self._avg: Optional[TensorAverager] = None
+        self._grad_ids: list[int] = []
+        self._snap: dict[str, torch.Tensor] = {}
+        self._tensors: list[torch.Tensor] = []
+
+    # torch.optim.Optimizer's own __init__ is not called: these delegate.
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+        self.state = self.optimizer.state
+        self._avg = None  # the state tensors are new ones
+
+    def add_param_group(self, param_group: dict) -> None:
+        raise InvalidArgument(_errno.EINVAL, "add_param_group: every peer must average the same "
+                              "tensors; build the optimizer with all groups", "Optimizer")
+
+    def __repr__(self) -> str:
+        return f"moshpit.torch.Optimizer({self.optimizer!r}, mode={self.mode!r})"
+
+    def step(self, closure: Optional[Callable[[], Any]] = None,
+             batch_size: Optional[float] = None) -> Any:
+        if self.mode == "gradients":
+            return self._step_gradients(closure, batch_size)
+        return self._step_parameters(closure)
+
+    def _step_gradients(self, closure: Optional[Callable[[], Any]],
+                        batch_size: Optional[float]) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for p in self._params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self._params]
+        ids = [id(g) for g in grads]
+        if self._grads is None or ids != self._grad_ids:
+            # First step, or gradients replaced (zero_grad(set_to_none=True)):
+            # new views, the same flat buffers where the sizes match, so that
+            # the error-feedback residue stays with them.
+            old = self._grads
+            self._grads = TensorAverager(self.ctx, grads, self.uncompressed)
+            self._grad_ids = ids
+            if old is not None:
+                for k in self._grads.keys:
+                    if k in old.flat and old.flat[k].numel() == self._grads.flat[k].numel():
+                        self._grads.flat[k] = old.flat[k]
+        self.last_result = self._grads.average(1.0 if batch_size is None else batch_size)
+        self.optimizer.step()
+        self.local_step += 1
+        return loss
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        out = []
+        if not self.average_state:
+            return out
+        for p in self._params:
+            for name in sorted(self.optimizer.state.get(p, {})):
+                v = self.optimizer.state[p][name]
+                # Step counters (0-d) are local: averaging them means nothing.
+                if isinstance(v, torch.Tensor) and torch.is_floating_point(v) and v.dim() > 0:
+                    out.append(v)
+        return out
+
+    def _step_parameters(self, closure: Optional[Callable[[], Any]]) -> Any:
+        loss = self.optimizer.step(closure)
+        self.local_step += 1
+        if self._avg is not None and self._avg.pending() and self._avg.done():
+            self._apply()
+        if self.local_step % self.every == 0:
+            if self._avg is not None and self._avg.pending():
+                self._apply()  # waits: one average per period at most
+            self._start()
+        return loss
+
+    def _start(self) -> None:
+        tensors = list(self._params) + self._state_tensors()
+        if self._avg is None or [id(t) for t in tensors] != [id(t) for t in self._tensors]:
+            self._avg = TensorAverager(self.ctx, tensors, self.uncompressed)
+            self._tensors = tensors
+        self._avg.fill()
+        self._snap = {k: v.clone() for k, v in self._avg.flat.items()}
+        self._avg.handles = [self.ctx.average_async(self._avg.flat[k], 1.0,
+                                                    uncompressed=self.uncompressed)
+                             for k in self._avg.keys if self._avg.flat[k].numel()]
+
+    def _apply(self) -> None:
+        assert self._avg is not None
+        self.last_result = self._avg.finish()
+        params = {id(p) for p in self._params}
+        with torch.no_grad():
+            for k in self._avg.keys:
+                off = 0
+                flat, snap = self._avg.flat[k], self._snap[k]
+                for t in self._avg.buckets[k]:
+                    n = t.numel()
+                    avg = flat[off:off + n].view_as(t)
+                    if id(t) in params:
+                        t.add_((avg - snap[off:off + n].view_as(t)).to(t.dtype))
+                    else:
+                        t.copy_(avg)
+                    off += n
+
+    def finish(self, timeout: Optional[float] = None) -> None:
+        """Wait for a background average still running and apply it (call
+        before evaluating or saving in parameters mode)."""
+        if self._avg is not None and self._avg.pending():
+            self._apply()
+
+
+class ParameterAverager(ModelAverager):
+    """torch.distributed's model averager on moshpit: for
+    ``torch.distributed.optim.PostLocalSGDOptimizer`` in place of
+    ``PeriodicModelAverager``. Averages the parameters every ``period``
+    steps once ``warmup_steps`` have passed (blocking, as
+    PeriodicModelAverager does); no process group is needed."""
+
+    def __init__(self, ctx: Context, period: int = 1, warmup_steps: int = 0,
+                 codec: Optional[str] = None) -> None:
+        if not isinstance(period, int) or period < 1 or warmup_steps < 0:
+            raise InvalidArgument(_errno.EINVAL, f"period={period}, warmup_steps="
+                                  f"{warmup_steps}: period >= 1, warmup_steps >= 0",
+                                  "ParameterAverager")
+        # ModelAverager's own __init__ asks for a process group: none here.
+        self.process_group = None
+        self.step = 0
+        self.ctx = ctx
+        self.period = period
+        self.warmup_steps = warmup_steps
+        self.uncompressed = codec == "none"
+        self._avg: Optional[TensorAverager] = None
+        self.last_result: Optional[list[Result]] = None
+
+    def average_parameters(self, params: Any) -> None:
+        if self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0:
+            tensors = [p.data for p in _params_of(params)]
+            if self._avg is None or [id(t) for k in self._avg.keys
+                                     for t in self._avg.buckets[k]] != \
+                    [id(t) for k in sorted({_dtype_key(t) for t in tensors})
+                     for t in tensors if _dtype_key(t) == k]:
+                self._avg = TensorAverager(self.ctx, tensors, self.uncompressed)
+            self.last_result = self._avg.average()
+        self.step += 1
+
+
+class DDPHookState:
+    """State of :func:`ddp_comm_hook`: the context, and the buckets of the
+    step seen so far."""
+
+    def __init__(self, ctx: Context, codec: Optional[str] = None) -> None:
+        self.ctx = ctx
+        self.uncompressed = codec == "none"
+        self.pending: list[tuple[torch.Tensor, torch.futures.Future]] = []
+        self.flat: dict[str, torch.Tensor] = {}
+        self.last_result: Optional[list[Result]] = None
+
+
+def ddp_comm_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP communication hook: ``model.register_comm_hook(DDPHookState(ctx),
+    ddp_comm_hook)``. The buckets of one backward pass are held until the
+    last one, then averaged in one moshpit average per dtype, and every
+    bucket's future completes with its mean: one average per step, not one
+    per bucket. A failed average fails every bucket's future, so DDP raises."""
+    fut: torch.futures.Future = torch.futures.Future()
+    buf = bucket.buffer()
+    state.pending.append((buf, fut))
+    if not bucket.is_last():
+        return fut
+    pending, state.pending = state.pending, []
+    try:
+        groups: dict[str, list[torch.Tensor]] = {}
+        for t, _ in pending:
+            groups.setdefault(_dtype_key(t), []).append(t)
+        results = []
+        for k in sorted(groups):
+            n = sum(t.numel() for t in groups[k])
+            flat = state.flat.get(k)
+            if flat is None or flat.numel() != n:
+                flat = state.flat[k] = torch.empty(n, dtype=torch.float32)
+            torch.cat([t.reshape(-1).float() for t in groups[k]], out=flat)
+            results.append(state.ctx.average(flat, uncompressed=state.uncompressed))
+            off = 0
+            for t in groups[k]:
+                t.copy_(flat[off:off + t.numel()].view_as(t))
+                off += t.numel()
+        state.last_result = results
+    except Exception as e:  # noqa: BLE001 - handed to every future
+        for _, f in pending:
+            f.set_exception(e)
+        return fut
+    for t, f in pending:
+        f.set_result(t)
+    return fut
