@@ -9,8 +9,6 @@ and the same buffer address every step, which the sparse codecs' error
 feedback (keyed by buffer) needs.
 """
 
-from __future__ import annotations
-
 import errno as _errno
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -326,7 +324,8 @@ class ParameterAverager(ModelAverager):
 
 
 class DDPHookState:
-    """State of :func:`ddp_comm_hook`: the context, and the buckets of the
+    """State of :func:`ddp_comm_hook` (DDP checks the hook's annotations, so
+    this module does not postpone them): the context, and the buckets of the
     step seen so far."""
 
     def __init__(self, ctx: Context, codec: Optional[str] = None) -> None:
@@ -335,9 +334,12 @@ class DDPHookState:
         self.pending: list[tuple[torch.Tensor, torch.futures.Future]] = []
         self.flat: dict[str, torch.Tensor] = {}
         self.last_result: Optional[list[Result]] = None
+        self.buckets = 0   # buckets the hook was given, over all steps
+        self.averages = 0  # moshpit averages it ran: one per step and dtype
 
 
-def ddp_comm_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Future:
+def ddp_comm_hook(state: DDPHookState,
+                  bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: ``model.register_comm_hook(DDPHookState(ctx),
     ddp_comm_hook)``. The buckets of one backward pass are held until the
     last one, then averaged in one moshpit average per dtype, and every
@@ -346,6 +348,7 @@ def ddp_comm_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures
     fut: torch.futures.Future = torch.futures.Future()
     buf = bucket.buffer()
     state.pending.append((buf, fut))
+    state.buckets += 1
     if not bucket.is_last():
         return fut
     pending, state.pending = state.pending, []
@@ -361,6 +364,7 @@ def ddp_comm_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures
                 flat = state.flat[k] = torch.empty(n, dtype=torch.float32)
             torch.cat([t.reshape(-1).float() for t in groups[k]], out=flat)
             results.append(state.ctx.average(flat, uncompressed=state.uncompressed))
+            state.averages += 1
             off = 0
             for t in groups[k]:
                 t.copy_(flat[off:off + t.numel()].view_as(t))

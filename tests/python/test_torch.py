@@ -1,0 +1,201 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""moshpit.torch: gradient mode against full-batch SGD (4 processes over
+tcp), parameter mode converging, ParameterAverager under
+PostLocalSGDOptimizer, and the DDP hook (2 processes, gloo for DDP itself)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+
+import pytest
+import torch
+from torch.distributed.optim import PostLocalSGDOptimizer
+
+import moshpit
+import moshpit.torch as mt
+import workers
+from conftest import loop_peers, run_threads
+
+torch.set_num_threads(1)
+
+
+def _spawn(target, n, extra, timeout=240.0):
+    """Start n peer processes, hand each the list of addresses, collect
+    what each puts on q_out; kill them all at the end, whatever happens."""
+    ctx = mp.get_context("spawn")
+    q_addr, q_peers, q_out = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    run = f"pyproc-{os.getpid()}-{time.monotonic_ns()}"
+    procs = [ctx.Process(target=target, args=(r, n, run, *extra, q_addr, q_peers, q_out))
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        deadline = time.monotonic() + timeout
+        addrs = {}
+        while len(addrs) < n:
+            try:
+                r, a = q_addr.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"peers did not start within {timeout} s (have {sorted(addrs)})")
+            addrs[r] = a
+        for _ in range(n):
+            q_peers.put([addrs[r] for r in range(n)])
+        out = {}
+        while len(out) < n:
+            try:
+                r, value, err = q_out.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"peers did not finish within {timeout} s (done: {sorted(out)})")
+            assert err is None, f"peer {r}:\n{err}"
+            out[r] = value
+        return [out[r] for r in range(n)]
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def test_gradient_mode_follows_full_batch_sgd_with_4_processes():
+    steps = 20
+    got = _spawn(workers.gradient_worker, 4, (steps,))
+    want = workers.sgd_full_batch(steps)
+    moved = max((w - p0).abs().max().item()
+                for w, p0 in zip(want, workers.Net().parameters()))
+    assert moved > 0.05  # the comparison means something: training moved the weights
+    for params in got:
+        for p, w in zip(params, want):
+            torch.testing.assert_close(torch.tensor(p), w, rtol=0, atol=2e-5)
+
+
+def test_ddp_hook_one_average_per_step():
+    store = f"/tmp/moshpit-ddp-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        got = _spawn(workers.ddp_worker, 2, (store,))
+    finally:
+        if os.path.exists(store):
+            os.unlink(store)
+    for errs, buckets, averages in got:
+        assert max(errs) < 1e-5, errs
+        assert averages == 3  # one per step (one dtype)
+        assert buckets > averages  # DDP made several buckets per step
+
+
+def _regression(seed: int, n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g) + seed  # each peer's shard from its own distribution
+    return x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+
+
+def test_parameter_mode_converges():
+    ctxs = loop_peers(4)
+    models = []
+    for i in range(4):
+        torch.manual_seed(10 + i)  # peers start apart
+        models.append(torch.nn.Linear(4, 1, bias=False))
+    opts = [mt.Optimizer(c, optimizer=torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.5),
+                         mode="parameters", every=2) for c, m in zip(ctxs, models)]
+    barrier = threading.Barrier(4, timeout=60)
+
+    def train(i):
+        x, y = _regression(i)
+        for _ in range(150):
+            opts[i].zero_grad()
+            torch.nn.functional.mse_loss(models[i](x), y).backward()
+            opts[i].step()
+        opts[i].finish()
+        barrier.wait()
+        return opts[i].local_step
+    try:
+        assert run_threads([lambda i=i: train(i) for i in range(4)], timeout=120) == [150] * 4
+    finally:
+        for c in ctxs:
+            c.close()
+    ws = torch.stack([m.weight.detach().reshape(-1) for m in models])
+    target = torch.tensor([1.0, -2.0, 0.5, 3.0])
+    assert (ws - target).abs().max() < 0.05, ws
+    assert (ws - ws.mean(0)).abs().max() < 0.02, ws
+    # The optimizer state was averaged too: every peer's momentum is there.
+    assert all(len(o.state) == 1 for o in opts)
+
+
+def test_parameter_mode_state_is_averaged():
+    ctxs = loop_peers(2)
+    ms = [torch.nn.Linear(2, 1, bias=False) for _ in range(2)]
+    with torch.no_grad():
+        ms[0].weight.fill_(1.0)
+        ms[1].weight.fill_(3.0)
+    opts = [mt.Optimizer(c, optimizer=torch.optim.SGD(m.parameters(), lr=0.0, momentum=0.9),
+                         mode="parameters", every=1) for c, m in zip(ctxs, ms)]
+
+    def one(i):
+        ms[i].weight.grad = torch.full((1, 2), float(i))
+        opts[i].step()  # lr 0: the weights move only by the average
+        opts[i].finish()
+    try:
+        run_threads([lambda i=i: one(i) for i in range(2)])
+    finally:
+        for c in ctxs:
+            c.close()
+    for m, o in zip(ms, opts):
+        assert torch.equal(m.weight.detach(), torch.full((1, 2), 2.0))
+        assert torch.equal(o.state[m.weight]["momentum_buffer"], torch.full((1, 2), 0.5))
+
+
+def test_post_local_sgd_with_parameter_averager():
+    ctxs = loop_peers(3)
+    models = []
+    for i in range(3):
+        torch.manual_seed(i)
+        models.append(torch.nn.Linear(4, 2))
+    opts = [PostLocalSGDOptimizer(optim=torch.optim.SGD(m.parameters(), lr=0.1),
+                                  averager=mt.ParameterAverager(c, period=2, warmup_steps=1))
+            for c, m in zip(ctxs, models)]
+    snaps = [[] for _ in range(3)]
+
+    def train(i):
+        x, y = _regression(i, 8)
+        for _ in range(6):
+            opts[i].zero_grad()
+            out = models[i](x)
+            torch.nn.functional.mse_loss(out, torch.cat([y, y], 1)).backward()
+            opts[i].step()
+            snaps[i].append(torch.cat([p.detach().reshape(-1) for p in models[i].parameters()]))
+    try:
+        run_threads([lambda i=i: train(i) for i in range(3)])
+    finally:
+        for c in ctxs:
+            c.close()
+    for step in range(6):
+        same = all(torch.equal(snaps[0][step], snaps[i][step]) for i in (1, 2))
+        # PeriodicModelAverager's schedule: averages at steps 1, 3, 5 (after warmup 1, period 2)
+        assert same == (step in (1, 3, 5)), step
+
+
+def test_optimizer_argument_errors():
+    ctxs = loop_peers(1)
+    try:
+        m = torch.nn.Linear(2, 1)
+        with pytest.raises(moshpit.InvalidArgument, match="mode"):
+            mt.Optimizer(ctxs[0], optimizer=torch.optim.SGD(m.parameters(), lr=0.1), mode="x")
+        with pytest.raises(moshpit.InvalidArgument, match="every"):
+            mt.Optimizer(ctxs[0], optimizer=torch.optim.SGD(m.parameters(), lr=0.1), every=0)
+        with pytest.raises(moshpit.InvalidArgument, match="per run"):
+            mt.Optimizer(ctxs[0], optimizer=torch.optim.SGD(m.parameters(), lr=0.1),
+                         codec="blockwise8")
+        # hivemind's form: a factory and the parameters
+        opt = mt.Optimizer(ctxs[0], m.parameters(),
+                           lambda ps: torch.optim.SGD(ps, lr=0.1))
+        assert isinstance(opt.optimizer, torch.optim.SGD)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        m(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        sched.step()
+        assert opt.optimizer.param_groups[0]["lr"] == 0.05
+    finally:
+        ctxs[0].close()
