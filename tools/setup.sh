@@ -10,6 +10,9 @@ need=(gcc g++ meson ninja-build pkg-config libcmocka-dev libsodium-dev libopendh
 # The WAN test bed's delay (tools/nfq_delay.c, tools/wan_bed.sh): its tests
 # skip without them.
 [ "${MP_WITH_WAN:-0}" = 1 ] && need+=(iptables libnetfilter-queue-dev)
+# The Python package's tests (tests/python, run by test.sh): Debian's numpy,
+# torch and pytest for /usr/bin/python3. The suite skips them without.
+[ "${MP_WITH_PYTHON:-0}" = 1 ] && need+=(python3-numpy python3-torch python3-pytest)
 # gnuplot draws the plots of tools/convergence.sh; tests do not need it.
 [ "${MP_WITH_DOCS:-0}" = 1 ] && need+=(gnuplot-nox)
 

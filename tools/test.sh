@@ -6,6 +6,8 @@
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$top"
+# tests/python needs numpy, torch and pytest for /usr/bin/python3.
+export MP_WITH_PYTHON=1
 source tools/setup.sh
 
 passed=0 failed=0 skipped=0 status=0

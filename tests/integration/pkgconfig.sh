@@ -22,3 +22,22 @@ static=$(pkg-config --libs --static moshpit | sed 's/-L[^ ]*//; s/-lmoshpit//' |
 cc -std=c11 $cflags "$src/tests/integration/example_link.c" -o "$dest/example_static" \
 	"$libdir/libmoshpit.a" $static -pthread
 "$dest/example_static"
+# The Python package, where meson installed it: it must import from its
+# installed place, name the installed library in _paths.py, and average with
+# it (MOSHPIT_LIB here only because the library sits under the scratch folder).
+pkg=$(find "$dest" -path '*/moshpit/__init__.py' | head -n 1)
+if [ -x /usr/bin/python3 ]; then
+	[ -n "$pkg" ] || { echo "pkgconfig: the moshpit Python package was not installed" >&2; exit 1; }
+	pydir=$(dirname "$(dirname "$pkg")")
+	grep -qx "LIBDIR = \"${libdir#"$dest"}\"" "$pydir/moshpit/_paths.py" ||
+		{ echo "pkgconfig: _paths.py does not name ${libdir#"$dest"}" >&2; exit 1; }
+	PYTHONPATH=$pydir MOSHPIT_LIB=$libdir/libmoshpit.so.0 /usr/bin/python3 -c '
+import array, os, sys, moshpit
+assert moshpit.__file__.startswith(sys.argv[1]), moshpit.__file__
+with moshpit.Context(transport="loop", npeers=1, rank=0) as c:
+    c.set_peers([c.address])
+    a = array.array("f", [3.0, 5.0])
+    r = c.average(a)
+    assert list(a) == [3.0, 5.0] and r.peers == 1, (list(a), r)
+print("python package: installed and averaging")' "$pydir"
+fi
