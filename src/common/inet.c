@@ -6,10 +6,13 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <moshpit/sdk/clock.h>
 #include "log.h"
 
 /* Split "host:port" or "[v6]:port"; an empty host comes back as "". */
@@ -281,4 +284,71 @@ fail:
 	rc = -errno;
 	close(s);
 	return rc;
+}
+
+int mp_inet_xfer(int fd, void *buf, size_t len, uint64_t deadline, int out)
+{
+	uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = out ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
+		uint64_t now;
+		struct pollfd pfd = {.fd = fd, .events = out ? POLLOUT : POLLIN};
+
+		if (n > 0) {
+			p += n;
+			len -= (size_t)n;
+			continue;
+		}
+		if (n == 0)
+			return -ECONNRESET;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		now = mp_now_ms();
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		if (poll(&pfd, 1, (int)(deadline - now)) < 0 && errno != EINTR)
+			return -errno;
+	}
+	return 0;
+}
+
+int mp_inet_dial(const char *addr, uint64_t deadline, int *out)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	int fd, rc, one = 1;
+
+	if ((rc = mp_inet_resolve(addr, 0, &ss, &sl)))
+		return rc;
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (connect(fd, (struct sockaddr *)&ss, sl) && errno != EINPROGRESS) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	for (;;) {
+		struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+		uint64_t now = mp_now_ms();
+		int err = 0;
+		socklen_t el = sizeof(err);
+
+		if (now >= deadline) {
+			close(fd);
+			return -ETIMEDOUT;
+		}
+		if (poll(&pfd, 1, (int)(deadline - now)) <= 0)
+			continue;
+		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) || err) {
+			close(fd);
+			return err ? -err : -EIO;
+		}
+		*out = fd;
+		return 0;
+	}
 }

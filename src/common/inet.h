@@ -51,4 +51,13 @@ struct mp_drv;
 int mp_inet_addr_parse(struct mp_drv *d, const char *text, void *blob, size_t *len);
 int mp_inet_addr_format(struct mp_drv *d, const void *blob, size_t len, char *text, size_t cap);
 
+/* Move all @len bytes over the non-blocking socket @fd (send with @out,
+ * else receive) by @deadline (mp_now_ms clock): 0, -ETIMEDOUT,
+ * -ECONNRESET (the other side closed), or a socket error. */
+int mp_inet_xfer(int fd, void *buf, size_t len, uint64_t deadline, int out);
+
+/* A connected non-blocking TCP socket (TCP_NODELAY) to "host:port" @addr
+ * by @deadline (mp_now_ms clock) into *@out, or a negative errno. */
+int mp_inet_dial(const char *addr, uint64_t deadline, int *out);
+
 #endif

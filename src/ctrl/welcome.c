@@ -65,37 +65,10 @@ struct mp_welcome {
 	uint8_t *buf;      /* the answer: header then payload */
 };
 
-/* Move all @len bytes (send with @out, else receive) by @deadline over the
- * socket *@ctx (struct mp_welcome_io). 0, -ETIMEDOUT, -ECONNRESET (the
- * other side closed), or a socket error. */
+/* The socket *@ctx's side of struct mp_welcome_io. */
 static int sock_xfer(void *ctx, void *buf, size_t len, uint64_t deadline, int out)
 {
-	int fd = *(int *)ctx;
-	uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = out ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
-		uint64_t now;
-		struct pollfd pfd = {.fd = fd, .events = out ? POLLOUT : POLLIN};
-
-		if (n > 0) {
-			p += n;
-			len -= (size_t)n;
-			continue;
-		}
-		if (n == 0)
-			return -ECONNRESET;
-		if (errno == EINTR)
-			continue;
-		if (errno != EAGAIN && errno != EWOULDBLOCK)
-			return -errno;
-		now = mp_now_ms();
-		if (now >= deadline)
-			return -ETIMEDOUT;
-		if (poll(&pfd, 1, (int)(deadline - now)) < 0 && errno != EINTR)
-			return -errno;
-	}
-	return 0;
+	return mp_inet_xfer(*(int *)ctx, buf, len, deadline, out);
 }
 
 static int xfer(const struct mp_welcome_io *io, void *buf, size_t len, uint64_t deadline, int out)
@@ -268,45 +241,6 @@ uint64_t mp_welcome_refused(struct mp_welcome *w)
 	return w ? __atomic_load_n(&w->refused, __ATOMIC_RELAXED) : 0;
 }
 
-/* A connected non-blocking socket to @addr by @deadline, or a negative errno. */
-static int dial(const char *addr, uint64_t deadline, int *out)
-{
-	struct sockaddr_storage ss;
-	socklen_t sl;
-	int fd, rc, one = 1;
-
-	if ((rc = mp_inet_resolve(addr, 0, &ss, &sl)))
-		return rc;
-	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	if (connect(fd, (struct sockaddr *)&ss, sl) && errno != EINPROGRESS) {
-		rc = -errno;
-		close(fd);
-		return rc;
-	}
-	for (;;) {
-		struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-		uint64_t now = mp_now_ms();
-		int err = 0;
-		socklen_t el = sizeof(err);
-
-		if (now >= deadline) {
-			close(fd);
-			return -ETIMEDOUT;
-		}
-		if (poll(&pfd, 1, (int)(deadline - now)) <= 0)
-			continue;
-		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) || err) {
-			close(fd);
-			return err ? -err : -EIO;
-		}
-		*out = fd;
-		return 0;
-	}
-}
-
 int mp_welcome_ask_io(const struct mp_auth *a, uint64_t run_id, const struct mp_welcome_io *io,
 		      uint64_t deadline, const uint8_t *give, size_t give_len, uint8_t **payload,
 		      size_t *len)
@@ -359,7 +293,7 @@ int mp_welcome_ask(const struct mp_auth *a, uint64_t run_id, const char *addr, i
 	if (!a || !addr || !payload || !len || give_len > MP_WELCOME_GIVE_MAX ||
 	    (give_len && !give))
 		return -EINVAL;
-	if ((rc = dial(addr, deadline, &fd)))
+	if ((rc = mp_inet_dial(addr, deadline, &fd)))
 		return rc;
 	io = (struct mp_welcome_io){sock_xfer, &fd};
 	rc = mp_welcome_ask_io(a, run_id, &io, deadline, give, give_len, payload, len);
