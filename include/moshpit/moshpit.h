@@ -749,6 +749,15 @@ struct mp_stats {
 	                                    connection slots, and while a control connection
 	                                    is up its receive buffer): those that left or
 	                                    whose record expired hold none */
+	uint64_t state_served;         /**< state service (::mp_state_serve): version queries
+	                                    answered and downloads sent whole */
+	uint64_t state_refused;        /**< ... clients refused: they did not prove the run
+	                                    key (they got a nonce and nothing else), or sent
+	                                    nonsense */
+	uint64_t state_cut;            /**< ... downloads that ended early: the client went
+	                                    away or stalled, or the service stopped */
+	uint64_t state_busy;           /**< ... connections closed at once because
+	                                    MP_STATE_MAX_ACTIVE downloads were running */
 };
 
 /**
@@ -903,6 +912,129 @@ MP_API int mp_feedback_reset(mp_ctx *ctx, const float *buf);
  */
 MP_API int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight,
 			    struct mp_result *res);
+
+/**
+ * State download: a peer that joins a running job gets the current model
+ * from the peers already training, without stopping them
+ * (doc/control-plane.md, "State download"; doc/protocol.md).
+ *
+ * A server calls ::mp_state_serve once and ::mp_state_publish whenever its
+ * buffers are consistent (say after each optimizer step, or every few): a
+ * publish copies them, so downloads read a snapshot while training goes on,
+ * from threads of the service's own, never the progress thread. A joiner
+ * calls ::mp_state_query to learn the sizes (and the metadata, where a
+ * framework keeps its layout), then ::mp_state_fetch. Both sides prove the
+ * run key (::mp_config::run_key) on every connection; the downloaded bytes
+ * are checked against the snapshot's BLAKE2b digest, which the server's
+ * authenticated header carries.
+ */
+
+/** Most downloads one server runs at once; one more is closed at once and
+ * its client asks the next server. */
+#define MP_STATE_MAX_ACTIVE 4
+
+/** What ::mp_state_query found or ::mp_state_fetch downloaded. Fields are
+ * only ever appended. */
+struct mp_state_info {
+	uint64_t version;   /**< the version the server published (say, the step) */
+	uint64_t bytes;     /**< the buffers' total length */
+	int nbufs;          /**< number of buffers */
+	size_t meta_len;    /**< the metadata's length (may exceed what the caller's room took) */
+	int source;         /**< index in the address list of the server it came from */
+	int tries;          /**< ::mp_state_fetch: servers a download was started with */
+	uint64_t resumed;   /**< ::mp_state_fetch: bytes kept from a server that failed
+	                         mid-transfer, the next one having the same snapshot */
+};
+
+/**
+ * Start this peer's state service, a TCP listener served by threads of its
+ * own until ::mp_finalize. Until the first ::mp_state_publish it answers
+ * that it has nothing.
+ * @param ctx context
+ * @param listen "host:port" to listen on (port 0: any free one); NULL: the
+ *        host of this peer's own address where that is an IP address (tcp),
+ *        else 127.0.0.1, with any port. ::mp_state_address says which.
+ * @return 0; -EBUSY if already serving; -EADDRINUSE, -EINVAL (an
+ *         unparsable address) or another socket error, with
+ *         ::mp_last_error saying which
+ */
+MP_API int mp_state_serve(mp_ctx *ctx, const char *listen);
+
+/**
+ * The "host:port" of this peer's state service, for joiners.
+ * @return 0; -ENOTCONN if ::mp_state_serve was not called; -ENOSPC if
+ *         @p len is too small (::MP_ADDR_STRLEN always suffices)
+ */
+MP_API int mp_state_address(mp_ctx *ctx, char *buf, size_t len);
+
+/**
+ * Publish @p n buffers and a metadata blob as this peer's state, with a
+ * version (a step count: joiners take the highest). The bytes are copied
+ * now: the caller may change the buffers as soon as this returns, and
+ * downloads in progress finish with the snapshot they began. May be called
+ * before ::mp_state_serve and from any thread that does not overlap another
+ * call on @p ctx; it does not wait for the progress thread.
+ * @param ctx context
+ * @param version the state's version
+ * @param bufs @p n buffers (host memory)
+ * @param lens their lengths in bytes (0 allowed)
+ * @param n number of buffers, 0 to 65536
+ * @param meta metadata (may be NULL when @p meta_len is 0)
+ * @param meta_len its length, at most 1 MiB
+ * @return 0; -EINVAL (bounds, NULL with a length); -ENOMEM (nothing
+ *         changed: the previous state is still served)
+ */
+MP_API int mp_state_publish(mp_ctx *ctx, uint64_t version, const void *const *bufs,
+			    const size_t *lens, int n, const void *meta, size_t meta_len);
+
+/**
+ * Ask each server of @p addrs for its state's version and describe the
+ * most advanced one: its sizes, its metadata. Nothing is downloaded.
+ * @param ctx context (its run key proves us to the servers)
+ * @param addrs @p naddrs state service addresses (::mp_state_address)
+ * @param naddrs number of addresses (>= 1)
+ * @param[out] info what was found (may be NULL)
+ * @param[out] lens room for @p max_lens buffer lengths (may be NULL)
+ * @param max_lens its capacity; info->nbufs says how many there are
+ * @param[out] meta room for the metadata (may be NULL)
+ * @param meta_cap its capacity; info->meta_len says how long it is
+ * @param timeout_ms longest time for the whole call (> 0)
+ * @return 0; -ENOENT (no server has published a state); -EACCES (every
+ *         server refused us: another run key); -ETIMEDOUT, or another
+ *         server's failure; ::mp_last_error names each server's failure
+ */
+MP_API int mp_state_query(mp_ctx *ctx, const char *const *addrs, int naddrs,
+			  struct mp_state_info *info, size_t *lens, int max_lens, void *meta,
+			  size_t meta_cap, int timeout_ms);
+
+/**
+ * Download the most advanced state among @p addrs into @p bufs, whose
+ * lengths must equal the server's (servers with other lengths are passed
+ * over). When a server fails mid-transfer (dies, stalls for
+ * ::mp_config::round_timeout_ms, or sends bytes that do not match its
+ * snapshot's digest), the next server is tried, resuming where the
+ * transfer stopped when it serves the same snapshot; the result is always
+ * one server's snapshot whole, checked against its digest.
+ * @param ctx context
+ * @param addrs @p naddrs state service addresses
+ * @param naddrs number of addresses (>= 1)
+ * @param bufs @p n buffers to fill (host memory)
+ * @param lens their lengths in bytes
+ * @param n number of buffers
+ * @param[out] meta room for the metadata (may be NULL)
+ * @param meta_cap its capacity (info->meta_len says how long it is)
+ * @param[out] info what was downloaded, from where (may be NULL)
+ * @param timeout_ms longest time for the whole call (> 0)
+ * @return 0; -ENOENT (no server has a state); -EACCES (every server
+ *         refused us); -EMSGSIZE (no server has buffers of these lengths:
+ *         ::mp_last_error gives theirs); -EBADMSG (the data did not match
+ *         the digest); -ETIMEDOUT; or the last server's failure, with
+ *         ::mp_last_error naming each server's. On failure @p bufs may
+ *         hold part of a download.
+ */
+MP_API int mp_state_fetch(mp_ctx *ctx, const char *const *addrs, int naddrs, void *const *bufs,
+			  const size_t *lens, int n, void *meta, size_t meta_cap,
+			  struct mp_state_info *info, int timeout_ms);
 
 #ifdef __cplusplus
 }

@@ -1584,6 +1584,7 @@ int mp_finalize(mp_ctx *ctx)
 		ctx->core->fbs = f->next;
 		fb_free(f);
 	}
+	mp_state_fini(ctx);
 	mp_dht_stop(ctx);
 	mp_conn_fini(ctx);
 	free(ctx->live);

@@ -93,7 +93,14 @@ struct mp_core {
 	struct mp_mr *mrs;        /* registrations made with mp_mem_register (under mu): an
 	                             average without a handle uses a host one that covers
 	                             it; mp_finalize releases those left */
+	/* State download (state.c): the service, started by mp_state_serve,
+	 * and the last snapshot mp_state_publish made. */
+	struct mp_state_srv *state_srv;
+	struct mp_state_snap *state_snap;
 };
+
+/* Stop the state service and drop the snapshot (mp_finalize). */
+void mp_state_fini(struct mp_ctx *ctx);
 
 /* Failure memory of static runs (probe.c). */
 void mp_fm_tick(struct mp_ctx *ctx);

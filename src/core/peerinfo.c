@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "state_xfer.h"
 
 int mp_peers_info(mp_ctx *ctx, struct mp_peer_info *out, int max, size_t elem_size)
 {
@@ -42,6 +43,15 @@ int mp_stats(mp_ctx *ctx, struct mp_stats *out, size_t size)
 	st.handshakes_max = __atomic_load_n(&c->pending_max, __ATOMIC_RELAXED);
 	st.peers_known = __atomic_load_n(&c->peers_known, __ATOMIC_RELAXED);
 	st.peers_held = __atomic_load_n(&c->peers_held, __ATOMIC_RELAXED);
+	if (ctx->core->state_srv) {
+		struct mp_state_srv_counts sc;
+
+		mp_state_srv_counts(ctx->core->state_srv, &sc);
+		st.state_served = sc.served;
+		st.state_refused = sc.refused;
+		st.state_cut = sc.cut;
+		st.state_busy = sc.busy;
+	}
 	memcpy(out, &st, size < sizeof(st) ? size : sizeof(st));
 	return 0;
 }

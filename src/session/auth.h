@@ -26,6 +26,8 @@ enum mp_auth_domain {
 	MP_AUTH_LOCATOR = 6,   /* DHT keys of the run (not secret-free: see rdv_dht.c) */
 	MP_AUTH_WELCOME_ASK = 7,  /* a new peer asking a member for the run (welcome.c) */
 	MP_AUTH_WELCOME_GIVE = 8, /* the member's answer */
+	MP_AUTH_STATE_ASK = 9,    /* a state download's request (state_xfer.c) */
+	MP_AUTH_STATE_GIVE = 10,  /* the server's header */
 };
 
 struct mp_auth {
