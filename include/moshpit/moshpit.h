@@ -227,6 +227,11 @@ struct mp_config {
 	                             (see ::mp_mem_register): to compare the two, or to step
 	                             around the device path. Local: peers need not agree
 	                             (default 0) */
+	uint64_t state_rate;    /**< MP_STATE_RATE: the most bytes per second this peer's state
+	                             service (::mp_state_serve) sends to each download (K, M, G
+	                             suffixes: powers of 1024), so that joiners leave its
+	                             averaging the bandwidth it needs; 0 unlimited (default).
+	                             Local: peers need not agree */
 };
 
 /** Default of ::mp_config::max_handshakes: a run's own peers dialling at

@@ -75,6 +75,7 @@ class MpConfig(ctypes.Structure):
         ("direct_max", c_size_t),
         ("max_handshakes", c_int),
         ("cuda_stage", c_int),
+        ("state_rate", c_uint64),
     ]
 
 
@@ -128,7 +129,8 @@ class MpStats(ctypes.Structure):
     _fields_ = [(name, c_uint64) for name in (
         "frames_rejected", "conns_accepted", "conns_authenticated", "conns_refused",
         "conns_timed_out", "conns_evicted", "conns_hung_up", "handshakes_pending",
-        "handshakes_max", "peers_known", "peers_held")]
+        "handshakes_max", "peers_known", "peers_held", "state_served", "state_refused",
+        "state_cut", "state_busy")]
 
 
 AVG_UNCOMPRESSED = 0x1

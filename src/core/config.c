@@ -335,6 +335,7 @@ int mp_config_from_env(struct mp_config *cfg)
 	INT_VAR("MP_DIRECT_MAX", direct_max, 0, 1u << 28)
 	INT_VAR("MP_MAX_HANDSHAKES", max_handshakes, 1, 65536)
 	INT_VAR("MP_CUDA_STAGE", cuda_stage, 0, 1)
+	INT_VAR("MP_STATE_RATE", state_rate, 0, 1LL << 40)
 #undef INT_VAR
 	/* The backoff's ends in order, once the environment set either (the
 	 * other may be the caller's or the default). Neither is moved to fit

@@ -61,7 +61,7 @@ int mp_state_serve(mp_ctx *ctx, const char *listen)
 		listen = def;
 	}
 	rc = mp_state_srv_start(&ctx->auth, ctx->run_id, listen, ctx->cfg.round_timeout_ms,
-				&ctx->core->state_srv);
+				ctx->cfg.state_rate, &ctx->core->state_srv);
 	if (rc) {
 		mp_set_error(ctx, "state: cannot listen on %s: %s", listen, strerror(-rc));
 		return rc;

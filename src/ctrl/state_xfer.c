@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 #include <moshpit/sdk/clock.h>
 #include <moshpit/sdk/le.h>
@@ -83,6 +84,7 @@ struct mp_state_srv {
 	struct mp_auth auth;
 	uint64_t run_id;
 	int stall_ms;
+	uint64_t rate; /* bytes per second per download, 0 unlimited */
 	int fd;
 	char addr[MP_ADDR_STRLEN];
 	pthread_t thread;
@@ -234,20 +236,41 @@ static void refuse(struct mp_state_srv *s, int fd, const char *why)
 }
 
 /* Send @len bytes of @p, a piece at a time, each within the stall limit,
- * until done or the server stops. */
-static int send_all(struct mp_state_srv *s, int fd, const uint8_t *p, size_t len)
+ * until done or the server stops. With a rate, a piece leaves no earlier
+ * than the rate allows since @t0 (the download's start, mp_now_ns clock),
+ * *@sent bytes having left before it. */
+static int send_all(struct mp_state_srv *s, int fd, const uint8_t *p, size_t len, uint64_t t0,
+		    uint64_t *sent)
 {
+	size_t piece = PIECE;
+
+	/* Smaller pieces under a rate: smoother, and the stop flag is seen sooner. */
+	if (s->rate && s->rate / 16 < piece)
+		piece = s->rate / 16 ? (size_t)(s->rate / 16) : 1;
 	while (len) {
-		size_t k = len < PIECE ? len : PIECE;
+		size_t k = len < piece ? len : piece;
 		int rc;
 
 		if (__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE))
 			return -ECANCELED;
+		if (s->rate) {
+			double due = (double)*sent / (double)s->rate * 1e9;
+			uint64_t now = mp_now_ns();
+
+			if (t0 + (uint64_t)due > now) {
+				uint64_t wait = t0 + (uint64_t)due - now;
+				struct timespec ts = {(time_t)(wait / 1000000000u),
+						      (long)(wait % 1000000000u)};
+
+				nanosleep(&ts, NULL);
+			}
+		}
 		rc = mp_inet_xfer(fd, (void *)p, k, mp_now_ms() + (uint64_t)s->stall_ms, 1);
 		if (rc)
 			return rc;
 		p += k;
 		len -= k;
+		*sent += k;
 	}
 	return 0;
 }
@@ -305,15 +328,16 @@ static void serve(struct mp_state_srv *s, int fd)
 	}
 	head_mac(&s->auth, ask, nonce_s, s->run_id, fixed, lens, snap ? 8 * (size_t)snap->nbufs : 0,
 		 snap ? snap->meta : NULL, snap ? snap->meta_len : 0, mac);
-	rc = send_all(s, fd, fixed, sizeof(fixed));
+	uint64_t t0 = mp_now_ns(), sent = 0;
+	rc = send_all(s, fd, fixed, sizeof(fixed), t0, &sent);
 	if (!rc && snap)
-		rc = send_all(s, fd, lens, 8 * (size_t)snap->nbufs);
+		rc = send_all(s, fd, lens, 8 * (size_t)snap->nbufs, t0, &sent);
 	if (!rc && snap)
-		rc = send_all(s, fd, snap->meta, snap->meta_len);
+		rc = send_all(s, fd, snap->meta, snap->meta_len, t0, &sent);
 	if (!rc)
-		rc = send_all(s, fd, mac, sizeof(mac));
+		rc = send_all(s, fd, mac, sizeof(mac), t0, &sent);
 	if (!rc && snap && kind == KIND_DOWNLOAD)
-		rc = send_all(s, fd, snap->data + start, (size_t)(snap->total - start));
+		rc = send_all(s, fd, snap->data + start, (size_t)(snap->total - start), t0, &sent);
 	__atomic_add_fetch(rc ? &s->n.cut : &s->n.served, 1, __ATOMIC_RELAXED);
 	free(lens);
 	mp_state_snap_put(snap);
@@ -385,7 +409,7 @@ static void *service(void *arg)
 }
 
 int mp_state_srv_start(const struct mp_auth *a, uint64_t run_id, const char *listen,
-		       int stall_ms, struct mp_state_srv **out)
+		       int stall_ms, uint64_t rate, struct mp_state_srv **out)
 {
 	struct mp_state_srv *s;
 	struct mp_inet_addr blob;
@@ -400,6 +424,7 @@ int mp_state_srv_start(const struct mp_auth *a, uint64_t run_id, const char *lis
 	s->auth = *a;
 	s->run_id = run_id;
 	s->stall_ms = stall_ms;
+	s->rate = rate;
 	pthread_mutex_init(&s->lock, NULL);
 	rc = mp_inet_listen(listen, 16, NULL, NULL, &s->fd, &blob, &blen, s->addr, sizeof(s->addr));
 	if (!rc) {

@@ -35,11 +35,12 @@ void mp_state_snap_put(struct mp_state_snap *s);
 
 struct mp_state_srv;
 
-/* Serve on @listen ("host:port", port 0 for any) until mp_state_srv_stop.
+/* Serve on @listen ("host:port", port 0 for any) until mp_state_srv_stop,
+ * each download at most @rate bytes per second (0: as fast as it goes).
  * A client silent for @stall_ms, or a download that moves nothing for it,
  * is dropped. 0 or a negative errno with nothing started. */
 int mp_state_srv_start(const struct mp_auth *a, uint64_t run_id, const char *listen,
-		       int stall_ms, struct mp_state_srv **out);
+		       int stall_ms, uint64_t rate, struct mp_state_srv **out);
 /* Stops accepting, ends the downloads in progress (at most @stall_ms
  * later), frees it. */
 void mp_state_srv_stop(struct mp_state_srv *s);
