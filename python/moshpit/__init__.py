@@ -27,7 +27,7 @@ from . import _lib
 __all__ = [
     "Context", "Handle", "Result", "PeerInfo", "Stats", "Error", "InvalidArgument",
     "SettingsMismatch", "LengthMismatch", "Timeout", "Unsupported", "Busy", "Closed",
-    "PeerFailure", "CODECS", "transport_available", "grid_shape",
+    "PeerFailure", "NotFound", "StateInfo", "CODECS", "transport_available", "grid_shape",
 ]
 
 _lib_handle: Optional[ctypes.CDLL] = None
@@ -93,7 +93,13 @@ class Closed(Error):
 
 
 class PeerFailure(Error, ConnectionError):
-    """The operation failed with its peers (refused, cut, a protocol error)."""
+    """The operation failed with its peers (refused, cut, a protocol error;
+    EACCES: they refused our run key; EBADMSG: data that did not match its
+    digest)."""
+
+
+class NotFound(Error, LookupError):
+    """ENOENT: no such transport; no server has published a state."""
 
 
 _CLASSES = {
@@ -110,6 +116,9 @@ _CLASSES = {
     _errno.ENOTCONN: PeerFailure,
     _errno.EPROTO: PeerFailure,
     _errno.EHOSTUNREACH: PeerFailure,
+    _errno.EACCES: PeerFailure,
+    _errno.EBADMSG: PeerFailure,
+    _errno.ENOENT: NotFound,
 }
 
 
@@ -205,6 +214,30 @@ class Stats:
     handshakes_max: int
     peers_known: int
     peers_held: int
+    state_served: int
+    """state service: version queries answered and downloads sent whole"""
+    state_refused: int
+    """state service: clients that did not prove the run key"""
+    state_cut: int
+    state_busy: int
+
+
+@dataclass(frozen=True)
+class StateInfo:
+    """A state a server published (struct mp_state_info, with its lengths
+    and metadata)."""
+
+    version: int
+    bytes: int
+    lens: list
+    """each buffer's length in bytes"""
+    meta: bytes
+    source: str
+    """the address it came from"""
+    tries: int = 0
+    """fetch: servers a download was started with"""
+    resumed: int = 0
+    """fetch: bytes kept from a server that failed mid-transfer"""
 
 
 def transport_available(name: str) -> bool:
@@ -313,6 +346,44 @@ def _torch_buf(t: Any) -> _Buf:
         return _Buf(tmp.data_ptr(), tmp.numel(), (t, tmp), back)
     raise InvalidArgument(_errno.EINVAL, f"dtype {t.dtype}: float32 tensors are averaged in "
                           "place, float16 and bfloat16 through a float32 copy", "average")
+
+
+def _raw(x: Any, writable: bool) -> tuple[int, int, Any]:
+    """(address, bytes, keep-alive) of the contiguous memory of ``x``, any
+    dtype: state is moved as bytes. bytes-like objects are accepted for
+    publishing; destinations must be writable."""
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        if x.device.type != "cpu":
+            raise Unsupported(_errno.ENOTSUP, f"a tensor on {x.device}: state is moved in host "
+                              "memory", "state")
+        if not x.is_contiguous():
+            raise InvalidArgument(_errno.EINVAL, "a non-contiguous tensor: state buffers must "
+                                  "be contiguous", "state")
+        return x.data_ptr(), x.numel() * x.element_size(), x
+    if mod.startswith("numpy"):
+        if not x.flags.c_contiguous or (writable and not x.flags.writeable):
+            raise InvalidArgument(_errno.EINVAL, "state buffers must be contiguous (and "
+                                  "writable to fetch into)", "state")
+        return x.ctypes.data, x.nbytes, x
+    mv = memoryview(x)
+    if not mv.c_contiguous or (writable and mv.readonly):
+        raise InvalidArgument(_errno.EINVAL, "state buffers must be contiguous (and writable "
+                              "to fetch into)", "state")
+    if mv.nbytes == 0:
+        return 0, 0, mv
+    if mv.readonly:
+        b = bytes(mv)
+        return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0, len(b), b
+    holder = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+    return ctypes.addressof(holder), mv.nbytes, (x, mv, holder)
+
+
+def _addr_array(addrs: Iterable[str]) -> tuple[Any, int]:
+    items = [a.encode() for a in addrs]
+    if not items:
+        raise InvalidArgument(_errno.EINVAL, "no server addresses", "state")
+    return (ctypes.c_char_p * len(items))(*items), len(items)
 
 
 # ---------------------------------------------------------------- context
@@ -561,6 +632,78 @@ class Context:
         """Tell the run this peer leaves (averaging afterwards fails)."""
         with self._lock:
             _L().mp_leave(self._handle())
+
+    # -- state download (doc/python.md, "State download")
+
+    def serve_state(self, listen: Optional[str] = None) -> str:
+        """Start this peer's state service (threads of its own; averaging
+        goes on) and return its address, for joiners."""
+        with self._lock:
+            rc = _L().mp_state_serve(self._handle(), listen.encode() if listen else None)
+            if rc < 0:
+                raise self._fail(rc, "serve_state")
+        return self.state_address
+
+    @property
+    def state_address(self) -> str:
+        """The "host:port" of this peer's state service."""
+        return self._text(_L().mp_state_address, "state_address")
+
+    def publish_state(self, buffers: Iterable[Any], version: int, meta: bytes = b"") -> None:
+        """Publish ``buffers`` (arrays, tensors or bytes-like, any dtype,
+        contiguous) and ``meta`` as this peer's state: copied now, so they may
+        change as soon as this returns."""
+        items = [_raw(b, writable=False) for b in buffers]
+        ptrs = (ctypes.c_void_p * max(1, len(items)))(*[p for p, _, _ in items])
+        lens = (ctypes.c_size_t * max(1, len(items)))(*[n for _, n, _ in items])
+        m = bytes(meta)
+        with self._lock:
+            rc = _L().mp_state_publish(self._handle(), int(version), ptrs, lens, len(items),
+                                       m or None, len(m))
+            if rc < 0:
+                raise self._fail(rc, "publish_state")
+
+    def query_state(self, addrs: Iterable[str], timeout: float = 30.0) -> StateInfo:
+        """Ask the state services at ``addrs`` for their versions; describe
+        the most advanced (lengths, metadata). Downloads nothing."""
+        arr, n = _addr_array(addrs)
+        info = _lib.MpStateInfo()
+        cap_lens, cap_meta = 4096, 1 << 20
+        while True:
+            lens = (ctypes.c_size_t * cap_lens)()
+            meta = ctypes.create_string_buffer(cap_meta)
+            with self._lock:
+                rc = _L().mp_state_query(self._handle(), arr, n, ctypes.byref(info), lens,
+                                         cap_lens, meta, cap_meta, max(1, int(timeout * 1000)))
+                if rc < 0:
+                    raise self._fail(rc, "query_state")
+            if info.nbufs <= cap_lens:
+                break
+            cap_lens = info.nbufs
+        return StateInfo(info.version, info.bytes, list(lens[:info.nbufs]),
+                         meta.raw[:info.meta_len], arr[info.source].decode())
+
+    def fetch_state(self, addrs: Iterable[str], buffers: Iterable[Any],
+                    timeout: float = 300.0) -> StateInfo:
+        """Download the most advanced state at ``addrs`` into ``buffers``
+        (contiguous, writable, each as long as the server's), checked
+        against its digest; a server that fails mid-transfer is replaced by
+        the next. Raises NotFound, PeerFailure (EACCES: refused; EBADMSG),
+        LengthMismatch, Timeout."""
+        arr, n = _addr_array(addrs)
+        items = [_raw(b, writable=True) for b in buffers]
+        ptrs = (ctypes.c_void_p * max(1, len(items)))(*[p for p, _, _ in items])
+        lens = (ctypes.c_size_t * max(1, len(items)))(*[k for _, k, _ in items])
+        info = _lib.MpStateInfo()
+        meta = ctypes.create_string_buffer(1 << 20)
+        with self._lock:
+            rc = _L().mp_state_fetch(self._handle(), arr, n, ptrs, lens, len(items), meta,
+                                     len(meta), ctypes.byref(info), max(1, int(timeout * 1000)))
+            if rc < 0:
+                raise self._fail(rc, "fetch_state")
+        return StateInfo(info.version, info.bytes, [k for _, k, _ in items],
+                         meta.raw[:info.meta_len], arr[info.source].decode(), info.tries,
+                         info.resumed)
 
     # -- averaging
 

@@ -133,6 +133,20 @@ class MpStats(ctypes.Structure):
         "state_cut", "state_busy")]
 
 
+class MpStateInfo(ctypes.Structure):
+    """struct mp_state_info."""
+
+    _fields_ = [
+        ("version", c_uint64),
+        ("bytes", c_uint64),
+        ("nbufs", c_int),
+        ("meta_len", c_size_t),
+        ("source", c_int),
+        ("tries", c_int),
+        ("resumed", c_uint64),
+    ]
+
+
 AVG_UNCOMPRESSED = 0x1
 # Room for the library's struct mp_config however much it grows: the
 # library's own mp_config_init and mp_config_from_env write all of it.
@@ -167,6 +181,15 @@ _PROTOTYPES = {
     "mp_codec_parse": (c_int, [c_char_p, c_void_p]),
     "mp_transport_available": (c_int, [c_char_p]),
     "mp_grid_shape": (c_int, [c_char_p, c_int, POINTER(c_int), c_int]),
+    "mp_state_serve": (c_int, [c_void_p, c_char_p]),
+    "mp_state_address": (c_int, [c_void_p, ctypes.c_char_p, c_size_t]),
+    "mp_state_publish": (c_int, [c_void_p, c_uint64, POINTER(c_void_p), POINTER(c_size_t), c_int,
+                                 c_void_p, c_size_t]),
+    "mp_state_query": (c_int, [c_void_p, POINTER(c_char_p), c_int, POINTER(MpStateInfo),
+                               POINTER(c_size_t), c_int, c_void_p, c_size_t, c_int]),
+    "mp_state_fetch": (c_int, [c_void_p, POINTER(c_char_p), c_int, POINTER(c_void_p),
+                               POINTER(c_size_t), c_int, c_void_p, c_size_t,
+                               POINTER(MpStateInfo), c_int]),
 }
 
 

@@ -10,6 +10,7 @@ feedback (keyed by buffer) needs.
 """
 
 import errno as _errno
+import json
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
@@ -19,7 +20,7 @@ from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
 from . import Context, Handle, InvalidArgument, Result
 
 __all__ = ["Optimizer", "ParameterAverager", "DDPHookState", "ddp_comm_hook",
-           "TensorAverager"]
+           "TensorAverager", "publish_state", "load_state_from_peers"]
 
 
 def _dtype_key(t: torch.Tensor) -> str:
@@ -377,3 +378,112 @@ def ddp_comm_hook(state: DDPHookState,
     for t, f in pending:
         f.set_result(t)
     return fut
+
+
+# ---------------------------------------------------------------- state download
+
+def _layout(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
+            step: int) -> tuple[list[torch.Tensor], bytes]:
+    """The tensors of a training state, in a fixed order (the model's
+    state_dict, then the optimizer's state tensors), and the metadata that
+    describes them: names, dtypes, shapes, and the optimizer's state_dict
+    with each tensor replaced by its index (JSON: nothing is unpickled)."""
+    sd = model.state_dict()
+    tensors = [t.detach() for t in sd.values()]
+    opt_tensors: list[torch.Tensor] = []
+
+    def strip(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            opt_tensors.append(obj.detach())
+            return {"__tensor__": len(opt_tensors) - 1}
+        if isinstance(obj, dict):
+            return {"__dict__": [[strip(k), strip(v)] for k, v in obj.items()]}
+        if isinstance(obj, (list, tuple)):
+            return {"__tuple__" if isinstance(obj, tuple) else "__list__":
+                    [strip(v) for v in obj]}
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        raise InvalidArgument(_errno.EINVAL, f"optimizer state holds a {type(obj).__name__}, "
+                              "which state download cannot carry", "publish_state")
+
+    skeleton = strip(optimizer.state_dict()) if optimizer is not None else None
+    meta = {
+        "step": int(step),
+        "model": [[k, str(t.dtype), list(t.shape)] for k, t in sd.items()],
+        "optimizer": skeleton,
+        "opt_tensors": [[str(t.dtype), list(t.shape)] for t in opt_tensors],
+    }
+    return [t.contiguous() for t in tensors + opt_tensors], json.dumps(meta).encode()
+
+
+def publish_state(ctx: Context, model: torch.nn.Module,
+                  optimizer: Optional[torch.optim.Optimizer] = None, step: int = 0) -> None:
+    """Publish the model's state_dict (and the optimizer's state) as this
+    peer's state, version ``step``, for peers that join
+    (:func:`load_state_from_peers`). The tensors are copied: training may go
+    on at once. Start the service once with ``ctx.serve_state()``."""
+    tensors, meta = _layout(model, optimizer, step)
+    ctx.publish_state(tensors, version=step, meta=meta)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name.split(".", 1)[1], None)
+    if not isinstance(dt, torch.dtype):
+        raise InvalidArgument(_errno.EINVAL, f"unknown dtype {name!r} in a state's metadata",
+                              "load_state_from_peers")
+    return dt
+
+
+def load_state_from_peers(ctx: Context, model: torch.nn.Module,
+                          optimizer: Optional[torch.optim.Optimizer] = None,
+                          sources: Iterable[str] = (), timeout: float = 300.0) -> int:
+    """Download the most advanced state among the state services at
+    ``sources`` (``ctx.state_address`` of peers that publish) into ``model``
+    (in place, into its own tensors) and ``optimizer``; return its step.
+    The model must have the same names, dtypes and shapes as the server's
+    (else InvalidArgument naming the first that differs)."""
+    sources = list(sources)
+    info = ctx.query_state(sources, timeout)
+    layout = json.loads(info.meta)
+    sd = model.state_dict()
+    want = [[k, str(t.dtype), list(t.shape)] for k, t in sd.items()]
+    if layout["model"] != want:
+        for a, b in zip(layout["model"] + [None] * len(want), want + [None] * len(layout["model"])):
+            if a != b:
+                raise InvalidArgument(_errno.EINVAL, f"the peers' model differs from this one: "
+                                      f"theirs has {a}, this one {b}", "load_state_from_peers")
+    if optimizer is not None and layout["optimizer"] is None:
+        raise InvalidArgument(_errno.EINVAL, "the peers published no optimizer state",
+                              "load_state_from_peers")
+    dest = []
+    back = []
+    for t in sd.values():
+        if t.is_contiguous():
+            dest.append(t)
+        else:
+            tmp = torch.empty_like(t, memory_format=torch.contiguous_format)
+            dest.append(tmp)
+            back.append((t, tmp))
+    opt_dest = [torch.empty(shape, dtype=_dtype(dt)) for dt, shape in layout["opt_tensors"]]
+    got = ctx.fetch_state(sources, dest + opt_dest, timeout)
+    if got.meta != info.meta:
+        # Published again between the query and the download, with the same
+        # lengths: the metadata that goes with the bytes is the new one.
+        layout = json.loads(got.meta)
+    with torch.no_grad():
+        for t, tmp in back:
+            t.copy_(tmp)
+    if optimizer is not None:
+        def build(obj: Any) -> Any:
+            if isinstance(obj, dict):
+                if "__tensor__" in obj:
+                    return opt_dest[obj["__tensor__"]]
+                if "__dict__" in obj:
+                    return {build(k): build(v) for k, v in obj["__dict__"]}
+                if "__tuple__" in obj:
+                    return tuple(build(v) for v in obj["__tuple__"])
+                if "__list__" in obj:
+                    return [build(v) for v in obj["__list__"]]
+            return obj
+        optimizer.load_state_dict(build(layout["optimizer"]))
+    return int(layout["step"])

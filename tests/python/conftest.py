@@ -5,10 +5,13 @@ over the loop transport, and a runner that bounds every thread."""
 from __future__ import annotations
 
 import itertools
+import multiprocessing as mp
 import os
+import queue
 import sys
 import threading
-from typing import Any, Callable, Sequence
+import time
+from typing import Any, Callable, Optional, Sequence
 
 import pytest
 
@@ -56,6 +59,54 @@ def run_threads(fns: Sequence[Callable[[], Any]], timeout: float = 60.0) -> list
         if e is not None:
             raise e
     return out
+
+
+def spawn_peers(target: Callable[..., None], n: int, extra: tuple, timeout: float = 240.0,
+                during: Optional[Callable[[list, str], None]] = None,
+                dead: Sequence[int] = ()) -> list:
+    """Start n peer processes (target(rank, n, run, *extra, q_addr, q_peers,
+    q_out)), hand each the list of the addresses they put on q_addr (an
+    address, or a tuple that starts with one), run ``during`` with what they
+    put there and the run name, then collect what each puts on q_out (but
+    the ranks in ``dead``, which ``during`` kills: None for them); kill them
+    all at the end, whatever happens."""
+    ctx = mp.get_context("spawn")
+    q_addr, q_peers, q_out = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    run = f"pyproc-{os.getpid()}-{time.monotonic_ns()}"
+    procs = [ctx.Process(target=target, args=(r, n, run, *extra, q_addr, q_peers, q_out))
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        deadline = time.monotonic() + timeout
+        addrs = {}
+        while len(addrs) < n:
+            try:
+                r, a = q_addr.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"peers did not start within {timeout} s (have {sorted(addrs)})")
+            addrs[r] = a
+        infos = [addrs[r] for r in range(n)]
+        for _ in range(n):
+            q_peers.put([a[0] if isinstance(a, tuple) else a for a in infos])
+        if during is not None:
+            during(infos, run)
+        out = {}
+        while len(out) < n - len(dead):
+            try:
+                r, value, err = q_out.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"peers did not finish within {timeout} s (done: {sorted(out)})")
+            assert err is None, f"peer {r}:\n{err}"
+            out[r] = value
+        return [out.get(r) for r in range(n)]
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
 
 
 @pytest.fixture

@@ -68,6 +68,7 @@ int main(void)
 	F(mp_config, direct_max);
 	F(mp_config, max_handshakes);
 	F(mp_config, cuda_stage);
+	F(mp_config, state_rate);
 	S(mp_config);
 	F(mp_result, rounds);
 	F(mp_result, peers);
@@ -106,6 +107,18 @@ int main(void)
 	F(mp_stats, handshakes_max);
 	F(mp_stats, peers_known);
 	F(mp_stats, peers_held);
+	F(mp_stats, state_served);
+	F(mp_stats, state_refused);
+	F(mp_stats, state_cut);
+	F(mp_stats, state_busy);
 	S(mp_stats);
+	F(mp_state_info, version);
+	F(mp_state_info, bytes);
+	F(mp_state_info, nbufs);
+	F(mp_state_info, meta_len);
+	F(mp_state_info, source);
+	F(mp_state_info, tries);
+	F(mp_state_info, resumed);
+	S(mp_state_info);
 	return 0;
 }

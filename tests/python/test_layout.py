@@ -9,7 +9,8 @@ import subprocess
 from moshpit import _lib
 
 STRUCTS = {"mp_config": _lib.MpConfig, "mp_result": _lib.MpResult,
-           "mp_peer_info": _lib.MpPeerInfo, "mp_stats": _lib.MpStats}
+           "mp_peer_info": _lib.MpPeerInfo, "mp_stats": _lib.MpStats,
+           "mp_state_info": _lib.MpStateInfo}
 
 
 def test_struct_layouts_match_the_header():

@@ -5,9 +5,7 @@ PostLocalSGDOptimizer, and the DDP hook (2 processes, gloo for DDP itself)."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import queue
 import threading
 import time
 
@@ -18,52 +16,14 @@ from torch.distributed.optim import PostLocalSGDOptimizer
 import moshpit
 import moshpit.torch as mt
 import workers
-from conftest import loop_peers, run_threads
+from conftest import loop_peers, run_threads, spawn_peers
 
 torch.set_num_threads(1)
 
 
-def _spawn(target, n, extra, timeout=240.0):
-    """Start n peer processes, hand each the list of addresses, collect
-    what each puts on q_out; kill them all at the end, whatever happens."""
-    ctx = mp.get_context("spawn")
-    q_addr, q_peers, q_out = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    run = f"pyproc-{os.getpid()}-{time.monotonic_ns()}"
-    procs = [ctx.Process(target=target, args=(r, n, run, *extra, q_addr, q_peers, q_out))
-             for r in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        deadline = time.monotonic() + timeout
-        addrs = {}
-        while len(addrs) < n:
-            try:
-                r, a = q_addr.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"peers did not start within {timeout} s (have {sorted(addrs)})")
-            addrs[r] = a
-        for _ in range(n):
-            q_peers.put([addrs[r] for r in range(n)])
-        out = {}
-        while len(out) < n:
-            try:
-                r, value, err = q_out.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"peers did not finish within {timeout} s (done: {sorted(out)})")
-            assert err is None, f"peer {r}:\n{err}"
-            out[r] = value
-        return [out[r] for r in range(n)]
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-
-
 def test_gradient_mode_follows_full_batch_sgd_with_4_processes():
     steps = 20
-    got = _spawn(workers.gradient_worker, 4, (steps,))
+    got = spawn_peers(workers.gradient_worker, 4, (steps,))
     want = workers.sgd_full_batch(steps)
     moved = max((w - p0).abs().max().item()
                 for w, p0 in zip(want, workers.Net().parameters()))
@@ -76,7 +36,7 @@ def test_gradient_mode_follows_full_batch_sgd_with_4_processes():
 def test_ddp_hook_one_average_per_step():
     store = f"/tmp/moshpit-ddp-{os.getpid()}-{time.monotonic_ns()}"
     try:
-        got = _spawn(workers.ddp_worker, 2, (store,))
+        got = spawn_peers(workers.ddp_worker, 2, (store,))
     finally:
         if os.path.exists(store):
             os.unlink(store)
