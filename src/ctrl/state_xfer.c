@@ -664,7 +664,7 @@ int mp_state_fetch_any(const struct mp_auth *a, uint64_t run_id, const char *con
 		rc = ask(a, run_id, addrs[i], KIND_VERSION, 0, NULL, lim < deadline ? lim : deadline,
 			 &fd, &heads[i]);
 		if (rc) {
-			note(out, addrs[i], rc == -EACCES ? "refused us (another run key?)" : "",
+			note(out, addrs[i], rc == -EACCES ? "refused us (another run key?)" : "version query:",
 			     rc == -EACCES ? 0 : rc);
 			refused += rc == -EACCES;
 			last = rc;

@@ -14,8 +14,15 @@
 #include <string.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include <sodium.h>
+#include <sys/socket.h>
 #include <moshpit/moshpit.h>
 #include <moshpit/sdk/clock.h>
+#include <moshpit/sdk/le.h>
+
+#include "auth.h"
+#include "inet.h"
+#include "state_xfer.h"
 
 static mp_ctx *mk(const char *key, uint64_t rate)
 {
@@ -321,6 +328,148 @@ static void test_server_gone_mid_transfer_resumes_on_the_next(void **st)
 	mp_finalize(fast);
 }
 
+
+/*
+ * A hostile server, written from doc/control-plane.md's table: it proves
+ * the key (so the client reads on) and then lies in one way.
+ */
+enum lie { LIE_NONE, LIE_MAC, LIE_NBUFS, LIE_SUM, LIE_DATA, LIE_SHORT };
+
+struct hostile {
+	struct mp_auth auth;
+	uint64_t run_id;
+	enum lie lie;
+	int fd;
+	char addr[MP_ADDR_STRLEN];
+	const uint8_t *data;
+	size_t len;
+	pthread_t t;
+	int stop; /* atomic */
+};
+
+static int put_all(int fd, const void *p, size_t n)
+{
+	return mp_inet_xfer(fd, (void *)p, n, mp_now_ms() + 5000, 1);
+}
+
+static void *hostile_run(void *arg)
+{
+	struct hostile *h = arg;
+
+	for (int k = 0; k < 2; k++) { /* a version query, then a download */
+		uint8_t hello[21] = "MPST", ask[89], fixed[65] = {0}, lens[8], mac[32], run[8];
+		uint8_t digest[32];
+		int c = -1;
+
+		for (uint64_t end = mp_now_ms() + 5000; c < 0 && mp_now_ms() < end &&
+		     !__atomic_load_n(&h->stop, __ATOMIC_ACQUIRE);)
+			if ((c = accept4(h->fd, NULL, NULL, SOCK_NONBLOCK)) < 0)
+				usleep(1000);
+		if (c < 0)
+			return NULL;
+		hello[4] = 1;
+		mp_auth_random(hello + 5, 16);
+		put_all(c, hello, sizeof(hello));
+		if (mp_inet_xfer(c, ask, sizeof(ask), mp_now_ms() + 5000, 0)) {
+			close(c);
+			return NULL;
+		}
+		crypto_generichash(digest, 32, h->data, h->len, NULL, 0);
+		fixed[0] = 1;
+		mp_le_put64(fixed + 1, 99);
+		mp_le_put64(fixed + 9, h->len);
+		mp_le_put32(fixed + 25, h->lie == LIE_NBUFS ? MP_STATE_MAX_BUFS + 1 : 1);
+		memcpy(fixed + 33, digest, 32);
+		mp_le_put64(lens, h->lie == LIE_SUM ? h->len + 1 : h->len);
+		mp_le_put64(run, h->run_id);
+		struct mp_auth_piece pc[6] = {{ask, 16}, {hello + 5, 16}, {run, 8}, {fixed, 65},
+					      {lens, 8}, {NULL, 0}};
+		mp_auth_mac(&h->auth, MP_AUTH_STATE_GIVE, pc, 6, mac);
+		if (h->lie == LIE_MAC)
+			mac[3] ^= 1;
+		put_all(c, fixed, sizeof(fixed));
+		put_all(c, lens, sizeof(lens));
+		put_all(c, mac, sizeof(mac));
+		if (ask[16] == 2) {
+			uint8_t *bad = malloc(h->len);
+
+			memcpy(bad, h->data, h->len);
+			if (h->lie == LIE_DATA)
+				bad[h->len / 2] ^= 0x40;
+			put_all(c, bad, h->lie == LIE_SHORT ? h->len / 2 : h->len);
+			free(bad);
+		}
+		close(c);
+	}
+	return NULL;
+}
+
+static void hostile_start(struct hostile *h, enum lie lie, const uint8_t *data, size_t len)
+{
+	struct mp_inet_addr blob;
+	size_t blen;
+
+	memset(h, 0, sizeof(*h));
+	memset(h->auth.key, 0x5a, sizeof(h->auth.key));
+	h->run_id = 0x1234;
+	h->lie = lie;
+	h->data = data;
+	h->len = len;
+	assert_int_equal(mp_inet_listen("127.0.0.1:0", 4, NULL, NULL, &h->fd, &blob, &blen,
+				       h->addr, sizeof(h->addr)), 0);
+	assert_int_equal(pthread_create(&h->t, NULL, hostile_run, h), 0);
+}
+
+static void hostile_stop(struct hostile *h)
+{
+	__atomic_store_n(&h->stop, 1, __ATOMIC_RELEASE);
+	pthread_join(h->t, NULL);
+	close(h->fd);
+}
+
+static void test_hostile_servers_are_caught(void **st)
+{
+	(void)st;
+	static const struct {
+		enum lie lie;
+		int rc;
+		const char *why;
+	} cases[] = {
+		{LIE_NONE, 0, NULL},
+		{LIE_MAC, -EACCES, "refused us"},
+		{LIE_NBUFS, -EMSGSIZE, "version query: Message too long"},
+		{LIE_SUM, -EPROTO, "version query: Protocol error"},
+		{LIE_DATA, -EBADMSG, "does not match its digest"},
+		{LIE_SHORT, -ECONNRESET, "cut mid-transfer"},
+	};
+	uint8_t data[4096], got[4096];
+	size_t len = sizeof(data);
+	void *d[] = {got};
+	struct mp_state_dest dest = {d, &len, 1};
+
+	fill(data, sizeof(data), 11);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct hostile h;
+		struct mp_state_head head;
+		struct mp_state_outcome o;
+		int rc;
+
+		hostile_start(&h, cases[i].lie, data, sizeof(data));
+		const char *addrs[] = {h.addr};
+		memset(got, 0, sizeof(got));
+		rc = mp_state_fetch_any(&h.auth, h.run_id, addrs, 1, &dest, 2000, 2000,
+					mp_now_ms() + 10000, &head, &o);
+		hostile_stop(&h);
+		print_message("lie %d: rc %d: %s\n", (int)cases[i].lie, rc, o.why);
+		assert_int_equal(rc, cases[i].rc);
+		if (cases[i].why)
+			assert_non_null(strstr(o.why, cases[i].why));
+		if (!rc)
+			assert_memory_equal(got, data, sizeof(data));
+		mp_state_head_free(&head);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -330,6 +479,7 @@ int main(void)
 		cmocka_unit_test(test_other_lengths_and_bad_arguments),
 		cmocka_unit_test(test_publish_during_download_keeps_the_snapshot),
 		cmocka_unit_test(test_server_gone_mid_transfer_resumes_on_the_next),
+		cmocka_unit_test(test_hostile_servers_are_caught),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
