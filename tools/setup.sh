@@ -12,7 +12,7 @@ need=(gcc g++ meson ninja-build pkg-config libcmocka-dev libsodium-dev libopendh
 [ "${MP_WITH_WAN:-0}" = 1 ] && need+=(iptables libnetfilter-queue-dev)
 # The Python package's tests (tests/python, run by test.sh): Debian's numpy,
 # torch and pytest for /usr/bin/python3. The suite skips them without.
-[ "${MP_WITH_PYTHON:-0}" = 1 ] && need+=(python3-numpy python3-torch python3-pytest)
+[ "${MP_WITH_PYTHON:-0}" = 1 ] && need+=(python3-numpy python3-torch python3-pytest python3-sklearn)
 # tools/train.sh: the digits data set and the plots.
 [ "${MP_WITH_TRAIN:-0}" = 1 ] && need+=(python3-numpy python3-torch python3-sklearn python3-matplotlib)
 # gnuplot draws the plots of tools/convergence.sh; tests do not need it.
