@@ -501,18 +501,18 @@ void mp_state_head_free(struct mp_state_head *h)
  * verify it, or a header whose MAC is wrong), -EPROTO, -EMSGSIZE (a header
  * past the bounds), or the socket's error.
  */
-static int ask(const struct mp_auth *a, uint64_t run_id, const char *addr, int kind,
-	       uint64_t offset, const uint8_t *want, uint64_t deadline, int *fd,
-	       struct mp_state_head *h)
+#define XF(buf, len, out) io->xfer(io->ctx, (buf), (len), deadline, (out))
+
+int mp_state_ask_io(const struct mp_auth *a, uint64_t run_id, const struct mp_state_io *io,
+		    int kind, uint64_t offset, const uint8_t *want, uint64_t deadline,
+		    struct mp_state_head *h)
 {
 	uint8_t hello[HELLO_LEN], q[ASK_LEN] = {0}, fixed[HEAD_FIXED], mac[MP_MAC_BYTES];
 	uint8_t want_mac[MP_MAC_BYTES], *lens = NULL;
-	int rc, c = -1;
+	int rc;
 
 	memset(h, 0, sizeof(*h));
-	if ((rc = mp_inet_dial(addr, deadline, &c)))
-		return rc;
-	if ((rc = mp_inet_xfer(c, hello, sizeof(hello), deadline, 0)))
+	if ((rc = XF(hello, sizeof(hello), 0)))
 		goto fail;
 	if (memcmp(hello, MAGIC, 4) || hello[4] != VERSION) {
 		rc = -EPROTO;
@@ -524,10 +524,10 @@ static int ask(const struct mp_auth *a, uint64_t run_id, const char *addr, int k
 	if (want)
 		memcpy(q + MP_NONCE_BYTES + 9, want, MP_STATE_DIGEST_BYTES);
 	ask_mac(a, hello + 5, q, run_id, q + MP_NONCE_BYTES + ASK_BODY);
-	if ((rc = mp_inet_xfer(c, q, sizeof(q), deadline, 1)))
+	if ((rc = XF(q, sizeof(q), 1)))
 		goto fail;
 	/* Closed right after our ask: it could not verify it. */
-	if ((rc = mp_inet_xfer(c, fixed, sizeof(fixed), deadline, 0))) {
+	if ((rc = XF(fixed, sizeof(fixed), 0))) {
 		rc = rc == -ECONNRESET ? -EACCES : rc;
 		goto fail;
 	}
@@ -551,9 +551,9 @@ static int ask(const struct mp_auth *a, uint64_t run_id, const char *addr, int k
 		rc = -ENOMEM;
 		goto fail;
 	}
-	if ((rc = mp_inet_xfer(c, lens, 8 * (size_t)h->nbufs, deadline, 0)) ||
-	    (rc = mp_inet_xfer(c, h->meta, h->meta_len, deadline, 0)) ||
-	    (rc = mp_inet_xfer(c, mac, sizeof(mac), deadline, 0)))
+	if ((rc = XF(lens, 8 * (size_t)h->nbufs, 0)) ||
+	    (rc = XF(h->meta, h->meta_len, 0)) ||
+	    (rc = XF(mac, sizeof(mac), 0)))
 		goto fail;
 	head_mac(a, q, hello + 5, run_id, fixed, lens, 8 * (size_t)h->nbufs, h->meta, h->meta_len,
 		 want_mac);
@@ -571,15 +571,40 @@ static int ask(const struct mp_auth *a, uint64_t run_id, const char *addr, int k
 		goto fail;
 	}
 	free(lens);
-	*fd = c;
 	return 0;
 fail:
 	free(lens);
 	mp_state_head_free(h);
-	if (c >= 0)
-		close(c);
 	return rc;
 }
+
+static int sock_xfer(void *ctx, void *buf, size_t len, uint64_t deadline, int out)
+{
+	return mp_inet_xfer(*(int *)ctx, buf, len, deadline, out);
+}
+
+/* mp_state_ask_io over a new connection to @addr, left open in *@fd. */
+static int ask(const struct mp_auth *a, uint64_t run_id, const char *addr, int kind,
+	       uint64_t offset, const uint8_t *want, uint64_t deadline, int *fd,
+	       struct mp_state_head *h)
+{
+	int c, rc = mp_inet_dial(addr, deadline, &c);
+
+	memset(h, 0, sizeof(*h));
+	if (rc)
+		return rc;
+	rc = mp_state_ask_io(a, run_id, &(struct mp_state_io){sock_xfer, &c}, kind, offset, want,
+			     deadline, h);
+	if (rc) {
+		close(c);
+		return rc;
+	}
+	*fd = c;
+	return 0;
+}
+
+
+#undef XF
 
 static int lens_match(const struct mp_state_head *h, const struct mp_state_dest *d)
 {
@@ -592,8 +617,8 @@ static int lens_match(const struct mp_state_head *h, const struct mp_state_dest 
 }
 
 /* Receive the data from @h->start on into @d, advancing *@got. */
-static int receive(int fd, const struct mp_state_head *h, const struct mp_state_dest *d,
-		   int stall_ms, uint64_t deadline, uint64_t *got)
+static int receive(const struct mp_state_io *io, const struct mp_state_head *h,
+		   const struct mp_state_dest *d, int stall_ms, uint64_t deadline, uint64_t *got)
 {
 	uint64_t base = 0;
 
@@ -610,8 +635,8 @@ static int receive(int fd, const struct mp_state_head *h, const struct mp_state_
 				return -ETIMEDOUT;
 			if (k > PIECE)
 				k = PIECE;
-			rc = mp_inet_xfer(fd, (uint8_t *)d->bufs[i] + off, (size_t)k,
-					  lim < deadline ? lim : deadline, 0);
+			rc = io->xfer(io->ctx, (uint8_t *)d->bufs[i] + off, (size_t)k,
+				      lim < deadline ? lim : deadline, 0);
 			if (rc)
 				return rc;
 			*got += k;
@@ -619,6 +644,28 @@ static int receive(int fd, const struct mp_state_head *h, const struct mp_state_
 		base = end;
 	}
 	return 0;
+}
+
+int mp_state_download_io(const struct mp_auth *a, uint64_t run_id, const struct mp_state_io *io,
+			 const struct mp_state_dest *d, uint64_t offset, const uint8_t *want,
+			 int stall_ms, uint64_t deadline, struct mp_state_head *h, uint64_t *got)
+{
+	uint8_t dg[MP_STATE_DIGEST_BYTES];
+	int rc;
+
+	*got = 0;
+	rc = mp_state_ask_io(a, run_id, io, KIND_DOWNLOAD, offset, want, deadline, h);
+	if (rc)
+		return rc;
+	if (!h->have)
+		return -ENOENT;
+	if (!lens_match(h, d))
+		return -EMSGSIZE;
+	rc = receive(io, h, d, stall_ms, deadline, got);
+	if (rc)
+		return rc;
+	digest_of(d->bufs, d->lens, (size_t)d->n, dg);
+	return memcmp(dg, h->digest, sizeof(dg)) ? -EBADMSG : 0;
 }
 
 static void note(struct mp_state_outcome *o, const char *addr, const char *what, int rc)
@@ -717,41 +764,42 @@ int mp_state_fetch_any(const struct mp_auth *a, uint64_t run_id, const char *con
 			break;
 		}
 		out->tries++;
-		rc = ask(a, run_id, addrs[i], KIND_DOWNLOAD, got, got ? have_digest : NULL,
-			 lim < deadline ? lim : deadline, &fd, &h);
-		if (!rc && (!h.have || !lens_match(&h, d))) {
-			/* Published again meanwhile, with other buffers. */
-			note(out, addrs[i], "its state changed to other lengths", 0);
-			mp_state_head_free(&h);
-			close(fd);
-			last = -EMSGSIZE;
-			continue;
-		}
+		rc = mp_inet_dial(addrs[i], lim < deadline ? lim : deadline, &fd);
 		if (rc) {
 			note(out, addrs[i], "download:", rc);
 			last = rc;
 			continue;
 		}
-		if (h.start && got)
-			out->resumed += h.start;
-		if (!h.start)
-			got = 0;
-		memcpy(have_digest, h.digest, sizeof(have_digest));
-		rc = receive(fd, &h, d, stall_ms, deadline, &got);
+		uint64_t kept = got;
+		rc = mp_state_download_io(a, run_id, &(struct mp_state_io){sock_xfer, &fd}, d, got,
+					  got ? have_digest : NULL, stall_ms, deadline, &h, &got);
 		close(fd);
-		if (rc) {
-			note(out, addrs[i], "cut mid-transfer:", rc);
+		if (rc == -ENOENT || rc == -EMSGSIZE) {
+			/* Published again meanwhile, with other buffers, or none. */
+			note(out, addrs[i], "its state changed to other lengths", 0);
 			mp_state_head_free(&h);
-			last = rc;
+			got = kept;
+			last = -EMSGSIZE;
 			continue;
 		}
-		uint8_t dg[MP_STATE_DIGEST_BYTES];
-		digest_of(d->bufs, d->lens, (size_t)d->n, dg);
-		if (memcmp(dg, h.digest, sizeof(dg))) {
+		if (h.have) { /* a header came: the data that follows was its snapshot's */
+			if (h.start && kept)
+				out->resumed += h.start;
+			memcpy(have_digest, h.digest, sizeof(have_digest));
+		} else {
+			got = kept; /* nothing of this server's: what we had stands */
+		}
+		if (rc == -EBADMSG) {
 			note(out, addrs[i], "the data does not match its digest", 0);
 			mp_state_head_free(&h);
 			got = 0;
-			last = -EBADMSG;
+			last = rc;
+			continue;
+		}
+		if (rc) {
+			note(out, addrs[i], h.have ? "cut mid-transfer:" : "download:", rc);
+			mp_state_head_free(&h);
+			last = rc;
 			continue;
 		}
 		*best = h;

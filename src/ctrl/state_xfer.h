@@ -105,4 +105,33 @@ int mp_state_fetch_any(const struct mp_auth *a, uint64_t run_id, const char *con
 		       uint64_t deadline, struct mp_state_head *best,
 		       struct mp_state_outcome *out);
 
+/* The byte stream of one exchange: a socket, or memory in the fuzz target
+ * (tests/fuzz/fuzz_state.c). Moves all @len bytes by @deadline: 0,
+ * -ETIMEDOUT, -ECONNRESET (closed), or another negative errno. */
+struct mp_state_io {
+	int (*xfer)(void *ctx, void *buf, size_t len, uint64_t deadline, int out);
+	void *ctx;
+};
+
+/* A client's request over @io: read the hello, send the ask (@kind 1 for a
+ * version, 2 for a download from @offset of the snapshot whose digest is
+ * @want, NULL none), read and verify the header into @h (freed on failure).
+ * 0; -EPROTO (not a state service, or lengths that do not sum to the
+ * total); -EMSGSIZE (past the bounds, before anything is allocated);
+ * -EACCES (closed after our ask, or a header whose MAC is wrong); the
+ * stream's error. */
+int mp_state_ask_io(const struct mp_auth *a, uint64_t run_id, const struct mp_state_io *io,
+		    int kind, uint64_t offset, const uint8_t *want, uint64_t deadline,
+		    struct mp_state_head *h);
+
+/* One download over @io into @d: mp_state_ask_io, then the data from the
+ * header's start, each piece within @stall_ms, then the digest of all of
+ * @d. *@got is how far @d holds the header's snapshot (when @h->
+ * have is set, @h is the header, for the caller to free, also on failure). 0;
+ * -ENOENT (nothing published); -EMSGSIZE (other lengths); -EBADMSG (the
+ * digest differs); mp_state_ask_io's and the stream's errors. */
+int mp_state_download_io(const struct mp_auth *a, uint64_t run_id, const struct mp_state_io *io,
+			 const struct mp_state_dest *d, uint64_t offset, const uint8_t *want,
+			 int stall_ms, uint64_t deadline, struct mp_state_head *h, uint64_t *got);
+
 #endif
