@@ -8,7 +8,7 @@
 # DESCRIPTION
 #     Builds the fuzz targets of tests/fuzz/ (all of them, or the TARGETs
 #     named: fuzz_frame, fuzz_settings, fuzz_record, fuzz_ctrl, fuzz_config,
-#     fuzz_welcome, fuzz_dpdk_frame, fuzz_dpdk_rel, fuzz_mpbench_opts) with
+#     fuzz_welcome, fuzz_state, fuzz_dpdk_frame, fuzz_dpdk_rel, fuzz_mpbench_opts) with
 #     clang and -fsanitize=fuzzer,address,undefined (the library too, for
 #     coverage) in their own build directory, build-fuzz (build/ is not
 #     touched), then runs each for SECONDS, one after another, on a copy of
@@ -45,7 +45,7 @@ case "$1" in
 esac
 secs=$1
 shift
-all=(fuzz_frame fuzz_settings fuzz_record fuzz_ctrl fuzz_config fuzz_welcome fuzz_dpdk_frame fuzz_dpdk_rel
+all=(fuzz_frame fuzz_settings fuzz_record fuzz_ctrl fuzz_config fuzz_welcome fuzz_state fuzz_dpdk_frame fuzz_dpdk_rel
 	fuzz_mpbench_opts)
 if [ $# -gt 0 ]; then
 	targets=("$@")

@@ -661,6 +661,12 @@ int mp_state_download_io(const struct mp_auth *a, uint64_t run_id, const struct 
 		return -ENOENT;
 	if (!lens_match(h, d))
 		return -EMSGSIZE;
+	/* The data starts at 0, or where we asked when we hold part of the
+	 * same snapshot: anything else would leave bytes of ours in place that
+	 * the server never sent (found by fuzz_state). */
+	if (h->start && (h->start != offset || !want ||
+			 memcmp(h->digest, want, MP_STATE_DIGEST_BYTES)))
+		return -EPROTO;
 	rc = receive(io, h, d, stall_ms, deadline, got);
 	if (rc)
 		return rc;

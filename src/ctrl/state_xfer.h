@@ -128,8 +128,9 @@ int mp_state_ask_io(const struct mp_auth *a, uint64_t run_id, const struct mp_st
  * header's start, each piece within @stall_ms, then the digest of all of
  * @d. *@got is how far @d holds the header's snapshot (when @h->
  * have is set, @h is the header, for the caller to free, also on failure). 0;
- * -ENOENT (nothing published); -EMSGSIZE (other lengths); -EBADMSG (the
- * digest differs); mp_state_ask_io's and the stream's errors. */
+ * -ENOENT (nothing published); -EMSGSIZE (other lengths); -EPROTO (data
+ * that would start elsewhere than 0 or the offset asked for, with @want);
+ * -EBADMSG (the digest differs); mp_state_ask_io's and the stream's errors. */
 int mp_state_download_io(const struct mp_auth *a, uint64_t run_id, const struct mp_state_io *io,
 			 const struct mp_state_dest *d, uint64_t offset, const uint8_t *want,
 			 int stall_ms, uint64_t deadline, struct mp_state_head *h, uint64_t *got);
