@@ -47,6 +47,7 @@ class TensorAverager:
                                       "averages CPU tensors", "moshpit.torch")
             self.buckets.setdefault(_dtype_key(t), []).append(t)
         self.keys = sorted(self.buckets)
+        self.sources = [(t.data_ptr(), t.numel(), t.dtype) for t in tensors]
         self.flat = {k: torch.zeros(sum(t.numel() for t in self.buckets[k]), dtype=torch.float32)
                      for k in self.keys}
         self.handles: list[Handle] = []
@@ -69,10 +70,19 @@ class TensorAverager:
                     t.copy_(self.flat[k][off:off + n].view_as(t))
                     off += n
 
-    def start(self, weight: float = 1.0) -> None:
-        self.fill()
+    def matches(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether these are the tensors it was built for (the same memory:
+        ``p.data`` is a new object each time, on the same storage)."""
+        return self.sources == [(t.data_ptr(), t.numel(), t.dtype) for t in tensors]
+
+    def launch(self, weight: float = 1.0) -> None:
+        """Start the averages of the flat buffers as they are."""
         self.handles = [self.ctx.average_async(self.flat[k], weight, uncompressed=self.uncompressed)
                         for k in self.keys if self.flat[k].numel()]
+
+    def start(self, weight: float = 1.0) -> None:
+        self.fill()
+        self.launch(weight)
 
     def finish(self, timeout: Optional[float] = None) -> list[Result]:
         handles, self.handles = self.handles, []
@@ -175,9 +185,7 @@ class Optimizer(torch.optim.Optimizer):
         self._params = _params_of(optimizer.param_groups)
         self._grads: Optional[TensorAverager] = None
         self._avg: Optional[TensorAverager] = None
-        self._grad_ids: list[int] = []
         self._snap: dict[str, torch.Tensor] = {}
-        self._tensors: list[torch.Tensor] = []
 
     # torch.optim.Optimizer's own __init__ is not called: these delegate.
     def zero_grad(self, set_to_none: bool = False) -> None:
@@ -214,14 +222,12 @@ class Optimizer(torch.optim.Optimizer):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in self._params]
-        ids = [id(g) for g in grads]
-        if self._grads is None or ids != self._grad_ids:
+        if self._grads is None or not self._grads.matches(grads):
             # First step, or gradients replaced (zero_grad(set_to_none=True)):
             # new views, the same flat buffers where the sizes match, so that
             # the error-feedback residue stays with them.
             old = self._grads
             self._grads = TensorAverager(self.ctx, grads, self.uncompressed)
-            self._grad_ids = ids
             if old is not None:
                 for k in self._grads.keys:
                     if k in old.flat and old.flat[k].numel() == self._grads.flat[k].numel():
@@ -256,14 +262,11 @@ class Optimizer(torch.optim.Optimizer):
 
     def _start(self) -> None:
         tensors = list(self._params) + self._state_tensors()
-        if self._avg is None or [id(t) for t in tensors] != [id(t) for t in self._tensors]:
+        if self._avg is None or not self._avg.matches(tensors):
             self._avg = TensorAverager(self.ctx, tensors, self.uncompressed)
-            self._tensors = tensors
         self._avg.fill()
         self._snap = {k: v.clone() for k, v in self._avg.flat.items()}
-        self._avg.handles = [self.ctx.average_async(self._avg.flat[k], 1.0,
-                                                    uncompressed=self.uncompressed)
-                             for k in self._avg.keys if self._avg.flat[k].numel()]
+        self._avg.launch()
 
     def _apply(self) -> None:
         assert self._avg is not None
@@ -315,10 +318,7 @@ class ParameterAverager(ModelAverager):
     def average_parameters(self, params: Any) -> None:
         if self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0:
             tensors = [p.data for p in _params_of(params)]
-            if self._avg is None or [id(t) for k in self._avg.keys
-                                     for t in self._avg.buckets[k]] != \
-                    [id(t) for k in sorted({_dtype_key(t) for t in tensors})
-                     for t in tensors if _dtype_key(t) == k]:
+            if self._avg is None or not self._avg.matches(tensors):
                 self._avg = TensorAverager(self.ctx, tensors, self.uncompressed)
             self.last_result = self._avg.average()
         self.step += 1

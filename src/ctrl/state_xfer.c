@@ -93,7 +93,7 @@ struct mp_state_srv {
 	struct mp_state_snap *cur; /* under lock */
 	struct slot slots[MP_STATE_MAX_ACTIVE];
 	struct mp_state_srv_counts n; /* atomic fields */
-	uint64_t last_warn_ms;
+	uint64_t last_warn_ms; /* atomic: workers refuse in parallel */
 };
 
 /* ------------------------------------------------------------ snapshots */
@@ -223,13 +223,14 @@ static void head_mac(const struct mp_auth *a, const uint8_t *nonce_c, const uint
 static void refuse(struct mp_state_srv *s, int fd, const char *why)
 {
 	uint64_t n = __atomic_add_fetch(&s->n.refused, 1, __ATOMIC_RELAXED), now = mp_now_ms();
+	uint64_t last = __atomic_load_n(&s->last_warn_ms, __ATOMIC_RELAXED);
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
 	char name[MP_ADDR_STRLEN] = "?";
 
-	if (s->last_warn_ms && now - s->last_warn_ms < WARN_EVERY_MS)
+	if (last && now - last < WARN_EVERY_MS)
 		return;
-	s->last_warn_ms = now;
+	__atomic_store_n(&s->last_warn_ms, now, __ATOMIC_RELAXED);
 	if (!getpeername(fd, (struct sockaddr *)&ss, &sl))
 		mp_inet_name((struct sockaddr *)&ss, name, sizeof(name));
 	MP_WARN("state: refused %s: %s (%llu refused so far)", name, why, (unsigned long long)n);
