@@ -703,6 +703,12 @@ static int dev_apply(struct gar *r)
 		rc = mp_dev_sync(ctx, s, "the round's results");
 	if (rc)
 		return -EIO;
+	/* Our own encoded result, decoded back so that we keep what members
+	 * decode: a decode that fails writes nothing, so we keep the unrounded
+	 * mean, as the host path does when its own encoding fails. */
+	if (r->done && r->mb[me].len && s->dp->hstatus[2 * r->k])
+		MP_WARN("round %u: this peer's own result of part %d failed to decode on the device: "
+			"it keeps the unrounded mean there", r->round, me);
 	for (int j = 0; j < r->k; j++) {
 		struct gmember *mj = &r->mb[j];
 		if (sends_to(r, j) && mj->gotg == mj->nch && s->dp->hstatus[r->k + j]) {
