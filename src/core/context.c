@@ -902,8 +902,10 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 	if (!ctx->dynamic && ctx->npeers > 1 && ctx->nlive == 1) {
 		/* Averaging alone is no average: say so, and keep the values. */
 		mp_set_error(ctx, "every other peer is down (probed in the background; the next "
-			     "average takes back those that answer)");
-		mp_fm_end(ctx, base, R);
+			     "average asks where the run is and rejoins it once one answers)");
+		/* No exchange ran: the round stays, so that failing again and
+		 * again does not carry this peer's rounds away from the run's. */
+		mp_fm_end(ctx, base, 0);
 		req->res.weight = a.weight;
 		req->res.peers = 1;
 		return -EHOSTUNREACH;

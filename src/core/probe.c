@@ -110,6 +110,82 @@ static void probe_all(struct mp_ctx *ctx, int kind, uint32_t round)
 }
 
 /*
+ * Announce, once, a round the run has not reached (nor we): each peer takes
+ * us back there, all at once, and we start our averages there. How far
+ * ahead: four averages, plus what the run does in 250 ms at the rate two
+ * queries 100 ms apart show, so that no peer passes it before our announce
+ * reaches it. (A peer that has passed it ignores the announce, and takes us
+ * back at a probe later.) Peers that answered neither query are down; those
+ * we had down that answered come back at that round too (an isolated peer,
+ * mp_fm_begin).
+ */
+static void rejoin(struct mp_ctx *ctx, uint32_t R)
+{
+	uint32_t seen1 = ctx->seen_round, join, from;
+	uint64_t t1 = mp_now_ns(), t2;
+	double rate;
+
+	while (mp_now_ns() - t1 < 100000000ull && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+		mp_conn_poll(ctx);
+		ctx->ops->progress(ctx->drv, 1);
+	}
+	ctx->querying = 1;
+	probe_all(ctx, MP_PROBE_QUERY, ctx->round);
+	ctx->querying = 0;
+	t2 = mp_now_ns();
+	for (int i = 0; i < ctx->npeers; i++)
+		if (i != ctx->rank && ctx->peers[i].probe_failed)
+			mp_peer_mark_down(ctx, i, "no answer when this peer rejoined");
+	rate = (double)(ctx->seen_round - seen1) * 1e9 / (double)(t2 - t1);
+	from = ctx->seen_round > ctx->round ? ctx->seen_round : ctx->round;
+	join = from + 4 * R + (uint32_t)(rate * 0.25 / R + 1.0) * R;
+	ctx->round = ctx->avg_round = ctx->next_start = join;
+	for (int i = 0; i < ctx->npeers; i++)
+		if (i != ctx->rank && ctx->peers[i].down && !ctx->peers[i].probe_failed)
+			ctx->peers[i].up_at_round = join;
+	probe_all(ctx, MP_PROBE_ANNOUNCE, join);
+	if (ctx->seen_round >= join)
+		MP_WARN("rejoining at round %u, but a peer answered from round %u: it takes "
+			"this peer back at a later probe", join, ctx->seen_round);
+	MP_INFO("rejoins at round %u (the run does %.0f rounds/s)", join, rate);
+}
+
+/*
+ * Every other peer is down for us: either they are, or this peer was cut
+ * off (stopped, or its rounds timed out on all of them) and they have it
+ * down. Ask where the run is, as a fresh peer does; if anyone answers, we
+ * rejoin by announce, and take back those that answered at that round. At
+ * most once per MP_PROBE_MIN_MS, or sooner when a background probe was
+ * answered. Without this an isolated peer would take peers back one by one
+ * at rounds that are its own, failing each average at once and moving its
+ * rounds on, while the others took it back at theirs: views that never
+ * meet again.
+ */
+static void resync_isolated(struct mp_ctx *ctx, uint32_t R)
+{
+	uint64_t now = mp_now_ns();
+	int answered = 0;
+
+	if (!ctx->resync && now - ctx->resync_ns < (uint64_t)ctx->cfg.probe_min_ms * 1000000ull)
+		return;
+	ctx->resync = 0;
+	ctx->seen_round = 0;
+	ctx->seen_down = 0;
+	ctx->querying = 1;
+	probe_all(ctx, MP_PROBE_QUERY, ctx->round);
+	ctx->querying = 0;
+	ctx->resync_ns = mp_now_ns();
+	for (int i = 0; i < ctx->npeers; i++)
+		answered += i != ctx->rank && !ctx->peers[i].probe_failed;
+	if (!answered)
+		return;
+	MP_INFO("every other peer is down for this peer at round %u, and %d answer (the run is at "
+		"round %u): it rejoins", ctx->round, answered, ctx->seen_round);
+	rejoin(ctx, R);
+	ctx->resync_ns = mp_now_ns();
+}
+
+/*
  * Before an average of a static run that advances the round by @R: a
  * fresh peer finds the run's round (and rejoins it), due peers come back,
  * and the live set is fixed for the average. Returns 0 or -ENOMEM.
@@ -146,40 +222,9 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 			MP_INFO("the run is at round %u and this peer at %u, but no peer has it down: "
 				"it starts late, at round %u", ctx->seen_round, ctx->round, ctx->round);
 		if (ctx->seen_round > ctx->round && ctx->seen_down) {
-			uint32_t seen1 = ctx->seen_round, join;
-			uint64_t t1 = mp_now_ns(), t2;
-			double rate;
-
 			MP_INFO("the run is at round %u and this peer at %u: it was restarted, and "
 				"rejoins", ctx->seen_round, ctx->round);
-			/*
-			 * Announce, once, a round the run has not reached: each
-			 * peer takes us back there, all at once. How far ahead:
-			 * four averages, plus what the run does in 250 ms at the
-			 * rate two queries 100 ms apart show, so that no peer
-			 * passes it before our announce reaches it. (A peer that
-			 * has passed it ignores the announce, and takes us back
-			 * at a probe later.)
-			 */
-			while (mp_now_ns() - t1 < 100000000ull && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
-				mp_conn_poll(ctx);
-				ctx->ops->progress(ctx->drv, 1);
-			}
-			ctx->querying = 1;
-			probe_all(ctx, MP_PROBE_QUERY, ctx->round);
-			ctx->querying = 0;
-			t2 = mp_now_ns();
-			for (int i = 0; i < ctx->npeers; i++)
-				if (i != ctx->rank && ctx->peers[i].probe_failed)
-					mp_peer_mark_down(ctx, i, "no answer when this peer rejoined");
-			rate = (double)(ctx->seen_round - seen1) * 1e9 / (double)(t2 - t1);
-			join = ctx->seen_round + 4 * R + (uint32_t)(rate * 0.25 / R + 1.0) * R;
-			ctx->round = ctx->avg_round = ctx->next_start = join;
-			probe_all(ctx, MP_PROBE_ANNOUNCE, join);
-			if (ctx->seen_round >= join)
-				MP_WARN("rejoining at round %u, but a peer answered from round %u: it takes "
-					"this peer back at a later probe", join, ctx->seen_round);
-			MP_INFO("rejoins at round %u (the run does %.0f rounds/s)", join, rate);
+			rejoin(ctx, R);
 		}
 		ctx->synced = 1;
 	}
@@ -194,6 +239,16 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 	for (int i = 0; i < ctx->npeers; i++)
 		if (!ctx->peers[i].down)
 			ctx->live[n++] = i;
+	if (n == 1 && ctx->npeers > 1 && static_run(ctx)) {
+		resync_isolated(ctx, R);
+		ctx->avg_round = ctx->round;
+		ctx->next_start = ctx->round + R;
+		mp_peers_apply_up(ctx, ctx->round);
+		n = 0;
+		for (int i = 0; i < ctx->npeers; i++)
+			if (!ctx->peers[i].down)
+				ctx->live[n++] = i;
+	}
 	ctx->nlive = n;
 	return mp_grid_grouping_set_live(&ctx->grid_grouping, n < ctx->npeers ? ctx->live : NULL, n);
 }

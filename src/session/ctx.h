@@ -239,6 +239,8 @@ struct mp_ctx {
 	int synced;             /* this peer's rounds are the run's (fresh peers learn them) */
 	int sweep;              /* a plan mismatch: probe every peer once this average ends */
 	int querying;           /* a fresh peer asks where the run is: failed probes mean nothing yet */
+	int resync;             /* isolated, and a down peer answered a probe: ask where the run is */
+	uint64_t resync_ns;     /* when an isolated peer last asked */
 	int ndown;
 
 	/* scratch memory for frames, grown between operations, registered */

@@ -293,6 +293,14 @@ void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int err, uint32_t round)
 	}
 	if (!p->down || p->up_at_round)
 		return;
+	if (ctx->nlive == 1 && ctx->synced) {
+		/* Every other peer is down for us: the next average asks where
+		 * the run is and rejoins it (probe.c), rather than taking peers
+		 * back one by one at rounds that are ours. */
+		ctx->resync = 1;
+		p->next_probe_ns = mp_now_ns() + (uint64_t)p->probe_ms * 1000000ull;
+		return;
+	}
 	if (round < ctx->avg_round) {
 		/* It answers, but its averages are behind ours: restarted. It
 		 * learns the run's round and announces when it rejoins. */

@@ -759,9 +759,13 @@ int mp_xfer_run(struct mp_xfer *x)
 					last[i] = now;
 				/* Silence is the peer's fault only if it owes us
 				 * something it can send on its own: it counts from
-				 * the end of a wait on others. */
+				 * the end of a wait on others. But once nothing at
+				 * all has moved for round_to, the others are not
+				 * what it waits on (a reducer stopped with every
+				 * contribution in its socket would otherwise hold
+				 * the group until the deadline): it counts again. */
 				if (!ch->s_n && !ch->staged && !x->fatal && x->xops->waits_on_others &&
-				    x->xops->waits_on_others(x->op, ch))
+				    now - last_move <= round_to && x->xops->waits_on_others(x->op, ch))
 					last[i] = now;
 				if (now - last[i] > round_to) {
 					char why[96];

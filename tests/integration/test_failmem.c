@@ -14,12 +14,17 @@
  *  - killed_peer_rejoins: rank 1 is killed with SIGKILL mid-run, then
  *    restarted at the same address. The survivors go on with the exact mean
  *    of 3; once it is back, every peer holds the exact mean of all 4 again.
+ *  - paused_peer_recovers: rank 2 is stopped with SIGSTOP for longer than
+ *    the timeouts; the others go on with the exact mean of 3, and once it
+ *    goes on (failing its averages and trying again at once) every peer
+ *    holds the exact mean of all 4 again within 20 s.
  *  - probe_knobs_pace_probes: rank 3 never starts, and the survivors probe
  *    it every MP_PROBE_MIN_MS = MP_PROBE_MAX_MS = 100 ms: rank 0's log (at
  *    TRACE) says so in its WARN line and counts many failed probes "next
  *    in 100 ms" within 2 s, where the default backoff (1 s, then 2 s)
  *    would make one.
- * A result that claims no failed peer is never anything but an exact mean.
+ * A result that claims no failed peer is never anything but the exact mean
+ * of as many peers as it says.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -50,6 +55,8 @@
  * TRACE lines (NULL: none). */
 static int probe_ms;
 static const char *rank0_log;
+/* ... and their round timeout (0: the default of this test). */
+static int round_ms;
 
 /* What a peer holds after an average. */
 enum { HELD_ERROR = 0, HELD_ALL = 1, HELD_SURVIVORS = 2, HELD_OTHER = 3 };
@@ -58,7 +65,13 @@ struct rec {
 	int held;
 	int rc, peers, failed;
 	double secs;
+	double at; /* when it ended (CLOCK_MONOTONIC, the same in every process) */
+	unsigned mask; /* whose exact mean it holds (0: nobody's) */
 };
+
+/* Records that ended before this count in no run (pump): those a test
+ * reads late, out of a pipe that filled while it waited. */
+static double count_from;
 
 static float input(int rank, size_t i)
 {
@@ -113,7 +126,7 @@ static int child(const char *run, int rank, const char *listen, unsigned dead_ma
 	cfg.listen = listen;
 	cfg.chunk_bytes = 16384;
 	cfg.connect_timeout_ms = CONNECT_MS;
-	cfg.round_timeout_ms = 5000;
+	cfg.round_timeout_ms = round_ms ? round_ms : 5000;
 	if (probe_ms)
 		cfg.probe_min_ms = cfg.probe_max_ms = probe_ms;
 	if (rank0_log && rank == 0) {
@@ -150,14 +163,20 @@ static int child(const char *run, int rank, const char *listen, unsigned dead_ma
 			buf[i] = input(rank, i);
 		double t0 = now_s();
 		r.rc = mp_average(ctx, buf, COUNT, weight(rank), &res);
-		r.secs = now_s() - t0;
+		r.at = now_s();
+		r.secs = r.at - t0;
 		r.peers = res.peers;
 		r.failed = res.failed_peers;
+		/* Which peers' exact mean it holds: all 4 first, then 3, then 2. */
+		for (int want = NP; !r.rc && want > 1 && !r.mask; want--)
+			for (unsigned m = 1; m < 1u << NP && !r.mask; m++)
+				if ((m >> rank & 1) && __builtin_popcount(m) == want && holds_mean(buf, m))
+					r.mask = m;
 		if (r.rc)
 			r.held = HELD_ERROR;
-		else if (holds_mean(buf, 0xfu))
+		else if (r.mask == 0xfu)
 			r.held = HELD_ALL;
-		else if (holds_mean(buf, 0xfu & ~(1u << 1)) || holds_mean(buf, 0xfu & ~(1u << 3)))
+		else if (__builtin_popcount(r.mask) == NP - 1)
 			r.held = HELD_SURVIVORS;
 		else
 			r.held = HELD_OTHER;
@@ -211,13 +230,12 @@ static void pump(struct peer *ps, const char *what, int ms)
 		ps[r].last = x;
 		/* Never a wrong number: a result that names no failed peer is the
 		 * exact mean of as many peers as it says. */
-		if (!x.rc && !x.failed &&
-		    !((x.held == HELD_ALL && x.peers == 4) || (x.held == HELD_SURVIVORS && x.peers == 3))) {
-			fprintf(stderr, "%s: rank %d average %d claims %d peers, 0 failed, but holds %d\n",
-				what, r, ps[r].n, x.peers, x.held);
+		if (!x.rc && !x.failed && (!x.mask || __builtin_popcount(x.mask) != x.peers)) {
+			fprintf(stderr, "%s: rank %d average %d claims %d peers, 0 failed, but holds "
+				"the mean of mask %#x\n", what, r, ps[r].n, x.peers, x.mask);
 			violations++;
 		}
-		int clean = !x.rc && !x.failed;
+		int clean = !x.rc && !x.failed && x.at >= count_from;
 		ps[r].run_all = clean && x.held == HELD_ALL ? ps[r].run_all + 1 : 0;
 		ps[r].run_surv = clean && x.held == HELD_SURVIVORS ? ps[r].run_surv + 1 : 0;
 	}
@@ -387,6 +405,73 @@ static void killed_peer_rejoins(void **s)
 	assert_true(rejoined);
 }
 
+/*
+ * A peer that stops (SIGSTOP) for longer than the timeouts is marked
+ * down by the others, and when it goes on (SIGCONT) its own round times
+ * out on them: it finds every other peer down. Averaging again at once, as
+ * a training loop that skips a failed step does, it must neither race its
+ * rounds ahead of the run nor stay out: within a few seconds every peer
+ * holds the exact mean of all 4 again.
+ */
+static void paused_peer_recovers(void **s)
+{
+	(void)s;
+	struct peer ps[NP];
+	char addrs[NP][MP_ADDR_STRLEN], run[64];
+	double end, t_cont;
+
+	violations = 0;
+	snprintf(run, sizeof(run), "fm-pause-%d", (int)getpid());
+	round_ms = 300;
+	start(ps, run, 0, addrs);
+	round_ms = 0;
+	end = now_s() + 30;
+	while (now_s() < end &&
+	       (ps[0].run_all < 5 || ps[1].run_all < 5 || ps[2].run_all < 5 || ps[3].run_all < 5))
+		pump(ps, "healthy", 200);
+	for (int r = 0; r < NP; r++)
+		assert_true(ps[r].run_all >= 5);
+
+	/* Longer than the connect timeout too: a peer waiting for its
+	 * round's OPEN gives up only then. */
+	assert_int_equal(kill(ps[2].pid, SIGSTOP), 0);
+	end = now_s() + CONNECT_MS / 1000.0 + 1.0;
+	while (now_s() < end)
+		pump(ps, "paused", 100);
+	assert_int_equal(kill(ps[2].pid, SIGCONT), 0);
+	/* The others went on without it. */
+	int went_on = 1;
+	for (int r = 0; r < NP; r++)
+		if (r != 2 && ps[r].run_surv < 10) {
+			fprintf(stderr, "rank %d: %d averages in a row without rank 2 while it was "
+				"stopped\n", r, ps[r].run_surv);
+			went_on = 0;
+		}
+	t_cont = now_s();
+	count_from = t_cont;
+	for (int r = 0; r < NP; r++)
+		ps[r].run_all = 0;
+	end = t_cont + 20;
+	while (now_s() < end &&
+	       (ps[0].run_all < 10 || ps[1].run_all < 10 || ps[2].run_all < 10 || ps[3].run_all < 10))
+		pump(ps, "resumed", 200);
+	int back = 1;
+	for (int r = 0; r < NP; r++) {
+		if (ps[r].run_all < 10)
+			fprintf(stderr, "rank %d: %d averages in a row hold the mean of 4 (last: held %d, "
+				"rc %d, %d failed, %d peers; %d in all)\n", r, ps[r].run_all,
+				ps[r].last.held, ps[r].last.rc, ps[r].last.failed, ps[r].last.peers, ps[r].n);
+		back &= ps[r].run_all >= 10;
+	}
+	fprintf(stderr, "all 4 back in the mean %.1f s after SIGCONT (averages: %d %d %d %d)\n",
+		now_s() - t_cont, ps[0].n, ps[1].n, ps[2].n, ps[3].n);
+	count_from = 0;
+	stop_all(ps);
+	assert_int_equal(violations, 0);
+	assert_true(went_on);
+	assert_true(back);
+}
+
 /* Lines of @path that hold @a and @b (NULL: any); -1 if it cannot be read. */
 static int count_lines(const char *path, const char *a, const char *b)
 {
@@ -447,6 +532,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(dead_peer_left_out),
 		cmocka_unit_test(killed_peer_rejoins),
+		cmocka_unit_test(paused_peer_recovers),
 		cmocka_unit_test(probe_knobs_pace_probes),
 	};
 	signal(SIGPIPE, SIG_IGN);

@@ -26,7 +26,7 @@
 #define OPS 8
 /* What group_allreduce.c records when no member answered. */
 #define FAILED "every other member failed: no values reached this peer"
-#define DOWN "every other peer is down (probed in the background; the next average takes back those that answer)"
+#define DOWN "every other peer is down (probed in the background; the next average asks where the run is and rejoins it once one answers)"
 
 static mp_ctx *lonely_ctx(void)
 {
