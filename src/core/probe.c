@@ -148,6 +148,24 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
 		MP_WARN("rejoining at round %u, but a peer answered from round %u: it takes "
 			"this peer back at a later probe", join, ctx->seen_round);
 	MP_INFO("rejoins at round %u (the run does %.0f rounds/s)", join, rate);
+	/*
+	 * Our first exchange counts its timeouts from its start, and the run
+	 * reaches the join round only in about (join - seen) / rate: started
+	 * now, it would time out on peers still on their way (a second at
+	 * 1 Gbit/s with round_timeout_ms 1000, which sent the joiner off to
+	 * rejoin again). So wait here, answering handshakes, for most of that
+	 * time (0.8 of it, at most the round timeout).
+	 */
+	if (rate > 0.0 && join > ctx->seen_round) {
+		double lead = 0.8 * (double)(join - ctx->seen_round) / rate;
+		double cap = (double)ctx->cfg.round_timeout_ms / 1000.0;
+		uint64_t until = mp_now_ns() + (uint64_t)((lead < cap ? lead : cap) * 1e9);
+
+		while (mp_now_ns() < until && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+			mp_conn_poll(ctx);
+			ctx->ops->progress(ctx->drv, 1);
+		}
+	}
 }
 
 /*

@@ -215,7 +215,12 @@ static void mark_down(struct mp_ctx *ctx, int idx, const char *why)
 	struct mp_peer *p = &ctx->peers[idx];
 	char lo[24], hi[24];
 
-	p->up_at_round = 0;
+	/* A take-back for a round ahead of this average's (an announce that
+	 * came while an exchange still counted on the peer, and which that
+	 * exchange now drops) stands: forgetting it, we would take the peer
+	 * back by probe at a round of our own. */
+	if (!p->down || p->up_at_round <= ctx->avg_round)
+		p->up_at_round = 0;
 	if (p->down)
 		return;
 	p->down = 1;
@@ -307,8 +312,10 @@ void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int err, uint32_t round)
 		p->next_probe_ns = mp_now_ns() + (uint64_t)p->probe_ms * 1000000ull;
 		return;
 	}
-	/* Alive and in step: back from the next average that starts. */
-	p->up_at_round = ctx->next_start;
+	/* Alive and in step: back from the next average that starts, or
+	 * from the round it answered from if that is later (a peer that
+	 * jumped ahead to rejoin starts there). */
+	p->up_at_round = round > ctx->next_start ? round : ctx->next_start;
 	MP_INFO("peer %d (%s) answers again: live from round %u", idx, p->addr, p->up_at_round);
 }
 
