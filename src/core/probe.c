@@ -150,18 +150,28 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
 	MP_INFO("rejoins at round %u (the run does %.0f rounds/s)", join, rate);
 	/*
 	 * Our first exchange counts its timeouts from its start, and the run
-	 * reaches the join round only in about (join - seen) / rate: started
-	 * now, it would time out on peers still on their way (a second at
-	 * 1 Gbit/s with round_timeout_ms 1000, which sent the joiner off to
-	 * rejoin again). So wait here, answering handshakes, for most of that
-	 * time (0.8 of it, at most the round timeout).
+	 * reaches the join round only when it does: started now, it would
+	 * time out on peers still on their way (at 1 Gbit/s with
+	 * round_timeout_ms 1000, or when the run stalled while we measured
+	 * its rate), and they on it. So ask one peer that answered where it
+	 * is, every 20 ms, until it is one average short of the join round,
+	 * for at most twice the round timeout.
 	 */
-	if (rate > 0.0 && join > ctx->seen_round) {
-		double lead = 0.8 * (double)(join - ctx->seen_round) / rate;
-		double cap = (double)ctx->cfg.round_timeout_ms / 1000.0;
-		uint64_t until = mp_now_ns() + (uint64_t)((lead < cap ? lead : cap) * 1e9);
+	int ask = -1;
+	for (int k = 1; k < ctx->npeers && ask < 0; k++) {
+		int i = (ctx->rank + k) % ctx->npeers;
+		if (!ctx->peers[i].probe_failed)
+			ask = i;
+	}
+	uint64_t until = mp_now_ns() + 2ull * (uint64_t)ctx->cfg.round_timeout_ms * 1000000ull;
+	while (ask >= 0 && ctx->seen_round + R < join && mp_now_ns() < until &&
+	       !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+		uint64_t next = mp_now_ns() + 20000000ull;
 
-		while (mp_now_ns() < until && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+		ctx->querying = 1;
+		probe_some(ctx, MP_PROBE_QUERY, ctx->round, ask);
+		ctx->querying = 0;
+		while (mp_now_ns() < next && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 			mp_conn_poll(ctx);
 			ctx->ops->progress(ctx->drv, 1);
 		}

@@ -275,6 +275,27 @@ static void stop_all(struct peer *ps)
 	}
 }
 
+/* Read records for at most @secs until every peer's last 10 averages hold
+ * the exact mean of all 4; 1 if they did (else each short one is named). */
+static int all_hold_mean(struct peer *ps, const char *what, double secs)
+{
+	double end = now_s() + secs;
+	int all = 1;
+
+	while (now_s() < end &&
+	       (ps[0].run_all < 10 || ps[1].run_all < 10 || ps[2].run_all < 10 || ps[3].run_all < 10))
+		pump(ps, what, 200);
+	for (int r = 0; r < NP; r++) {
+		if (ps[r].run_all < 10)
+			fprintf(stderr, "%s: rank %d: %d averages in a row hold the mean of 4 (last: "
+				"held %d, rc %d, %d failed, %d peers; %d in all)\n", what, r,
+				ps[r].run_all, ps[r].last.held, ps[r].last.rc, ps[r].last.failed,
+				ps[r].last.peers, ps[r].n);
+		all &= ps[r].run_all >= 10;
+	}
+	return all;
+}
+
 /* Start NP peers (those in @dead only to give an address), pass addresses. */
 static void start(struct peer *ps, const char *run, unsigned dead, char addrs[NP][MP_ADDR_STRLEN])
 {
@@ -388,18 +409,7 @@ static void killed_peer_rejoins(void **s)
 	assert_int_equal(read_all(ps[1].up, again, sizeof(again), 20000), 0);
 	assert_string_equal(again, addrs[1]);
 	assert_int_equal(write_all(ps[1].down, addrs, sizeof(addrs)), 0);
-	end = now_s() + 40;
-	while (now_s() < end &&
-	       (ps[0].run_all < 10 || ps[1].run_all < 10 || ps[2].run_all < 10 || ps[3].run_all < 10))
-		pump(ps, "restarted", 200);
-	int rejoined = 1;
-	for (int r = 0; r < NP; r++) {
-		if (ps[r].run_all < 10)
-			fprintf(stderr, "rank %d: %d averages in a row hold the mean of 4 (last: held %d, "
-				"rc %d, %d failed, %d peers)\n", r, ps[r].run_all, ps[r].last.held,
-				ps[r].last.rc, ps[r].last.failed, ps[r].last.peers);
-		rejoined &= ps[r].run_all >= 10;
-	}
+	int rejoined = all_hold_mean(ps, "restarted", 40);
 	stop_all(ps);
 	assert_int_equal(violations, 0);
 	assert_true(rejoined);
@@ -451,18 +461,7 @@ static void paused_peer_recovers(void **s)
 	count_from = t_cont;
 	for (int r = 0; r < NP; r++)
 		ps[r].run_all = 0;
-	end = t_cont + 20;
-	while (now_s() < end &&
-	       (ps[0].run_all < 10 || ps[1].run_all < 10 || ps[2].run_all < 10 || ps[3].run_all < 10))
-		pump(ps, "resumed", 200);
-	int back = 1;
-	for (int r = 0; r < NP; r++) {
-		if (ps[r].run_all < 10)
-			fprintf(stderr, "rank %d: %d averages in a row hold the mean of 4 (last: held %d, "
-				"rc %d, %d failed, %d peers; %d in all)\n", r, ps[r].run_all,
-				ps[r].last.held, ps[r].last.rc, ps[r].last.failed, ps[r].last.peers, ps[r].n);
-		back &= ps[r].run_all >= 10;
-	}
+	int back = all_hold_mean(ps, "resumed", 20);
 	fprintf(stderr, "all 4 back in the mean %.1f s after SIGCONT (averages: %d %d %d %d)\n",
 		now_s() - t_cont, ps[0].n, ps[1].n, ps[2].n, ps[3].n);
 	count_from = 0;
