@@ -181,8 +181,9 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
 /*
  * Every other peer is down for us: either they are, or this peer was cut
  * off (stopped, or its rounds timed out on all of them) and they have it
- * down. Ask where the run is, as a fresh peer does; if anyone answers, we
- * rejoin by announce, and take back those that answered at that round. At
+ * down. Ask where the run is, as a fresh peer does; if a peer that answers
+ * has us down, we rejoin by announce, and take back those that answered
+ * at that round. At
  * most once per MP_PROBE_MIN_MS, or sooner when a background probe was
  * answered. Without this an isolated peer would take peers back one by one
  * at rounds that are its own, failing each average at once and moving its
@@ -205,7 +206,12 @@ static void resync_isolated(struct mp_ctx *ctx, uint32_t R)
 	ctx->resync_ns = mp_now_ns();
 	for (int i = 0; i < ctx->npeers; i++)
 		answered += i != ctx->rank && !ctx->peers[i].probe_failed;
-	if (!answered)
+	/* Only a peer that has us down left us behind. Peers that answer and
+	 * do not (restarted ones, fresh, or peers whose averages still count
+	 * on us) take no announce from us: a restarted one announces its own
+	 * join round, which we take; the others mark us down at their next
+	 * timeout, and the next ask finds it. */
+	if (!answered || !ctx->seen_down)
 		return;
 	MP_INFO("every other peer is down for this peer at round %u, and %d answer (the run is at "
 		"round %u): it rejoins", ctx->round, answered, ctx->seen_round);
@@ -268,7 +274,18 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 		if (!ctx->peers[i].down)
 			ctx->live[n++] = i;
 	if (n == 1 && ctx->npeers > 1 && static_run(ctx)) {
-		resync_isolated(ctx, R);
+		/* Alone, we keep no one in step: a peer that announced its
+		 * return (a restarted one) is met at its round at once. */
+		uint32_t meet = 0;
+		for (int i = 0; i < ctx->npeers; i++) {
+			uint32_t up = ctx->peers[i].up_at_round;
+			if (ctx->peers[i].down && up > ctx->round && (!meet || up < meet))
+				meet = up;
+		}
+		if (meet)
+			ctx->round = meet;
+		else
+			resync_isolated(ctx, R);
 		ctx->avg_round = ctx->round;
 		ctx->next_start = ctx->round + R;
 		mp_peers_apply_up(ctx, ctx->round);

@@ -275,23 +275,25 @@ static void stop_all(struct peer *ps)
 	}
 }
 
-/* Read records for at most @secs until every peer's last 10 averages hold
- * the exact mean of all 4; 1 if they did (else each short one is named). */
-static int all_hold_mean(struct peer *ps, const char *what, double secs)
+/* Read records for at most @secs until every peer's last @want averages
+ * hold the exact mean of all 4; 1 if they did (else each short one is
+ * named). */
+static int all_hold_mean(struct peer *ps, const char *what, double secs, int want)
 {
 	double end = now_s() + secs;
 	int all = 1;
 
 	while (now_s() < end &&
-	       (ps[0].run_all < 10 || ps[1].run_all < 10 || ps[2].run_all < 10 || ps[3].run_all < 10))
+	       (ps[0].run_all < want || ps[1].run_all < want || ps[2].run_all < want ||
+		ps[3].run_all < want))
 		pump(ps, what, 200);
 	for (int r = 0; r < NP; r++) {
-		if (ps[r].run_all < 10)
+		if (ps[r].run_all < want)
 			fprintf(stderr, "%s: rank %d: %d averages in a row hold the mean of 4 (last: "
 				"held %d, rc %d, %d failed, %d peers; %d in all)\n", what, r,
 				ps[r].run_all, ps[r].last.held, ps[r].last.rc, ps[r].last.failed,
 				ps[r].last.peers, ps[r].n);
-		all &= ps[r].run_all >= 10;
+		all &= ps[r].run_all >= want;
 	}
 	return all;
 }
@@ -382,12 +384,7 @@ static void killed_peer_rejoins(void **s)
 	violations = 0;
 	snprintf(run, sizeof(run), "fm-kill-%d", (int)getpid());
 	start(ps, run, 0, addrs);
-	end = now_s() + 30;
-	while (now_s() < end &&
-	       (ps[0].run_all < 5 || ps[1].run_all < 5 || ps[2].run_all < 5 || ps[3].run_all < 5))
-		pump(ps, "healthy", 200);
-	for (int r = 0; r < NP; r++)
-		assert_true(ps[r].run_all >= 5);
+	assert_true(all_hold_mean(ps, "healthy", 30, 5));
 
 	/* SIGKILL rank 1 while it averages. */
 	kill(ps[1].pid, SIGKILL);
@@ -409,7 +406,7 @@ static void killed_peer_rejoins(void **s)
 	assert_int_equal(read_all(ps[1].up, again, sizeof(again), 20000), 0);
 	assert_string_equal(again, addrs[1]);
 	assert_int_equal(write_all(ps[1].down, addrs, sizeof(addrs)), 0);
-	int rejoined = all_hold_mean(ps, "restarted", 40);
+	int rejoined = all_hold_mean(ps, "restarted", 40, 10);
 	stop_all(ps);
 	assert_int_equal(violations, 0);
 	assert_true(rejoined);
@@ -435,12 +432,7 @@ static void paused_peer_recovers(void **s)
 	round_ms = 300;
 	start(ps, run, 0, addrs);
 	round_ms = 0;
-	end = now_s() + 30;
-	while (now_s() < end &&
-	       (ps[0].run_all < 5 || ps[1].run_all < 5 || ps[2].run_all < 5 || ps[3].run_all < 5))
-		pump(ps, "healthy", 200);
-	for (int r = 0; r < NP; r++)
-		assert_true(ps[r].run_all >= 5);
+	assert_true(all_hold_mean(ps, "healthy", 30, 5));
 
 	/* Longer than the connect timeout too: a peer waiting for its
 	 * round's OPEN gives up only then. */
@@ -461,7 +453,7 @@ static void paused_peer_recovers(void **s)
 	count_from = t_cont;
 	for (int r = 0; r < NP; r++)
 		ps[r].run_all = 0;
-	int back = all_hold_mean(ps, "resumed", 20);
+	int back = all_hold_mean(ps, "resumed", 20, 10);
 	fprintf(stderr, "all 4 back in the mean %.1f s after SIGCONT (averages: %d %d %d %d)\n",
 		now_s() - t_cont, ps[0].n, ps[1].n, ps[2].n, ps[3].n);
 	count_from = 0;
