@@ -109,6 +109,24 @@ static void probe_all(struct mp_ctx *ctx, int kind, uint32_t round)
 	probe_some(ctx, kind, round, -1);
 }
 
+/* Where is the run? A QUERY of every other peer (or only @only, when >= 0);
+ * peers that do not answer are no news here. */
+static void query(struct mp_ctx *ctx, int only)
+{
+	ctx->querying = 1;
+	probe_some(ctx, MP_PROBE_QUERY, ctx->round, only);
+	ctx->querying = 0;
+}
+
+/* Answer handshakes and move connections on until @until (mp_now_ns). */
+static void poll_until(struct mp_ctx *ctx, uint64_t until)
+{
+	while (mp_now_ns() < until && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
+		mp_conn_poll(ctx);
+		ctx->ops->progress(ctx->drv, 1);
+	}
+}
+
 /*
  * Announce, once, a round the run has not reached (nor we): each peer takes
  * us back there, all at once, and we start our averages there. How far
@@ -125,13 +143,8 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
 	uint64_t t1 = mp_now_ns(), t2;
 	double rate;
 
-	while (mp_now_ns() - t1 < 100000000ull && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
-		mp_conn_poll(ctx);
-		ctx->ops->progress(ctx->drv, 1);
-	}
-	ctx->querying = 1;
-	probe_all(ctx, MP_PROBE_QUERY, ctx->round);
-	ctx->querying = 0;
+	poll_until(ctx, t1 + 100000000ull);
+	query(ctx, -1);
 	t2 = mp_now_ns();
 	for (int i = 0; i < ctx->npeers; i++)
 		if (i != ctx->rank && ctx->peers[i].probe_failed)
@@ -168,13 +181,8 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
 	       !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t next = mp_now_ns() + 20000000ull;
 
-		ctx->querying = 1;
-		probe_some(ctx, MP_PROBE_QUERY, ctx->round, ask);
-		ctx->querying = 0;
-		while (mp_now_ns() < next && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
-			mp_conn_poll(ctx);
-			ctx->ops->progress(ctx->drv, 1);
-		}
+		query(ctx, ask);
+		poll_until(ctx, next);
 	}
 }
 
@@ -183,9 +191,8 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
  * off (stopped, or its rounds timed out on all of them) and they have it
  * down. Ask where the run is, as a fresh peer does; if a peer that answers
  * has us down, we rejoin by announce, and take back those that answered
- * at that round. At
- * most once per MP_PROBE_MIN_MS, or sooner when a background probe was
- * answered. Without this an isolated peer would take peers back one by one
+ * at that round. At most once per MP_PROBE_MIN_MS, or sooner when a
+ * background probe was answered. Without this an isolated peer would take peers back one by one
  * at rounds that are its own, failing each average at once and moving its
  * rounds on, while the others took it back at theirs: views that never
  * meet again.
@@ -200,9 +207,7 @@ static void resync_isolated(struct mp_ctx *ctx, uint32_t R)
 	ctx->resync = 0;
 	ctx->seen_round = 0;
 	ctx->seen_down = 0;
-	ctx->querying = 1;
-	probe_all(ctx, MP_PROBE_QUERY, ctx->round);
-	ctx->querying = 0;
+	query(ctx, -1);
 	ctx->resync_ns = mp_now_ns();
 	for (int i = 0; i < ctx->npeers; i++)
 		answered += i != ctx->rank && !ctx->peers[i].probe_failed;
@@ -240,12 +245,10 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 		 */
 		int next = (ctx->rank + 1) % ctx->npeers;
 
-		ctx->querying = 1;
-		probe_some(ctx, MP_PROBE_QUERY, ctx->round, next);
+		query(ctx, next);
 		/* No answer, or the run is ahead: did anyone leave us behind? */
 		if (ctx->peers[next].probe_failed || ctx->seen_round > ctx->round)
-			probe_all(ctx, MP_PROBE_QUERY, ctx->round);
-		ctx->querying = 0;
+			query(ctx, -1);
 		/*
 		 * Ahead is not enough: in a Moshpit run a group that does not
 		 * need this peer finishes its rounds while this peer starts,
