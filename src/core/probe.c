@@ -192,10 +192,10 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
  * down. Ask where the run is, as a fresh peer does; if a peer that answers
  * has us down, we rejoin by announce, and take back those that answered
  * at that round. At most once per MP_PROBE_MIN_MS, or sooner when a
- * background probe was answered. Without this an isolated peer would take peers back one by one
- * at rounds that are its own, failing each average at once and moving its
- * rounds on, while the others took it back at theirs: views that never
- * meet again.
+ * background probe was answered. Without this an isolated peer would take
+ * peers back one by one at rounds that are its own, failing each average
+ * at once and moving its rounds on, while the others took it back at
+ * theirs: views that never meet again.
  */
 static void resync_isolated(struct mp_ctx *ctx, uint32_t R)
 {
