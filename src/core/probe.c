@@ -32,6 +32,7 @@
 
 #include "conn.h"
 #include "core.h"
+#include "fault.h"
 #include "log.h"
 
 static int static_run(const struct mp_ctx *ctx)
@@ -128,20 +129,24 @@ static void poll_until(struct mp_ctx *ctx, uint64_t until)
 }
 
 /*
- * Announce, once, a round the run has not reached (nor we): each peer takes
- * us back there, all at once, and we start our averages there. How far
+ * Announce a round the run has not reached (nor we): each peer takes us
+ * back there, all at once, and we start our averages there. How far
  * ahead: four averages, plus what the run does in 250 ms at the rate two
  * queries 100 ms apart show, so that no peer passes it before our announce
- * reaches it. (A peer that has passed it ignores the announce, and takes us
- * back at a probe later.) Peers that answered neither query are down; those
- * we had down that answered come back at that round too (an isolated peer,
- * mp_fm_begin).
+ * reaches it. A peer that has passed it ignores the announce (its
+ * CHALLENGE tells us its round), and would take us for a restarted peer at
+ * every probe: so an announce that came too late for any peer is made
+ * again, from the round it answered, 250 ms plus twice as long as the
+ * announce took ahead, at the rate that round shows if it is faster (three
+ * tries). Peers that
+ * answered neither query are down; those we had down that answered come
+ * back at that round too (an isolated peer, mp_fm_begin).
  */
 static void rejoin(struct mp_ctx *ctx, uint32_t R)
 {
 	uint32_t seen1 = ctx->seen_round, join, from;
 	uint64_t t1 = mp_now_ns(), t2;
-	double rate;
+	double rate, ahead = 0.25;
 
 	poll_until(ctx, t1 + 100000000ull);
 	query(ctx, -1);
@@ -151,15 +156,37 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
 			mp_peer_mark_down(ctx, i, "no answer when this peer rejoined");
 	rate = (double)(ctx->seen_round - seen1) * 1e9 / (double)(t2 - t1);
 	from = ctx->seen_round > ctx->round ? ctx->seen_round : ctx->round;
-	join = from + 4 * R + (uint32_t)(rate * 0.25 / R + 1.0) * R;
-	ctx->round = ctx->avg_round = ctx->next_start = join;
-	for (int i = 0; i < ctx->npeers; i++)
-		if (i != ctx->rank && ctx->peers[i].down && !ctx->peers[i].probe_failed)
-			ctx->peers[i].up_at_round = join;
-	probe_all(ctx, MP_PROBE_ANNOUNCE, join);
-	if (ctx->seen_round >= join)
-		MP_WARN("rejoining at round %u, but a peer answered from round %u: it takes "
-			"this peer back at a later probe", join, ctx->seen_round);
+	for (int tries = 1;; tries++) {
+		uint64_t t0 = mp_now_ns();
+		uint32_t hold;
+		double took;
+
+		join = from + 4 * R + (uint32_t)(rate * ahead / R + 1.0) * R;
+		ctx->round = ctx->avg_round = ctx->next_start = join;
+		for (int i = 0; i < ctx->npeers; i++)
+			if (i != ctx->rank && ctx->peers[i].down && !ctx->peers[i].probe_failed)
+				ctx->peers[i].up_at_round = join;
+		hold = mp_fault_announce(ctx, join);
+		if (hold)
+			poll_until(ctx, t0 + (uint64_t)hold * 1000000ull);
+		probe_all(ctx, MP_PROBE_ANNOUNCE, join);
+		if (ctx->seen_round < join)
+			break;
+		if (tries == 3) {
+			MP_WARN("rejoining at round %u, but a peer answered from round %u (third "
+				"announce): it takes this peer back when this peer is next "
+				"isolated and rejoins", join, ctx->seen_round);
+			break;
+		}
+		took = (double)(mp_now_ns() - t0) / 1e9;
+		MP_INFO("the announce of round %u came too late: a peer answered from round %u, "
+			"%.0f ms after it was chosen; announcing a later round", join,
+			ctx->seen_round, took * 1e3);
+		if ((double)(ctx->seen_round - from) / took > rate)
+			rate = (double)(ctx->seen_round - from) / took;
+		ahead = 0.25 + 2.0 * took;
+		from = ctx->seen_round;
+	}
 	MP_INFO("rejoins at round %u (the run does %.0f rounds/s)", join, rate);
 	/*
 	 * Our first exchange counts its timeouts from its start, and the run
@@ -168,7 +195,8 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
 	 * round_timeout_ms 1000, or when the run stalled while we measured
 	 * its rate), and they on it. So ask one peer that answered where it
 	 * is, every 20 ms, until it is one average short of the join round,
-	 * for at most twice the round timeout.
+	 * for at most twice the round timeout and twice the time we put the
+	 * join round ahead.
 	 */
 	int ask = -1;
 	for (int k = 1; k < ctx->npeers && ask < 0; k++) {
@@ -176,7 +204,8 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
 		if (!ctx->peers[i].probe_failed)
 			ask = i;
 	}
-	uint64_t until = mp_now_ns() + 2ull * (uint64_t)ctx->cfg.round_timeout_ms * 1000000ull;
+	uint64_t until = mp_now_ns() + 2ull * (uint64_t)ctx->cfg.round_timeout_ms * 1000000ull +
+			 (uint64_t)(2e9 * ahead);
 	while (ask >= 0 && ctx->seen_round + R < join && mp_now_ns() < until &&
 	       !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		uint64_t next = mp_now_ns() + 20000000ull;

@@ -10,8 +10,8 @@
 #include "xfer.h"
 #include "log.h"
 
-static const char *const kind_names[] = {"kill", "stall", "cut"};
-static const char *const phase_names[] = {"match", "scatter", "gather"};
+static const char *const kind_names[] = {"kill", "stall", "cut", "delay"};
+static const char *const phase_names[] = {"match", "scatter", "gather", "announce"};
 
 static int name_index(const char *s, size_t len, const char *const *names, int n)
 {
@@ -47,12 +47,12 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 	const char *end = s + len, *p = memchr(s, ':', len);
 	size_t klen = p ? (size_t)(p - s) : len;
 	int have_round = 0, have_phase = 0, have_peer = 0, have_after = 0, have_until = 0;
-	int have_joined = 0;
+	int have_joined = 0, have_ms = 0;
 
 	memset(f, 0, sizeof(*f));
-	f->kind = name_index(s, klen, kind_names, 3);
+	f->kind = name_index(s, klen, kind_names, 4);
 	if (f->kind < 0) {
-		*why = "the action is not kill, stall or cut";
+		*why = "the action is not kill, stall, cut or delay";
 		return -EINVAL;
 	}
 	f->phase = MP_FAULT_SCATTER;
@@ -77,9 +77,9 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 			f->round = (uint32_t)v;
 			have_round = 1;
 		} else if (kl == 5 && !memcmp(key, "phase", 5) && !have_phase) {
-			f->phase = name_index(val, vl, phase_names, 3);
+			f->phase = name_index(val, vl, phase_names, 4);
 			if (f->phase < 0) {
-				*why = "phase must be match, scatter or gather";
+				*why = "phase must be match, scatter, gather or announce";
 				return -EINVAL;
 			}
 			have_phase = 1;
@@ -109,8 +109,15 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 				return -EINVAL;
 			}
 			have_after = 1;
+		} else if (kl == 2 && !memcmp(key, "ms", 2) && !have_ms) {
+			if (parse_u64(val, vl, 10, 600000, &v) || !v) {
+				*why = "ms must be a number of milliseconds in [1, 600000]";
+				return -EINVAL;
+			}
+			f->ms = (uint32_t)v;
+			have_ms = 1;
 		} else {
-			*why = "unknown or repeated key (round, until, joined, phase, peer, after)";
+			*why = "unknown or repeated key (round, until, joined, phase, peer, after, ms)";
 			return -EINVAL;
 		}
 		p = next;
@@ -132,6 +139,13 @@ static int parse_action(const char *s, size_t len, struct mp_fault *f, const cha
 	if (f->phase == MP_FAULT_MATCH && (f->kind != MP_FAULT_KILL || have_after)) {
 		/* The matchmaker only asks whether to die; it counts no frames. */
 		*why = "phase match takes kill without after=";
+		return -EINVAL;
+	}
+	/* A delay holds an announce, which is not a frame of a round. */
+	if ((f->kind == MP_FAULT_DELAY) != (f->phase == MP_FAULT_ANNOUNCE) ||
+	    (f->kind == MP_FAULT_DELAY && (have_peer || have_after || !have_ms)) ||
+	    (f->kind != MP_FAULT_DELAY && have_ms)) {
+		*why = "delay goes with phase=announce and ms=, without peer= or after=; only delay takes ms=";
 		return -EINVAL;
 	}
 	return 0;
@@ -205,6 +219,17 @@ static void note_round(struct mp_ctx *ctx, uint32_t round)
 static int due_round(const struct mp_ctx *ctx, const struct mp_fault *f, uint32_t round)
 {
 	return round >= f->round && (uint64_t)round < f->until && ctx->fault_first - 1 <= f->joined;
+}
+
+uint32_t mp_fault_announce(struct mp_ctx *ctx, uint32_t join)
+{
+	for (struct mp_fault *f = ctx->faults; f; f = f->next)
+		if (!f->fired && f->phase == MP_FAULT_ANNOUNCE && due_round(ctx, f, join)) {
+			f->fired = 1;
+			MP_WARN("fault: delaying the announce of round %u by %u ms", join, f->ms);
+			return f->ms;
+		}
+	return 0;
 }
 
 int mp_fault_match(struct mp_ctx *ctx, uint32_t round)

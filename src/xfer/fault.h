@@ -7,6 +7,7 @@
  *   kill:round=R[:until=E][:joined=J][:phase=match|scatter|gather][:after=N]
  *   stall:round=R[:until=E][:joined=J][:phase=scatter|gather][:peer=ID][:after=N]
  *   cut:round=R[:until=E][:joined=J][:phase=scatter|gather][:peer=ID][:after=N]
+ *   delay:round=R[:until=E][:joined=J]:phase=announce:ms=M
  *
  * R is the global round; with until=E (> R) the action fires in the first
  * round in [R, E) in which this peer reaches that point (a peer alone in
@@ -18,8 +19,11 @@
  * that phase this peer has sent in round R (default 0: at the phase's first
  * frame); ID is a peer id in hex (static runs: the rank), default every peer.
  * A stall sends nothing more to those peers for the rest of the round but
- * keeps the connections open (they must time out); a cut closes them. Each
- * action fires once.
+ * keeps the connections open (they must time out); a cut closes them. A
+ * delay holds a rejoining peer's announce (probe.c) for M ms (1 to 600000)
+ * after it chose its join round, the round R to E stands for: the run may
+ * pass that round first, as it does when the peer is descheduled there or
+ * the run speeds up. Each action fires once.
  */
 #ifndef MP_FAULT_H
 #define MP_FAULT_H
@@ -28,8 +32,8 @@
 
 struct mp_ctx;
 
-enum mp_fault_kind { MP_FAULT_KILL, MP_FAULT_STALL, MP_FAULT_CUT };
-enum mp_fault_phase { MP_FAULT_MATCH, MP_FAULT_SCATTER, MP_FAULT_GATHER };
+enum mp_fault_kind { MP_FAULT_KILL, MP_FAULT_STALL, MP_FAULT_CUT, MP_FAULT_DELAY };
+enum mp_fault_phase { MP_FAULT_MATCH, MP_FAULT_SCATTER, MP_FAULT_GATHER, MP_FAULT_ANNOUNCE };
 
 struct mp_fault {
 	int kind;           /* enum mp_fault_kind */
@@ -40,6 +44,7 @@ struct mp_fault {
 	uint64_t joined;    /* only if this peer's first round was <= joined (default: any) */
 	int all_peers;      /* stall/cut: every peer, else only @peer */
 	uint64_t peer;
+	uint32_t ms;        /* delay: how long */
 	int fired;
 	struct mp_fault *next;
 };
@@ -62,5 +67,10 @@ int mp_fault_match(struct mp_ctx *ctx, uint32_t round);
  * (SIGKILL); the caller applies a stall or cut, and asks again until NULL.
  */
 const struct mp_fault *mp_fault_due(struct mp_ctx *ctx, uint32_t round, int phase, uint64_t sent);
+
+/* A rejoining peer, between choosing join round @join and announcing it:
+ * the milliseconds a delay due for @join holds the announce (marked fired
+ * and logged), or 0. */
+uint32_t mp_fault_announce(struct mp_ctx *ctx, uint32_t join);
 
 #endif

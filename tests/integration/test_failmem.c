@@ -18,6 +18,9 @@
  *    the timeouts; the others go on with the exact mean of 3, and once it
  *    goes on (failing its averages and trying again at once) every peer
  *    holds the exact mean of all 4 again within 20 s.
+ *  - late_announce_made_again: the same, with rank 2's rejoin announce held
+ *    (MP_FAULT delay) until the run has passed its round: it announces a
+ *    later one at once, and rejoins once.
  *  - probe_knobs_pace_probes: rank 3 never starts, and the survivors probe
  *    it every MP_PROBE_MIN_MS = MP_PROBE_MAX_MS = 100 ms: rank 0's log (at
  *    TRACE) says so in its WARN line and counts many failed probes "next
@@ -51,10 +54,13 @@
 #define CONNECT_MS 4000
 
 /* Set by a test before it starts its peers (they inherit them): the
- * backoff of their probes (0: the default), and a log file for rank 0's
- * TRACE lines (NULL: none). */
+ * backoff of their probes (0: the default), a log file for rank log_rank's
+ * TRACE lines (NULL: none), and rank fault_rank's MP_FAULT (NULL: none). */
 static int probe_ms;
-static const char *rank0_log;
+static const char *rank_log;
+static int log_rank;
+static const char *rank_fault;
+static int fault_rank;
 /* ... and their round timeout (0: the default of this test), and the
  * compute between averages, as a training step's (0: none). */
 static int round_ms;
@@ -131,11 +137,13 @@ static int child(const char *run, int rank, const char *listen, unsigned dead_ma
 	cfg.round_timeout_ms = round_ms ? round_ms : 5000;
 	if (probe_ms)
 		cfg.probe_min_ms = cfg.probe_max_ms = probe_ms;
-	if (rank0_log && rank == 0) {
+	if (rank_log && rank == log_rank) {
 		/* Read by the logger when mp_init first sets it up. */
-		setenv("MP_DEBUG_FILE", rank0_log, 1);
+		setenv("MP_DEBUG_FILE", rank_log, 1);
 		cfg.log_level = MP_LOG_TRACE;
 	}
+	if (rank_fault && rank == fault_rank)
+		cfg.fault = rank_fault;
 	rc = mp_init(&cfg, &ctx);
 	if (rc) {
 		fprintf(stderr, "rank %d: mp_init: %s: %s\n", rank, mp_strerror(rc), mp_last_error(NULL));
@@ -416,26 +424,36 @@ static void killed_peer_rejoins(void **s)
 	assert_true(rejoined);
 }
 
-/*
- * A peer that stops (SIGSTOP) for longer than the timeouts is marked
- * down by the others, and when it goes on (SIGCONT) its own round times
- * out on them: it finds every other peer down. Averaging again at once, as
- * a training loop that skips a failed step does, it must neither race its
- * rounds ahead of the run nor stay out: within a few seconds every peer
- * holds the exact mean of all 4 again.
- */
-static void paused_peer_recovers(void **s)
+/* Lines of @path that hold @a and @b (NULL: any); -1 if it cannot be read. */
+static int count_lines(const char *path, const char *a, const char *b)
 {
-	(void)s;
+	FILE *f = fopen(path, "r");
+	char line[1024];
+	int n = 0;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, a) && (!b || strstr(line, b));
+	fclose(f);
+	return n;
+}
+
+/* Start the peers, stop rank 2 for longer than the timeouts, go on: 1 if
+ * all 4 hold the exact mean again within 20 s (and the others went on
+ * without it meanwhile). */
+static int pause_and_resume(const char *name)
+{
 	struct peer ps[NP];
 	char addrs[NP][MP_ADDR_STRLEN], run[64];
 	double end, t_cont;
 
 	violations = 0;
-	snprintf(run, sizeof(run), "fm-pause-%d", (int)getpid());
-	/* 10 ms of compute per step: a rejoin announces a round ahead by what
-	 * the run does in 250 ms, and free-running averages under ASan (thousands
-	 * a second) passed it before the announce arrived (doc/reliability.md). */
+	snprintf(run, sizeof(run), "fm-%s-%d", name, (int)getpid());
+	/* 10 ms of compute per step, as a training step's: free-running
+	 * averages under ASan (thousands a second) once passed a rejoin's
+	 * announced round before the announce arrived, which
+	 * late_announce_made_again now brings about at will. */
 	round_ms = 300;
 	pace_ms = 10;
 	start(ps, run, 0, addrs);
@@ -469,22 +487,56 @@ static void paused_peer_recovers(void **s)
 	stop_all(ps);
 	assert_int_equal(violations, 0);
 	assert_true(went_on);
-	assert_true(back);
+	return back;
 }
 
-/* Lines of @path that hold @a and @b (NULL: any); -1 if it cannot be read. */
-static int count_lines(const char *path, const char *a, const char *b)
+/*
+ * A peer that stops (SIGSTOP) for longer than the timeouts is marked
+ * down by the others, and when it goes on (SIGCONT) its own round times
+ * out on them: it finds every other peer down. Averaging again at once, as
+ * a training loop that skips a failed step does, it must neither race its
+ * rounds ahead of the run nor stay out: within a few seconds every peer
+ * holds the exact mean of all 4 again.
+ */
+static void paused_peer_recovers(void **s)
 {
-	FILE *f = fopen(path, "r");
-	char line[1024];
-	int n = 0;
+	(void)s;
+	assert_true(pause_and_resume("pause"));
+}
 
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		n += strstr(line, a) && (!b || strstr(line, b));
-	fclose(f);
-	return n;
+/*
+ * The same, with rank 2's announce held 400 ms after it chose its join
+ * round (MP_FAULT delay, as when a loaded machine deschedules it there):
+ * the run passes that round first, and each peer ignores the announce as
+ * too late. Rank 2 sees their rounds in the answers and announces a later
+ * round at once: its log shows one rejoin, with one announce too late, and
+ * no peer it marks down after it (taken for a restarted peer at every
+ * probe, it would time out on them, find itself alone and rejoin again).
+ */
+static void late_announce_made_again(void **s)
+{
+	char log[128];
+	(void)s;
+
+	snprintf(log, sizeof(log), "/tmp/mp-fm-late-%d.log", (int)getpid());
+	unlink(log);
+	rank_log = log;
+	log_rank = 2;
+	rank_fault = "delay:round=0:until=4294967296:phase=announce:ms=400";
+	fault_rank = 2;
+	int back = pause_and_resume("late");
+	rank_log = NULL;
+	rank_fault = NULL;
+	int delayed = count_lines(log, "fault: delaying the announce of round", NULL);
+	int late = count_lines(log, "came too late: a peer answered from round", NULL);
+	int rejoins = count_lines(log, "rejoins at round", NULL);
+	fprintf(stderr, "rank 2: %d announce delayed, %d too late, %d rejoins\n", delayed, late,
+		rejoins);
+	assert_true(back);
+	assert_int_equal(delayed, 1);
+	assert_int_equal(late, 1);
+	assert_int_equal(rejoins, 1);
+	unlink(log); /* kept when it failed */
 }
 
 static void probe_knobs_pace_probes(void **s)
@@ -500,7 +552,8 @@ static void probe_knobs_pace_probes(void **s)
 	snprintf(log, sizeof(log), "/tmp/mp-fm-probe-%d.log", (int)getpid());
 	unlink(log);
 	probe_ms = 100;
-	rank0_log = log;
+	rank_log = log;
+	log_rank = 0;
 	start(ps, run, 1u << 3, addrs);
 	/* Rank 0's first average finds rank 3 dead and marks it down. */
 	end = now_s() + 30;
@@ -513,7 +566,7 @@ static void probe_knobs_pace_probes(void **s)
 		pump(ps, "probe", 200);
 	stop_all(ps);
 	probe_ms = 0;
-	rank0_log = NULL;
+	rank_log = NULL;
 	/* "every 100 ms" and no more: no doubling when both ends are equal. */
 	warn = count_lines(log, "peer 3 (", "probed in the background every 100 ms\n");
 	probes = count_lines(log, "probe of peer 3 (", "; next in 100 ms");
@@ -533,6 +586,7 @@ int main(void)
 		cmocka_unit_test(dead_peer_left_out),
 		cmocka_unit_test(killed_peer_rejoins),
 		cmocka_unit_test(paused_peer_recovers),
+		cmocka_unit_test(late_announce_made_again),
 		cmocka_unit_test(probe_knobs_pace_probes),
 	};
 	signal(SIGPIPE, SIG_IGN);

@@ -3,7 +3,8 @@
  * Fault injection's plan (src/xfer/fault.c, MP_FAULT): which action is due
  * in which round, and joined=J, the key that makes a standby process (one
  * started ahead and woken to replace a dead peer, mpbench --standby) skip
- * the actions of rounds before it came. Kills run in a child process and
+ * the actions of rounds before it came, and delay, which holds a rejoining
+ * peer's announce. Kills run in a child process and
  * are read back from its exit status.
  */
 #include <stdarg.h>
@@ -92,6 +93,49 @@ static void stall_skipped_by_a_later_joiner(void **state)
 	ctx_free(plain);
 }
 
+/*
+ * delay:...:phase=announce:ms=M holds a rejoin's announce once, for a join
+ * round in [round, until), and is never a frame action; the specs that mix
+ * it up are refused with the rule named, and keep nothing.
+ */
+static void delay_holds_one_announce(void **state)
+{
+	static const char *const bad[] = {
+		"delay:round=0",                         /* no phase=announce */
+		"delay:round=0:phase=announce",          /* no ms= */
+		"delay:round=0:phase=scatter:ms=5",      /* a frame phase */
+		"stall:round=0:phase=announce",          /* only delay announces */
+		"kill:round=0:phase=announce",
+		"stall:round=0:ms=5",                    /* only delay takes ms= */
+		"delay:round=0:phase=announce:ms=5:peer=1",
+		"delay:round=0:phase=announce:ms=5:after=2",
+		"delay:round=0:phase=announce:ms=0",
+		"delay:round=0:phase=announce:ms=600001",
+		"delay:round=0:phase=announce:ms=5:ms=6",
+	};
+	int rc;
+	(void)state;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct mp_ctx *ctx = ctx_with(bad[i], &rc);
+
+		assert_int_equal(rc, -EINVAL);
+		assert_null(ctx->faults);
+		assert_non_null(strstr(mp_last_error(NULL), bad[i]));
+		ctx_free(ctx);
+	}
+	struct mp_ctx *ctx = ctx_with("delay:round=100:until=200:phase=announce:ms=400", &rc);
+	assert_int_equal(rc, 0);
+	/* Not a frame action: no round's frames meet it. */
+	assert_null(mp_fault_due(ctx, 150, MP_FAULT_SCATTER, 0));
+	assert_null(mp_fault_due(ctx, 150, MP_FAULT_GATHER, 0));
+	assert_int_equal(mp_fault_announce(ctx, 99), 0);
+	assert_int_equal(mp_fault_announce(ctx, 200), 0);
+	assert_int_equal(mp_fault_announce(ctx, 150), 400);
+	assert_int_equal(mp_fault_announce(ctx, 150), 0); /* fired once */
+	ctx_free(ctx);
+}
+
 /* Run @spec's matchmaking from round @first to @last in a child; the round it
  * died in (SIGKILL), or -1 if it lived. */
 static int dies_in(const char *spec, uint32_t first, uint32_t last)
@@ -161,6 +205,7 @@ int main(void)
 		cmocka_unit_test(joined_must_be_a_round),
 		cmocka_unit_test(stall_skipped_by_a_later_joiner),
 		cmocka_unit_test(standby_dies_in_its_first_drawn_round),
+		cmocka_unit_test(delay_holds_one_announce),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
