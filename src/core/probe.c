@@ -119,7 +119,9 @@ static void probe_all(struct mp_ctx *ctx, int kind, uint32_t round)
 static void query(struct mp_ctx *ctx, int only)
 {
 	ctx->querying = 1;
-	probe_some(ctx, MP_PROBE_QUERY, ctx->round, only);
+	/* Our averages' round, not a join round chosen and not reached:
+	 * a fellow joiner takes what it hears for where the run is. */
+	probe_some(ctx, MP_PROBE_QUERY, ctx->avg_round, only);
 	ctx->querying = 0;
 }
 
@@ -141,8 +143,7 @@ static void poll_until(struct mp_ctx *ctx, uint64_t until)
  * CHALLENGE tells us its round), and would take us for a restarted peer at
  * every probe: so an announce that came too late for any peer is made
  * again, from the round it answered, 250 ms plus twice as long as the
- * announce took ahead, at the rate that round shows if it is faster (three
- * tries). Peers that
+ * announce took ahead at the measured rate (three tries). Peers that
  * answered neither query are down; those we had down that answered come
  * back at that round too (an isolated peer, mp_fm_begin).
  */
@@ -166,7 +167,11 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
 		double took;
 
 		join = from + 4 * R + (uint32_t)(rate * ahead / R + 1.0) * R;
-		ctx->round = ctx->avg_round = ctx->next_start = join;
+		/* Not avg_round: until our first average there, we answer
+		 * from where our averages were (a fellow joiner restarted with
+		 * us must not take our join round for the run's, nor find its
+		 * own announce late for us); mp_fm_begin moves it. */
+		ctx->round = ctx->next_start = join;
 		for (int i = 0; i < ctx->npeers; i++)
 			if (i != ctx->rank && ctx->peers[i].down && !ctx->peers[i].probe_failed)
 				ctx->peers[i].up_at_round = join;
@@ -186,8 +191,9 @@ static void rejoin(struct mp_ctx *ctx, uint32_t R)
 		MP_INFO("the announce of round %u came too late: a peer answered from round %u, "
 			"%.0f ms after it was chosen; announcing a later round", join,
 			ctx->seen_round, took * 1e3);
-		if ((double)(ctx->seen_round - from) / took > rate)
-			rate = (double)(ctx->seen_round - from) / took;
+		/* The rate stays the one measured: a round seen now may be
+		 * another joiner's join round, far ahead of where the run is,
+		 * not a sign that the run sped up. */
 		ahead = 0.25 + 2.0 * took;
 		from = ctx->seen_round;
 	}

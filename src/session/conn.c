@@ -893,7 +893,9 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 		pend_close(ctx, pd);
 		return;
 	}
-	if (pd->round > ctx->seen_round)
+	/* Where its averages are; an announce's round is one they have
+	 * not reached. */
+	if (pd->round > ctx->seen_round && pd->probe_kind != MP_PROBE_ANNOUNCE)
 		ctx->seen_round = pd->round;
 	/* An ALIVE probe comes only from a peer that has us down: if we have
 	 * not averaged yet, we were left behind (restarted). */
