@@ -349,6 +349,8 @@ static void tcp_send_consume(struct tcp_conn *c, size_t n)
 	}
 }
 
+static void tcp_conn_read(struct tcp_conn *c);
+
 /* Write as much of the send queue as the socket takes, several messages per call. */
 static void tcp_conn_flush(struct tcp_conn *c)
 {
@@ -385,8 +387,15 @@ static void tcp_conn_flush(struct tcp_conn *c)
 				c->want_out = 1;
 				break;
 			}
-			MP_INFO("tcp: %s: send: %s", c->sk.name, strerror(errno));
-			tcp_conn_fail(c, tcp_peer_err(errno));
+			int e = errno;
+
+			MP_INFO("tcp: %s: send: %s", c->sk.name, strerror(e));
+			/* What the peer sent before it closed is still there to
+			 * be read, into the receives posted for it, before they
+			 * fail: a peer that closes after its last message (an
+			 * OPEN that says why) means it to be read. */
+			tcp_conn_read(c);
+			tcp_conn_fail(c, tcp_peer_err(e));
 			return;
 		}
 		tcp_send_consume(c, (size_t)w);

@@ -292,6 +292,7 @@ int mp_direct_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t r
 		modes[m] = (uint8_t)mp_group_mode(g, m);
 	}
 	d.plan = mp_plan_hash(g->id, k, ids, modes, lens);
+	x.plan = d.plan;
 	for (int m = 0; m < k; m++)
 		lens[m] = m == d.me ? a->n : 0;
 	d.ch = x.ch;

@@ -113,7 +113,11 @@ static void reap_slots(struct mp_ctx *ctx, struct mp_xslot *sl, int head, int n,
 
 static void reject(struct mp_xfer *x, struct mp_chan *ch, enum mp_wire_reject why);
 
-/* Close @ch: its connection, and the requests posted on it. */
+/* Close @ch: its connection, and the requests posted on it. (A peer that
+ * plans otherwise is failed only once our OPEN, which says so, is out; a
+ * sender whose send fails on the connection we closed reads what arrived
+ * first, and the engine takes in what a channel received before it acts on
+ * a failed send, so each side reads the other's OPEN.) */
 static void close_chan(struct mp_xfer *x, struct mp_chan *ch, int err)
 {
 	struct mp_ctx *ctx = x->ctx;
@@ -220,7 +224,7 @@ static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_
 {
 	char msg[200], theirs[32], ours[32];
 
-	if (h->count || h->length || h->part || h->aux) {
+	if (h->count || h->length || h->part) {
 		reject(x, ch, MP_REJ_UNEXPECTED);
 		return;
 	}
@@ -243,6 +247,25 @@ static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_
 			 codec_words(x->codec->id, ours, sizeof(ours)));
 		give_up(x, ch->peer, -EBADE, msg);
 		return;
+	}
+	if (h->aux != x->plan) {
+		/*
+		 * The member plans this exchange otherwise: another live set
+		 * (static runs: one of us has met a death or a return the other
+		 * has not), or other part sizes. Its values are never combined
+		 * with ours. It is alive, so not marked down, and every peer is
+		 * probed once this average ends so that the views agree again.
+		 * Seen here, in the OPEN, both sides of the pair see it: it is
+		 * dropped only once our own OPEN is out (mp_xfer_run), where a
+		 * close at its first data frame reached the other side as a
+		 * reset in the middle of ours, which it took for a death.
+		 */
+		MP_WARN("%s round %u: peer %d plans this exchange otherwise (plan %08x, ours %08x: "
+			"another live set or other part sizes); its contribution is left out", x->what,
+			x->round, ch->peer, h->aux, x->plan);
+		x->ctx->peers[ch->peer].excused = !x->ctx->dynamic;
+		x->ctx->sweep |= !x->ctx->dynamic;
+		ch->mismatch = 1;
 	}
 	ch->open_got = 1;
 	/* A later Moshpit average of this length with this peer, on this
@@ -319,8 +342,9 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 		ch->received++;
 		return;
 	}
-	if (x->fatal) {
-		/* Given up: only the OPENs still matter. */
+	if (x->fatal || ch->mismatch) {
+		/* Given up, or the peer plans otherwise: only the OPENs still
+		 * matter. */
 		ch->received++;
 		return;
 	}
@@ -413,13 +437,14 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 
 		memset(&h, 0, sizeof(h));
 		memset(&p, 0, sizeof(p));
-		if (x->fatal && ch->open_sent)
+		if ((x->fatal || ch->mismatch) && ch->open_sent)
 			return 0;
 		if (!ch->open_sent) {
-			/* Our length, first on every channel: sent with the data that
-			 * follows it, not waited for. */
+			/* Our length and plan, first on every channel: sent with the
+			 * data that follows it, not waited for. */
 			h.type = MP_MSG_OPEN;
 			h.offset = x->total;
+			h.aux = x->plan;
 			p.kind = MP_PAYLOAD_ENCODED;
 			ch->open_sent = 1;
 		} else if (!x->xops->produce(x->op, ch, &h, &p)) {
@@ -630,7 +655,7 @@ int mp_xfer_run(struct mp_xfer *x)
 		for (int i = 0; i < x->nch; i++) {
 			struct mp_chan *ch = &x->ch[i];
 			struct mp_drv_conn *conn;
-			int err = 0, chmoved = 0;
+			int err = 0, chmoved = 0, send_err = 0;
 
 			if (ch->failed)
 				continue;
@@ -684,7 +709,10 @@ int mp_xfer_run(struct mp_xfer *x)
 				ch->s_n--;
 				mp_busy_done(&x->busy, now, 1, rc ? 0 : s->len);
 				if (rc) {
-					fail_peer(x, ch->peer, rc, "send failed");
+					/* Acted on after the frames that arrived before
+					 * it (below): a peer that plans otherwise closes
+					 * after an OPEN that says so. */
+					send_err = rc;
 					break;
 				}
 				ch->sent++;
@@ -722,6 +750,11 @@ int mp_xfer_run(struct mp_xfer *x)
 				}
 				deliver(x, ch, s, len);
 			}
+			if (!ch->failed && send_err)
+				fail_peer(x, ch->peer, send_err, "send failed");
+			if (!ch->failed && ch->mismatch && ch->sent)
+				/* Our OPEN is out: the peer sees the difference too. */
+				fail_peer(x, ch->peer, -EPROTO, "it plans this exchange otherwise");
 			if (!ch->failed && ch->defer_err && !ch->s_n && !ch->r_n)
 				fail_peer(x, ch->peer, ch->defer_err, "connection broke");
 			if (ch->failed)

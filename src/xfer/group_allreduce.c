@@ -1182,6 +1182,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	rc = plan_parts(&r);
 	if (rc)
 		goto out;
+	x.plan = r.plan;
 	/* Channels only to the members we exchange anything with (two clients
 	 * have nothing to say to each other, and may not reach each other). */
 	int npair = 0;

@@ -82,6 +82,8 @@ struct mp_chan {
 	 * from the channel's first post to its last completion */
 	uint64_t m_sent, m_recv, m_first, m_last;
 	int open_sent, open_got;         /* our OPEN produced; the peer's OPEN checked */
+	int mismatch;                    /* its OPEN carried another plan: its frames are left
+	                                    out, and it is dropped once our OPEN is out */
 };
 
 /*
@@ -174,6 +176,9 @@ struct mp_xfer {
 	int no_rate;               /* a few header-only frames (RATE): their bytes are counted,
 	                              but a rate from them would measure latency, not bandwidth */
 	uint64_t total;            /* values the whole vector holds: every OPEN carries it */
+	uint32_t plan;             /* the algorithm's plan of the exchange (mp_plan_hash; 0 for
+	                              those without one): every OPEN carries it, so that both
+	                              sides of a pair that plan otherwise see it there */
 	int gate;                  /* hold every frame past the OPENs until all are in: for an
 	                              algorithm that writes the buffer as frames arrive (ring) */
 	/* engine-private */

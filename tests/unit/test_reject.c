@@ -153,11 +153,22 @@ static void mac_response(const struct mp_auth *a, const uint8_t *na, const uint8
 	mp_auth_mac(a, MP_AUTH_RESPONSE, pc, 6, out);
 }
 
-/* The OPEN that starts each channel: the length of the whole vector. */
+/* The plan hash of the butterfly of round 0: ranks 0 and 1, halves. */
+static uint32_t plan0(void)
+{
+	const uint64_t ids[2] = {0, 1}, lens[2] = {HALF, HALF};
+	const uint8_t modes[2] = {MP_MODE_NORMAL, MP_MODE_NORMAL};
+
+	return mp_plan_hash(0, 2, ids, modes, lens);
+}
+
+/* The OPEN that starts each channel: the length of the whole vector, and
+ * the plan. */
 static size_t open_frame(uint64_t run_id, uint64_t sender, uint32_t token, uint8_t *out)
 {
 	struct mp_wire_hdr h = {.type = MP_MSG_OPEN, .codec = MP_CODEC_NONE, .run_id = run_id,
-				.sender = (uint32_t)sender, .offset = N, .token = token};
+				.sender = (uint32_t)sender, .offset = N, .aux = plan0(),
+				.token = token};
 
 	mp_wire_encode(&h, out, NULL);
 	return MP_WIRE_HDR_SIZE;
@@ -186,12 +197,8 @@ static struct mp_wire_hdr base_hdr(uint64_t run_id, uint8_t type)
 		.sender = 0,
 		.weight = 1.0f,
 	};
-	if (type == MP_MSG_SCATTER) {
-		/* The plan hash of the butterfly of round 0: ranks 0 and 1, halves. */
-		const uint64_t ids[2] = {0, 1}, lens[2] = {HALF, HALF};
-		const uint8_t modes[2] = {MP_MODE_NORMAL, MP_MODE_NORMAL};
-		h.aux = mp_plan_hash(0, 2, ids, modes, lens);
-	}
+	if (type == MP_MSG_SCATTER)
+		h.aux = plan0();
 	return h;
 }
 
@@ -668,7 +675,7 @@ static void dialled(int right_key, struct outcome *o)
 		assert_int_equal(fake_recv(&f, fr, 4096, &len), 0);
 		assert_int_equal(mp_wire_decode(fr, len, run_id, mp_codec_count(), &h, &why), 0);
 		assert_true(h.type == MP_MSG_OPEN && h.offset == N && h.count == 0 && h.length == 0 &&
-			    h.token == f.token);
+			    h.aux == plan0() && h.token == f.token);
 		fake_send(&f, fr, open_frame(run_id, 1, f.token, fr));
 		assert_int_equal(fake_recv(&f, fr, 4096, &len), 0);
 		assert_int_equal(mp_wire_decode(fr, len, run_id, mp_codec_count(), &h, &why), 0);
