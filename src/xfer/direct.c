@@ -149,15 +149,9 @@ static int d_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 	    h->count != d->a->n)
 		return -EPROTO;
 	if (h->aux != d->plan) {
-		/* Another view of the group (static runs: one of us has met a
-		 * death the other has not): never combined; alive, so not
-		 * marked down, and every peer is probed once this average ends
-		 * (as group_allreduce.c does). */
-		MP_WARN("round %u: peer %d plans this exchange otherwise (plan %08x, ours %08x: "
-			"another view of the group); its values are left out", d->round, d->g->members[j],
-			h->aux, d->plan);
-		d->ctx->peers[d->g->members[j]].excused = !d->ctx->dynamic;
-		d->ctx->sweep |= !d->ctx->dynamic;
+		/* Another view of the group (the OPEN carries the plan too). */
+		mp_xfer_plans_otherwise(d->ctx, d->strict ? "ring all-reduce" : "group all-reduce",
+					d->round, d->g->members[j], h->aux, d->plan);
 		return -EPROTO;
 	}
 	if (d->a->codec->decode(payload, h->length, dst, h->count))

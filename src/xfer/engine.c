@@ -250,21 +250,12 @@ static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_
 	}
 	if (h->aux != x->plan) {
 		/*
-		 * The member plans this exchange otherwise: another live set
-		 * (static runs: one of us has met a death or a return the other
-		 * has not), or other part sizes. Its values are never combined
-		 * with ours. It is alive, so not marked down, and every peer is
-		 * probed once this average ends so that the views agree again.
-		 * Seen here, in the OPEN, both sides of the pair see it: it is
-		 * dropped only once our own OPEN is out (mp_xfer_run), where a
-		 * close at its first data frame reached the other side as a
-		 * reset in the middle of ours, which it took for a death.
+		 * Seen here, in the OPEN, both sides of the pair see it: the
+		 * member is dropped only once our own OPEN is out (mp_xfer_run),
+		 * where a close at its first data frame reached the other side
+		 * as a reset in the middle of ours, which it took for a death.
 		 */
-		MP_WARN("%s round %u: peer %d plans this exchange otherwise (plan %08x, ours %08x: "
-			"another live set or other part sizes); its contribution is left out", x->what,
-			x->round, ch->peer, h->aux, x->plan);
-		x->ctx->peers[ch->peer].excused = !x->ctx->dynamic;
-		x->ctx->sweep |= !x->ctx->dynamic;
+		mp_xfer_plans_otherwise(x->ctx, x->what, x->round, ch->peer, h->aux, x->plan);
 		ch->mismatch = 1;
 	}
 	ch->open_got = 1;
@@ -274,6 +265,16 @@ static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_
 		mp_conn_agreed_note(x->ctx, ch->peer, x->total);
 	if (--x->unopened == 0 && !x->fatal && x->xops->opened)
 		x->xops->opened(x->op);
+}
+
+void mp_xfer_plans_otherwise(struct mp_ctx *ctx, const char *what, uint32_t round, int peer,
+			     uint32_t theirs, uint32_t ours)
+{
+	MP_WARN("%s round %u: peer %d plans this exchange otherwise (plan %08x, ours %08x: "
+		"another live set or other part sizes); its contribution is left out", what, round,
+		peer, theirs, ours);
+	ctx->peers[peer].excused = !ctx->dynamic;
+	ctx->sweep |= !ctx->dynamic;
 }
 
 static void reject(struct mp_xfer *x, struct mp_chan *ch, enum mp_wire_reject why)

@@ -841,19 +841,10 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 	if (h->type == MP_MSG_SCATTER) {
 		uint64_t c = gc->rscat_next;
 		if (h->aux != r->plan && serves(r, j)) {
-			/*
-			 * The member plans this exchange otherwise: another live
-			 * set, or other part sizes. Its values are never combined
-			 * with ours; it is dropped from this exchange, but alive,
-			 * so not marked down, and every peer is probed once this
-			 * average ends so that the views agree again.
-			 */
-			if (!mj->got)
-				MP_WARN("round %u: peer %d plans this exchange otherwise (plan %08x, ours "
-					"%08x: another live set or other part sizes); its contribution "
-					"is left out", r->round, r->g->members[j], h->aux, r->plan);
-			r->ctx->peers[r->g->members[j]].excused = !r->ctx->dynamic;
-			r->ctx->sweep |= !r->ctx->dynamic;
+			/* The OPEN carries the plan too; this is the check
+			 * of every contribution. */
+			mp_xfer_plans_otherwise(r->ctx, "group all-reduce", r->round,
+						r->g->members[j], h->aux, r->plan);
 			return -EPROTO;
 		}
 		if (!serves(r, j) || c >= r->mb[me].nch || h->part != (uint32_t)me ||

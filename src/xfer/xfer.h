@@ -196,6 +196,18 @@ struct mp_xfer {
 size_t mp_frame_rx_max(const struct mp_ctx *ctx);
 
 /*
+ * Peer @peer plans the exchange @what of @round otherwise (plan @theirs,
+ * ours @ours: another live set, or other part sizes): its values are never
+ * combined with ours, and it is dropped from the exchange. It is alive:
+ * in a static run the drop does not mark it down, and every peer is probed
+ * once the average ends, so that the views agree again. Logs a WARN. The
+ * engine calls it for an OPEN; an algorithm for a later frame that shows
+ * another plan, before it refuses the frame.
+ */
+void mp_xfer_plans_otherwise(struct mp_ctx *ctx, const char *what, uint32_t round, int peer,
+			     uint32_t theirs, uint32_t ours);
+
+/*
  * Run an exchange until every channel is done or failed. Returns 0 when the
  * exchange finished (maybe with failed peers), or a negative errno: the
  * context is stopping (-ECANCELED), or the exchange was given up before any

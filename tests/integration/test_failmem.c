@@ -388,45 +388,6 @@ static void dead_peer_left_out(void **s)
 		assert_true(ps[r].run_surv >= 10);
 }
 
-static void killed_peer_rejoins(void **s)
-{
-	(void)s;
-	struct peer ps[NP];
-	char addrs[NP][MP_ADDR_STRLEN], run[64];
-	double end;
-	int st;
-
-	violations = 0;
-	snprintf(run, sizeof(run), "fm-kill-%d", (int)getpid());
-	start(ps, run, 0, addrs);
-	assert_true(all_hold_mean(ps, "healthy", 30, 5));
-
-	/* SIGKILL rank 1 while it averages. */
-	kill(ps[1].pid, SIGKILL);
-	waitpid(ps[1].pid, &st, 0);
-	close(ps[1].up);
-	close(ps[1].down);
-	ps[1].pid = 0;
-	ps[1].up = ps[1].down = -1;
-	end = now_s() + 30;
-	while (now_s() < end && (ps[0].run_surv < 10 || ps[2].run_surv < 10 || ps[3].run_surv < 10))
-		pump(ps, "killed", 200);
-	for (int r = 0; r < NP; r++)
-		if (r != 1)
-			assert_true(ps[r].run_surv >= 10);
-
-	/* Restarted at the same address: back in the mean of all 4. */
-	spawn(&ps[1], run, 1, addrs[1], 0);
-	char again[MP_ADDR_STRLEN];
-	assert_int_equal(read_all(ps[1].up, again, sizeof(again), 20000), 0);
-	assert_string_equal(again, addrs[1]);
-	assert_int_equal(write_all(ps[1].down, addrs, sizeof(addrs)), 0);
-	int rejoined = all_hold_mean(ps, "restarted", 40, 10);
-	stop_all(ps);
-	assert_int_equal(violations, 0);
-	assert_true(rejoined);
-}
-
 /* Kill rank @r with SIGKILL and forget it. */
 static void kill_rank(struct peer *ps, int r)
 {
@@ -448,6 +409,36 @@ static void restart_rank(struct peer *ps, const char *run, int r, char addrs[NP]
 	spawn(&ps[r], run, r, addrs[r], 0);
 	assert_int_equal(read_all(ps[r].up, again, sizeof(again), 20000), 0);
 	assert_string_equal(again, addrs[r]);
+}
+
+static void killed_peer_rejoins(void **s)
+{
+	(void)s;
+	struct peer ps[NP];
+	char addrs[NP][MP_ADDR_STRLEN], run[64];
+	double end;
+
+	violations = 0;
+	snprintf(run, sizeof(run), "fm-kill-%d", (int)getpid());
+	start(ps, run, 0, addrs);
+	assert_true(all_hold_mean(ps, "healthy", 30, 5));
+
+	/* SIGKILL rank 1 while it averages. */
+	kill_rank(ps, 1);
+	end = now_s() + 30;
+	while (now_s() < end && (ps[0].run_surv < 10 || ps[2].run_surv < 10 || ps[3].run_surv < 10))
+		pump(ps, "killed", 200);
+	for (int r = 0; r < NP; r++)
+		if (r != 1)
+			assert_true(ps[r].run_surv >= 10);
+
+	/* Restarted at the same address: back in the mean of all 4. */
+	restart_rank(ps, run, 1, addrs);
+	assert_int_equal(write_all(ps[1].down, addrs, sizeof(addrs)), 0);
+	int rejoined = all_hold_mean(ps, "restarted", 40, 10);
+	stop_all(ps);
+	assert_int_equal(violations, 0);
+	assert_true(rejoined);
 }
 
 /*
