@@ -35,10 +35,6 @@
 #include "fault.h"
 #include "log.h"
 
-/* A fresh peer asks at most this many peers, one after the other, before
- * it takes the run to be starting (mp_fm_begin). */
-#define FRESH_ASKS 4
-
 static int static_run(const struct mp_ctx *ctx)
 {
 	return !ctx->dynamic && ctx->npeers > 1 && ctx->peers_set;
@@ -281,25 +277,16 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 		 * start of a run every peer asks, and asking all would open
 		 * n(n-1) connections at once, each pair dialling both ways
 		 * (libfabric's tcp provider then misses its connect timeouts).
-		 * But a peer that answers from our own round and does not have
-		 * us down may be as fresh as we are (restarted with us: two
-		 * neighbours killed together) and know nothing: so the ranks
-		 * after it are asked in turn, FRESH_ASKS in all, until one does
-		 * not answer, is ahead or has us down. At the start of a run
-		 * that is FRESH_ASKS handshakes one after the other.
+		 * (A next rank restarted with us answers from round 0 too, and
+		 * we then start the run over at round 0: doc/reliability.md.
+		 * Asking the ranks after it in turn made every start slower,
+		 * and a slow starter then met peers that had dropped it.)
 		 */
-		int failed = 0;
+		int next = (ctx->rank + 1) % ctx->npeers;
 
-		for (int k = 1; k < ctx->npeers && k <= FRESH_ASKS && !failed; k++) {
-			int i = (ctx->rank + k) % ctx->npeers;
-
-			query(ctx, i);
-			failed = ctx->peers[i].probe_failed;
-			if (ctx->seen_round > ctx->round || ctx->seen_down)
-				break;
-		}
+		query(ctx, next);
 		/* No answer, or the run is ahead: did anyone leave us behind? */
-		if (failed || ctx->seen_round > ctx->round)
+		if (ctx->peers[next].probe_failed || ctx->seen_round > ctx->round)
 			query(ctx, -1);
 		/*
 		 * Ahead is not enough: in a Moshpit run a group that does not

@@ -14,9 +14,6 @@
  *  - killed_peer_rejoins: rank 1 is killed with SIGKILL mid-run, then
  *    restarted at the same address. The survivors go on with the exact mean
  *    of 3; once it is back, every peer holds the exact mean of all 4 again.
- *  - neighbours_restart_together: ranks 3 and 0 are killed, then
- *    restarted at once; rank 3's next rank is fresh too, and both must
- *    rejoin: every peer holds the exact mean of all 4 again.
  *  - paused_peer_recovers: rank 2 is stopped with SIGSTOP for longer than
  *    the timeouts; the others go on with the exact mean of 3, and once it
  *    goes on (failing its averages and trying again at once) every peer
@@ -441,47 +438,6 @@ static void killed_peer_rejoins(void **s)
 	assert_true(rejoined);
 }
 
-/*
- * Ranks 3 and 0 are killed and restarted together. Rank 3 asks the next
- * rank, 0, where the run is: rank 0 is fresh too and answers from round 0,
- * which says nothing. Rank 3 must ask on (rank 1 is ahead and has it down)
- * and rejoin, not start the run over at round 0, where the others take it
- * for a restarted peer at every probe and never back.
- */
-static void neighbours_restart_together(void **s)
-{
-	(void)s;
-	struct peer ps[NP];
-	char addrs[NP][MP_ADDR_STRLEN], run[64];
-	double end;
-
-	violations = 0;
-	snprintf(run, sizeof(run), "fm-pair-%d", (int)getpid());
-	start(ps, run, 0, addrs);
-	assert_true(all_hold_mean(ps, "healthy", 30, 5));
-	kill_rank(ps, 3);
-	kill_rank(ps, 0);
-	/* The two survivors go on with the mean of 1 and 2. */
-	end = now_s() + 30;
-	int pair = 0;
-	while (now_s() < end && pair < 10) {
-		int n1 = ps[1].n;
-		pump(ps, "pair", 200);
-		if (ps[1].n > n1)
-			pair = ps[1].last.mask == 0x6u && !ps[1].last.rc ? pair + 1 : 0;
-	}
-	assert_true(pair >= 10);
-	restart_rank(ps, run, 3, addrs);
-	restart_rank(ps, run, 0, addrs);
-	/* Both learn the addresses at once: they ask where the run is together. */
-	assert_int_equal(write_all(ps[3].down, addrs, sizeof(addrs)), 0);
-	assert_int_equal(write_all(ps[0].down, addrs, sizeof(addrs)), 0);
-	int back = all_hold_mean(ps, "restarted", 40, 10);
-	stop_all(ps);
-	assert_int_equal(violations, 0);
-	assert_true(back);
-}
-
 /* Lines of @path that hold @a and @b (NULL: any); -1 if it cannot be read. */
 static int count_lines(const char *path, const char *a, const char *b)
 {
@@ -643,7 +599,6 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(dead_peer_left_out),
 		cmocka_unit_test(killed_peer_rejoins),
-		cmocka_unit_test(neighbours_restart_together),
 		cmocka_unit_test(paused_peer_recovers),
 		cmocka_unit_test(late_announce_made_again),
 		cmocka_unit_test(probe_knobs_pace_probes),
