@@ -261,7 +261,10 @@ struct mp_result {
 	uint64_t bytes_sent;     /**< payload and header bytes this peer sent */
 	uint64_t bytes_received; /**< payload and header bytes this peer received */
 	uint64_t frames_rejected;/**< malformed, foreign or unexpected frames dropped */
-	int failed_peers;        /**< peers dropped in this operation (timeouts, errors, bad frames) */
+	int failed_peers;        /**< peers dropped in this operation (timeouts, errors, bad frames),
+	                              and those a reducer dropped from a part this peer applied
+	                              while this peer kept them: 0 means every part of the result
+	                              is over the same contributors */
 	int codec;               /**< ::mp_codec the operation used (what "auto" chose) */
 	uint64_t values_sent;    /**< fp32 values carried by the frames this peer sent: the
 	                              compression ratio on the wire is

@@ -83,7 +83,8 @@ struct gmember {
 	uint64_t gotg;          /* chunks of its part's result it returned */
 	float w;                /* the weight its contribution carries */
 	float gw;               /* its result: Σ w ... */
-	uint32_t gn;            /* ... over this many contributions */
+	uint32_t gn;            /* ... over this many contributions, */
+	uint32_t gl;            /* ... this many more left out as non-finite */
 	int slot;               /* its contribution's slot in cbuf, or -1 */
 	uint8_t mode;           /* enum mp_mode, as agreed in the roster */
 	uint8_t failed;
@@ -113,6 +114,7 @@ struct gar {
 	int *who;              /* contributions used, member order */
 	float *whow;           /* ... and their weights */
 	int nused;
+	int nleft;             /* contributions left out as non-finite (MP_CHECK_FINITE) */
 	float wsum;
 	int done;              /* reduced: the results may go */
 	int folded;            /* our residue went into the part (sparse codecs) */
@@ -126,6 +128,7 @@ struct gar {
 	/* fault injection: frames sent in this round, per phase (scatter, gather) */
 	uint64_t sent[2];
 	int refused;           /* a reducer left our contribution out as non-finite */
+	int unseen;            /* members some reducer dropped that we kept (finish) */
 	/* the device path (a->dev, devpath.h): the round's device memory */
 	struct mp_stage *ds;
 	struct mp_xfer *xw;    /* the exchange, to abort it on a device failure */
@@ -203,11 +206,15 @@ static int select_contributions(struct gar *r)
 	int recipients = 0;
 
 	r->nused = 0;
+	r->nleft = 0;
 	r->wsum = 0.0f;
 	for (int m = 0; m < r->k; m++) {
 		if (m != me && (!serves(r, m) || r->mb[m].got < nc))
 			continue;
 		if (r->mb[m].nonfinite || r->mb[m].malformed) {
+			/* A malformed payload is a bad frame: its member counts as
+			 * dropped in the results, not as left out by choice. */
+			r->nleft += !r->mb[m].malformed;
 			/* Left out, not poisoning every member's result. */
 			MP_WARN("round %u: left out peer %d's contribution to part %d: %s", r->round,
 				m == me ? ctx->rank : r->g->members[m], me,
@@ -222,6 +229,14 @@ static int select_contributions(struct gar *r)
 		recipients += m != me && !r->mb[m].failed;
 	}
 	return recipients;
+}
+
+/* A GATHER's aux: the contributions our part's result holds, and above
+ * bit 16 those left out as non-finite, so that a member can tell the ones
+ * we dropped (protocol.md, "SCATTER and GATHER"). */
+static uint32_t gather_aux(const struct gar *r)
+{
+	return (uint32_t)r->nused | (uint32_t)r->nleft << 16;
 }
 
 static void dev_begin_reduce(struct gar *r);
@@ -602,7 +617,7 @@ static int dev_produce(struct gar *r, struct gchan *gc, struct mp_wire_hdr *h,
 		gc->ph.offset = r->mb[me].off + c * r->C;
 		gc->ph.count = chunk_count(r, me, c);
 		gc->ph.weight = r->wsum;
-		gc->ph.aux = (uint32_t)r->nused;
+		gc->ph.aux = gather_aux(r);
 		if (r->mb[j].nonfinite)
 			gc->ph.flags = MP_WIRE_F_NONFINITE; /* the member learns why */
 		gc->gath_next += (uint64_t)r->S;
@@ -803,7 +818,7 @@ static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct
 		h->offset = r->mb[me].off + c * r->C;
 		h->count = chunk_count(r, me, c);
 		h->weight = r->wsum;
-		h->aux = (uint32_t)r->nused;
+		h->aux = gather_aux(r);
 		if (r->mb[j].nonfinite)
 			h->flags = MP_WIRE_F_NONFINITE; /* the member learns why */
 		gc->gath_next += (uint64_t)r->S;
@@ -878,12 +893,13 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 	}
 	if (h->type == MP_MSG_GATHER) {
 		uint64_t c = gc->rgath_next;
+		uint32_t n = h->aux & 0xffffu, nl = h->aux >> 16;
 		if (!sends_to(r, j) || c >= mj->nch || h->part != (uint32_t)j ||
-		    h->offset != mj->off + c * r->C || h->count != chunk_count(r, j, c) || h->aux < 1 ||
-		    h->aux > r->ncontributors)
+		    h->offset != mj->off + c * r->C || h->count != chunk_count(r, j, c) || n < 1 ||
+		    n + nl > r->ncontributors)
 			return -EPROTO;
-		/* One result: every chunk carries the same Σ w and count. */
-		if (mj->gotg && (h->weight != mj->gw || h->aux != mj->gn))
+		/* One result: every chunk carries the same Σ w and counts. */
+		if (mj->gotg && (h->weight != mj->gw || n != mj->gn || nl != mj->gl))
 			return -EPROTO;
 		/* Validated; staged until the whole part is in. */
 		if (r->ds) {
@@ -896,7 +912,8 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 			return -EPROTO;
 		}
 		mj->gw = h->weight;
-		mj->gn = h->aux;
+		mj->gn = n;
+		mj->gl = nl;
 		mj->gotg++;
 		r->refused |= (h->flags & MP_WIRE_F_NONFINITE) != 0;
 		gc->rgath_next += (uint64_t)r->S;
@@ -1094,6 +1111,40 @@ static int setup_memory(struct gar *r)
 }
 
 /*
+ * A reducer that dropped a member we kept (only their pair's connection
+ * failed) returns a part over fewer contributions than ours: the vector
+ * is then no one set of peers' mean. A GATHER says how many contributions
+ * its part holds and how many were left out as non-finite, so the rest
+ * were dropped; more drops than our own mean members only the reducer
+ * dropped. They count as failed peers, so that a result that says it
+ * lost nobody holds every part over the same contributors.
+ */
+static void count_unseen_drops(struct gar *r)
+{
+	int ours = 0, worst = 0, by = -1;
+
+	for (int m = 0; m < r->k; m++)
+		ours += m != r->me && r->mb[m].failed;
+	for (int j = 0; j < r->k; j++) {
+		const struct gmember *mj = &r->mb[j];
+		int dropped = (int)r->ncontributors - (int)mj->gn - (int)mj->gl;
+		if (sends_to(r, j) && mj->gotg == mj->nch && !mj->bad_result && dropped > worst) {
+			worst = dropped;
+			by = j;
+		}
+	}
+	if (worst <= ours)
+		return;
+	r->unseen = worst - ours;
+	MP_WARN("round %u: peer %d reduced part %d without %d contribution%s that this peer kept "
+		"(%u of %u in, %u left out as non-finite): the result mixes parts over different "
+		"peers, counted as %d failed peer%s", r->round, r->g->members[by], by, worst,
+		worst == 1 ? "" : "s", r->mb[by].gn, r->ncontributors, r->mb[by].gl, r->unseen,
+		r->unseen == 1 ? "" : "s");
+	r->a->res->failed_peers += r->unseen;
+}
+
+/*
  * After the exchange: apply the parts whose results arrived whole, keep our
  * values (and residue) for the others, settle the weight. Returns whether
  * any other member's values reached us.
@@ -1126,6 +1177,7 @@ static int finish(struct gar *r)
 		mp_clog_apply(r->ctx, r->round, r->g, j, whole);
 	}
 	reached |= first >= 0;
+	count_unseen_drops(r);
 	float wold = a->weight;
 	if (r->done && r->nused)
 		a->weight = r->wsum / (float)r->nused;
@@ -1270,6 +1322,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	uint64_t alive = 1;
 	for (int m = 0; m < k; m++)
 		alive += m != r.me && !r.mb[m].failed;
+	alive = alive > (uint64_t)r.unseen ? alive - (uint64_t)r.unseen : 1;
 	a->influence *= alive;
 	/* (Static runs with peers down: the live ones.) */
 	int cap = !ctx->dynamic && ctx->nlive > 0 ? ctx->nlive : ctx->npeers;

@@ -18,6 +18,11 @@
  * nobody has rank 1 down, and rank 1 has nobody down; each pair's drop is
  * counted in failed_peers. With the plan in SCATTERs only, rank 0 saw rank
  * 1 close on it and marked it down (checked by taking the OPEN's plan out).
+ *
+ * reducer_drop_is_counted: the first average of that test alone. Rank 1
+ * drops nobody, but rank 2 reduced its part without rank 0: rank 1's
+ * result mixes parts over different peers and must count that in
+ * failed_peers (checked by taking the count out).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,11 +42,14 @@
 #define COUNT (1u << 20) /* 4 MiB: several chunks */
 
 struct shared {
+	const char *fault[NP];
+	int naverages;
 	pthread_barrier_t bar;
 	char addr[NP][MP_ADDR_STRLEN];
 	int rc[NP][2];
 	struct mp_result res[NP][2];
-	int state[NP][NP]; /* after the second average: rank r's view of rank q */
+	float first[NP], last[NP]; /* the first and the last value after the last average */
+	int state[NP][NP]; /* after the last average: rank r's view of rank q */
 };
 
 struct arg {
@@ -71,14 +79,7 @@ static void *peer_main(void *p)
 	cfg.round_timeout_ms = 1000;
 	/* No take-back by probe within the test. */
 	cfg.probe_min_ms = cfg.probe_max_ms = 60000;
-	if (a->rank == 0)
-		cfg.fault = "stall:round=0:phase=scatter:peer=2";
-	/* In the second average rank 1's OPEN to rank 0 goes out, its
-	 * SCATTERs do not: rank 0 learns of the mismatch from the OPEN or not
-	 * at all (as on a slow link, where rank 1's first frame to it is
-	 * still on its way when rank 1 reads rank 0's). */
-	if (a->rank == 1)
-		cfg.fault = "stall:round=1:phase=scatter:peer=0";
+	cfg.fault = sh->fault[a->rank];
 	rc = mp_init(&cfg, &ctx);
 	assert_int_equal(rc, 0);
 	mp_local_address(ctx, sh->addr[a->rank], MP_ADDR_STRLEN);
@@ -89,13 +90,15 @@ static void *peer_main(void *p)
 	assert_int_equal(mp_set_peers(ctx, addrs, NP), 0);
 	float *buf = malloc(COUNT * sizeof(float));
 	assert_non_null(buf);
-	for (int avg = 0; avg < 2; avg++) {
+	for (int avg = 0; avg < sh->naverages; avg++) {
 		for (size_t i = 0; i < COUNT; i++)
 			buf[i] = (float)(a->rank + 1);
 		sh->rc[a->rank][avg] = mp_average(ctx, buf, COUNT, 1.0f, &sh->res[a->rank][avg]);
 		/* Each average starts together, with the views the last left. */
 		pthread_barrier_wait(&sh->bar);
 	}
+	sh->first[a->rank] = buf[0];
+	sh->last[a->rank] = buf[COUNT - 1];
 	struct mp_peer_info info[NP];
 	int n = mp_peers_info(ctx, info, NP, sizeof(info[0]));
 	assert_int_equal(n, NP);
@@ -107,14 +110,12 @@ static void *peer_main(void *p)
 	return NULL;
 }
 
-static void plan_mismatch_is_no_death(void **s)
+static void run_peers(struct shared *shp)
 {
-	struct shared sh;
+	struct shared sh = *shp;
 	pthread_t th[NP];
 	struct arg args[NP];
-	(void)s;
 
-	memset(&sh, 0, sizeof(sh));
 	pthread_barrier_init(&sh.bar, NULL, NP);
 	for (int r = 0; r < NP; r++) {
 		args[r] = (struct arg){&sh, r};
@@ -124,15 +125,31 @@ static void plan_mismatch_is_no_death(void **s)
 		pthread_join(th[r], NULL);
 	pthread_barrier_destroy(&sh.bar);
 	for (int r = 0; r < NP; r++) {
-		fprintf(stderr, "rank %d: averages rc %d, %d (failed peers %d, %d); sees", r,
-			sh.rc[r][0], sh.rc[r][1], sh.res[r][0].failed_peers,
-			sh.res[r][1].failed_peers);
+		fprintf(stderr, "rank %d: averages rc %d, %d (failed peers %d, %d; peers %d, %d); "
+			"values %g .. %g; sees", r, sh.rc[r][0], sh.rc[r][1],
+			sh.res[r][0].failed_peers, sh.res[r][1].failed_peers, sh.res[r][0].peers,
+			sh.res[r][1].peers, sh.first[r], sh.last[r]);
 		for (int q = 0; q < NP; q++)
 			fprintf(stderr, " %d:%s", q,
 				sh.state[r][q] == MP_PEER_DOWN ? "down" :
 				sh.state[r][q] == MP_PEER_SELF ? "self" : "live");
 		fprintf(stderr, "\n");
 	}
+	*shp = sh;
+}
+
+static void plan_mismatch_is_no_death(void **s)
+{
+	struct shared sh = {.naverages = 2};
+	(void)s;
+
+	sh.fault[0] = "stall:round=0:phase=scatter:peer=2";
+	/* In the second average rank 1's OPEN to rank 0 goes out, its
+	 * SCATTERs do not: rank 0 learns of the mismatch from the OPEN or not
+	 * at all (as on a slow link, where rank 1's first frame to it is
+	 * still on its way when rank 1 reads rank 0's). */
+	sh.fault[1] = "stall:round=1:phase=scatter:peer=0";
+	run_peers(&sh);
 	/* The first average: ranks 0 and 2 met a stalled exchange. */
 	assert_true(sh.res[2][0].failed_peers >= 1);
 	/* The second: the pairs (0, 1) and (1, 2) planned otherwise, and
@@ -147,10 +164,39 @@ static void plan_mismatch_is_no_death(void **s)
 	assert_int_equal(sh.state[2][0], MP_PEER_DOWN);
 }
 
+/*
+ * One pair's connection fails, both peers alive: rank 0's sends to rank 2
+ * stall, so rank 2 reduces its part without rank 0, while rank 0 reduces
+ * its own with rank 2's values and rank 1 drops nobody. Rank 1 then holds
+ * parts 0 and 1 over all three peers and part 2 over ranks 1 and 2: no
+ * one set's mean, and it must say so. Before GATHERs told the dropped
+ * contributions apart, it returned failed_peers 0 and peers 3.
+ */
+static void reducer_drop_is_counted(void **s)
+{
+	struct shared sh = {.naverages = 1};
+	(void)s;
+
+	sh.fault[0] = "stall:round=0:phase=scatter:peer=2";
+	run_peers(&sh);
+	assert_int_equal(sh.rc[1][0], 0);
+	/* The mix is real: part 0 is the mean of 1, 2 and 3; part 2 of 2
+	 * and 3. */
+	assert_true(sh.first[1] == 2.0f);
+	assert_true(sh.last[1] == 2.5f);
+	assert_int_equal(sh.res[1][0].failed_peers, 1);
+	assert_int_equal(sh.res[1][0].peers, 2);
+	/* Rank 2 dropped rank 0 itself: its own part and every part it
+	 * applied leave rank 0 out. */
+	assert_true(sh.res[2][0].failed_peers >= 1);
+	assert_true(sh.last[2] == 2.5f);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(plan_mismatch_is_no_death),
+		cmocka_unit_test(reducer_drop_is_counted),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
