@@ -40,8 +40,25 @@ static int static_run(const struct mp_ctx *ctx)
 	return !ctx->dynamic && ctx->npeers > 1 && ctx->peers_set;
 }
 
-/* Start the probes that are due: down peers on their backoff, and every
- * peer after a plan mismatch (a sweep). */
+/* Our return to the peers it has not reached yet, while its round is
+ * ahead of our averages: a peer whose probe slot is busy gets it later. */
+static void send_returns(struct mp_ctx *ctx)
+{
+	for (int i = 0; i < ctx->npeers && ctx->returns_owed; i++) {
+		struct mp_peer *p = &ctx->peers[i];
+
+		if (!p->owe_return || mp_conn_probing(ctx, i))
+			continue;
+		if (ctx->ret_round <= ctx->avg_round ||
+		    mp_conn_probe(ctx, i, MP_PROBE_RETURN, ctx->ret_round) != -EBUSY) {
+			p->owe_return = 0;
+			ctx->returns_owed--;
+		}
+	}
+}
+
+/* Start the probes that are due: our return, down peers on their backoff,
+ * and every peer after a plan mismatch (a sweep). */
 void mp_fm_tick_probes(struct mp_ctx *ctx)
 {
 	uint64_t now = mp_now_ns();
@@ -49,6 +66,7 @@ void mp_fm_tick_probes(struct mp_ctx *ctx)
 
 	if (!static_run(ctx))
 		return;
+	send_returns(ctx);
 	ctx->sweep = 0;
 	for (int i = 0; i < ctx->npeers && (ctx->ndown || sweep); i++) {
 		struct mp_peer *p = &ctx->peers[i];
@@ -78,7 +96,7 @@ int mp_fm_busy(const struct mp_ctx *ctx)
 {
 	if (!static_run(ctx))
 		return 0;
-	if (ctx->ndown || ctx->sweep)
+	if (ctx->ndown || ctx->sweep || ctx->returns_owed)
 		return 1;
 	for (int i = 0; i < ctx->npeers; i++)
 		if (mp_conn_probing(ctx, i))
@@ -121,6 +139,33 @@ static void query(struct mp_ctx *ctx, int only)
 	ctx->querying = 0;
 }
 
+/* The median round of the peers that answered the last query (0: none):
+ * where the run is. The largest would do for a peer behind the run, but
+ * not against a peer whose averages fail at once, which runs its rounds
+ * ahead of the run's. */
+static uint32_t run_round(const struct mp_ctx *ctx)
+{
+	uint32_t *r = malloc((size_t)ctx->npeers * sizeof(*r)), med = 0;
+	int n = 0;
+
+	if (!r)
+		return ctx->seen_round;
+	for (int i = 0; i < ctx->npeers; i++)
+		if (i != ctx->rank && !ctx->peers[i].probe_failed && !ctx->peers[i].gone)
+			r[n++] = ctx->peers[i].answered_round;
+	/* Few peers answer a query: a sort by insertion. */
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && r[j - 1] > r[j]; j--) {
+			uint32_t t = r[j];
+			r[j] = r[j - 1];
+			r[j - 1] = t;
+		}
+	if (n)
+		med = r[(n - 1) / 2];
+	free(r);
+	return med;
+}
+
 /* Answer handshakes and move connections on until @until (mp_now_ns). */
 static void poll_until(struct mp_ctx *ctx, uint64_t until)
 {
@@ -143,20 +188,32 @@ static void poll_until(struct mp_ctx *ctx, uint64_t until)
  * answered neither query are down; those we had down that answered come
  * back at that round too (an isolated peer, mp_fm_begin).
  */
-static void rejoin(struct mp_ctx *ctx, uint32_t R)
+static void rejoin(struct mp_ctx *ctx, uint32_t R, uint32_t run)
 {
-	uint32_t seen1 = ctx->seen_round, join, from;
+	uint32_t seen1 = run ? run : ctx->seen_round, join, from;
 	uint64_t t1 = mp_now_ns(), t2;
 	double rate, ahead = 0.25;
 
+	/* The announce takes us back everywhere: no return to name. */
+	ctx->returning = 0;
 	poll_until(ctx, t1 + 100000000ull);
+	if (run)
+		ctx->seen_round = 0;
 	query(ctx, -1);
 	t2 = mp_now_ns();
 	for (int i = 0; i < ctx->npeers; i++)
 		if (i != ctx->rank && ctx->peers[i].probe_failed)
 			mp_peer_mark_down(ctx, i, "no answer when this peer rejoined");
-	rate = (double)(ctx->seen_round - seen1) * 1e9 / (double)(t2 - t1);
-	from = ctx->seen_round > ctx->round ? ctx->seen_round : ctx->round;
+	if (run) {
+		/* Our rounds are not the run's (announce_return): from the
+		 * median answer, ahead of ours or behind. */
+		uint32_t now_at = run_round(ctx);
+		rate = now_at > run ? (double)(now_at - run) * 1e9 / (double)(t2 - t1) : 0.0;
+		from = now_at > run ? now_at : run;
+	} else {
+		rate = (double)(ctx->seen_round - seen1) * 1e9 / (double)(t2 - t1);
+		from = ctx->seen_round > ctx->round ? ctx->seen_round : ctx->round;
+	}
 	for (int tries = 1;; tries++) {
 		uint64_t t0 = mp_now_ns();
 		uint32_t hold;
@@ -255,8 +312,68 @@ static void resync_isolated(struct mp_ctx *ctx, uint32_t R)
 		return;
 	MP_INFO("every other peer is down for this peer at round %u, and %d answer (the run is at "
 		"round %u): it rejoins", ctx->round, answered, ctx->seen_round);
-	rejoin(ctx, R);
+	rejoin(ctx, R, 0);
 	ctx->resync_ns = mp_now_ns();
+}
+
+/*
+ * A peer that has us down probed us (ALIVE) while we average: name every
+ * peer a round a little ahead (RETURN), at which each that has us down
+ * takes us back, and at which we take back those we have down that answer
+ * it. Taken back by each prober at a round of its own, the views differed
+ * until the last one did, and each average between was a plan mismatch for
+ * every group with us (the training study at 1 Gbit/s: peers dropped and
+ * taken back in turn for 15 averages). First we ask every peer where the
+ * run is: if none has us down any more, there is nothing to name; if the
+ * median answer is more than four averages from our round, our rounds are
+ * not the run's (restarted together with the rank we asked at the start,
+ * held up past the others' timeouts, or averages that failed at once and
+ * ran our rounds ahead), and we rejoin by announce from there instead. How
+ * far ahead a return is: two averages, plus what we do in 250 ms at the
+ * pace of our last average (at most 1000). A peer whose averages passed it
+ * first ignores it and probes us again, and we name a later round then.
+ */
+static void announce_return(struct mp_ctx *ctx, uint32_t R)
+{
+	uint64_t now;
+	uint32_t run, ahead = 2;
+
+	ctx->returning = 0;
+	ctx->seen_down = 0;
+	query(ctx, -1);
+	if (!ctx->seen_down) {
+		MP_INFO("a peer that had this peer down probed it, and none has it down now: no "
+			"return to name");
+		return;
+	}
+	run = run_round(ctx);
+	if (run > ctx->round + 4 * R || run + 4 * R < ctx->round) {
+		MP_INFO("a peer has this peer down, and the run is at round %u, this peer at %u: it "
+			"rejoins", run, ctx->round);
+		rejoin(ctx, R, run);
+		return;
+	}
+	if (!ctx->ndown) {
+		/* We count on every peer: each that has us down takes us back
+		 * at its next average, as our answer to its probe said. */
+		MP_INFO("a peer has this peer down, and it has none down: it is taken back at "
+			"the next average of each");
+		return;
+	}
+	now = mp_now_ns();
+	if (ctx->begin_ns && now > ctx->begin_ns) {
+		double more = 0.25e9 / (double)(now - ctx->begin_ns);
+		ahead += more < 1000.0 ? (uint32_t)(more + 0.999) : 1000;
+	}
+	ctx->ret_round = (run > ctx->round ? run : ctx->round) + ahead * R;
+	for (int i = 0; i < ctx->npeers; i++)
+		if (i != ctx->rank && !ctx->peers[i].owe_return) {
+			ctx->peers[i].owe_return = 1;
+			ctx->returns_owed++;
+		}
+	MP_INFO("a peer has this peer down: it returns at round %u (named to every peer; this "
+		"average starts at %u)", ctx->ret_round, ctx->round);
+	send_returns(ctx);
 }
 
 /*
@@ -300,7 +417,7 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 		if (ctx->seen_round > ctx->round && ctx->seen_down) {
 			MP_INFO("the run is at round %u and this peer at %u: it was restarted, and "
 				"rejoins", ctx->seen_round, ctx->round);
-			rejoin(ctx, R);
+			rejoin(ctx, R, 0);
 		}
 		ctx->synced = 1;
 	}
@@ -336,6 +453,18 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 			if (!ctx->peers[i].down)
 				ctx->live[n++] = i;
 	}
+	if (ctx->returning && n > 1 && static_run(ctx)) {
+		/* (Alone, we rejoin by announce above when a peer answers.) */
+		announce_return(ctx, R);
+		ctx->avg_round = ctx->round;
+		ctx->next_start = ctx->round + R;
+		mp_peers_apply_up(ctx, ctx->round);
+		n = 0;
+		for (int i = 0; i < ctx->npeers; i++)
+			if (!ctx->peers[i].down)
+				ctx->live[n++] = i;
+	}
+	ctx->begin_ns = mp_now_ns();
 	ctx->nlive = n;
 	return mp_grid_grouping_set_live(&ctx->grid_grouping, n < ctx->npeers ? ctx->live : NULL, n);
 }

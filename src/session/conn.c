@@ -509,7 +509,7 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 			ctx->seen_down = 1;
 		MP_TRACE("probe of peer %s (%s) answered: its averages start at round %u", name,
 			 p->addr, remote_round);
-		mp_peer_probe_done(ctx, peer, 0, remote_round);
+		mp_peer_probe_done(ctx, peer, l->probe_kind, 0, remote_round, remote_down);
 		return 0;
 	}
 	MP_INFO("connected to peer %s (%s) connection %d", name, p->addr, idx);
@@ -596,7 +596,7 @@ failed:
 	if (idx == ctx->nconn) {
 		/* A probe is not retried here: peers.c schedules the next. */
 		l->err = 0;
-		mp_peer_probe_done(ctx, peer, rc, 0);
+		mp_peer_probe_done(ctx, peer, l->probe_kind, rc, 0, 0);
 	}
 }
 
@@ -739,7 +739,8 @@ static int hello_payload(struct mp_ctx *ctx, struct mp_pending *pd, const struct
 	/* Decided now, as our CHALLENGE tells our round: an announce for a
 	 * round our averages have reached is too late (the peer sees it in
 	 * the CHALLENGE and announces a later one). */
-	pd->late = pd->probe_kind == MP_PROBE_ANNOUNCE && pd->round <= ctx->avg_round;
+	pd->late = (pd->probe_kind == MP_PROBE_ANNOUNCE || pd->probe_kind == MP_PROBE_RETURN) &&
+		   pd->round <= ctx->avg_round;
 	if (!isfinite(pd->bandwidth) || (pd->idx >= (uint32_t)ctx->nconn && !probe) ||
 	    pd->id == ctx->self_id) {
 		reject(ctx, pd, MP_REJ_UNEXPECTED, "HELLO from peer %s: bad bandwidth, connection "
@@ -813,6 +814,12 @@ static void hello_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 		 * slower to start, and the run waits for it. */
 		int q = mp_peer_find(ctx, pd->id);
 		h.group_id = q >= 0 && mp_peer_is_down(ctx, q);
+	} else if (pd->probe_kind == MP_PROBE_ALIVE) {
+		/* A peer that averages and has peers down answers that it will
+		 * name the round of its return to every peer (probe.c): the
+		 * prober waits for it rather than take it back at a round of
+		 * its own, while we take ours back at another. */
+		h.group_id = ctx->synced && ctx->ndown > 0;
 	}
 	memcpy(out + MP_WIRE_HDR_SIZE, pd->nonce_a, MP_NONCE_BYTES);
 	hs_mac(ctx, MP_AUTH_CHALLENGE, &s, out + MP_WIRE_HDR_SIZE + MP_NONCE_BYTES, 0);
@@ -895,12 +902,16 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 	}
 	/* Where its averages are; an announce's round is one they have
 	 * not reached. */
-	if (pd->round > ctx->seen_round && pd->probe_kind != MP_PROBE_ANNOUNCE)
+	if (pd->round > ctx->seen_round && pd->probe_kind != MP_PROBE_ANNOUNCE &&
+	    pd->probe_kind != MP_PROBE_RETURN)
 		ctx->seen_round = pd->round;
 	/* An ALIVE probe comes only from a peer that has us down: if we have
-	 * not averaged yet, we were left behind (restarted). */
-	if (pd->idx == (uint32_t)ctx->nconn && pd->probe_kind == MP_PROBE_ALIVE)
+	 * not averaged yet, we were left behind (restarted); if we have, our
+	 * next average names the round of our return (as our CHALLENGE said). */
+	if (pd->idx == (uint32_t)ctx->nconn && pd->probe_kind == MP_PROBE_ALIVE) {
 		ctx->seen_down = 1;
+		ctx->returning |= ctx->synced;
+	}
 	if (pd->idx == (uint32_t)ctx->nconn) {
 		/* A probe: it only tells us that the peer is alive, where its
 		 * averages are, and (an announce) when it rejoins. */
@@ -908,6 +919,8 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 			/* A restarted process: our connections of its old one are dead. */
 			for (int i = 0; i < ctx->nconn; i++)
 				mp_conn_drop(ctx, peer, i);
+			mp_peer_probed_by(ctx, peer, pd->probe_kind, pd->round);
+		} else if (pd->probe_kind == MP_PROBE_RETURN && !pd->late) {
 			mp_peer_probed_by(ctx, peer, pd->probe_kind, pd->round);
 		}
 		pend_close(ctx, pd);
@@ -1145,7 +1158,7 @@ int mp_conn_probe(struct mp_ctx *ctx, int peer, int kind, uint32_t round)
 	l->probe_round = round;
 	rc = dial(ctx, peer, ctx->nconn);
 	if (rc)
-		mp_peer_probe_done(ctx, peer, rc, 0);
+		mp_peer_probe_done(ctx, peer, kind, rc, 0, 0);
 	return rc;
 }
 

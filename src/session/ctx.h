@@ -75,6 +75,8 @@ struct mp_peer {
 	uint32_t up_at_round;       /* live again from the average starting at this round (0: not yet) */
 	uint8_t excused;            /* its next drop is not its failure (plan mismatch) */
 	uint8_t probe_failed;       /* the last probe of it failed */
+	uint8_t owe_return;         /* our RETURN (ctx->ret_round) has yet to reach it */
+	uint32_t answered_round;    /* the round of its last answer to our probe */
 	/* The last lengths its OPEN agreed with ours on, each with the session
 	 * token of its stream-0 connection then (engine.c): a length it
 	 * averaged on the connection still open, which lets a Moshpit average
@@ -126,9 +128,10 @@ int mp_peers_snapshot(struct mp_ctx *ctx, void *out, int max, size_t elem);
 int mp_peer_is_down(const struct mp_ctx *ctx, int idx);
 uint64_t mp_peer_down_since_ns(const struct mp_ctx *ctx, int idx);
 uint64_t mp_peer_next_probe_ns(const struct mp_ctx *ctx, int idx);
-/* A probe of @idx ended: @err 0 (it answered, its average starts at
- * @round) or why not. */
-void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int err, uint32_t round);
+/* A probe of @idx of @kind (MP_PROBE_*) ended: @err 0 (it answered, its
+ * average starts at @round; @flag: the CHALLENGE's group id) or why not. */
+void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int kind, int err, uint32_t round,
+			uint32_t flag);
 /* Peer @idx probed us (an authenticated handshake): @kind MP_PROBE_*; an
  * announce says it takes part from the average that starts at @round. */
 void mp_peer_probed_by(struct mp_ctx *ctx, int idx, int kind, uint32_t round);
@@ -139,8 +142,15 @@ void mp_peers_apply_up(struct mp_ctx *ctx, uint32_t round);
 
 /* What a probe asks (the HELLO's group id on the probe connection). */
 /* ALIVE goes only to a peer the prober has down; SWEEP to every peer after
- * a plan mismatch. */
-enum { MP_PROBE_ALIVE = 1, MP_PROBE_QUERY = 2, MP_PROBE_ANNOUNCE = 3, MP_PROBE_SWEEP = 4 };
+ * a plan mismatch; RETURN to every peer from a peer that an ALIVE probe
+ * reached: those that have it down take it back at the round it names. */
+enum {
+	MP_PROBE_ALIVE = 1,
+	MP_PROBE_QUERY = 2,
+	MP_PROBE_ANNOUNCE = 3,
+	MP_PROBE_SWEEP = 4,
+	MP_PROBE_RETURN = 5,
+};
 
 /* MP_SCR_UNDO: a Moshpit average's copy of its buffer and residue, while a
  * later round may meet a peer not known to agree (run_moshpit). */
@@ -240,6 +250,10 @@ struct mp_ctx {
 	int sweep;              /* a plan mismatch: probe every peer once this average ends */
 	int querying;           /* a fresh peer asks where the run is: failed probes mean nothing yet */
 	int resync;             /* isolated, and a down peer answered a probe: ask where the run is */
+	int returning;          /* an ALIVE probe reached us: the next average announces our return */
+	int returns_owed;       /* peers whose owe_return is set */
+	uint32_t ret_round;     /* the round our last return named */
+	uint64_t begin_ns;      /* when the last average started (our pace) */
 	uint64_t resync_ns;     /* when an isolated peer last asked */
 	int ndown;
 

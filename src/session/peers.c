@@ -273,13 +273,28 @@ uint64_t mp_peer_next_probe_ns(const struct mp_ctx *ctx, int idx)
 	return ctx->peers[idx].down ? ctx->peers[idx].next_probe_ns : 0;
 }
 
-void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int err, uint32_t round)
+void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int kind, int err, uint32_t round,
+			uint32_t flag)
 {
 	struct mp_peer *p = &ctx->peers[idx];
 
 	if (ctx->dynamic || idx == ctx->rank)
 		return;
 	p->probe_failed = err != 0;
+	if (!err)
+		p->answered_round = round;
+	if (kind == MP_PROBE_RETURN && !err) {
+		/* Our return reached it before its averages passed the round
+		 * (else it ignored it, and probes us again if it has us down):
+		 * if we have it down, it comes back at that round too, as we
+		 * do for it. */
+		if (p->down && round < ctx->ret_round && p->up_at_round < ctx->ret_round) {
+			p->up_at_round = ctx->ret_round;
+			MP_INFO("peer %d (%s) answered this peer's return: live from round %u", idx,
+				p->addr, p->up_at_round);
+		}
+		return;
+	}
 	if (err && ctx->querying)
 		return; /* at a start, peers not up yet are no news */
 	if (err) {
@@ -296,7 +311,10 @@ void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int err, uint32_t round)
 			 mp_strerror(err), p->probe_ms);
 		return;
 	}
-	if (!p->down || p->up_at_round)
+	/* Only an answer to ALIVE takes a peer back: an answer to our
+	 * question where the run is (a return's, a rejoin's) says where it
+	 * is, and the return or the announce that follows names the round. */
+	if (!p->down || p->up_at_round || kind != MP_PROBE_ALIVE)
 		return;
 	if (ctx->nlive == 1 && ctx->synced) {
 		/* Every other peer is down for us: the next average asks where
@@ -312,6 +330,16 @@ void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int err, uint32_t round)
 		p->next_probe_ns = mp_now_ns() + (uint64_t)p->probe_ms * 1000000ull;
 		return;
 	}
+	if (kind == MP_PROBE_ALIVE && flag) {
+		/* It averages, and at its next average it names a round to
+		 * every peer (RETURN): every peer that has it down takes it
+		 * back there, together. Taken back here, at a round of ours,
+		 * each prober would take it back at its own, and the views
+		 * would differ until the last did. */
+		p->next_probe_ns = mp_now_ns() + (uint64_t)p->probe_ms * 1000000ull;
+		MP_TRACE("peer %d (%s) answers: it announces its return", idx, p->addr);
+		return;
+	}
 	/* Alive and in step: back from the next average that starts, or
 	 * from the round it answered from if that is later (a peer that
 	 * jumped ahead to rejoin starts there). */
@@ -323,7 +351,18 @@ void mp_peer_probed_by(struct mp_ctx *ctx, int idx, int kind, uint32_t round)
 {
 	struct mp_peer *p = &ctx->peers[idx];
 
-	if (ctx->dynamic || idx == ctx->rank || kind != MP_PROBE_ANNOUNCE)
+	if (ctx->dynamic || idx == ctx->rank)
+		return;
+	if (kind == MP_PROBE_RETURN) {
+		/* The same process, back in step: only a peer that has it down
+		 * changes anything, and takes it back at that round. */
+		if (p->down && p->up_at_round < round) {
+			p->up_at_round = round;
+			MP_INFO("peer %d (%s) returns: live from round %u", idx, p->addr, round);
+		}
+		return;
+	}
+	if (kind != MP_PROBE_ANNOUNCE)
 		return;
 	/* A restarted peer: what we held of its old process is dead. Every
 	 * peer takes it back at the round it announced, all at once. */

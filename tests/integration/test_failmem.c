@@ -14,6 +14,9 @@
  *  - killed_peer_rejoins: rank 1 is killed with SIGKILL mid-run, then
  *    restarted at the same address. The survivors go on with the exact mean
  *    of 3; once it is back, every peer holds the exact mean of all 4 again.
+ *  - neighbours_restart_together: ranks 3 and 0 are killed, then
+ *    restarted at once; rank 3's next rank is fresh too, and both must
+ *    rejoin: every peer holds the exact mean of all 4 again.
  *  - paused_peer_recovers: rank 2 is stopped with SIGSTOP for longer than
  *    the timeouts; the others go on with the exact mean of 3, and once it
  *    goes on (failing its averages and trying again at once) every peer
@@ -21,6 +24,12 @@
  *  - late_announce_made_again: the same, with rank 2's rejoin announce held
  *    (MP_FAULT delay) until the run has passed its round: it announces a
  *    later one at once, and rejoins once.
+ *  - return_taken_back_together: rank 0's sends to ranks 1 and 2 stall in
+ *    one average, so they mark it down (and it them), while rank 3 keeps
+ *    everyone. Ranks 1 and 2 probe rank 0 at different times (300 ms and
+ *    1.5 s): rank 0 names its return once, and ranks 1 and 2 take it back
+ *    at that round, as rank 0 takes them back, not each at a round of its
+ *    own.
  *  - probe_knobs_pace_probes: rank 3 never starts, and the survivors probe
  *    it every MP_PROBE_MIN_MS = MP_PROBE_MAX_MS = 100 ms: rank 0's log (at
  *    TRACE) says so in its WARN line and counts many failed probes "next
@@ -57,6 +66,8 @@
  * backoff of their probes (0: the default), a log file for rank log_rank's
  * TRACE lines (NULL: none), and rank fault_rank's MP_FAULT (NULL: none). */
 static int probe_ms;
+static int probe_ms_of[NP]; /* per rank, over probe_ms (0: probe_ms) */
+static const char *log_of[NP]; /* per rank: a log at INFO (NULL: none) */
 static const char *rank_log;
 static int log_rank;
 static const char *rank_fault;
@@ -135,8 +146,12 @@ static int child(const char *run, int rank, const char *listen, unsigned dead_ma
 	cfg.chunk_bytes = 16384;
 	cfg.connect_timeout_ms = CONNECT_MS;
 	cfg.round_timeout_ms = round_ms ? round_ms : 5000;
-	if (probe_ms)
-		cfg.probe_min_ms = cfg.probe_max_ms = probe_ms;
+	if (probe_ms_of[rank] || probe_ms)
+		cfg.probe_min_ms = cfg.probe_max_ms = probe_ms_of[rank] ? probe_ms_of[rank] : probe_ms;
+	if (log_of[rank]) {
+		setenv("MP_DEBUG_FILE", log_of[rank], 1);
+		cfg.log_level = MP_LOG_INFO;
+	}
 	if (rank_log && rank == log_rank) {
 		/* Read by the logger when mp_init first sets it up. */
 		setenv("MP_DEBUG_FILE", rank_log, 1);
@@ -206,6 +221,7 @@ struct peer {
 	int n;           /* records so far */
 	int run_all;     /* consecutive records holding the mean of all 4 */
 	int run_surv;    /* ... of the 3 survivors */
+	int bad;         /* records that failed or name a failed peer */
 	struct rec last;
 };
 
@@ -215,7 +231,7 @@ static void spawn(struct peer *p, const char *run, int rank, const char *listen,
 	assert_true(p->pid >= 0);
 	if (p->pid == 0)
 		_exit(child(run, rank, listen, dead, p->up, p->down));
-	p->n = p->run_all = p->run_surv = 0;
+	p->n = p->run_all = p->run_surv = p->bad = 0;
 }
 
 /* Failures the test found, with what they were. */
@@ -248,6 +264,7 @@ static void pump(struct peer *ps, const char *what, int ms)
 			violations++;
 		}
 		int clean = !x.rc && !x.failed && x.at >= count_from;
+		ps[r].bad += x.rc || x.failed;
 		ps[r].run_all = clean && x.held == HELD_ALL ? ps[r].run_all + 1 : 0;
 		ps[r].run_surv = clean && x.held == HELD_SURVIVORS ? ps[r].run_surv + 1 : 0;
 	}
@@ -438,6 +455,50 @@ static void killed_peer_rejoins(void **s)
 	assert_true(rejoined);
 }
 
+/*
+ * Ranks 3 and 0 are killed and restarted together. Rank 3 asks the next
+ * rank, 0, where the run is: rank 0 is fresh too and answers from round 0,
+ * and rank 3 starts the run over there. The others have it down and probe
+ * it, and their probes show the run's round: at its next average rank 3
+ * rejoins by announce. (Before, they took it for a restarted peer at every
+ * probe and never back: out for the whole 40 s.)
+ */
+static void neighbours_restart_together(void **s)
+{
+	(void)s;
+	struct peer ps[NP];
+	char addrs[NP][MP_ADDR_STRLEN], run[64];
+	double end, t_back;
+
+	violations = 0;
+	snprintf(run, sizeof(run), "fm-pair-%d", (int)getpid());
+	start(ps, run, 0, addrs);
+	assert_true(all_hold_mean(ps, "healthy", 30, 5));
+	kill_rank(ps, 3);
+	kill_rank(ps, 0);
+	/* The two survivors go on with the mean of 1 and 2. */
+	end = now_s() + 30;
+	int pair = 0;
+	while (now_s() < end && pair < 10) {
+		int n1 = ps[1].n;
+		pump(ps, "pair", 200);
+		if (ps[1].n > n1)
+			pair = ps[1].last.mask == 0x6u && !ps[1].last.rc ? pair + 1 : 0;
+	}
+	assert_true(pair >= 10);
+	restart_rank(ps, run, 3, addrs);
+	restart_rank(ps, run, 0, addrs);
+	/* Both learn the addresses at once: they ask where the run is together. */
+	assert_int_equal(write_all(ps[3].down, addrs, sizeof(addrs)), 0);
+	assert_int_equal(write_all(ps[0].down, addrs, sizeof(addrs)), 0);
+	t_back = now_s();
+	int back = all_hold_mean(ps, "restarted", 40, 10);
+	fprintf(stderr, "all 4 back in the mean %.1f s after the restarts\n", now_s() - t_back);
+	stop_all(ps);
+	assert_int_equal(violations, 0);
+	assert_true(back);
+}
+
 /* Lines of @path that hold @a and @b (NULL: any); -1 if it cannot be read. */
 static int count_lines(const char *path, const char *a, const char *b)
 {
@@ -553,6 +614,89 @@ static void late_announce_made_again(void **s)
 	unlink(log); /* kept when it failed */
 }
 
+/* The round after "live from round " in the last line of @path that holds
+ * @a and @b; -1 if there is none. */
+static long live_from(const char *path, const char *a, const char *b)
+{
+	FILE *f = fopen(path, "r");
+	char line[1024];
+	long at = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		const char *p = strstr(line, "live from round ");
+		if (p && strstr(line, a) && strstr(line, b))
+			at = strtol(p + strlen("live from round "), NULL, 10);
+	}
+	fclose(f);
+	return at;
+}
+
+static void return_taken_back_together(void **s)
+{
+	(void)s;
+	struct peer ps[NP];
+	char addrs[NP][MP_ADDR_STRLEN], run[64], logs[3][128];
+	double end, t_fault;
+
+	violations = 0;
+	snprintf(run, sizeof(run), "fm-return-%d", (int)getpid());
+	for (int r = 0; r < 3; r++) {
+		snprintf(logs[r], sizeof(logs[r]), "/tmp/mp-fm-return-%d-%d.log", r, (int)getpid());
+		unlink(logs[r]);
+		log_of[r] = logs[r];
+	}
+	/* Rank 0 would probe ranks 1 and 2 only after 3 s: it takes them back
+	 * by its return. */
+	probe_ms_of[0] = 3000;
+	probe_ms_of[1] = 300;
+	probe_ms_of[2] = 1500;
+	rank_fault = "stall:round=40:until=100000:phase=scatter:peer=1,"
+		     "stall:round=40:until=100000:phase=scatter:peer=2";
+	fault_rank = 0;
+	round_ms = 300;
+	pace_ms = 10;
+	start(ps, run, 0, addrs);
+	round_ms = pace_ms = 0;
+	rank_fault = NULL;
+	for (int r = 0; r < NP; r++) {
+		probe_ms_of[r] = 0;
+		log_of[r] = NULL;
+	}
+	assert_true(all_hold_mean(ps, "healthy", 30, 5));
+	/* The stalled average: ranks 1 and 2 drop rank 0. */
+	end = now_s() + 30;
+	while (now_s() < end && (ps[1].bad < 1 || ps[2].bad < 1))
+		pump(ps, "stalled", 100);
+	assert_true(ps[1].bad >= 1 && ps[2].bad >= 1);
+	t_fault = now_s();
+	count_from = t_fault;
+	for (int r = 0; r < NP; r++)
+		ps[r].run_all = 0;
+	int back = all_hold_mean(ps, "returned", 20, 10);
+	fprintf(stderr, "all 4 back in the mean %.1f s after the stalled average\n",
+		now_s() - t_fault);
+	count_from = 0;
+	stop_all(ps);
+	long r1 = live_from(logs[1], "peer 0 (", "returns: live from round");
+	long r2 = live_from(logs[2], "peer 0 (", "returns: live from round");
+	long o1 = live_from(logs[0], "peer 1 (", "answered this peer's return");
+	long o2 = live_from(logs[0], "peer 2 (", "answered this peer's return");
+	int own = 0;
+	for (int r = 0; r < 3; r++)
+		own += count_lines(logs[r], "answers again: live from round", NULL);
+	fprintf(stderr, "rank 0 returns at round %ld for rank 1, %ld for rank 2; takes them back at "
+		"%ld and %ld; %d take-backs at a round of the prober's own\n", r1, r2, o1, o2, own);
+	assert_int_equal(violations, 0);
+	assert_true(back);
+	assert_true(r1 > 40);
+	assert_true(r2 == r1 && o1 == r1 && o2 == r1);
+	assert_int_equal(own, 0);
+	for (int r = 0; r < 3; r++)
+		unlink(logs[r]); /* kept when it failed */
+}
+
 static void probe_knobs_pace_probes(void **s)
 {
 	(void)s;
@@ -599,8 +743,10 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(dead_peer_left_out),
 		cmocka_unit_test(killed_peer_rejoins),
+		cmocka_unit_test(neighbours_restart_together),
 		cmocka_unit_test(paused_peer_recovers),
 		cmocka_unit_test(late_announce_made_again),
+		cmocka_unit_test(return_taken_back_together),
 		cmocka_unit_test(probe_knobs_pace_probes),
 	};
 	signal(SIGPIPE, SIG_IGN);

@@ -155,7 +155,7 @@ static void backoff_of(int min_ms, int max_ms, const uint32_t *want, int nwant)
 	assert_true(next <= t1 + (uint64_t)want[0] * 1000000u);
 	for (int i = 1; i < nwant; i++) {
 		t0 = mp_now_ns();
-		mp_peer_probe_done(ctx, 2, -ECONNREFUSED, 0);
+		mp_peer_probe_done(ctx, 2, MP_PROBE_ALIVE, -ECONNREFUSED, 0, 0);
 		t1 = mp_now_ns();
 		next = mp_peer_next_probe_ns(ctx, 2);
 		if (ctx->peers[2].probe_ms != want[i] || next < t0 + (uint64_t)want[i] * 1000000u ||
