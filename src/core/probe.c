@@ -26,6 +26,13 @@
  * peer the round it takes part from (an ANNOUNCE probe), far enough ahead
  * that no peer passes it first: each peer takes it back at that same
  * round, so the views agree, and it starts its own averages there.
+ *
+ * A live peer that others have down, and that has peers down itself (a
+ * failure between live peers: each side has the other down), answers
+ * their probes that it will name its return: at its next average it sends
+ * every peer a RETURN probe with a round a little ahead, at which each
+ * that has it down takes it back, as it takes back those it has down that
+ * answer (announce_return).
  */
 #include <errno.h>
 #include <stdlib.h>

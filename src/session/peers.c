@@ -311,10 +311,10 @@ void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int kind, int err, uint32_t
 			 mp_strerror(err), p->probe_ms);
 		return;
 	}
-	/* Only an answer to ALIVE takes a peer back: an answer to our
-	 * question where the run is (a return's, a rejoin's) says where it
-	 * is, and the return or the announce that follows names the round. */
-	if (!p->down || p->up_at_round || kind != MP_PROBE_ALIVE)
+	/* An answer to our question where the run is (a return's, a
+	 * rejoin's) takes no peer back: it says where the run is, and the
+	 * return or the announce that follows names the round. */
+	if (!p->down || p->up_at_round || kind == MP_PROBE_QUERY)
 		return;
 	if (ctx->nlive == 1 && ctx->synced) {
 		/* Every other peer is down for us: the next average asks where
