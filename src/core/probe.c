@@ -383,6 +383,21 @@ static void announce_return(struct mp_ctx *ctx, uint32_t R)
 	send_returns(ctx);
 }
 
+/* The average starts at ctx->round: peers due come back, and the live
+ * ones are listed (ctx->live); returns how many. */
+static int start_at(struct mp_ctx *ctx, uint32_t R)
+{
+	int n = 0;
+
+	ctx->avg_round = ctx->round;
+	ctx->next_start = ctx->round + R;
+	mp_peers_apply_up(ctx, ctx->round);
+	for (int i = 0; i < ctx->npeers; i++)
+		if (!ctx->peers[i].down)
+			ctx->live[n++] = i;
+	return n;
+}
+
 /*
  * Before an average of a static run that advances the round by @R: a
  * fresh peer finds the run's round (and rejoins it), due peers come back,
@@ -402,9 +417,10 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 		 * n(n-1) connections at once, each pair dialling both ways
 		 * (libfabric's tcp provider then misses its connect timeouts).
 		 * (A next rank restarted with us answers from round 0 too, and
-		 * we then start the run over at round 0: doc/reliability.md.
-		 * Asking the ranks after it in turn made every start slower,
-		 * and a slow starter then met peers that had dropped it.)
+		 * we start over at round 0 until the others' probes show the
+		 * run's round: announce_return then rejoins. Asking the ranks
+		 * after it in turn made every start slower, and a slow starter
+		 * then met peers that had dropped it.)
 		 */
 		int next = (ctx->rank + 1) % ctx->npeers;
 
@@ -428,17 +444,12 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 		}
 		ctx->synced = 1;
 	}
-	ctx->avg_round = ctx->round;
-	ctx->next_start = ctx->round + R;
-	mp_peers_apply_up(ctx, ctx->round);
 	if (!ctx->live) {
 		ctx->live = malloc((size_t)ctx->npeers * sizeof(int));
 		if (!ctx->live)
 			return -ENOMEM;
 	}
-	for (int i = 0; i < ctx->npeers; i++)
-		if (!ctx->peers[i].down)
-			ctx->live[n++] = i;
+	n = start_at(ctx, R);
 	if (n == 1 && ctx->npeers > 1 && static_run(ctx)) {
 		/* Alone, we keep no one in step: a peer that announced its
 		 * return (a restarted one) is met at its round at once. */
@@ -452,24 +463,12 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 			ctx->round = meet;
 		else
 			resync_isolated(ctx, R);
-		ctx->avg_round = ctx->round;
-		ctx->next_start = ctx->round + R;
-		mp_peers_apply_up(ctx, ctx->round);
-		n = 0;
-		for (int i = 0; i < ctx->npeers; i++)
-			if (!ctx->peers[i].down)
-				ctx->live[n++] = i;
+		n = start_at(ctx, R);
 	}
 	if (ctx->returning && n > 1 && static_run(ctx)) {
 		/* (Alone, we rejoin by announce above when a peer answers.) */
 		announce_return(ctx, R);
-		ctx->avg_round = ctx->round;
-		ctx->next_start = ctx->round + R;
-		mp_peers_apply_up(ctx, ctx->round);
-		n = 0;
-		for (int i = 0; i < ctx->npeers; i++)
-			if (!ctx->peers[i].down)
-				ctx->live[n++] = i;
+		n = start_at(ctx, R);
 	}
 	ctx->begin_ns = mp_now_ns();
 	ctx->nlive = n;

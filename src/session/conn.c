@@ -911,6 +911,7 @@ static void auth_arrived(struct mp_ctx *ctx, struct mp_pending *pd, size_t len)
 	if (pd->idx == (uint32_t)ctx->nconn && pd->probe_kind == MP_PROBE_ALIVE) {
 		ctx->seen_down = 1;
 		ctx->returning |= ctx->synced;
+		ctx->peers[peer].downs_us_from = pd->round + 1;
 	}
 	if (pd->idx == (uint32_t)ctx->nconn) {
 		/* A probe: it only tells us that the peer is alive, where its

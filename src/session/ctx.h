@@ -77,6 +77,8 @@ struct mp_peer {
 	uint8_t probe_failed;       /* the last probe of it failed */
 	uint8_t owe_return;         /* our RETURN (ctx->ret_round) has yet to reach it */
 	uint32_t answered_round;    /* the round of its last answer to our probe */
+	uint32_t downs_us_from;     /* 1 + the round its last ALIVE probe of us came from (0:
+	                               none): its averages from there on leave us out */
 	/* The last lengths its OPEN agreed with ours on, each with the session
 	 * token of its stream-0 connection then (engine.c): a length it
 	 * averaged on the connection still open, which lets a Moshpit average

@@ -678,10 +678,23 @@ int mp_xfer_run(struct mp_xfer *x)
 				 * lately (by us or by another member), means it is
 				 * gone: no use waiting out the connect timeout. */
 				uint64_t f = ctx->peers[ch->peer].failed_ns;
+				uint32_t downs = ctx->peers[ch->peer].downs_us_from;
 				if (ctx->dynamic && (err == -ECONNREFUSED ||
 						     (f && now - f < conn_to))) {
 					fail_peer(x, ch->peer, err ? err : -ECONNRESET,
 						  "gone (refuses connections, or closed them)");
+					continue;
+				}
+				/* A static peer that probed us as down from this
+				 * round or a later one averages without us here:
+				 * it will not connect (a restarted peer that
+				 * started over at round 0 waited the connect
+				 * timeout on each). */
+				if (!ctx->dynamic && downs && downs - 1 >= x->round) {
+					char why[96];
+					snprintf(why, sizeof(why), "it has this peer down (its probe came "
+						 "from round %u)", downs - 1);
+					fail_peer(x, ch->peer, -ENOTCONN, why);
 					continue;
 				}
 				if (now - start > conn_to || (deadline && now > deadline)) {
