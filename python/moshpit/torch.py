@@ -137,7 +137,12 @@ class Optimizer(torch.optim.Optimizer):
     are averaged in the background while training goes on. When the average
     ends, at a later step, each parameter gets the average's change
     (average - snapshot) added to its current value, keeping the local steps
-    taken meanwhile; the optimizer state is replaced by its average. The next
+    taken meanwhile. A state tensor that is a running average (SGD's
+    momentum buffer, Adam's moments) gets the same change, decayed as the
+    optimizer decayed the snapshot in those steps (its momentum or beta to
+    the power of their number), so that an average that ends late moves the
+    state as one that ended at once would have; any other state tensor is
+    replaced by its average. The next
     average starts only once the previous one has been applied.
 
     ``optimizer`` is a torch optimizer or, as in hivemind, a callable that
@@ -186,6 +191,8 @@ class Optimizer(torch.optim.Optimizer):
         self._grads: Optional[TensorAverager] = None
         self._avg: Optional[TensorAverager] = None
         self._snap: dict[str, torch.Tensor] = {}
+        self._snap_step = 0
+        self._decay: dict[int, float] = {}
 
     # torch.optim.Optimizer's own __init__ is not called: these delegate.
     def zero_grad(self, set_to_none: bool = False) -> None:
@@ -237,7 +244,7 @@ class Optimizer(torch.optim.Optimizer):
         self.local_step += 1
         return loss
 
-    def _state_tensors(self) -> list[torch.Tensor]:
+    def _state_entries(self) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
         out = []
         if not self.average_state:
             return out
@@ -246,8 +253,28 @@ class Optimizer(torch.optim.Optimizer):
                 v = self.optimizer.state[p][name]
                 # Step counters (0-d) are local: averaging them means nothing.
                 if isinstance(v, torch.Tensor) and torch.is_floating_point(v) and v.dim() > 0:
-                    out.append(v)
+                    out.append((p, name, v))
         return out
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return [v for _, _, v in self._state_entries()]
+
+    def _state_decay(self, p: torch.Tensor, name: str) -> Optional[float]:
+        """How much one step of the optimizer keeps of state @name of @p
+        (a running average's factor), or None when it is not known."""
+        group = next((g for g in self.optimizer.param_groups
+                      if any(q is p for q in g["params"])), None)
+        if group is None:
+            return None
+        if name == "momentum_buffer" and isinstance(group.get("momentum"), (int, float)):
+            return float(group["momentum"])
+        betas = group.get("betas")
+        if isinstance(betas, (tuple, list)) and len(betas) == 2:
+            if name == "exp_avg":
+                return float(betas[0])
+            if name == "exp_avg_sq":
+                return float(betas[1])
+        return None
 
     def _step_parameters(self, closure: Optional[Callable[[], Any]]) -> Any:
         loss = self.optimizer.step(closure)
@@ -266,12 +293,21 @@ class Optimizer(torch.optim.Optimizer):
             self._avg = TensorAverager(self.ctx, tensors, self.uncompressed)
         self._avg.fill()
         self._snap = {k: v.clone() for k, v in self._avg.flat.items()}
+        self._snap_step = self.local_step
+        self._decay = {id(v): d for p, name, v in self._state_entries()
+                       if (d := self._state_decay(p, name)) is not None}
         self._avg.launch()
 
     def _apply(self) -> None:
         assert self._avg is not None
         self.last_result = self._avg.finish()
         params = {id(p) for p in self._params}
+        # Optimizer steps taken since the snapshot: a running average has
+        # decayed the snapshot's part by its factor to this power since.
+        # (Replacing it with the average, as before, threw those steps'
+        # part of it away; applied a whole period late, that made training
+        # diverge: test_parameter_mode_converges under load.)
+        steps = self.local_step - self._snap_step
         with torch.no_grad():
             for k in self._avg.keys:
                 off = 0
@@ -279,8 +315,12 @@ class Optimizer(torch.optim.Optimizer):
                 for t in self._avg.buckets[k]:
                     n = t.numel()
                     avg = flat[off:off + n].view_as(t)
+                    change = avg - snap[off:off + n].view_as(t)
+                    decay = self._decay.get(id(t))
                     if id(t) in params:
-                        t.add_((avg - snap[off:off + n].view_as(t)).to(t.dtype))
+                        t.add_(change.to(t.dtype))
+                    elif decay is not None:
+                        t.add_((change * decay ** steps).to(t.dtype))
                     else:
                         t.copy_(avg)
                     off += n

@@ -107,6 +107,33 @@ def test_parameter_mode_state_is_averaged():
         assert torch.equal(o.state[m.weight]["momentum_buffer"], torch.full((1, 2), 0.5))
 
 
+def test_parameter_mode_late_state():
+    """An average that ends a step late moves the momentum as averages that
+    ended at once would have. every=1: the average started at step 1 is
+    applied at step 2 (waited for there if not done), one momentum step
+    after its snapshot. With constant gradients 0 and 1 and momentum 0.5,
+    averaging at once each step gives 0.5, then 0.5 * 0.5 + g = 0.25 and
+    1.25, averaged 0.75. Replacing the state with the late average gave
+    0.5: one step of momentum lost."""
+    ctxs = loop_peers(2)
+    ms = [torch.nn.Linear(2, 1, bias=False) for _ in range(2)]
+    opts = [mt.Optimizer(c, optimizer=torch.optim.SGD(m.parameters(), lr=0.0, momentum=0.5),
+                         mode="parameters", every=1) for c, m in zip(ctxs, ms)]
+
+    def two(i):
+        for _ in range(2):
+            ms[i].weight.grad = torch.full((1, 2), float(i))
+            opts[i].step()
+        opts[i].finish()
+    try:
+        run_threads([lambda i=i: two(i) for i in range(2)])
+    finally:
+        for c in ctxs:
+            c.close()
+    for m, o in zip(ms, opts):
+        assert torch.equal(o.state[m.weight]["momentum_buffer"], torch.full((1, 2), 0.75))
+
+
 def test_post_local_sgd_with_parameter_averager():
     ctxs = loop_peers(3)
     models = []
