@@ -84,6 +84,22 @@ def test_parameter_mode_converges():
     assert all(len(o.state) == 1 for o in opts)
 
 
+def _steps_with_gradient_i(ctxs: list, ms: list, opts: list, steps: int) -> None:
+    """Peer i takes `steps` steps, each with gradient i (lr 0: the weights
+    move only by the averages), then applies the last average; the
+    contexts are closed."""
+    def run(i: int) -> None:
+        for _ in range(steps):
+            ms[i].weight.grad = torch.full((1, 2), float(i))
+            opts[i].step()
+        opts[i].finish()
+    try:
+        run_threads([lambda i=i: run(i) for i in range(len(ctxs))])
+    finally:
+        for c in ctxs:
+            c.close()
+
+
 def test_parameter_mode_state_is_averaged():
     ctxs = loop_peers(2)
     ms = [torch.nn.Linear(2, 1, bias=False) for _ in range(2)]
@@ -92,16 +108,7 @@ def test_parameter_mode_state_is_averaged():
         ms[1].weight.fill_(3.0)
     opts = [mt.Optimizer(c, optimizer=torch.optim.SGD(m.parameters(), lr=0.0, momentum=0.9),
                          mode="parameters", every=1) for c, m in zip(ctxs, ms)]
-
-    def one(i):
-        ms[i].weight.grad = torch.full((1, 2), float(i))
-        opts[i].step()  # lr 0: the weights move only by the average
-        opts[i].finish()
-    try:
-        run_threads([lambda i=i: one(i) for i in range(2)])
-    finally:
-        for c in ctxs:
-            c.close()
+    _steps_with_gradient_i(ctxs, ms, opts, 1)
     for m, o in zip(ms, opts):
         assert torch.equal(m.weight.detach(), torch.full((1, 2), 2.0))
         assert torch.equal(o.state[m.weight]["momentum_buffer"], torch.full((1, 2), 0.5))
@@ -119,17 +126,7 @@ def test_parameter_mode_late_state():
     ms = [torch.nn.Linear(2, 1, bias=False) for _ in range(2)]
     opts = [mt.Optimizer(c, optimizer=torch.optim.SGD(m.parameters(), lr=0.0, momentum=0.5),
                          mode="parameters", every=1) for c, m in zip(ctxs, ms)]
-
-    def two(i):
-        for _ in range(2):
-            ms[i].weight.grad = torch.full((1, 2), float(i))
-            opts[i].step()
-        opts[i].finish()
-    try:
-        run_threads([lambda i=i: two(i) for i in range(2)])
-    finally:
-        for c in ctxs:
-            c.close()
+    _steps_with_gradient_i(ctxs, ms, opts, 2)
     for m, o in zip(ms, opts):
         assert torch.equal(o.state[m.weight]["momentum_buffer"], torch.full((1, 2), 0.75))
 
