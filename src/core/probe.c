@@ -150,6 +150,13 @@ static void query(struct mp_ctx *ctx, int only)
  * where the run is. The largest would do for a peer behind the run, but
  * not against a peer whose averages fail at once, which runs its rounds
  * ahead of the run's. */
+static int cmp_round(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return (x > y) - (x < y);
+}
+
 static uint32_t run_round(const struct mp_ctx *ctx)
 {
 	uint32_t *r = malloc((size_t)ctx->npeers * sizeof(*r)), med = 0;
@@ -160,13 +167,7 @@ static uint32_t run_round(const struct mp_ctx *ctx)
 	for (int i = 0; i < ctx->npeers; i++)
 		if (i != ctx->rank && !ctx->peers[i].probe_failed && !ctx->peers[i].gone)
 			r[n++] = ctx->peers[i].answered_round;
-	/* Few peers answer a query: a sort by insertion. */
-	for (int i = 1; i < n; i++)
-		for (int j = i; j > 0 && r[j - 1] > r[j]; j--) {
-			uint32_t t = r[j];
-			r[j] = r[j - 1];
-			r[j - 1] = t;
-		}
+	qsort(r, (size_t)n, sizeof(*r), cmp_round);
 	if (n)
 		med = r[(n - 1) / 2];
 	free(r);

@@ -273,6 +273,18 @@ uint64_t mp_peer_next_probe_ns(const struct mp_ctx *ctx, int idx)
 	return ctx->peers[idx].down ? ctx->peers[idx].next_probe_ns : 0;
 }
 
+/* A return (RETURN) names @round: a peer we have down comes back there,
+ * unless a later take-back stands. */
+static void take_back_at(struct mp_ctx *ctx, int idx, uint32_t round, const char *how)
+{
+	struct mp_peer *p = &ctx->peers[idx];
+
+	if (p->down && p->up_at_round < round) {
+		p->up_at_round = round;
+		MP_INFO("peer %d (%s) %s: live from round %u", idx, p->addr, how, round);
+	}
+}
+
 void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int kind, int err, uint32_t round,
 			uint32_t flag)
 {
@@ -288,11 +300,8 @@ void mp_peer_probe_done(struct mp_ctx *ctx, int idx, int kind, int err, uint32_t
 		 * (else it ignored it, and probes us again if it has us down):
 		 * if we have it down, it comes back at that round too, as we
 		 * do for it. */
-		if (p->down && round < ctx->ret_round && p->up_at_round < ctx->ret_round) {
-			p->up_at_round = ctx->ret_round;
-			MP_INFO("peer %d (%s) answered this peer's return: live from round %u", idx,
-				p->addr, p->up_at_round);
-		}
+		if (round < ctx->ret_round)
+			take_back_at(ctx, idx, ctx->ret_round, "answered this peer's return");
 		return;
 	}
 	if (err && ctx->querying)
@@ -356,10 +365,7 @@ void mp_peer_probed_by(struct mp_ctx *ctx, int idx, int kind, uint32_t round)
 	if (kind == MP_PROBE_RETURN) {
 		/* The same process, back in step: only a peer that has it down
 		 * changes anything, and takes it back at that round. */
-		if (p->down && p->up_at_round < round) {
-			p->up_at_round = round;
-			MP_INFO("peer %d (%s) returns: live from round %u", idx, p->addr, round);
-		}
+		take_back_at(ctx, idx, round, "returns");
 		return;
 	}
 	if (kind != MP_PROBE_ANNOUNCE)

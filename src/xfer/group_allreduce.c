@@ -169,6 +169,14 @@ static int serves(const struct gar *r, int m)
 	return m != r->me && r->mb[r->me].len > 0;
 }
 
+/* Part j's result reached us whole and well: it is applied. */
+static int applied(const struct gar *r, int j)
+{
+	const struct gmember *mj = &r->mb[j];
+
+	return sends_to(r, j) && mj->gotg == mj->nch && !mj->bad_result;
+}
+
 /* Where part j sits in the compact staging (everything but our own part). */
 static uint64_t stage_off(const struct gar *r, int j)
 {
@@ -735,7 +743,7 @@ static int dev_apply(struct gar *r)
 	}
 	for (int j = 0; !rc && j < r->k; j++) {
 		const struct gmember *mj = &r->mb[j];
-		if (sends_to(r, j) && mj->gotg == mj->nch && !mj->bad_result)
+		if (applied(r, j))
 			rc = s->ops->copy_d2d(&s->dev, r->a->x + mj->off, r->dstage + stage_off(r, j),
 					      mj->len * sizeof(float), s->stream);
 	}
@@ -1128,7 +1136,7 @@ static void count_unseen_drops(struct gar *r)
 	for (int j = 0; j < r->k; j++) {
 		const struct gmember *mj = &r->mb[j];
 		int dropped = (int)r->ncontributors - (int)mj->gn - (int)mj->gl;
-		if (sends_to(r, j) && mj->gotg == mj->nch && !mj->bad_result && dropped > worst) {
+		if (applied(r, j) && dropped > worst) {
 			worst = dropped;
 			by = j;
 		}
@@ -1161,7 +1169,7 @@ static int finish(struct gar *r)
 		if (!sends_to(r, j))
 			continue;
 		const struct gmember *mj = &r->mb[j];
-		int whole = mj->gotg == mj->nch && !mj->bad_result;
+		int whole = applied(r, j);
 		if (whole && r->ds) {
 			if (first < 0)
 				first = j;
