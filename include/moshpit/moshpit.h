@@ -382,8 +382,8 @@ MP_API int mp_finalize(mp_ctx *ctx);
  * CUDA device memory (::MP_MEM_CUDA) takes one of two paths, and one INFO
  * line says which, and why:
  *  - The device path, where the library was built with the CUDA kernels
- *    and they run on the memory's GPU, for the moshpit and butterfly
- *    algorithms with any codec but the sparse ones (topk, adacomp)
+ *    and they run on the memory's GPU, for every algorithm with any codec
+ *    but the sparse ones (topk, adacomp)
  *    (::mp_config::check_finite included: the check runs on the GPU):
  *    chunks are encoded, decoded and
  *    reduced on the GPU, and only encoded chunks cross the bus, through a

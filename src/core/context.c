@@ -491,10 +491,9 @@ int mp_npeers(const mp_ctx *ctx)
 /*
  * CUDA memory. Where the codec kernels can run on its device, the group
  * all-reduce reduces it on the GPU and only encoded chunks cross the bus,
- * through a small ring of pinned buffers (the device path, devpath.h).
- * Otherwise, and for what the device path does not do (the ring
- * algorithm, sparse codecs), averaging goes through a
- * pinned host copy of the whole registration (stage.c) on every transport.
+ * through a small ring of pinned buffers (the device path, devpath.h);
+ * so does the ring algorithm. Otherwise, and for what the device path does
+ * not do (sparse codecs), averaging goes through a pinned host copy of the whole registration (stage.c) on every transport.
  * A transport that can move device memory (verbs with GPUDirect RDMA)
  * registers it as well, through its own ladder (dma-buf, then
  * nvidia-peermem), and logs which path it took; when it cannot
@@ -511,8 +510,6 @@ static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 		return -ENOMEM;
 	if (ctx->cfg.cuda_stage)
 		snprintf(whyd, sizeof(whyd), "MP_CUDA_STAGE=1");
-	else if (ctx->cfg.algo == MP_ALGO_RING)
-		snprintf(whyd, sizeof(whyd), "the ring algorithm has no device path");
 	rc = mp_stage_open_dev(ctx, buf, len, whyd[0] ? NULL : mp_dev_open, &device, whyd,
 			       sizeof(whyd), &mr->stage);
 	if (rc) {

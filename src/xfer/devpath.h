@@ -106,4 +106,11 @@ int mp_dev_sync(struct mp_ctx *ctx, struct mp_stage *s, const char *what);
 int mp_dev_copy_sync(struct mp_ctx *ctx, struct mp_stage *s, void *dst, const void *src,
 		     size_t bytes, int kind, const char *what);
 
+struct mp_group;
+struct mp_avg;
+/* mp_direct_allreduce (xfer.h) of @a, whose buffer is device memory
+ * (a->dev): through one ring slot's pinned bytes, copied out and back. */
+int mp_dev_direct(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round, struct mp_avg *a,
+		  int strict);
+
 #endif

@@ -759,48 +759,6 @@ static int dev_apply(struct gar *r)
 	return rc ? -EIO : 0;
 }
 
-/*
- * A direct exchange (short vectors: at most one chunk) of device memory:
- * every member decides alike whether to take it, whatever its memory, so
- * the device path takes it too, on the host, through ring slot 0's pinned
- * bytes: still a chunk, not the buffer.
- */
-static int dev_direct(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
-		      struct mp_avg *a)
-{
-	struct mp_stage *s = a->dev;
-	struct mp_ring_slot *sl = mp_dev_slot_wait(ctx, s);
-	size_t bytes = a->n * sizeof(float);
-	struct mp_avg h = *a;
-	int rc;
-
-	if (!sl)
-		return -EIO;
-	if (bytes > s->dp->slot_bytes) {
-		mp_dev_slot_put(s, sl);
-		mp_set_error(ctx, "round %u: a direct exchange of %zu bytes does not fit a chunk buffer "
-			     "of %zu", round, bytes, s->dp->slot_bytes);
-		return -EMSGSIZE;
-	}
-	rc = mp_dev_copy_sync(ctx, s, sl->host, a->x, bytes, 0, "a short vector's copy to the host");
-	if (!rc) {
-		h.x = (float *)sl->host;
-		h.dev = NULL;
-		h.dmr = s->dmr;
-		rc = mp_direct_allreduce(ctx, g, round, &h, 0);
-		/* Whatever the exchange wrote, as it would have in host memory. */
-		if (rc != -ECANCELED) {
-			int wr = mp_dev_copy_sync(ctx, s, a->x, sl->host, bytes, 1,
-						  "a short vector's copy back");
-			rc = rc ? rc : wr;
-		}
-		a->weight = h.weight;
-		a->influence = h.influence;
-	}
-	mp_dev_slot_put(s, sl);
-	return rc;
-}
-
 static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct mp_payload *pl)
 {
 	struct gar *r = op;
@@ -1226,7 +1184,8 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		return 0;
 	}
 	if (mp_direct_fits(ctx, g, a))
-		return a->dev ? dev_direct(ctx, g, round, a) : mp_direct_allreduce(ctx, g, round, a, 0);
+		return a->dev ? mp_dev_direct(ctx, g, round, a, 0) :
+				mp_direct_allreduce(ctx, g, round, a, 0);
 	r.mb = calloc((size_t)k, sizeof(*r.mb));
 	if (!r.mb)
 		goto out;

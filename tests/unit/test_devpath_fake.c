@@ -9,22 +9,24 @@
  *
  * Peers are threads, over loop and tcp. Checked, per codec (none, fp16,
  * bf16, uniform8, blockwise8) and algorithm (moshpit on a 2x2 grid,
- * butterfly): the device buffer ends bit for bit where the host path ends
- * for the same input and configuration (a second context of each peer
- * averages host memory); the pinned host memory the registration holds is
- * the same for a buffer ten times as long (a ring of chunks, not a copy);
- * the registration says it took the device path. Also: short vectors (the
- * direct exchange) exact on device memory; a failed copy to the host in
- * the middle of a peer's pipeline fails its average with -EIO, the buffer
- * as the round found it, while the others end with an exact average of
- * what they could reach, and the next average is exact again; the ring
- * a payload the GPU finds malformed leaves its contribution out, with a
- * warning, and the average goes on; with the caller's stream
- * (mp_average_start_stream, mp_request_stream_wait) the average is of what
- * its kernel wrote 40 ms after the call, and the stream reads the result
- * after its wait; the ring algorithm, MP_CHECK_FINITE and
- * MP_CUDA_STAGE=1 stage the buffer whole and say why. MP_CHECK_FINITE on
- * the device leaves a NaN contribution out as the host path does.
+ * butterfly, the ring, also with weights other than 1): the device buffer
+ * ends bit for bit where the host path ends for the same input and
+ * configuration (a second context of each peer averages host memory); the
+ * pinned host memory the registration holds is the same for a buffer ten
+ * times as long (a ring of chunks, not a copy); the registration says it
+ * took the device path. Also: short vectors (the direct exchange) exact on
+ * device memory; a failed copy to the host in the middle of a peer's
+ * pipeline fails its average with -EIO, the buffer as the round found it,
+ * while the others end with an exact average of what they could reach,
+ * and the next average is exact again; a payload the GPU finds malformed
+ * leaves its contribution out, with a warning, and the average goes on;
+ * with the caller's stream (mp_average_start_stream,
+ * mp_request_stream_wait) the average is of what its kernel wrote 40 ms
+ * after the call, and the stream reads the result after its wait;
+ * MP_CHECK_FINITE on the device leaves a NaN contribution out as the host
+ * path does; the ring fails on every peer, never with a wrong number, when
+ * a payload is malformed or a copy fails; MP_CUDA_STAGE=1 stages the
+ * buffer whole and says why.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -68,6 +70,7 @@ struct scen {
 	int stream_ms;       /* mp_average_start_stream: a kernel on the caller's stream writes
 	                        the input this long after the call, over stale values; the
 	                        stream then waits for the request and reads the buffer */
+	int weighted;        /* peer r averages at weight weight_of(r), else 1 */
 };
 
 struct shared {
@@ -104,6 +107,11 @@ static float input(int rank, int op, size_t i)
 	if (i % 97 == 5)
 		return -0.0f; /* the mean of -0s is -0: the sum must start from -0 */
 	return ((float)(h >> 8) / 16777216.0f - 0.5f) * 8.0f + (float)(i % 7) * 0.25f;
+}
+
+static float weight_of(const struct scen *sc, int rank)
+{
+	return sc->weighted ? 0.5f + 0.375f * (float)rank : 1.0f;
 }
 
 static void note(struct shared *sh, int rank, const char *what)
@@ -170,7 +178,7 @@ static void *peer_main(void *p)
 		for (size_t i = 0; i < sc->count; i++)
 			v[i] = input(r, op, i);
 		pthread_barrier_wait(&sh->bar);
-		sh->rc_host[r][op] = ctx ? mp_average(ctx, v, sc->count, 1.0f, NULL) : -ENOENT;
+		sh->rc_host[r][op] = ctx ? mp_average(ctx, v, sc->count, weight_of(sc, r), NULL) : -ENOENT;
 		sh->host[r][op] = v;
 	}
 	pthread_barrier_wait(&sh->bar);
@@ -207,14 +215,16 @@ static void *peer_main(void *p)
 				v[i] = input(r, op, i);
 			cs = fk_stream_new(r);
 			fk_kernel_write(cs, r, 0, v, bytes, sc->stream_ms);
-			rc = mp_average_start_stream(ctx, dev, sc->count, 1.0f, mr, 0, cs, &req);
+			rc = mp_average_start_stream(ctx, dev, sc->count, weight_of(sc, r), mr, 0,
+						     cs, &req);
 			sh->probe[r][op] = calloc(sc->count, sizeof(float));
 			if (!rc && mp_request_stream_wait(req, cs))
 				note(sh, r, "mp_request_stream_wait failed");
 			if (!rc)
 				fk_probe(cs, r, 0, sh->probe[r][op], bytes, &sh->ran[r][op]);
 		} else {
-			rc = mr ? mp_average_start(ctx, dev, sc->count, 1.0f, mr, &req) : -ENOENT;
+			rc = mr ? mp_average_start(ctx, dev, sc->count, weight_of(sc, r), mr, &req) :
+				 -ENOENT;
 		}
 		if (!rc)
 			rc = mp_wait(req, 30000, &sh->res[r][op]);
@@ -329,19 +339,27 @@ static const char *codec_name(int c)
 	return n[c];
 }
 
-/* Every codec the path takes, both group algorithms, over @transport. */
+static const char *algo_name(int a)
+{
+	return a == MP_ALGO_MOSHPIT ? "moshpit" : a == MP_ALGO_BUTTERFLY ? "butterfly" : "ring";
+}
+
+/* Every codec the path takes, every algorithm, over @transport; the ring
+ * also with weights other than 1 (its partial sums scale as they pass). */
 static void same_as_host_on(const char *transport)
 {
-	static const int algos[] = {MP_ALGO_MOSHPIT, MP_ALGO_BUTTERFLY};
+	static const int algos[] = {MP_ALGO_MOSHPIT, MP_ALGO_BUTTERFLY, MP_ALGO_RING};
 
 	for (int c = MP_CODEC_NONE; c <= MP_CODEC_BLOCKWISE8; c++)
-		for (int ai = 0; ai < 2; ai++) {
+		for (int ai = 0; ai < 4; ai++) {
 			char name[64];
-			snprintf(name, sizeof(name), "%s-%s-%s", transport, codec_name(c),
-				 algos[ai] == MP_ALGO_MOSHPIT ? "moshpit" : "butterfly");
+			int algo = algos[ai < 3 ? ai : 2];
+			snprintf(name, sizeof(name), "%s-%s-%s%s", transport, codec_name(c),
+				 algo_name(algo), ai == 3 ? "-weighted" : "");
 			/* Odd length: parts and chunks end short. */
 			struct scen sc = {.name = name, .transport = transport, .npeers = 4,
-					  .algo = algos[ai], .codec = c, .count = 3001, .nops = 2};
+					  .algo = algo, .codec = c, .count = 3001, .nops = 2,
+					  .weighted = ai == 3};
 			struct shared *sh = scenario(&sc);
 			same_as_host(sh);
 			/* Nothing of the buffer's size was pinned: a ring of chunks. */
@@ -350,7 +368,7 @@ static void same_as_host_on(const char *transport)
 		}
 	char want[64];
 	snprintf(want, sizeof(want), "is averaged on the GPU");
-	assert_true(log_count(want) >= 4 * 10);
+	assert_true(log_count(want) >= 4 * 20);
 }
 
 static void devpath_same_as_host_loop(void **state)
@@ -390,15 +408,17 @@ static void devpath_pinned_is_constant(void **state)
 static void devpath_short_vectors(void **state)
 {
 	(void)state;
-	for (size_t n = 1; n <= 33; n += 8) {
-		char name[32];
-		snprintf(name, sizeof(name), "short-%zu", n);
-		struct scen sc = {.name = name, .transport = "loop", .npeers = 4,
-				  .algo = MP_ALGO_MOSHPIT, .codec = MP_CODEC_NONE, .count = n, .nops = 1};
-		struct shared *sh = scenario(&sc);
-		same_as_host(sh);
-		release(sh);
-	}
+	for (size_t n = 1; n <= 33; n += 8)
+		for (int ring = 0; ring < 2; ring++) {
+			char name[32];
+			snprintf(name, sizeof(name), "short-%zu%s", n, ring ? "-ring" : "");
+			struct scen sc = {.name = name, .transport = "loop", .npeers = 4,
+					  .algo = ring ? MP_ALGO_RING : MP_ALGO_MOSHPIT,
+					  .codec = MP_CODEC_NONE, .count = n, .nops = 1};
+			struct shared *sh = scenario(&sc);
+			same_as_host(sh);
+			release(sh);
+		}
 }
 
 /*
@@ -633,19 +653,49 @@ static void devpath_check_finite(void **state)
 	}
 }
 
-/* What the path does not do stages the buffer whole, and says why. */
-static void devpath_not_taken(void **state)
+/*
+ * The ring on the device fails as the host ring does, never with a wrong
+ * number: a payload peer 0's GPU finds malformed (its first lossy decode,
+ * in the reduce-scatter) fails peer 0's average with -EHOSTUNREACH, one
+ * frame rejected, and no message leaves peer 0 after it, so no peer
+ * succeeds with a sum that lacks it; a failed copy to the host fails peer
+ * 1 with -EIO, and the ring, which needs every peer, fails everywhere.
+ */
+static void devpath_ring_failures(void **state)
 {
-	struct scen ring = {.name = "ring", .transport = "loop", .npeers = 4, .algo = MP_ALGO_RING,
-			    .codec = MP_CODEC_NONE, .count = 500, .nops = 1};
+	struct scen bad = {.name = "ring-malformed", .transport = "loop", .npeers = 4,
+			   .algo = MP_ALGO_RING, .codec = MP_CODEC_FP16, .count = 3001, .nops = 1,
+			   .bad_rank = 1, .bad_after = 1};
+	struct scen cut = {.name = "ring-fail-d2h", .transport = "loop", .npeers = 4,
+			   .algo = MP_ALGO_RING, .codec = MP_CODEC_FP16, .count = 3001, .nops = 1,
+			   .fail_rank = 2, .fail_after = 8};
 	struct shared *sh;
 
 	(void)state;
-	sh = scenario(&ring);
-	same_as_host(sh);
+	sh = scenario(&bad);
+	assert_int_equal(sh->rc_dev[0][0], -EHOSTUNREACH);
+	assert_non_null(strstr(sh->err[0][0], "failed to decode on the device"));
+	assert_int_equal(sh->res[0][0].frames_rejected, 1);
+	for (int r = 1; r < 4; r++)
+		if (!sh->rc_dev[r][0])
+			fail_msg("peer %d succeeded beside a malformed payload", r);
 	release(sh);
-	assert_int_equal(log_count("(no device path: the ring algorithm has no device path)"), 4);
 
+	sh = scenario(&cut);
+	assert_int_equal(sh->rc_dev[1][0], -EIO);
+	assert_non_null(strstr(sh->err[1][0], "failed on the device"));
+	for (int r = 0; r < 4; r++)
+		if (r != 1 && !sh->rc_dev[r][0])
+			fail_msg("peer %d succeeded without peer 1", r);
+	release(sh);
+}
+
+/* What the path does not do stages the buffer whole, and says why. */
+static void devpath_not_taken(void **state)
+{
+	struct shared *sh;
+
+	(void)state;
 	/* Asked for: the whole buffer pinned, four times. */
 	struct scen st = {.name = "stage", .transport = "loop", .npeers = 4,
 			  .algo = MP_ALGO_MOSHPIT, .codec = MP_CODEC_FP16, .stage = 1, .count = 20000,
@@ -674,6 +724,7 @@ int main(void)
 		cmocka_unit_test(devpath_malformed_on_device),
 		cmocka_unit_test(devpath_stream_order),
 		cmocka_unit_test(devpath_check_finite),
+		cmocka_unit_test(devpath_ring_failures),
 		cmocka_unit_test(devpath_not_taken),
 	};
 	/* DEVPATH_ONLY=name runs one of them (the log is kept with DEVPATH_KEEP_LOG). */
