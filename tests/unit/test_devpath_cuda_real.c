@@ -12,7 +12,7 @@
  * path's result bit for bit; uniform8, whose GPU encoder sums its
  * statistics in another order, within one code step of it (the largest
  * difference is printed). And MP_CUDA_STAGE=1 (whole staging) bit for bit
- * too, for fp16; and the kernel of MP_CHECK_FINITE flags a NaN and an
+ * too, for fp16; the ring, bit for bit, for none and blockwise8; and the kernel of MP_CHECK_FINITE flags a NaN and an
  * infinity, and nothing else.
  */
 #include <errno.h>
@@ -35,7 +35,7 @@
 static pthread_barrier_t bar;
 static char addr[2][NP][MP_ADDR_STRLEN];
 static float *host_res[NP], *dev_res[NP];
-static int codec, stage, failed;
+static int codec, stage, algo = MP_ALGO_MOSHPIT, failed;
 
 static float input(int rank, size_t i)
 {
@@ -58,13 +58,14 @@ static mp_ctx *open_ctx(int r, int pass)
 	mp_ctx *ctx = NULL;
 	char run[64];
 
-	snprintf(run, sizeof(run), "devpath-real-%d-%d-%d", codec, stage, pass);
+	snprintf(run, sizeof(run), "devpath-real-%d-%d-%d-%d", codec, stage, algo, pass);
 	mp_config_init(&cfg);
 	cfg.transport = "loop";
 	cfg.run_name = run;
 	cfg.rank = r;
 	cfg.npeers = NP;
-	cfg.grid = "2x2";
+	cfg.algo = algo;
+	cfg.grid = algo == MP_ALGO_MOSHPIT ? "2x2" : NULL;
 	cfg.codec = codec;
 	cfg.chunk_bytes = 64 * 1024;
 	cfg.cuda_stage = stage;
@@ -133,6 +134,7 @@ static void *peer(void *p)
  * @tol for uniform8; 0: bit for bit). */
 static int run(int c, int st, double tol)
 {
+	const char *an = algo == MP_ALGO_RING ? ", ring" : "";
 	pthread_t th[NP];
 	double maxd = 0.0;
 	size_t ndiff = 0;
@@ -153,14 +155,14 @@ static int run(int c, int st, double tol)
 			double e = fabs((double)h - (double)d);
 			maxd = e > maxd || isnan(e) ? e : maxd;
 			if (!tol || !(e <= tol)) {
-				printf("codec %d%s, peer %d, value %zu: device %.9g, host %.9g\n", c,
-				       st ? " (MP_CUDA_STAGE=1)" : "", r, i, d, h);
+				printf("codec %d%s%s, peer %d, value %zu: device %.9g, host %.9g\n", c,
+				       st ? " (MP_CUDA_STAGE=1)" : "", an, r, i, d, h);
 				failed = 1;
 				break;
 			}
 		}
-	printf("codec %d%s: %s; %zu of %d values differ from the host path, by at most %g\n", c,
-	       st ? " (MP_CUDA_STAGE=1)" : "", failed ? "FAILED" : "ok", ndiff, NP * N, maxd);
+	printf("codec %d%s%s: %s; %zu of %d values differ from the host path, by at most %g\n", c,
+	       st ? " (MP_CUDA_STAGE=1)" : "", an, failed ? "FAILED" : "ok", ndiff, NP * N, maxd);
 	for (int r = 0; r < NP; r++) {
 		free(host_res[r]);
 		free(dev_res[r]);
@@ -220,6 +222,12 @@ int main(void)
 	 * of values within [-4, 6), per round, two rounds. */
 	bad |= run(MP_CODEC_UNIFORM8, 0, 0.2);
 	bad |= run(MP_CODEC_FP16, 1, 0.0);
+	/* The ring on the device: its scalings and its finished chunks' round
+	 * trip through the codec. */
+	algo = MP_ALGO_RING;
+	bad |= run(MP_CODEC_NONE, 0, 0.0);
+	bad |= run(MP_CODEC_BLOCKWISE8, 0, 0.0);
+	algo = MP_ALGO_MOSHPIT;
 	pthread_barrier_destroy(&bar);
 	printf("%s\n", bad ? "FAILED" : "ok: the device path gives the host path's results");
 	return bad;
