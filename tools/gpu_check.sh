@@ -31,7 +31,9 @@
 #        test_stage_cuda_real: staging with the caller's CUDA stream
 #        (mp_average_start_stream, mp_request_stream_wait), two peers;
 #        test_devpath_cuda_real: the device path against the host path,
-#        per codec (bit for bit but uniform8), four peers.
+#        per codec (bit for bit but uniform8), four peers, and the ring;
+#        tests/python/cuda_real.py: torch CUDA tensors through the Python
+#        package, against CPU tensors (skipped without torch's CUDA).
 #     5. test_cuda_codecs --bench: encode and decode-and-accumulate GB/s per
 #        codec beside a device-to-device cudaMemcpy of the same bytes, in
 #        the same run.
@@ -274,9 +276,11 @@ if ! (cd "$here" && step configure 300 "${setup[@]}"); then
 	say "FAILED: meson setup (log: $out/configure.log)"
 	exit 1
 fi
+# The shared library's ninja target is named by the project's version.
+version=$(sed -n "s/^ *version: '\([0-9.]*\)'.*/\1/p" "$here/meson.build" | head -1)
 cpu_tests=(test_codec test_codec_quant test_codec_average test_codec_sparse test_kernels)
 if ! step build 900 nice ninja -C "$build" tools/mpbench tests/unit/test_cuda_codecs \
-	tests/unit/test_stage_cuda_real tests/unit/test_devpath_cuda_real \
+	tests/unit/test_stage_cuda_real tests/unit/test_devpath_cuda_real "src/libmoshpit.so.$version" \
 	"${cpu_tests[@]/#/tests/unit/}"; then
 	say "FAILED: the build (log: $out/build.log)"
 	exit 1
@@ -305,6 +309,12 @@ step stage_stream 60 "$build/tests/unit/test_stage_cuda_real" || failed=1
 # The device path against the host path, per codec, four peers (loop).
 step devpath 120 "$build/tests/unit/test_devpath_cuda_real" || failed=1
 step kernel_bench 180 "$tcc" --bench "$count" --json "$out/kernels.json" || failed=1
+# torch CUDA tensors through the Python package (tests/python/cuda_real.py):
+# skipped (77, not a failure) where python3 has no torch with CUDA.
+step python_cuda 180 env MOSHPIT_LIB="$build/src/libmoshpit.so" PYTHONPATH="$here/python" \
+	python3 "$here/tests/python/cuda_real.py"
+rc=$?
+[ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || failed=1
 
 # cuda: the device path (reduced on the GPU, a ring of pinned chunks);
 # cuda_staged: the same buffers staged whole through the host

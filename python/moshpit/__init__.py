@@ -7,6 +7,10 @@ unreliable peers with libmoshpit.
         x = np.ones(1024, dtype=np.float32)
         result = ctx.average(x)          # x now holds the mean
 
+CUDA tensors (and any float32 array with ``__cuda_array_interface__``) are
+averaged where they are: registered with the library once, reduced on the
+GPU where its kernels run, in the order of the tensor's current stream.
+
 The library is found through MOSHPIT_LIB (a path to libmoshpit.so), else
 the installed one. Every setting of struct mp_config is a keyword of
 Context under the same name; those not given come from the MP_* variables
@@ -19,6 +23,7 @@ import ctypes
 import errno as _errno
 import numbers
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
@@ -260,15 +265,21 @@ def grid_shape(npeers: int, grid: Optional[str] = None) -> tuple[int, ...]:
 class _Buf:
     """A float32 view of what the caller passed: its address and count, what
     keeps it alive while the library uses it, and, for a converted copy, how
-    to write the result back."""
+    to write the result back. CUDA memory also says so (``cuda``), and which
+    stream computes it: the CUstream as an int (0 or None: the legacy
+    default stream)."""
 
-    __slots__ = ("ptr", "count", "keep", "writeback")
+    __slots__ = ("ptr", "count", "keep", "writeback", "cuda", "stream", "owner")
 
-    def __init__(self, ptr: int, count: int, keep: Any, writeback: Any = None) -> None:
+    def __init__(self, ptr: int, count: int, keep: Any, writeback: Any = None, *,
+                 cuda: bool = False, stream: Optional[int] = None, owner: Any = None) -> None:
         self.ptr = ptr
         self.count = count
         self.keep = keep
         self.writeback = writeback
+        self.cuda = cuda
+        self.stream = stream
+        self.owner = owner  # CUDA: whose lifetime the registration follows
 
 
 def _as_float32(x: Any) -> _Buf:
@@ -278,14 +289,17 @@ def _as_float32(x: Any) -> _Buf:
     copy). torch fp16 and bf16 tensors, numpy float16 arrays and
     non-contiguous float32 ones go through a float32 copy that is written
     back when the average ends: exact for the upcast, then rounded once to
-    the tensor's precision. Anything else (float64, integers, CUDA tensors,
-    read-only memory) is refused: averaging it through float32 would change
-    its values without saying so."""
+    the tensor's precision. CUDA tensors stay on their device, and so does
+    such a copy. Anything else (float64, integers, read-only memory) is
+    refused: averaging it through float32 would change its values without
+    saying so."""
     mod = type(x).__module__
     if mod.startswith("torch"):
         return _torch_buf(x)
     if mod.startswith("numpy"):
         return _numpy_buf(x)
+    if hasattr(x, "__cuda_array_interface__"):
+        return _cai_buf(x)
     try:
         mv = memoryview(x)
     except TypeError:
@@ -329,13 +343,17 @@ def _torch_buf(t: Any) -> _Buf:
     import torch
     if not isinstance(t, torch.Tensor):
         raise InvalidArgument(_errno.EINVAL, f"cannot average a {type(t).__name__}", "average")
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         raise Unsupported(_errno.ENOTSUP, f"a tensor on {t.device}: the Python layer averages "
-                          "CPU tensors (move it with .cpu(), average, and copy back)", "average")
+                          "CPU and CUDA tensors (move it with .cpu(), average, and copy back)",
+                          "average")
     if t.numel() == 0:
         raise InvalidArgument(_errno.EINVAL, "cannot average an empty tensor", "average")
+    cuda = t.device.type == "cuda"
+    # The stream that computes the tensor: the average waits for it, on the device.
+    stream = torch.cuda.current_stream(t.device).cuda_stream if cuda else None
     if t.dtype == torch.float32 and t.is_contiguous():
-        return _Buf(t.data_ptr(), t.numel(), t)
+        return _Buf(t.data_ptr(), t.numel(), t, cuda=cuda, stream=stream, owner=t)
     if t.dtype in (torch.float32, torch.float16, torch.bfloat16):
         tmp = t.detach().to(dtype=torch.float32, memory_format=torch.contiguous_format,
                             copy=True)
@@ -343,9 +361,46 @@ def _torch_buf(t: Any) -> _Buf:
         def back() -> None:
             with torch.no_grad():
                 t.copy_(tmp.view_as(t))
-        return _Buf(tmp.data_ptr(), tmp.numel(), (t, tmp), back)
+        return _Buf(tmp.data_ptr(), tmp.numel(), (t, tmp), back, cuda=cuda, stream=stream,
+                    owner=tmp)
     raise InvalidArgument(_errno.EINVAL, f"dtype {t.dtype}: float32 tensors are averaged in "
                           "place, float16 and bfloat16 through a float32 copy", "average")
+
+
+def _cai_buf(x: Any) -> _Buf:
+    """CUDA memory of another library (CuPy, Numba...): float32, contiguous,
+    averaged in place; its interface's stream (version 3) is waited for."""
+    cai = x.__cuda_array_interface__
+    shape = tuple(cai.get("shape", ()))
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if cai.get("typestr") not in ("<f4", "=f4", "|f4"):
+        raise InvalidArgument(_errno.EINVAL, f"CUDA array of type {cai.get('typestr')!r}: only "
+                              "float32 ('<f4') device arrays are averaged", "average")
+    ptr, readonly = cai["data"]
+    if readonly:
+        raise InvalidArgument(_errno.EINVAL, "the CUDA array is read-only: the average is "
+                              "written in place", "average")
+    strides = cai.get("strides")
+    if strides is not None and tuple(strides) != tuple(
+            4 * _prod(shape[i + 1:]) for i in range(len(shape))):
+        raise InvalidArgument(_errno.EINVAL, "the CUDA array must be contiguous: the average "
+                              "is written in place", "average")
+    if n == 0 or not ptr:
+        raise InvalidArgument(_errno.EINVAL, "cannot average an empty CUDA array", "average")
+    # Version 3's stream: None, nothing to wait for; 1 and 2, the legacy and
+    # per-thread default streams; else the cudaStream_t itself.
+    s = cai.get("stream")
+    stream = None if s is None else (0 if s == 1 else int(s))
+    return _Buf(int(ptr), n, x, cuda=True, stream=stream, owner=x)
+
+
+def _prod(dims: Iterable[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
 
 
 def _raw(x: Any, writable: bool) -> tuple[int, int, Any]:
@@ -411,6 +466,9 @@ class Context:
         self._closing = False
         self._ctx: Optional[int] = None
         self._keep: list[bytes] = []  # the strings the configuration points to
+        # CUDA memory, registered once (the library keeps its chunk buffers
+        # with the registration): (address, bytes) -> mp_mr
+        self._mrs: dict[tuple[int, int], int] = {}
         room = ctypes.create_string_buffer(_lib.CONFIG_ROOM)
         lib.mp_config_init(room)
         cfg = _lib.MpConfig.from_buffer(room)
@@ -524,8 +582,9 @@ class Context:
             h._lock.acquire()
         try:
             with self._lock:
-                _L().mp_finalize(self._ctx)
+                _L().mp_finalize(self._ctx)  # releases the registrations too
                 self._ctx = None
+                self._mrs.clear()
                 for h in pending:
                     h._cancel()
                 self._pending.clear()
@@ -719,16 +778,60 @@ class Context:
                                   f"{type(weight).__name__}", "average")
         return float(weight)
 
+    def _cuda_mr(self, buf: _Buf) -> int:
+        """The registration of CUDA memory ``buf`` (under the lock): one that
+        covers it, else a new one, released when its owner is collected (a
+        new tensor at the same address registers anew) or at close."""
+        end = buf.ptr + 4 * buf.count
+        for (p, n), mr in self._mrs.items():
+            if p <= buf.ptr and end <= p + n:
+                return mr
+        mr = ctypes.c_void_p()
+        rc = _L().mp_mem_register(self._handle(), buf.ptr, 4 * buf.count, _lib.MEM_CUDA,
+                                  ctypes.byref(mr))
+        if rc < 0:
+            raise self._fail(rc, "average (registering CUDA memory)")
+        key = (buf.ptr, 4 * buf.count)
+        self._mrs[key] = mr.value
+        try:
+            weakref.finalize(buf.owner, self._release_mr, key, mr.value)
+        except TypeError:
+            pass  # not weak-referenceable: kept until close
+        return mr.value
+
+    def _release_mr(self, key: tuple[int, int], mr: int) -> None:
+        with self._lock:
+            if self._ctx is None or self._mrs.get(key) != mr:
+                return
+            # Busy (-EBUSY) only while an average runs on it, which holds
+            # its owner alive: then it is kept until close.
+            if _L().mp_mem_deregister(self._ctx, mr) == 0:
+                del self._mrs[key]
+
+    def _start_cuda(self, buf: _Buf, w: float, flags: int, req: Any) -> int:
+        """Under the lock: start an average of CUDA memory ``buf``."""
+        mr = self._cuda_mr(buf)
+        # Always with a stream, whose event is recorded now: without one the
+        # library waits for the legacy default stream when the average
+        # starts, which a stream_wait queued there meanwhile would hold up.
+        return _L().mp_average_start_stream(self._handle(), buf.ptr, buf.count, w, mr, flags,
+                                            buf.stream or None, ctypes.byref(req))
+
     def average(self, x: Any, weight: float = 1.0, *, uncompressed: bool = False) -> Result:
         """Average ``x`` in place with every peer, with this peer's ``weight``
         (0 contributes nothing). Blocks until done; the GIL is released
         meanwhile. ``uncompressed=True`` sends this call as fp32 whatever the
         codec (all peers must agree). Raises Error on failure; after a
         failure ``x`` may hold the rounds completed before it, except after
-        SettingsMismatch and LengthMismatch (``x`` as it was)."""
+        SettingsMismatch and LengthMismatch (``x`` as it was).
+
+        A CUDA tensor is read once the work queued on its current stream so
+        far has run, and holds the average when this returns."""
         w = self._weight(weight)
         buf = _as_float32(x)
         res = _lib.MpResult()
+        if buf.cuda:
+            return self.average_async(buf, weight, uncompressed=uncompressed).wait()
         with self._lock:
             rc = _L().mp_average_ex(self._handle(), buf.ptr, buf.count, w,
                                     self._flags(uncompressed), ctypes.byref(res))
@@ -745,11 +848,14 @@ class Context:
         be touched until the handle is done. The context keeps ``x`` alive
         until then."""
         w = self._weight(weight)
-        buf = _as_float32(x)
+        buf = x if isinstance(x, _Buf) else _as_float32(x)
         req = ctypes.c_void_p()
         with self._lock:
-            rc = _L().mp_average_start_ex(self._handle(), buf.ptr, buf.count, w, None,
-                                          self._flags(uncompressed), ctypes.byref(req))
+            if buf.cuda:
+                rc = self._start_cuda(buf, w, self._flags(uncompressed), req)
+            else:
+                rc = _L().mp_average_start_ex(self._handle(), buf.ptr, buf.count, w, None,
+                                              self._flags(uncompressed), ctypes.byref(req))
             if rc < 0:
                 raise self._fail(rc, "average_async")
             h = Handle(self, req.value, buf)
@@ -815,6 +921,27 @@ class Handle:
             return False
         finally:
             self._lock.release()
+
+    def stream_wait(self, stream: Optional[int] = None) -> None:
+        """CUDA memory: make ``stream`` (a CUstream as an int, or a
+        torch.cuda.Stream; None: torch's current stream, else the legacy
+        default one) wait on the device until the average has ended, without
+        blocking this thread. The handle must still be waited for."""
+        if stream is None:
+            try:
+                import torch
+                stream = torch.cuda.current_stream().cuda_stream if torch.cuda.is_available() \
+                    else 0
+            except ImportError:
+                stream = 0
+        elif hasattr(stream, "cuda_stream"):
+            stream = stream.cuda_stream
+        with self._lock:
+            if self._req is None:
+                return  # ended: the buffer holds what it will hold
+            rc = _L().mp_request_stream_wait(self._req, int(stream) or None)
+            if rc < 0:
+                raise self._ctx._fail(rc, "stream_wait")
 
     def wait(self, timeout: Optional[float] = None) -> Result:
         """Wait for the average and return its Result, or raise its Error.

@@ -148,6 +148,7 @@ class MpStateInfo(ctypes.Structure):
 
 
 AVG_UNCOMPRESSED = 0x1
+MEM_CUDA = 1  # enum mp_mem_kind
 # Room for the library's struct mp_config however much it grows: the
 # library's own mp_config_init and mp_config_from_env write all of it.
 CONFIG_ROOM = 4096
@@ -164,6 +165,11 @@ _PROTOTYPES = {
     "mp_finalize": (c_int, [c_void_p]),
     "mp_average_start_ex": (c_int, [c_void_p, c_void_p, c_size_t, c_float, c_void_p, c_uint,
                                     POINTER(c_void_p)]),
+    "mp_average_start_stream": (c_int, [c_void_p, c_void_p, c_size_t, c_float, c_void_p, c_uint,
+                                        c_void_p, POINTER(c_void_p)]),
+    "mp_request_stream_wait": (c_int, [c_void_p, c_void_p]),
+    "mp_mem_register": (c_int, [c_void_p, c_void_p, c_size_t, c_int, POINTER(c_void_p)]),
+    "mp_mem_deregister": (c_int, [c_void_p, c_void_p]),
     "mp_test": (c_int, [c_void_p, POINTER(c_int), POINTER(MpResult)]),
     "mp_wait": (c_int, [c_void_p, c_int, POINTER(MpResult)]),
     "mp_average_ex": (c_int, [c_void_p, c_void_p, c_size_t, c_float, c_uint, POINTER(MpResult)]),

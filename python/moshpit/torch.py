@@ -28,8 +28,8 @@ def _dtype_key(t: torch.Tensor) -> str:
 
 
 class TensorAverager:
-    """Averages a fixed list of CPU floating-point tensors in place through
-    one flat float32 buffer per dtype (buckets in dtype-name order, tensors
+    """Averages a fixed list of floating-point tensors, on the CPU or on one
+    CUDA device, in place through one flat float32 buffer per dtype (buckets in dtype-name order, tensors
     in list order). ``start`` copies the tensors in and starts the averages;
     ``finish`` waits and returns the averaged flat buffers, which the
     caller applies (``copy_back``, or a delta of its own)."""
@@ -38,17 +38,22 @@ class TensorAverager:
         self.ctx = ctx
         self.uncompressed = uncompressed
         self.buckets: dict[str, list[torch.Tensor]] = {}
+        # All on one device: the flat buffers live there (a CUDA one is
+        # averaged on the GPU where the library's kernels run).
+        self.device = tensors[0].device if tensors else torch.device("cpu")
         for t in tensors:
             if not torch.is_floating_point(t):
                 raise InvalidArgument(_errno.EINVAL, f"a {t.dtype} tensor: only floating-point "
                                       "tensors are averaged", "moshpit.torch")
-            if t.device.type != "cpu":
-                raise InvalidArgument(_errno.EINVAL, f"a tensor on {t.device}: moshpit.torch "
-                                      "averages CPU tensors", "moshpit.torch")
+            if t.device.type not in ("cpu", "cuda") or t.device != self.device:
+                raise InvalidArgument(_errno.EINVAL, f"a tensor on {t.device} beside one on "
+                                      f"{self.device}: moshpit.torch averages CPU tensors, or "
+                                      "CUDA tensors of one device", "moshpit.torch")
             self.buckets.setdefault(_dtype_key(t), []).append(t)
         self.keys = sorted(self.buckets)
         self.sources = [(t.data_ptr(), t.numel(), t.dtype) for t in tensors]
-        self.flat = {k: torch.zeros(sum(t.numel() for t in self.buckets[k]), dtype=torch.float32)
+        self.flat = {k: torch.zeros(sum(t.numel() for t in self.buckets[k]), dtype=torch.float32,
+                                    device=self.device)
                      for k in self.keys}
         self.handles: list[Handle] = []
 
