@@ -382,9 +382,9 @@ MP_API int mp_finalize(mp_ctx *ctx);
  * CUDA device memory (::MP_MEM_CUDA) takes one of two paths, and one INFO
  * line says which, and why:
  *  - The device path, where the library was built with the CUDA kernels
- *    and they run on the memory's GPU, for every algorithm with any codec
- *    but the sparse ones (topk, adacomp)
- *    (::mp_config::check_finite included: the check runs on the GPU):
+ *    and they run on the memory's GPU, for every algorithm and codec
+ *    (the sparse ones keep their error feedback on the GPU too;
+ *    ::mp_config::check_finite included: the check runs on the GPU):
  *    chunks are encoded, decoded and
  *    reduced on the GPU, and only encoded chunks cross the bus, through a
  *    ring of 32 pinned host buffers of one encoded chunk each
@@ -895,13 +895,16 @@ MP_API int mp_codec_parse(const char *spec, struct mp_config *cfg);
 /**
  * Copy the residue of buffer @p buf (@p count values) into @p residue.
  * @return 0, -ENOENT if the buffer has none, -EBUSY while an average of it
- *         is in flight, -EINVAL on bad arguments
+ *         is in flight, -EINVAL on bad arguments, -ENOTSUP for CUDA memory
+ *         averaged on the GPU (its residue stays there)
  */
 MP_API int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue);
 
 /**
  * Set (restore) the residue of buffer @p buf from @p residue.
- * @return 0, -EBUSY while an average of it is in flight, -ENOMEM, -EINVAL
+ * @return 0, -EBUSY while an average of it is in flight, -ENOMEM, -EINVAL,
+ *         -ENOTSUP for CUDA memory averaged on the GPU (its residue stays
+ *         there)
  */
 MP_API int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *residue);
 

@@ -492,8 +492,9 @@ int mp_npeers(const mp_ctx *ctx)
  * CUDA memory. Where the codec kernels can run on its device, the group
  * all-reduce reduces it on the GPU and only encoded chunks cross the bus,
  * through a small ring of pinned buffers (the device path, devpath.h);
- * so does the ring algorithm. Otherwise, and for what the device path does
- * not do (sparse codecs), averaging goes through a pinned host copy of the whole registration (stage.c) on every transport.
+ * so does the ring algorithm, with every codec. Otherwise (no usable
+ * kernels, or MP_CUDA_STAGE=1), averaging goes through a pinned host copy
+ * of the whole registration (stage.c) on every transport.
  * A transport that can move device memory (verbs with GPUDirect RDMA)
  * registers it as well, through its own ladder (dma-buf, then
  * nvidia-peermem), and logs which path it took; when it cannot
@@ -599,6 +600,8 @@ static struct mp_mr *find_mr(struct mp_ctx *ctx, const float *buf, size_t n)
 	return NULL;
 }
 
+static void fb_drop_dev(struct mp_ctx *ctx, const struct mp_stage *s);
+
 int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr)
 {
 	int users;
@@ -620,6 +623,7 @@ int mp_mem_deregister(mp_ctx *ctx, mp_mr *mr)
 		return -EBUSY;
 	if (mr->dmr)
 		ctx->ops->dereg_mr(ctx->drv, mr->dmr);
+	fb_drop_dev(ctx, mr->stage);
 	mp_stage_close(ctx, mr->stage);
 	free(mr);
 	return 0;
@@ -733,12 +737,17 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	if (undo) {
 		/* Staged CUDA memory is copied back only after a success: its
 		 * device buffer needs no copy of ours. */
-		nsave = (a->x_is_copy || a->dev ? 0 : a->n) + (a->residue ? a->n : 0);
+		nsave = a->dev ? 0 : (a->x_is_copy ? 0 : a->n) + (a->residue ? a->n : 0);
 		if (a->dev) {
-			/* The device path: the copy stays on the device. */
-			void *u = mp_dev_undo_mem(ctx, a->dev, a->n * sizeof(float));
-			rc = u ? mp_dev_copy_sync(ctx, a->dev, u, a->x, a->n * sizeof(float), 2,
+			/* The device path: the copy stays on the device, the
+			 * residue's after the buffer's. */
+			size_t b = a->n * sizeof(float);
+			float *u = mp_dev_undo_mem(ctx, a->dev, a->residue ? 2 * b : b);
+			rc = u ? mp_dev_copy_sync(ctx, a->dev, u, a->x, b, 2,
 						  "the copy of the buffer before the rounds") : -ENOMEM;
+			if (!rc && a->residue)
+				rc = mp_dev_copy_sync(ctx, a->dev, u + a->n, a->residue, b, 2,
+						      "the copy of the error feedback before the rounds");
 			if (rc)
 				goto end;
 		}
@@ -814,15 +823,20 @@ end:
 		/* The disagreement ends the average as if it had met it first:
 		 * the buffer, residue and weight as the caller passed them. */
 		if (a->dev) {
-			int ru = mp_dev_copy_sync(ctx, a->dev, a->x, a->dev->dp->dundo,
-						  a->n * sizeof(float), 2, "putting the buffer back");
+			const float *u = a->dev->dp->dundo;
+			int ru = mp_dev_copy_sync(ctx, a->dev, a->x, u, a->n * sizeof(float), 2,
+						  "putting the buffer back");
+			if (!ru && a->residue)
+				ru = mp_dev_copy_sync(ctx, a->dev, a->residue, u + a->n,
+						      a->n * sizeof(float), 2,
+						      "putting the error feedback back");
 			if (ru)
 				MP_WARN("round %u: the buffer could not be put back: it holds the "
 					"earlier rounds' values", last_round);
 		} else if (!a->x_is_copy) {
 			memcpy(a->x, save, a->n * sizeof(float));
 		}
-		if (a->residue)
+		if (a->residue && !a->dev)
 			memcpy(a->residue, save + nsave - a->n, a->n * sizeof(float));
 		a->weight = w0;
 		a->influence = 1;
@@ -874,6 +888,33 @@ static int run_butterfly(struct mp_ctx *ctx, struct mp_avg *a)
 	return rc;
 }
 
+/* The device residue of @req's error feedback, zeroed, at its first average. */
+static int dev_residue(struct mp_ctx *ctx, struct mp_request *req)
+{
+	struct mp_stage *ds = req->fb ? req->fb->ds : NULL;
+	void *p = NULL;
+	int rc;
+
+	if (!ds || req->fb->residue)
+		return 0;
+	rc = ds->ops->dev_alloc(&ds->dev, req->count * sizeof(float), &p);
+	if (rc) {
+		mp_set_error(ctx, "no %zu bytes of %s device memory for the error feedback of %p: %s",
+			     req->count * sizeof(float), ds->ops->name, (void *)req->buf,
+			     mp_strerror(rc));
+		return rc;
+	}
+	rc = ds->ops->fill32(&ds->dev, p, 0, req->count, ds->stream) ? -EIO :
+	     mp_dev_sync(ctx, ds, "zeroing the error feedback");
+	if (rc) {
+		ds->ops->dev_free(&ds->dev, p);
+		return -EIO;
+	}
+	/* The fb is busy (this request), so nothing else reads the field. */
+	req->fb->residue = p;
+	return 0;
+}
+
 static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 {
 	struct mp_stage *s = req->mr->stage;
@@ -881,8 +922,11 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 			   .dmr = s ? s->dmr : req->mr->dmr, .res = &req->res, .codec = req->codec,
 			   .residue = req->fb ? req->fb->residue : NULL,
 			   .dev = s && s->dp ? s : NULL, .x_is_copy = s && !s->dp};
-	int rc;
+	int rc = dev_residue(ctx, req);
 
+	if (rc)
+		return rc;
+	a.residue = req->fb ? req->fb->residue : NULL;
 	req->res.codec = req->codec->id;
 	a.influence = 1;
 	/* Static runs: the round moves on by the same count in every average,
@@ -1067,8 +1111,11 @@ static const struct mp_codec_ops *resolve_codec(const struct mp_ctx *ctx, size_t
 	return mp_codec_by_id(MP_CODEC_BLOCKWISE8);
 }
 
-/* The residue of (@buf, @count); created zeroed if @create. Under ctx->core->mu. */
-static struct mp_fb *fb_find(struct mp_ctx *ctx, const float *buf, size_t count, int create)
+/* The residue of (@buf, @count); created zeroed if @create: in host
+ * memory, or with @ds (CUDA memory on the device path) on its GPU at the
+ * first average (run_average). Under ctx->core->mu. */
+static struct mp_fb *fb_find(struct mp_ctx *ctx, const float *buf, size_t count, int create,
+			     struct mp_stage *ds)
 {
 	struct mp_fb *f;
 
@@ -1081,8 +1128,9 @@ static struct mp_fb *fb_find(struct mp_ctx *ctx, const float *buf, size_t count,
 	if (!f)
 		return NULL;
 	/* Error feedback starts at zero: nothing has been held back yet. */
-	f->residue = calloc(count, sizeof(float));
-	if (!f->residue) {
+	f->ds = ds;
+	f->residue = ds ? NULL : calloc(count, sizeof(float));
+	if (!ds && !f->residue) {
 		free(f);
 		return NULL;
 	}
@@ -1095,8 +1143,41 @@ static struct mp_fb *fb_find(struct mp_ctx *ctx, const float *buf, size_t count,
 
 static void fb_free(struct mp_fb *f)
 {
-	free(f->residue);
+	if (f->ds && f->residue)
+		f->ds->ops->dev_free(&f->ds->dev, f->residue);
+	else if (!f->ds)
+		free(f->residue);
 	free(f);
+}
+
+/* Before @s closes: the residues on its GPU go with it (no average uses
+ * the registration, so none uses them). */
+static void fb_drop_dev(struct mp_ctx *ctx, const struct mp_stage *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&ctx->core->mu);
+	for (struct mp_fb **pp = &ctx->core->fbs; *pp;) {
+		struct mp_fb *f = *pp;
+		if (f->ds != s) {
+			pp = &f->next;
+			continue;
+		}
+		*pp = f->next;
+		fb_free(f);
+	}
+	pthread_mutex_unlock(&ctx->core->mu);
+}
+
+/* The device-path registration whose memory holds @buf, if any (under mu). */
+static struct mp_stage *dev_stage_of(struct mp_ctx *ctx, const float *buf)
+{
+	for (struct mp_mr *m = ctx->core->mrs; m; m = m->next)
+		if (m->kind == MP_MEM_CUDA && m->stage && m->stage->dp &&
+		    (const char *)buf >= (const char *)m->buf &&
+		    (const char *)buf < (const char *)m->buf + m->len)
+			return m->stage;
+	return NULL;
 }
 
 /*
@@ -1204,21 +1285,32 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 	}
 	pthread_mutex_lock(&ctx->core->mu);
 	if (flush) {
-		struct mp_fb *f = fb_find(ctx, buf, count, 0);
+		struct mp_fb *f = fb_find(ctx, buf, count, 0, NULL);
 
 		if (f && f->busy) {
 			rc = -EBUSY;
 			goto undo;
 		}
-		if (f) {
+		if (f && !f->ds) {
 			mp_k_axpy(buf, f->residue, 1.0f, count);
 			memset(f->residue, 0, count * sizeof(float));
 		}
 	}
 	if (req->codec->flags & MP_CODEC_F_SPARSE) {
-		req->fb = fb_find(ctx, buf, count, 1);
+		struct mp_stage *ds = mr->stage && mr->stage->dp ? mr->stage : NULL;
+
+		req->fb = fb_find(ctx, buf, count, 1, ds);
 		if (!req->fb) {
 			rc = -ENOMEM;
+			goto undo;
+		}
+		if (req->fb->ds != ds) {
+			mp_set_error(ctx, "the error feedback of this buffer is kept in %s memory, and "
+				     "this average would keep it in %s memory: reset it first "
+				     "(mp_feedback_reset)", req->fb->ds ? "device" : "host",
+				     ds ? "device" : "host");
+			req->fb = NULL;
+			rc = -EINVAL;
 			goto undo;
 		}
 		req->fb->busy++;
@@ -1467,13 +1559,18 @@ int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue)
 	if (!ctx || !buf || !count || !residue)
 		return -EINVAL;
 	pthread_mutex_lock(&ctx->core->mu);
-	f = fb_find(ctx, buf, count, 0);
+	f = fb_find(ctx, buf, count, 0, NULL);
 	if (!f)
 		rc = -ENOENT;
 	else if (f->busy)
 		rc = -EBUSY;
+	else if (f->ds)
+		rc = -ENOTSUP;
 	else
 		memcpy(residue, f->residue, count * sizeof(float));
+	if (rc == -ENOTSUP)
+		mp_set_error(ctx, "mp_feedback_get: the residue of CUDA memory averaged on the GPU "
+			     "stays there (not readable from the host yet)");
 	pthread_mutex_unlock(&ctx->core->mu);
 	return rc;
 }
@@ -1489,13 +1586,18 @@ int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *re
 		if (!isfinite(residue[i]))
 			return -EINVAL;
 	pthread_mutex_lock(&ctx->core->mu);
-	f = fb_find(ctx, buf, count, 1);
-	if (!f)
+	f = dev_stage_of(ctx, buf) ? NULL : fb_find(ctx, buf, count, 1, NULL);
+	if (!f && dev_stage_of(ctx, buf))
+		rc = -ENOTSUP;
+	else if (!f)
 		rc = -ENOMEM;
 	else if (f->busy)
 		rc = -EBUSY;
 	else
 		memcpy(f->residue, residue, count * sizeof(float));
+	if (rc == -ENOTSUP)
+		mp_set_error(ctx, "mp_feedback_set: the residue of CUDA memory averaged on the GPU "
+			     "stays there (not writable from the host yet)");
 	pthread_mutex_unlock(&ctx->core->mu);
 	return rc;
 }
@@ -1561,6 +1663,7 @@ int mp_finalize(mp_ctx *ctx)
 		ctx->core->mrs = mr->next;
 		if (mr->dmr && ctx->ops && ctx->drv)
 			ctx->ops->dereg_mr(ctx->drv, mr->dmr);
+		fb_drop_dev(ctx, mr->stage);
 		mp_stage_close(ctx, mr->stage);
 		free(mr);
 	}

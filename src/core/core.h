@@ -32,7 +32,10 @@ struct mp_mr {
 struct mp_fb {
 	const float *buf;
 	size_t n;
-	float *residue;    /* n values */
+	float *residue;    /* n values: host memory; device memory when ds is set */
+	struct mp_stage *ds; /* CUDA memory on the device path: the residue lives on its GPU,
+	                        allocated (zeroed) by the first average that needs it, and
+	                        freed before the registration closes */
 	int busy;          /* averages of the buffer in flight (under core->mu) */
 	struct mp_fb *next;
 };

@@ -33,9 +33,7 @@ struct mp_devk_ops {
 	const char *name; /* for messages: "CUDA kernels" */
 	/* 0 if the kernels can run on the device of @d for codec @codec (a
 	 * wire id); else -ENOTSUP with the reason in @why (@n bytes): not
-	 * built with the kernels, a GPU older than they need, or a codec the
-	 * device path does not take (the sparse ones: their length is found
-	 * on the device). */
+	 * built with the kernels, or a GPU older than they need. */
 	int (*usable)(const struct mp_stage_dev *d, int codec, char *why, size_t n);
 	/* As the CPU codec's max_encoded(): the largest payload of @count values. */
 	size_t (*max_encoded)(int codec, const struct mp_codec_params *p, size_t count);
@@ -43,10 +41,13 @@ struct mp_devk_ops {
 	size_t (*enc_scratch)(int codec, const struct mp_codec_params *p, size_t count);
 	/* Queue the encoding of d_src[0..count) into d_dst[0..cap); *len is the
 	 * payload's length, the CPU codec's bytes (uniform8: see
-	 * mp_cuda_codecs.h). -ENOSPC when @cap is too small. */
+	 * mp_cuda_codecs.h). -ENOSPC when @cap is too small. The sparse codecs
+	 * take d_residue[0..count) (error feedback, updated as the CPU codec
+	 * does; NULL: none) and find the length on the device: their encode
+	 * waits for the stream before it returns. */
 	int (*encode)(const struct mp_stage_dev *d, int codec, const struct mp_codec_params *p,
-		      const float *d_src, size_t count, void *d_dst, size_t cap, size_t *len,
-		      void *d_scratch, size_t scratch_bytes, void *stream);
+		      const float *d_src, float *d_residue, size_t count, void *d_dst, size_t cap,
+		      size_t *len, void *d_scratch, size_t scratch_bytes, void *stream);
 	/* Device scratch bytes decode needs for a payload of @len bytes. */
 	size_t (*dec_scratch)(int codec, size_t len, size_t count);
 	/*

@@ -43,14 +43,6 @@ static int cuda_usable(const struct mp_stage_dev *d, int codec, char *why, size_
 	char msg[192] = "";
 	int rc;
 
-	if (codec == MP_CODEC_TOPK || codec == MP_CODEC_ADACOMP) {
-		/* Their kernels find the payload's length on the device, and
-		 * encode waits for the stream to read it back: the device path
-		 * sends a chunk's length with it when encode returns. */
-		snprintf(why, n, "codec %s is sparse: its length is found on the device, which the "
-			 "device path cannot wait for", mp_codec_name(codec));
-		return -ENOTSUP;
-	}
 	if (!mp_cuda_codec_supported(codec)) {
 		snprintf(why, n, "no CUDA kernels for codec %d", codec);
 		return -ENOTSUP;
@@ -80,16 +72,16 @@ static size_t cuda_enc_scratch(int codec, const struct mp_codec_params *p, size_
 }
 
 static int cuda_encode(const struct mp_stage_dev *d, int codec, const struct mp_codec_params *p,
-		       const float *d_src, size_t count, void *d_dst, size_t cap, size_t *len,
-		       void *d_scratch, size_t scratch_bytes, void *stream)
+		       const float *d_src, float *d_residue, size_t count, void *d_dst, size_t cap,
+		       size_t *len, void *d_scratch, size_t scratch_bytes, void *stream)
 {
 	int rc = mp_stage_enter(d);
 
 	if (rc)
 		return rc;
-	/* No residue: the device path takes no sparse codec (cuda_usable). */
-	rc = mp_cuda_encode(codec, p, d_src, NULL, count, d_dst, cap, len, d_scratch, scratch_bytes,
-			    stream);
+	/* topk and adacomp wait for the stream here, for the length. */
+	rc = mp_cuda_encode(codec, p, d_src, d_residue, count, d_dst, cap, len, d_scratch,
+			    scratch_bytes, stream);
 	mp_stage_leave();
 	return kerr(rc, "mp_cuda_encode", codec);
 }

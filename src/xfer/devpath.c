@@ -301,3 +301,21 @@ int mp_dev_direct(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round, 
 	mp_dev_slot_put(s, sl);
 	return rc;
 }
+
+int mp_dev_scale(struct mp_stage *s, float *x, uint64_t n, float w, float *tmp, size_t tmp_elems,
+		 uint32_t *st)
+{
+	int rc = 0;
+
+	for (uint64_t o = 0; !rc && o < n; o += tmp_elems) {
+		size_t m = n - o < tmp_elems ? (size_t)(n - o) : tmp_elems;
+
+		rc = s->ops->copy_d2d(&s->dev, tmp, x + o, m * sizeof(float), s->stream);
+		if (!rc)
+			rc = s->ops->fill32(&s->dev, x + o, 0x80000000u, m, s->stream);
+		if (!rc)
+			rc = s->dp->k->decode(&s->dev, MP_CODEC_NONE, tmp, m * sizeof(float), x + o, m, w,
+					      1, st, NULL, 0, s->stream);
+	}
+	return rc;
+}

@@ -106,6 +106,15 @@ int mp_dev_sync(struct mp_ctx *ctx, struct mp_stage *s, const char *what);
 int mp_dev_copy_sync(struct mp_ctx *ctx, struct mp_stage *s, void *dst, const void *src,
 		     size_t bytes, int kind, const char *what);
 
+/*
+ * Queue x[0..n) = w·x (device memory), rounded as mp_k_scale: through
+ * @tmp (@tmp_elems floats of device memory) a piece at a time, each product
+ * added to -0.0, which gives it exactly; @st: a status word the decodes of
+ * fp32 leave 0. 0, or the failed call's errno.
+ */
+int mp_dev_scale(struct mp_stage *s, float *x, uint64_t n, float w, float *tmp, size_t tmp_elems,
+		 uint32_t *st);
+
 struct mp_group;
 struct mp_avg;
 /* mp_direct_allreduce (xfer.h) of @a, whose buffer is device memory

@@ -139,6 +139,12 @@ struct gar {
 	uint32_t *dstat;       /* decode status: member m's contribution at m, its result at k + m */
 	void *dscr_enc, *dscr_dec;
 	size_t enc_scr, dec_scr;
+	/* sparse codecs: a->residue is device memory too */
+	float *dfold;          /* our contribution with its residue folded in */
+	float *drt;            /* what the result's encoding held back, our part */
+	float *desave;         /* as esave */
+	float *dtmp;           /* one chunk, for dev_scale */
+	int refilled;          /* drt holds what goes back into our residue */
 	struct mp_ring_slot *stat_slot; /* the status words on their way to the host */
 	int reducing;          /* every contribution is in: the status read is queued */
 	int dev_err;           /* a device call failed: the exchange is aborted */
@@ -473,11 +479,24 @@ static void dev_reduce(struct gar *r)
 	mp_dev_slot_put(s, r->stat_slot);
 	r->stat_slot = NULL;
 	recipients = select_contributions(r);
-	if (r->wsum > 0.0f && r->nused > 1) {
+	const float *own = xo;
+	if (r->nused > 1 && r->a->residue) {
+		/* As reduce_part: our residue joins our contribution (the
+		 * buffer and the residue are written in dev_apply). */
+		rc = o->copy_d2d(&s->dev, r->dfold, xo, L * sizeof(float), s->stream);
+		if (!rc)
+			rc = k->decode(&s->dev, MP_CODEC_NONE, r->a->residue + off, L * sizeof(float),
+				       r->dfold, L, 1.0f, 1, dev_zero(r), NULL, 0, s->stream);
+		own = r->dfold;
+		r->folded = 1;
+	}
+	if (rc) {
+		/* (the sum below is skipped) */
+	} else if (r->wsum > 0.0f && r->nused > 1) {
 		rc = o->fill32(&s->dev, r->dsum, 0x80000000u, L, s->stream);
 		for (int i = 0; !rc && i < r->nused; i++) {
 			int m = r->who[i];
-			const float *c = m == me ? xo : r->dcb + (size_t)r->mb[m].slot * L;
+			const float *c = m == me ? own : r->dcb + (size_t)r->mb[m].slot * L;
 			rc = k->decode(&s->dev, MP_CODEC_NONE, c, L * sizeof(float), r->dsum, L,
 				       r->whow[i], 1, dev_zero(r), NULL, 0, s->stream);
 		}
@@ -493,14 +512,20 @@ static void dev_reduce(struct gar *r)
 		rc = o->copy_d2d(&s->dev, r->dres, c, L * sizeof(float), s->stream);
 	}
 	if (!rc && codec != MP_CODEC_NONE && recipients) {
-		/* As reduce_part: encoded once, and kept as members decode it. */
+		/* As reduce_part: encoded once, and kept as members decode it;
+		 * a sparse codec's leftover goes back into our residue (dev_apply). */
+		r->refilled = r->drt != NULL;
 		for (uint64_t c = 0; !rc && c < nc; c++) {
 			uint32_t n = chunk_count(r, me, c);
 			uint8_t *e = r->denc + c * r->enc_cap;
+			float *rt = r->drt ? r->drt + c * r->C : NULL;
 			size_t len = 0;
 
-			rc = k->encode(&s->dev, codec, &ctx->cparams, r->dres + c * r->C, n, e,
-				       r->enc_cap, &len, r->dscr_enc, r->enc_scr, s->stream);
+			if (rt)
+				rc = o->fill32(&s->dev, rt, 0, n, s->stream);
+			if (!rc)
+				rc = k->encode(&s->dev, codec, &ctx->cparams, r->dres + c * r->C, rt, n,
+					       e, r->enc_cap, &len, r->dscr_enc, r->enc_scr, s->stream);
 			if (!rc)
 				rc = k->decode(&s->dev, codec, e, len, r->dres + c * r->C, n, 0.0f, 0,
 					       r->dstat + 2 * r->k, r->dscr_dec, r->dec_scr, s->stream);
@@ -649,7 +674,9 @@ static int dev_produce(struct gar *r, struct gchan *gc, struct mp_wire_hdr *h,
 		gc->scat_next += (uint64_t)r->S;
 		const float *src = r->a->x + gc->ph.offset;
 		if (codec != MP_CODEC_NONE) {
-			rc = k->encode(&s->dev, codec, &r->ctx->cparams, src, gc->ph.count, sl->dev,
+			/* A sparse codec takes our error feedback of these values. */
+			float *res = r->a->residue ? r->a->residue + gc->ph.offset : NULL;
+			rc = k->encode(&s->dev, codec, &r->ctx->cparams, src, res, gc->ph.count, sl->dev,
 				       s->dp->slot_bytes, &gc->plen, r->dscr_enc, r->enc_scr, s->stream);
 			if (!rc)
 				rc = s->ops->copy_async(&s->dev, sl->host, sl->dev, gc->plen, 0, s->stream);
@@ -677,7 +704,8 @@ static int dev_setup(struct gar *r, int nslots)
 	const struct mp_devk_ops *k = s->dp->k;
 	const int codec = (int)r->a->codec->id;
 	const uint64_t L = r->mb[r->me].len, nc = r->mb[r->me].nch, rest = r->a->n - L;
-	size_t sz[8], total = 0;
+	const int fb = r->a->residue != NULL; /* sparse codecs: error feedback */
+	size_t sz[12], total = 0;
 	uint8_t *base;
 
 	r->enc_scr = (k->enc_scratch(codec, &ctx->cparams, r->C) + 255) & ~(size_t)255;
@@ -690,19 +718,32 @@ static int dev_setup(struct gar *r, int nslots)
 	sz[5] = dev_nstat(r) * sizeof(uint32_t);                     /* dstat */
 	sz[6] = r->enc_scr;
 	sz[7] = r->dec_scr;
-	for (int i = 0; i < 8; i++)
+	sz[8] = fb ? L * sizeof(float) : 0;                          /* dfold */
+	sz[9] = fb ? L * sizeof(float) : 0;                          /* drt */
+	sz[10] = fb ? rest * sizeof(float) : 0;                      /* desave */
+	sz[11] = fb ? r->C * sizeof(float) : 0;                      /* dtmp */
+	for (int i = 0; i < 12; i++)
 		total += (sz[i] + 255) & ~(size_t)255;
 	base = mp_dev_scratch(ctx, s, total);
 	if (!base)
 		return -ENOMEM;
-	void **at[8] = {(void **)&r->dcb, (void **)&r->dsum, (void **)&r->dres, (void **)&r->denc,
-			(void **)&r->dstage, (void **)&r->dstat, &r->dscr_enc, &r->dscr_dec};
-	for (int i = 0; i < 8; i++) {
+	void **at[12] = {(void **)&r->dcb, (void **)&r->dsum, (void **)&r->dres, (void **)&r->denc,
+			 (void **)&r->dstage, (void **)&r->dstat, &r->dscr_enc, &r->dscr_dec,
+			 (void **)&r->dfold, (void **)&r->drt, (void **)&r->desave,
+			 (void **)&r->dtmp};
+	for (int i = 0; i < 12; i++) {
 		*at[i] = sz[i] ? base : NULL;
 		base += (sz[i] + 255) & ~(size_t)255;
 	}
-	if (s->ops->fill32(&s->dev, r->dstat, 0, dev_nstat(r), s->stream)) {
-		mp_set_error(ctx, "round %u: %s memory %p: clearing the status words failed",
+	int rc = s->ops->fill32(&s->dev, r->dstat, 0, dev_nstat(r), s->stream);
+	/* As setup_memory: the residue of the parts we send, as it was. */
+	for (int j = 0; !rc && r->desave && j < r->k; j++)
+		if (sends_to(r, j) && r->mb[j].len)
+			rc = s->ops->copy_d2d(&s->dev, r->desave + stage_off(r, j),
+					      r->a->residue + r->mb[j].off,
+					      r->mb[j].len * sizeof(float), s->stream);
+	if (rc) {
+		mp_set_error(ctx, "round %u: %s memory %p: setting the round up on the device failed",
 			     r->round, s->ops->name, s->dev_base);
 		return -EIO;
 	}
@@ -750,6 +791,21 @@ static int dev_apply(struct gar *r)
 	if (!rc && r->done && r->mb[me].len)
 		rc = s->ops->copy_d2d(&s->dev, r->a->x + r->mb[me].off, r->dres,
 				      r->mb[me].len * sizeof(float), s->stream);
+	/* The error feedback, as reduce_part and finish leave it on the host:
+	 * the parts not applied keep the residue they had; our own part's,
+	 * folded into the sum, is what its result's encoding held back. */
+	for (int j = 0; !rc && r->desave && j < r->k; j++)
+		if (sends_to(r, j) && !applied(r, j))
+			rc = s->ops->copy_d2d(&s->dev, r->a->residue + r->mb[j].off,
+					      r->desave + stage_off(r, j),
+					      r->mb[j].len * sizeof(float), s->stream);
+	if (!rc && r->done && r->folded)
+		rc = s->ops->fill32(&s->dev, r->a->residue + r->mb[me].off, 0, r->mb[me].len,
+				    s->stream);
+	if (!rc && r->done && r->refilled)
+		rc = s->dp->k->decode(&s->dev, MP_CODEC_NONE, r->drt, r->mb[me].len * sizeof(float),
+				      r->a->residue + r->mb[me].off, r->mb[me].len, (float)r->nused, 1,
+				      dev_zero(r), NULL, 0, s->stream);
 	if (!rc)
 		rc = mp_dev_sync(ctx, s, "the round's results written to the buffer");
 	else
@@ -1137,7 +1193,8 @@ static int finish(struct gar *r)
 				first = j;
 		} else if (r->esave) {
 			/* Not applied: the values stay ours, and so does the
-			 * residue they had, neither lost nor counted twice. */
+			 * residue they had, neither lost nor counted twice (the
+			 * device path: in dev_apply). */
 			memcpy(a->residue + mj->off, r->esave + stage_off(r, j), mj->len * sizeof(float));
 		}
 		mp_clog_apply(r->ctx, r->round, r->g, j, whole);
@@ -1155,8 +1212,22 @@ static int finish(struct gar *r)
 		 * it went into the part, was refilled at the new weight already. */
 		float f = wold / a->weight;
 		uint64_t o = r->folded ? r->mb[me].off : a->n, l = r->folded ? r->mb[me].len : 0;
-		mp_k_scale(a->residue, a->residue, f, o);
-		mp_k_scale(a->residue + o + l, a->residue + o + l, f, a->n - o - l);
+		if (r->ds) {
+			struct mp_stage *s = r->ds;
+			int rc = mp_dev_scale(s, a->residue, o, f, r->dtmp, r->C, dev_zero(r));
+			if (!rc)
+				rc = mp_dev_scale(s, a->residue + o + l, a->n - o - l, f, r->dtmp, r->C,
+						  dev_zero(r));
+			if (rc || mp_dev_sync(r->ctx, s, "the error feedback at the new weight")) {
+				mp_set_error(r->ctx, "round %u: %s memory %p: the error feedback could "
+					     "not be brought to the new weight on the device", r->round,
+					     s->ops->name, s->dev_base);
+				return -EIO;
+			}
+		} else {
+			mp_k_scale(a->residue, a->residue, f, o);
+			mp_k_scale(a->residue + o + l, a->residue + o + l, f, a->n - o - l);
+		}
 	}
 	return reached;
 }
@@ -1168,7 +1239,8 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 			.me = g->my_index, .S = ctx->streams, .C = ctx->chunk_elems};
 	struct mp_xfer x = {.ctx = ctx, .xops = &gar_ops, .op = &r, .round = round,
 			    .group_id = g->id, .user_mr = a->dmr, .res = a->res,
-			    .what = "group all-reduce", .codec = a->codec, .residue = a->residue,
+			    .what = "group all-reduce", .codec = a->codec,
+			    .residue = a->dev ? NULL : a->residue, /* device memory: never the engine's */
 			    .deadline_ms = ctx->cfg.allreduce_timeout_ms, .total = a->n,
 			    .no_give_up = a->irreversible, .copy_values = a->dev != NULL};
 	int rc = -ENOMEM, k = g->size;
@@ -1244,6 +1316,13 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		else
 			dev_reduce(&r);
 	}
+	if (r.ds && x.fatal && r.desave && !r.dev_err)
+		for (int j = 0; j < r.k; j++)
+			if (sends_to(&r, j) && r.mb[j].len &&
+			    r.ds->ops->copy_d2d(&r.ds->dev, a->residue + r.mb[j].off,
+						r.desave + stage_off(&r, j), r.mb[j].len * sizeof(float),
+						r.ds->stream))
+				dev_fail(&r, -EIO, "putting the error feedback back");
 	if (r.ds) {
 		/* Messages made ready for channels that failed meanwhile. */
 		for (int i = 0; i < x.nch; i++)

@@ -253,24 +253,10 @@ static void dev_fail(struct ring *g, int rc, const char *what)
 	g->xw->abort_err = -EIO;
 }
 
-/* x[0..n) = w·x on the device, rounded as mp_k_scale: a chunk at a time
- * through dtmp, each product added to -0.0, which gives it exactly. */
+/* x[0..n) = w·x on the device, rounded as mp_k_scale. */
 static int dev_scale(struct ring *g, float *x, uint64_t n, float w)
 {
-	struct mp_stage *s = g->ds;
-	int rc = 0;
-
-	for (uint64_t o = 0; !rc && o < n; o += g->C) {
-		size_t m = n - o < g->C ? (size_t)(n - o) : g->C;
-
-		rc = s->ops->copy_d2d(&s->dev, g->dtmp, x + o, m * sizeof(float), s->stream);
-		if (!rc)
-			rc = s->ops->fill32(&s->dev, x + o, 0x80000000u, m, s->stream);
-		if (!rc)
-			rc = s->dp->k->decode(&s->dev, MP_CODEC_NONE, g->dtmp, m * sizeof(float), x + o,
-					      m, w, 1, g->dstat + 2, NULL, 0, s->stream);
-	}
-	return rc;
+	return mp_dev_scale(g->ds, x, n, w, g->dtmp, g->C, g->dstat + 2);
 }
 
 /* As finish_chunk. */
@@ -282,7 +268,7 @@ static int dev_finish_chunk(struct ring *g, float *x, uint32_t n, float w)
 	size_t len = 0;
 
 	if (!rc && codec != MP_CODEC_NONE)
-		rc = s->dp->k->encode(&s->dev, codec, &g->ctx->cparams, x, n, g->denc, g->enc_cap, &len,
+		rc = s->dp->k->encode(&s->dev, codec, &g->ctx->cparams, x, NULL, n, g->denc, g->enc_cap, &len,
 				      g->dscr_enc, g->enc_scr, s->stream);
 	if (!rc && codec != MP_CODEC_NONE)
 		rc = s->dp->k->decode(&s->dev, codec, g->denc, len, x, n, 0.0f, 0, g->dstat + 1,
@@ -372,7 +358,7 @@ static int dev_produce(struct ring *g, int s, struct mp_wire_hdr *h, struct mp_p
 	next_send(g, s, &g->ph[s]);
 	const float *src = g->a->x + g->ph[s].offset;
 	if (codec != MP_CODEC_NONE) {
-		rc = ds->dp->k->encode(&ds->dev, codec, &g->ctx->cparams, src, g->ph[s].count, sl->dev,
+		rc = ds->dp->k->encode(&ds->dev, codec, &g->ctx->cparams, src, NULL, g->ph[s].count, sl->dev,
 				       ds->dp->slot_bytes, &g->plen[s], g->dscr_enc, g->enc_scr,
 				       ds->stream);
 		if (!rc)

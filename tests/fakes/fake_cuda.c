@@ -283,7 +283,7 @@ struct fk_op {
 	struct {
 		const void *p;
 		size_t len;
-	} dr[3];
+	} dr[4];
 	int ndr;
 	int codec;                    /* the kernels */
 	struct mp_codec_params prm;
@@ -291,6 +291,8 @@ struct fk_op {
 	float w;
 	int acc;
 	int malformed;      /* decode: taken as malformed (fk.bad_decode_after) */
+	char *res;          /* encode of a sparse codec: the residue (error feedback) */
+	size_t *outlen;     /* ... and where its length goes, *ran set with it */
 	uint32_t *status;
 	char *dst;
 	const char *src;
@@ -379,9 +381,19 @@ static void fk_run_encode(struct fk_op *o)
 
 	if (sb && posix_memalign(&scratch, 64, sb))
 		abort();
-	int rc = c->encode(&o->prm, (const float *)o->src, NULL, o->count, o->dst, o->len, &got,
-			   scratch);
+	int rc = c->encode(&o->prm, (const float *)o->src, (float *)o->res, o->count, o->dst, o->len,
+			   &got, scratch);
 	free(scratch);
+	if (o->outlen) {
+		/* Sparse: the length is found here, and the caller waits for it. */
+		if (rc) {
+			fprintf(stderr, "fake_cuda: %s encode of %zu values: %d\n", c->name, o->count, rc);
+			abort();
+		}
+		*o->outlen = got;
+		*o->ran = 1;
+		return;
+	}
 	if (rc || got != o->len) {
 		fprintf(stderr, "fake_cuda: %s encode of %zu values: %d, %zu bytes where %zu were "
 			"promised\n", c->name, o->count, rc, got, o->len);
@@ -918,8 +930,8 @@ static int fk_k_usable(const struct mp_stage_dev *d, int codec, char *why, size_
 		snprintf(why, n, "fake: no kernels (fk.no_kernels)");
 		return -ENOTSUP;
 	}
-	if (!c || (c->flags & MP_CODEC_F_SPARSE)) {
-		snprintf(why, n, "fake: codec %d is not taken by the device path", codec);
+	if (!c) {
+		snprintf(why, n, "fake: no codec %d", codec);
 		return -ENOTSUP;
 	}
 	return 0;
@@ -967,8 +979,8 @@ static int fk_k_refused(const struct mp_stage_dev *d)
 }
 
 static int fk_k_encode(const struct mp_stage_dev *d, int codec, const struct mp_codec_params *p,
-		       const float *d_src, size_t count, void *d_dst, size_t cap, size_t *len,
-		       void *d_scratch, size_t scratch_bytes, void *stream)
+		       const float *d_src, float *d_residue, size_t count, void *d_dst, size_t cap,
+		       size_t *len, void *d_scratch, size_t scratch_bytes, void *stream)
 {
 	const struct mp_codec_ops *c = fk_codec(codec);
 	struct mp_codec_params q = fk_params(p);
@@ -979,8 +991,9 @@ static int fk_k_encode(const struct mp_stage_dev *d, int codec, const struct mp_
 	pthread_mutex_unlock(&fk.mu);
 	if (refused)
 		return -EIO;
-	if (!c || (c->flags & MP_CODEC_F_SPARSE) || mp_codec_params_check(&q) ||
-	    count > SIZE_MAX / sizeof(float))
+	int sparse = c && (c->flags & MP_CODEC_F_SPARSE);
+	if (!c || mp_codec_params_check(&q) || count > SIZE_MAX / sizeof(float) ||
+	    (d_residue && !sparse))
 		return -EINVAL;
 	size_t need = c->max_encoded(&q, count);
 	size_t sb = c->scratch_size ? c->scratch_size(&q, count) : 0;
@@ -997,14 +1010,38 @@ static int fk_k_encode(const struct mp_stage_dev *d, int codec, const struct mp_
 	} else if (cap < need) {
 		rc = -ENOSPC;
 	} else {
+		size_t got = 0;
+		int done = 0;
 		struct fk_op o = {.kind = OP_ENCODE, .codec = codec, .prm = q, .src = (const char *)d_src,
 				  .count = count, .dst = d_dst, .len = need, .ndr = 2};
 		o.dr[0].p = d_src;
 		o.dr[0].len = count * sizeof(float);
 		o.dr[1].p = d_dst;
 		o.dr[1].len = need;
+		if (sparse) {
+			/* As the real kernels: the length is known on the device,
+			 * and encode waits for the stream to get there. */
+			if (d_residue) {
+				fk_check_dev(d_residue, count * sizeof(float), "encode (residue)");
+				o.res = (char *)d_residue;
+				o.dr[o.ndr].p = d_residue;
+				o.dr[o.ndr++].len = count * sizeof(float);
+			}
+			if (d_scratch && scratch_bytes) {
+				o.dr[o.ndr].p = d_scratch;
+				o.dr[o.ndr++].len = scratch_bytes;
+			}
+			o.outlen = &got;
+			o.ran = &done;
+		}
 		fk_push(s, &o, 0);
-		*len = need;
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += 10;
+		while (sparse && !done && !rc)
+			if (pthread_cond_timedwait(&fk.cv, &fk.mu, &until) == ETIMEDOUT && !done)
+				rc = -EIO; /* the stream never got there */
+		*len = sparse ? got : need;
 	}
 	pthread_mutex_unlock(&fk.mu);
 	return rc;

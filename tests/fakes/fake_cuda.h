@@ -121,11 +121,12 @@ extern struct fk_state fk;
 extern const struct mp_stage_dev_ops fk_ops;
 /*
  * The table to point mp_devk_ops at: the CPU codecs on fake device memory.
- * usable: -ENOTSUP for the sparse codecs (as the real table) and while
- * fk.no_kernels is set. encode takes the non-sparse codecs only (-EINVAL
- * for the others): their payload's length is the CPU codec's max_encoded,
- * known when the call returns; the run aborts if the CPU encoder then
- * writes another. decode takes every codec: what the real decoder checks
+ * usable: -ENOTSUP while fk.no_kernels is set. encode: a dense codec's
+ * payload length is the CPU codec's max_encoded, known when the call
+ * returns (the run aborts if the CPU encoder then writes another); a
+ * sparse codec's is found when the stream gets there, with the residue
+ * updated as the CPU codec does, and the call waits for it, as the real
+ * kernels do (a residue with a dense codec: -EINVAL). decode takes every codec: what the real decoder checks
  * on the host (the length against @count; a status word where it needs
  * one) returns -EBADMSG or -EINVAL at once; when the stream gets there, a
  * nonzero *d_status writes nothing, and a payload the CPU decoder refuses

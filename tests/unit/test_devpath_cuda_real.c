@@ -12,7 +12,8 @@
  * path's result bit for bit; uniform8, whose GPU encoder sums its
  * statistics in another order, within one code step of it (the largest
  * difference is printed). And MP_CUDA_STAGE=1 (whole staging) bit for bit
- * too, for fp16; the ring, bit for bit, for none and blockwise8; and the kernel of MP_CHECK_FINITE flags a NaN and an
+ * too, for fp16; topk (its residue on the GPU) bit for bit; the ring, bit
+ * for bit, for none and blockwise8; and the kernel of MP_CHECK_FINITE flags a NaN and an
  * infinity, and nothing else.
  */
 #include <errno.h>
@@ -222,6 +223,8 @@ int main(void)
 	 * of values within [-4, 6), per round, two rounds. */
 	bad |= run(MP_CODEC_UNIFORM8, 0, 0.2);
 	bad |= run(MP_CODEC_FP16, 1, 0.0);
+	/* topk: its error feedback on the GPU, the CPU's selection and residue. */
+	bad |= run(MP_CODEC_TOPK, 0, 0.0);
 	/* The ring on the device: its scalings and its finished chunks' round
 	 * trip through the codec. */
 	algo = MP_ALGO_RING;

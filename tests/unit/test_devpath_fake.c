@@ -49,7 +49,7 @@
 #include "fake_cuda.h"
 
 #define MAXP FK_MAXP
-#define MAXOPS 2
+#define MAXOPS 3
 
 static char log_path[64];
 
@@ -173,16 +173,22 @@ static void *peer_main(void *p)
 
 	/* Pass 0: the host path, the reference. */
 	ctx = open_ctx(sh, r, 0);
+	/* One buffer for every average, as the device's: the sparse codecs'
+	 * error feedback is kept per buffer. */
+	float *hb = malloc(bytes);
 	for (int op = 0; op < sc->nops; op++) {
 		float *v = malloc(bytes);
 		for (size_t i = 0; i < sc->count; i++)
-			v[i] = input(r, op, i);
+			hb[i] = input(r, op, i);
 		pthread_barrier_wait(&sh->bar);
-		sh->rc_host[r][op] = ctx ? mp_average(ctx, v, sc->count, weight_of(sc, r), NULL) : -ENOENT;
+		sh->rc_host[r][op] = ctx ? mp_average(ctx, hb, sc->count, weight_of(sc, r), NULL) :
+				     -ENOENT;
+		memcpy(v, hb, bytes);
 		sh->host[r][op] = v;
 	}
 	pthread_barrier_wait(&sh->bar);
 	mp_finalize(ctx);
+	free(hb);
 
 	/* Pass 1: the same averages of device memory. */
 	ctx = open_ctx(sh, r, 1);
@@ -240,6 +246,18 @@ static void *peer_main(void *p)
 		sh->dev[r][op] = v;
 		/* Every peer done with this average before the next starts. */
 		pthread_barrier_wait(&sh->bar);
+	}
+	if (mr && sc->codec >= MP_CODEC_TOPK) {
+		/* The residue stays on the GPU: the host cannot read or write it
+		 * (yet), and says so; a reset frees it. */
+		float *tmp = calloc(sc->count, sizeof(float));
+		if (mp_feedback_get(ctx, dev, sc->count, tmp) != -ENOTSUP ||
+		    !strstr(mp_last_error(ctx), "stays there") ||
+		    mp_feedback_set(ctx, dev, sc->count, tmp) != -ENOTSUP)
+			note(sh, r, "mp_feedback_get/set of a device residue did not refuse");
+		if (r == 0 && mp_feedback_reset(ctx, dev))
+			note(sh, r, "mp_feedback_reset of a device residue failed");
+		free(tmp);
 	}
 	if (mr && mp_mem_deregister(ctx, mr))
 		note(sh, r, "mp_mem_deregister failed");
@@ -335,7 +353,8 @@ static struct shared *scenario(const struct scen *sc)
 
 static const char *codec_name(int c)
 {
-	static const char *n[] = {"none", "fp16", "bf16", "uniform8", "blockwise8"};
+	static const char *n[] = {"none", "fp16", "bf16", "uniform8", "blockwise8", "topk",
+				  "adacomp"};
 	return n[c];
 }
 
@@ -381,6 +400,38 @@ static void devpath_same_as_host_tcp(void **state)
 {
 	(void)state;
 	same_as_host_on("tcp");
+}
+
+/*
+ * The sparse codecs on the device: their error feedback lives on the GPU,
+ * and three averages in a row (each sends what the one before held back)
+ * end bit for bit where the host path's do, moshpit and butterfly, with
+ * weights other than 1 (the residue follows the weight), over loop and tcp.
+ */
+static void devpath_sparse(void **state)
+{
+	static const int algos[] = {MP_ALGO_MOSHPIT, MP_ALGO_BUTTERFLY};
+	int before = log_count("is averaged on the GPU");
+
+	(void)state;
+	for (int c = MP_CODEC_TOPK; c <= MP_CODEC_ADACOMP; c++)
+		for (int ai = 0; ai < 4; ai++) {
+			char name[64];
+			const char *tr = ai < 2 ? "loop" : "tcp";
+			snprintf(name, sizeof(name), "%s-%s-%s", tr, codec_name(c),
+				 algo_name(algos[ai % 2]));
+			struct scen sc = {.name = name, .transport = tr, .npeers = 4,
+					  .algo = algos[ai % 2], .codec = c, .count = 3001,
+					  .nops = MAXOPS, .weighted = ai % 2};
+			struct shared *sh = scenario(&sc);
+			same_as_host(sh);
+			assert_true(fk.host_peak < 4 * 64 * 1024);
+			/* Every residue freed, by the reset (peer 0) or with its
+			 * registration (the others). */
+			assert_int_equal(fk.dev_live, 0);
+			release(sh);
+		}
+	assert_int_equal(log_count("is averaged on the GPU") - before, 2 * 4 * 4);
 }
 
 /* The pinned memory a registration holds does not grow with the buffer. */
@@ -718,6 +769,7 @@ int main(void)
 	const struct CMUnitTest all[] = {
 		cmocka_unit_test(devpath_same_as_host_loop),
 		cmocka_unit_test(devpath_same_as_host_tcp),
+		cmocka_unit_test(devpath_sparse),
 		cmocka_unit_test(devpath_pinned_is_constant),
 		cmocka_unit_test(devpath_short_vectors),
 		cmocka_unit_test(devpath_copy_fails_midway),
