@@ -319,3 +319,18 @@ int mp_dev_scale(struct mp_stage *s, float *x, uint64_t n, float w, float *tmp, 
 	}
 	return rc;
 }
+
+int mp_dev_chunk_out(struct mp_stage *s, int codec, const struct mp_codec_params *p,
+		     const float *src, float *residue, uint32_t count, struct mp_ring_slot *sl,
+		     size_t *len, void *scratch, size_t scratch_bytes)
+{
+	int rc;
+
+	if (codec == MP_CODEC_NONE) {
+		*len = (size_t)count * sizeof(float);
+		return s->ops->copy_async(&s->dev, sl->host, src, *len, 0, s->stream);
+	}
+	rc = s->dp->k->encode(&s->dev, codec, p, src, residue, count, sl->dev, s->dp->slot_bytes, len,
+			      scratch, scratch_bytes, s->stream);
+	return rc ? rc : s->ops->copy_async(&s->dev, sl->host, sl->dev, *len, 0, s->stream);
+}

@@ -115,6 +115,16 @@ int mp_dev_copy_sync(struct mp_ctx *ctx, struct mp_stage *s, void *dst, const vo
 int mp_dev_scale(struct mp_stage *s, float *x, uint64_t n, float w, float *tmp, size_t tmp_elems,
 		 uint32_t *st);
 
+/*
+ * Queue @count values of device memory @src into the host bytes of slot
+ * @sl as a payload of @codec: as they are (none), else encoded on the GPU
+ * into the slot's twin (a sparse codec with @residue, waiting for the
+ * length) and copied over. *@len is the payload's length. 0 or an errno.
+ */
+int mp_dev_chunk_out(struct mp_stage *s, int codec, const struct mp_codec_params *p,
+		     const float *src, float *residue, uint32_t count, struct mp_ring_slot *sl,
+		     size_t *len, void *scratch, size_t scratch_bytes);
+
 struct mp_group;
 struct mp_avg;
 /* mp_direct_allreduce (xfer.h) of @a, whose buffer is device memory

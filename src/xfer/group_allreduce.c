@@ -606,7 +606,6 @@ static int dev_produce(struct gar *r, struct gchan *gc, struct mp_wire_hdr *h,
 		       struct mp_payload *pl)
 {
 	struct mp_stage *s = r->ds;
-	const struct mp_devk_ops *k = s->dp->k;
 	const int codec = (int)r->a->codec->id;
 	int me = r->me, j = gc->j, rc;
 
@@ -672,18 +671,10 @@ static int dev_produce(struct gar *r, struct gchan *gc, struct mp_wire_hdr *h,
 		gc->ph.weight = r->a->weight;
 		gc->ph.aux = r->plan;
 		gc->scat_next += (uint64_t)r->S;
-		const float *src = r->a->x + gc->ph.offset;
-		if (codec != MP_CODEC_NONE) {
-			/* A sparse codec takes our error feedback of these values. */
-			float *res = r->a->residue ? r->a->residue + gc->ph.offset : NULL;
-			rc = k->encode(&s->dev, codec, &r->ctx->cparams, src, res, gc->ph.count, sl->dev,
-				       s->dp->slot_bytes, &gc->plen, r->dscr_enc, r->enc_scr, s->stream);
-			if (!rc)
-				rc = s->ops->copy_async(&s->dev, sl->host, sl->dev, gc->plen, 0, s->stream);
-		} else {
-			gc->plen = (size_t)gc->ph.count * sizeof(float);
-			rc = s->ops->copy_async(&s->dev, sl->host, src, gc->plen, 0, s->stream);
-		}
+		/* A sparse codec takes our error feedback of these values. */
+		rc = mp_dev_chunk_out(s, codec, &r->ctx->cparams, r->a->x + gc->ph.offset,
+				      r->a->residue ? r->a->residue + gc->ph.offset : NULL,
+				      gc->ph.count, sl, &gc->plen, r->dscr_enc, r->enc_scr);
 	}
 	if (!rc)
 		rc = mp_dev_slot_queued(s, sl, 1);

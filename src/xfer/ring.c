@@ -356,17 +356,8 @@ static int dev_produce(struct ring *g, int s, struct mp_wire_hdr *h, struct mp_p
 		return 0;
 	memset(&g->ph[s], 0, sizeof(g->ph[s]));
 	next_send(g, s, &g->ph[s]);
-	const float *src = g->a->x + g->ph[s].offset;
-	if (codec != MP_CODEC_NONE) {
-		rc = ds->dp->k->encode(&ds->dev, codec, &g->ctx->cparams, src, NULL, g->ph[s].count, sl->dev,
-				       ds->dp->slot_bytes, &g->plen[s], g->dscr_enc, g->enc_scr,
-				       ds->stream);
-		if (!rc)
-			rc = ds->ops->copy_async(&ds->dev, sl->host, sl->dev, g->plen[s], 0, ds->stream);
-	} else {
-		g->plen[s] = (size_t)g->ph[s].count * sizeof(float);
-		rc = ds->ops->copy_async(&ds->dev, sl->host, src, g->plen[s], 0, ds->stream);
-	}
+	rc = mp_dev_chunk_out(ds, codec, &g->ctx->cparams, g->a->x + g->ph[s].offset, NULL,
+			      g->ph[s].count, sl, &g->plen[s], g->dscr_enc, g->enc_scr);
 	/* With it, the status of every payload decoded so far. */
 	if (!rc)
 		rc = ds->ops->copy_async(&ds->dev, dev_seen(g, s), g->dstat, sizeof(uint32_t), 0,
