@@ -84,7 +84,7 @@ def host_reference(xs: list[np.ndarray], **config) -> list[np.ndarray]:
             c.close()
 
 
-@pytest.mark.parametrize("codec", ["none", "blockwise8"])
+@pytest.mark.parametrize("codec", ["none", "blockwise8", "topk"])
 def test_cuda_array_averaged_on_the_device(codec):
     n = 200_000  # 800 KB a peer; chunks of 4 KiB
     xs = inputs(n)
