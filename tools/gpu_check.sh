@@ -473,6 +473,8 @@ doc = {
     "cpu_codec_tests_passed": rc_of.get("cpu_codecs") == 0,
     "kernel_tests_passed": rc_of.get("kernel_tests") == 0,
     "devpath_test_passed": rc_of.get("devpath") == 0,
+    # 77: python3 has no torch with CUDA there (skipped, not failed)
+    "python_cuda": {0: "passed", 77: "skipped"}.get(rc_of.get("python_cuda"), "FAILED"),
     "kernels": kernels,
     "target_pct_of_copy": target,
     "target_codecs": TARGET_CODECS,
