@@ -687,6 +687,22 @@ static int dev_produce(struct gar *r, struct gchan *gc, struct mp_wire_hdr *h,
 	return 0;
 }
 
+/* Nothing of the round is applied (given up, or the device failed): the
+ * residue of the parts we sent goes back as it was, as the host path's
+ * does. 0, or -EIO. */
+static int dev_unsend(struct gar *r)
+{
+	struct mp_stage *s = r->ds;
+	int rc = 0;
+
+	for (int j = 0; !rc && j < r->k; j++)
+		if (sends_to(r, j) && r->mb[j].len)
+			rc = s->ops->copy_d2d(&s->dev, r->a->residue + r->mb[j].off,
+					      r->desave + stage_off(r, j),
+					      r->mb[j].len * sizeof(float), s->stream);
+	return rc || mp_dev_sync(r->ctx, s, "the error feedback put back") ? -EIO : 0;
+}
+
 /* The round's device memory: 0, or -ENOMEM with the context's error set. */
 static int dev_setup(struct gar *r, int nslots)
 {
@@ -1307,13 +1323,6 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		else
 			dev_reduce(&r);
 	}
-	if (r.ds && x.fatal && r.desave && !r.dev_err)
-		for (int j = 0; j < r.k; j++)
-			if (sends_to(&r, j) && r.mb[j].len &&
-			    r.ds->ops->copy_d2d(&r.ds->dev, a->residue + r.mb[j].off,
-						r.desave + stage_off(&r, j), r.mb[j].len * sizeof(float),
-						r.ds->stream))
-				dev_fail(&r, -EIO, "putting the error feedback back");
 	if (r.ds) {
 		/* Messages made ready for channels that failed meanwhile. */
 		for (int i = 0; i < x.nch; i++)
@@ -1327,6 +1336,9 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 			if (r.dev_err || (ws && !rc))
 				rc = -EIO;
 		}
+		if (r.desave && (x.fatal || rc == -EIO) && dev_unsend(&r))
+			MP_WARN("round %u: %s memory %p: the error feedback of the parts sent could not "
+				"be put back", round, r.ds->ops->name, r.ds->dev_base);
 	}
 	/* Given up (a peer's settings or length differ): no frame reached us,
 	 * and nothing of the round is applied; the buffer is as it was, and so

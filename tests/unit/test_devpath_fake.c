@@ -432,6 +432,25 @@ static void devpath_sparse(void **state)
 			release(sh);
 		}
 	assert_int_equal(log_count("is averaged on the GPU") - before, 2 * 4 * 4);
+
+	/* A copy that fails mid-pipeline: that peer's average fails with -EIO,
+	 * its buffer as the round found it (its residue put back too), and
+	 * the next average goes on everywhere. */
+	struct scen cut = {.name = "sparse-fail-d2h", .transport = "loop", .npeers = 4,
+			   .algo = MP_ALGO_BUTTERFLY, .codec = MP_CODEC_TOPK, .count = 3001,
+			   .nops = 2, .fail_rank = 2, .fail_after = 8};
+	int back = log_count("the error feedback of the parts sent could not be put back");
+	struct shared *sh = scenario(&cut);
+	assert_int_equal(sh->rc_dev[1][0], -EIO);
+	for (size_t i = 0; i < cut.count; i++)
+		if (sh->dev[1][0][i] != input(1, 0, i))
+			fail_msg("peer 1's buffer changed at %zu", i);
+	for (int r = 0; r < 4; r++)
+		assert_int_equal(sh->rc_dev[r][1], 0);
+	assert_int_equal(log_count("the error feedback of the parts sent could not be put back"),
+			 back);
+	assert_int_equal(fk.dev_live, 0);
+	release(sh);
 }
 
 /* The pinned memory a registration holds does not grow with the buffer. */
