@@ -490,9 +490,7 @@ static void dev_reduce(struct gar *r)
 		own = r->dfold;
 		r->folded = 1;
 	}
-	if (rc) {
-		/* (the sum below is skipped) */
-	} else if (r->wsum > 0.0f && r->nused > 1) {
+	if (!rc && r->wsum > 0.0f && r->nused > 1) {
 		rc = o->fill32(&s->dev, r->dsum, 0x80000000u, L, s->stream);
 		for (int i = 0; !rc && i < r->nused; i++) {
 			int m = r->who[i];
@@ -505,7 +503,7 @@ static void dev_reduce(struct gar *r)
 		if (!rc)
 			rc = k->decode(&s->dev, MP_CODEC_NONE, r->dsum, L * sizeof(float), r->dres, L,
 				       1.0f / r->wsum, 1, dev_zero(r), NULL, 0, s->stream);
-	} else {
+	} else if (!rc) {
 		/* One contribution, or Σ w = 0: ours, kept bit for bit. */
 		const float *c = r->wsum > 0.0f && r->who[0] != me ?
 			r->dcb + (size_t)r->mb[r->who[0]].slot * L : xo;
