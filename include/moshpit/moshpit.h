@@ -563,13 +563,29 @@ MP_API int mp_average(mp_ctx *ctx, float *buf, size_t count, float weight, struc
 #define MP_AVG_UNCOMPRESSED 0x1u
 
 /**
+ * Flag of ::mp_average_start_ex, ::mp_average_start_stream and
+ * ::mp_average_ex: as ::mp_average_flush, with a registration and without
+ * blocking. The
+ * buffer's error-feedback residue (sparse codecs) is added to it and
+ * cleared, and the average is sent uncompressed (so all peers flush
+ * together, as ::MP_AVG_UNCOMPRESSED). For host memory the residue is
+ * added when the call returns; for CUDA memory (an ::MP_MEM_CUDA
+ * registration), when the operation runs: on the GPU where the residue
+ * lives there (the device path), else in the pinned host copy. A buffer
+ * with no residue is averaged uncompressed as it is. -EBUSY while another
+ * average of the buffer is in flight.
+ */
+#define MP_AVG_FLUSH 0x2u
+
+/**
  * ::mp_average_start with flags.
  * @param ctx context
  * @param buf values, replaced with the (weighted) average
  * @param count number of floats (> 0)
  * @param weight this peer's weight (as ::mp_average_start)
  * @param mr registration covering @p buf, or NULL
- * @param flags 0 (then exactly ::mp_average_start) or ::MP_AVG_UNCOMPRESSED
+ * @param flags 0 (then exactly ::mp_average_start), ::MP_AVG_UNCOMPRESSED
+ *        or ::MP_AVG_FLUSH
  * @param[out] req request to test or wait on
  * @return as ::mp_average_start; -EINVAL also for an unknown flag bit (said
  *         in ::mp_last_error), before anything is sent
@@ -597,7 +613,7 @@ MP_API int mp_average_start_ex(mp_ctx *ctx, float *buf, size_t count, float weig
  * @param count number of floats (> 0)
  * @param weight this peer's weight (as ::mp_average_start)
  * @param mr the ::MP_MEM_CUDA registration covering @p buf (required)
- * @param flags 0 or ::MP_AVG_UNCOMPRESSED (as ::mp_average_start_ex)
+ * @param flags 0, ::MP_AVG_UNCOMPRESSED or ::MP_AVG_FLUSH (as ::mp_average_start_ex)
  * @param stream the CUstream or cudaStream_t, cast to void *, that computes
  *        the buffer: of the memory's CUDA context (for the runtime, the
  *        device's primary context); NULL is the legacy default stream
@@ -642,9 +658,9 @@ MP_API int mp_request_stream_wait(mp_request *req, void *stream);
  * @param buf values, replaced with the average
  * @param count number of floats
  * @param weight this peer's weight
- * @param flags 0 or ::MP_AVG_UNCOMPRESSED
+ * @param flags 0, ::MP_AVG_UNCOMPRESSED or ::MP_AVG_FLUSH
  * @param[out] res counters (may be NULL); mp_result::codec says what the
- *        average sent (none with ::MP_AVG_UNCOMPRESSED)
+ *        average sent (none with ::MP_AVG_UNCOMPRESSED and ::MP_AVG_FLUSH)
  * @return as ::mp_average_start_ex and ::mp_wait
  */
 MP_API int mp_average_ex(mp_ctx *ctx, float *buf, size_t count, float weight, unsigned flags,

@@ -888,6 +888,31 @@ static int run_butterfly(struct mp_ctx *ctx, struct mp_avg *a)
 	return rc;
 }
 
+/* MP_AVG_FLUSH on CUDA memory: the residue into the buffer, once the
+ * buffer is where the operation reads it (the host copy, staged, or the
+ * device), and zeroed; the average that follows takes no residue. */
+static int flush_late(struct mp_ctx *ctx, struct mp_request *req, struct mp_stage *s)
+{
+	struct mp_fb *f = req->fb;
+	int rc;
+
+	if (!f->residue)
+		return 0; /* a device residue no average allocated: nothing held back */
+	if (!f->ds) {
+		mp_k_axpy(req->x, f->residue, 1.0f, req->count);
+		memset(f->residue, 0, req->count * sizeof(float));
+		return 0;
+	}
+	rc = s->dp->k->decode(&s->dev, MP_CODEC_NONE, f->residue, req->count * sizeof(float),
+			      req->x, req->count, 1.0f, 1, NULL, NULL, 0, s->stream);
+	if (!rc)
+		rc = s->ops->fill32(&s->dev, f->residue, 0, req->count, s->stream);
+	if (rc)
+		mp_set_error(ctx, "%s memory %p: folding the error feedback into the buffer failed "
+			     "on the device (%s)", s->ops->name, (void *)req->buf, mp_strerror(rc));
+	return rc ? -EIO : mp_dev_sync(ctx, s, "the error feedback folded into the buffer");
+}
+
 /* The device residue of @req's error feedback, zeroed, at its first average. */
 static int dev_residue(struct mp_ctx *ctx, struct mp_request *req)
 {
@@ -895,7 +920,7 @@ static int dev_residue(struct mp_ctx *ctx, struct mp_request *req)
 	void *p = NULL;
 	int rc;
 
-	if (!ds || req->fb->residue)
+	if (!ds || req->fb->residue || req->flush_late)
 		return 0;
 	rc = ds->ops->dev_alloc(&ds->dev, req->count * sizeof(float), &p);
 	if (rc) {
@@ -922,11 +947,11 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 			   .dmr = s ? s->dmr : req->mr->dmr, .res = &req->res, .codec = req->codec,
 			   .residue = req->fb ? req->fb->residue : NULL,
 			   .dev = s && s->dp ? s : NULL, .x_is_copy = s && !s->dp};
-	int rc = dev_residue(ctx, req);
+	int rc = req->flush_late ? flush_late(ctx, req, s) : dev_residue(ctx, req);
 
 	if (rc)
 		return rc;
-	a.residue = req->fb ? req->fb->residue : NULL;
+	a.residue = req->fb && !req->flush_late ? req->fb->residue : NULL;
 	req->res.codec = req->codec->id;
 	a.influence = 1;
 	/* Static runs: the round moves on by the same count in every average,
@@ -1291,7 +1316,13 @@ static int start_op(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *
 			rc = -EBUSY;
 			goto undo;
 		}
-		if (f && !f->ds) {
+		if (f && mr->stage) {
+			/* CUDA memory: not the caller's to touch here; folded when
+			 * the operation runs, the residue held busy till then. */
+			req->fb = f;
+			req->flush_late = 1;
+			f->busy++;
+		} else if (f) {
 			mp_k_axpy(buf, f->residue, 1.0f, count);
 			memset(f->residue, 0, count * sizeof(float));
 		}
@@ -1361,19 +1392,22 @@ int mp_average_start(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr 
 }
 
 /* The codec @flags force (NULL: the run's), or -EINVAL in @rc. */
+#define MP_AVG_KNOWN (MP_AVG_UNCOMPRESSED | MP_AVG_FLUSH)
+
 static const struct mp_codec_ops *flags_codec(mp_ctx *ctx, unsigned flags, int *rc)
 {
 	*rc = 0;
-	if (ctx && (flags & ~MP_AVG_UNCOMPRESSED)) {
+	if (ctx && (flags & ~MP_AVG_KNOWN)) {
 		/* A bit this library does not know may ask for something the
 		 * peers would then disagree on: refused before anything is sent. */
-		mp_set_error(ctx, "flags 0x%x: unknown bits 0x%x", flags, flags & ~MP_AVG_UNCOMPRESSED);
+		mp_set_error(ctx, "flags 0x%x: unknown bits 0x%x", flags, flags & ~MP_AVG_KNOWN);
 		*rc = -EINVAL;
 		return NULL;
 	}
 	/* Codec none for this call only: every OPEN of the exchange says so,
-	 * and a peer that averages with the configured codec refuses it. */
-	return (flags & MP_AVG_UNCOMPRESSED) ? mp_codec_by_id(MP_CODEC_NONE) : NULL;
+	 * and a peer that averages with the configured codec refuses it. A
+	 * flush too, so that nothing is held back again. */
+	return (flags & MP_AVG_KNOWN) ? mp_codec_by_id(MP_CODEC_NONE) : NULL;
 }
 
 int mp_average_start_ex(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
@@ -1382,7 +1416,8 @@ int mp_average_start_ex(mp_ctx *ctx, float *buf, size_t count, float weight, mp_
 	int rc;
 	const struct mp_codec_ops *force = flags_codec(ctx, flags, &rc);
 
-	return rc ? rc : start_op(ctx, buf, count, weight, mr, force, 0, 0, 0, NULL, out);
+	return rc ? rc : start_op(ctx, buf, count, weight, mr, force, !!(flags & MP_AVG_FLUSH), 0, 0,
+				  NULL, out);
 }
 
 int mp_average_start_stream(mp_ctx *ctx, float *buf, size_t count, float weight, mp_mr *mr,
@@ -1391,7 +1426,8 @@ int mp_average_start_stream(mp_ctx *ctx, float *buf, size_t count, float weight,
 	int rc;
 	const struct mp_codec_ops *force = flags_codec(ctx, flags, &rc);
 
-	return rc ? rc : start_op(ctx, buf, count, weight, mr, force, 0, 0, 1, stream, out);
+	return rc ? rc : start_op(ctx, buf, count, weight, mr, force, !!(flags & MP_AVG_FLUSH), 0, 1,
+				  stream, out);
 }
 
 int mp_request_stream_wait(mp_request *req, void *stream)
@@ -1542,7 +1578,7 @@ int mp_average_ex(mp_ctx *ctx, float *buf, size_t count, float weight, unsigned 
 	int rc;
 	const struct mp_codec_ops *force = flags_codec(ctx, flags, &rc);
 
-	return rc ? rc : average_now(ctx, buf, count, weight, force, 0, res);
+	return rc ? rc : average_now(ctx, buf, count, weight, force, !!(flags & MP_AVG_FLUSH), res);
 }
 
 int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight, struct mp_result *res)

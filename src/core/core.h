@@ -44,7 +44,11 @@ struct mp_request {
 	struct mp_ctx *ctx;
 	const struct mp_codec_ops *codec; /* resolved ("auto" chosen; flush and
 					     MP_AVG_UNCOMPRESSED forced to none) */
-	struct mp_fb *fb;                 /* sparse codecs: the buffer's residue */
+	struct mp_fb *fb;                 /* sparse codecs: the buffer's residue; with
+					     flush_late, the residue to fold in */
+	int flush_late;           /* MP_AVG_FLUSH on CUDA memory: the residue is folded into
+	                             the buffer when the operation runs (run_average), on the
+	                             device or in the host copy, not by the caller's thread */
 	float *buf;
 	float *x;                 /* where the operation runs: buf, or its place in
 	                             the registration's host copy (staged CUDA memory) */

@@ -241,8 +241,8 @@ static void open_arrived(struct mp_xfer *x, struct mp_chan *ch, const struct mp_
 		 * run-shared ones, counted with them. */
 		MP_STAT_ADD(x->ctx->rejected[MP_REJ_SETTINGS], 1);
 		x->res->frames_rejected++;
-		snprintf(msg, sizeof(msg), "peer %d averages %s, this peer %s (MP_AVG_UNCOMPRESSED or "
-			 "mp_average_flush on one side only)", ch->peer,
+		snprintf(msg, sizeof(msg), "peer %d averages %s, this peer %s (MP_AVG_UNCOMPRESSED, "
+			 "MP_AVG_FLUSH or mp_average_flush on one side only)", ch->peer,
 			 codec_words(h->codec, theirs, sizeof(theirs)),
 			 codec_words(x->codec->id, ours, sizeof(ours)));
 		give_up(x, ch->peer, -EBADE, msg);

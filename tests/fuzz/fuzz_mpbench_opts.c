@@ -126,7 +126,7 @@ static void check_settings(const struct bench *b)
 	/* Combinations refused. */
 	CHECK(!(b->dht && b->rdv_static));
 	CHECK(!(c->algo == MP_ALGO_RING && sparse));
-	CHECK(!b->cuda || (!b->follow && !sparse));
+	CHECK(!b->cuda || !b->follow);
 	if (strcmp(b->transport, "dpdk") == 0)
 		CHECK(!b->follow);
 	else

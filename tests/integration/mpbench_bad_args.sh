@@ -47,7 +47,6 @@ check_says "--keep and --sample are for followed runs" --peers=4 --sample=10
 check_says "--keep=4 spares every one of the 4 peers" --peers=4 --churn=0.1 --keep=4
 check_says "unknown --memory 'gpu' (host or cuda)" --memory=gpu
 check_says "--memory=cuda runs static averages" --memory=cuda --churn=0.1
-check_says "--memory=cuda with --codec=topk" --memory=cuda --codec=topk
 # Sizes are in the library's grammar (src/common/size.h): a count beyond
 # 2^64 - 1 bytes is refused, never wrapped. 18014398509482048K is 2^64 plus
 # 64K: wrapped, it would be a valid 64K and the benchmark would run.

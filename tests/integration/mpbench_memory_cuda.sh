@@ -106,6 +106,8 @@ gpu_runs() {
 	checked_run --transport=loop --peers=2 -b 4K -e 256K -f 8 -n 1 -w 0
 	# A lossy codec: values checked within its bound on device buffers too.
 	checked_run --peers=4 --codec=fp16 -b 64K -e 64K -n 1 -w 0
+	# A sparse codec: checked after a flush of the device buffer (MP_AVG_FLUSH).
+	checked_run --peers=4 --codec=topk -b 64K -e 64K -n 2 -w 0
 }
 
 if [ -n "$fake" ]; then

@@ -71,6 +71,8 @@ struct scen {
 	                        the input this long after the call, over stale values; the
 	                        stream then waits for the request and reads the buffer */
 	int weighted;        /* peer r averages at weight weight_of(r), else 1 */
+	int flush_last;      /* the last average flushes the residue (mp_average_flush on the
+	                        host, MP_AVG_FLUSH on the device) */
 };
 
 struct shared {
@@ -181,8 +183,10 @@ static void *peer_main(void *p)
 		for (size_t i = 0; i < sc->count; i++)
 			hb[i] = input(r, op, i);
 		pthread_barrier_wait(&sh->bar);
-		sh->rc_host[r][op] = ctx ? mp_average(ctx, hb, sc->count, weight_of(sc, r), NULL) :
-				     -ENOENT;
+		int flush = sc->flush_last && op == sc->nops - 1;
+		sh->rc_host[r][op] = !ctx ? -ENOENT :
+				     flush ? mp_average_flush(ctx, hb, sc->count, weight_of(sc, r), NULL) :
+					     mp_average(ctx, hb, sc->count, weight_of(sc, r), NULL);
 		memcpy(v, hb, bytes);
 		sh->host[r][op] = v;
 	}
@@ -229,8 +233,9 @@ static void *peer_main(void *p)
 			if (!rc)
 				fk_probe(cs, r, 0, sh->probe[r][op], bytes, &sh->ran[r][op]);
 		} else {
-			rc = mr ? mp_average_start(ctx, dev, sc->count, weight_of(sc, r), mr, &req) :
-				 -ENOENT;
+			unsigned fl = sc->flush_last && op == sc->nops - 1 ? MP_AVG_FLUSH : 0;
+			rc = mr ? mp_average_start_ex(ctx, dev, sc->count, weight_of(sc, r), mr, fl,
+						      &req) : -ENOENT;
 		}
 		if (!rc)
 			rc = mp_wait(req, 30000, &sh->res[r][op]);
@@ -247,7 +252,17 @@ static void *peer_main(void *p)
 		/* Every peer done with this average before the next starts. */
 		pthread_barrier_wait(&sh->bar);
 	}
-	if (mr && sc->codec >= MP_CODEC_TOPK) {
+	if (mr && sc->codec >= MP_CODEC_TOPK && sc->stage) {
+		/* Staged whole: the residue is the host's, and a flush left
+		 * nothing in it. */
+		float *tmp = calloc(sc->count, sizeof(float));
+		int g = mp_feedback_get(ctx, dev, sc->count, tmp);
+		for (size_t i = 0; !g && sc->flush_last && i < sc->count; i++)
+			g = tmp[i] != 0.0f ? -EPROTO : 0;
+		if (g)
+			note(sh, r, "the staged residue is not there, or not empty after the flush");
+		free(tmp);
+	} else if (mr && sc->codec >= MP_CODEC_TOPK) {
 		/* The residue stays on the GPU: the host cannot read or write it
 		 * (yet), and says so; a reset frees it. */
 		float *tmp = calloc(sc->count, sizeof(float));
@@ -432,6 +447,22 @@ static void devpath_sparse(void **state)
 			release(sh);
 		}
 	assert_int_equal(log_count("is averaged on the GPU") - before, 2 * 4 * 4);
+
+	/* Two averages, then a flush (MP_AVG_FLUSH: the residue folded in on
+	 * the device, or in the staged host copy with MP_CUDA_STAGE=1), bit
+	 * for bit the host path's mp_average_flush; staged, the residue is
+	 * empty after it (peer_main). */
+	for (int stage = 0; stage < 2; stage++) {
+		struct scen fl = {.name = stage ? "sparse-flush-staged" : "sparse-flush",
+				  .transport = "loop", .npeers = 4, .algo = MP_ALGO_MOSHPIT,
+				  .codec = MP_CODEC_TOPK, .count = 3001, .nops = MAXOPS,
+				  .weighted = 1, .flush_last = 1, .stage = stage};
+		struct shared *sf = scenario(&fl);
+		same_as_host(sf);
+		for (int r = 0; r < 4; r++)
+			assert_int_equal(sf->res[r][MAXOPS - 1].codec, MP_CODEC_NONE);
+		release(sf);
+	}
 
 	/* A copy that fails mid-pipeline: that peer's average fails with -EIO,
 	 * its buffer as the round found it (its residue put back too), and
@@ -766,6 +797,7 @@ static void devpath_not_taken(void **state)
 	struct shared *sh;
 
 	(void)state;
+	int before = log_count("(no device path: MP_CUDA_STAGE=1)");
 	/* Asked for: the whole buffer pinned, four times. */
 	struct scen st = {.name = "stage", .transport = "loop", .npeers = 4,
 			  .algo = MP_ALGO_MOSHPIT, .codec = MP_CODEC_FP16, .stage = 1, .count = 20000,
@@ -775,7 +807,7 @@ static void devpath_not_taken(void **state)
 	assert_true(fk.host_peak >= 4 * st.count * sizeof(float));
 	assert_int_equal(fk.dev_peak, 0);
 	release(sh);
-	assert_int_equal(log_count("(no device path: MP_CUDA_STAGE=1)"), 4);
+	assert_int_equal(log_count("(no device path: MP_CUDA_STAGE=1)") - before, 4);
 }
 
 int main(void)

@@ -85,7 +85,7 @@ struct size_result {
 	double bytes_received;
 	double values_sent;   /* fp32 values carried per operation (summed over peers) */
 	int32_t codec;        /* codec the library used ("auto" resolved) */
-	int32_t flushed;      /* checked after mp_average_flush (sparse codecs) */
+	int32_t flushed;      /* checked after a flush, MP_AVG_FLUSH (sparse codecs) */
 	int32_t lost;         /* followed runs: peers that died */
 	int32_t joined;       /* followed runs: peers that joined later and took part */
 	int32_t woken;        /* --standby: standbys woken to replace a dead peer */

@@ -48,7 +48,7 @@ int codec_sparse(int c)
  * fp16 half an ulp at 1 (2^-11), bf16 2^-8, blockwise8 half a step of
  * absmax/127, uniform8 one bucket (mean +- 6 sd of U(-1,1) over 256 buckets:
  * 12 * 0.577 / 256 = 0.027; the bucket mean can sit anywhere in the bucket).
- * Sparse codecs are checked after mp_average_flush, where only fp32
+ * Sparse codecs are checked after a flush (MP_AVG_FLUSH), where only fp32
  * rounding remains.
  */
 static double codec_step_err(int c)
@@ -960,10 +960,6 @@ static int parse_checked(int argc, char **argv, struct bench *b, char *err, size
 		if (b->follow)
 			return cli_fail(err, errlen, "--memory=cuda runs static averages: no "
 					"--rendezvous=dht, --churn, --fault, --late or --intruders");
-		if (codec_sparse(b->cfg.codec))
-			return cli_fail(err, errlen, "--memory=cuda with --codec=%s: its check needs "
-					"mp_average_flush, which averages host memory only",
-					codec_name(b->cfg.codec));
 	}
 	if (!b->multi) {
 		const char *run_env;

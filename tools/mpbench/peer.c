@@ -540,11 +540,11 @@ int peer_bench(struct peer *p)
 				rc = -EIO;
 				break;
 			}
-			/* Sparse codecs are refused with --memory=cuda (mpbench.c). */
 			if (b->check && it == total - 1 && codec_sparse(b->cfg.codec)) {
 				/* The checked iteration starts with no residue, so
-				 * that after the flush below the exact mean is due. */
-				int e = mp_feedback_reset(p->ctx, buf);
+				 * that after the flush below the exact mean is due
+				 * (kept per buffer: the device buffer's with cuda). */
+				int e = mp_feedback_reset(p->ctx, dbuf ? (float *)dbuf : buf);
 				if (e && e != -ENOENT) {
 					peer_fail(p, "mp_feedback_reset: %s", mp_strerror(e));
 					rc = e;
@@ -598,12 +598,12 @@ int peer_bench(struct peer *p)
 			 * is what every round conserves. */
 			char why[768];
 			struct mp_result fres;
-			int e = mp_average_flush(p->ctx, buf, count, w, &fres);
+			int e = peer_average(p, dbuf ? (float *)dbuf : buf, count, w, mr, MP_AVG_FLUSH,
+					     &fres, why, sizeof(why));
 
 			if (e) {
-				snprintf(why, sizeof(why), "%s: %s", mp_strerror(e),
-					 mp_last_error(p->ctx));
-				peer_fail(p, "size %" PRIu64 " B, mp_average_flush: %s", bytes, why);
+				peer_fail(p, "size %" PRIu64 " B, the flush (MP_AVG_FLUSH): %s", bytes,
+					  why);
 				rc = e;
 				break;
 			}

@@ -114,7 +114,7 @@ void print_header(const struct bench *b, const char *mode)
 	if (!b->check)
 		printf("# check off: max_err and #wrong are not computed\n");
 	else if (b->exact && codec_sparse(c->codec))
-		printf("# check: exact weighted mean after mp_average_flush (error feedback), "
+		printf("# check: exact weighted mean after a flush (MP_AVG_FLUSH; error feedback), "
 		       "tolerance %g\n", b->tol);
 	else if (follow_exact(b))
 		printf("# check: replay of the contribution logs, tolerance max(%g, %g |x|); "
