@@ -767,8 +767,8 @@ class Context:
     # -- averaging
 
     @staticmethod
-    def _flags(uncompressed: bool) -> int:
-        return _lib.AVG_UNCOMPRESSED if uncompressed else 0
+    def _flags(uncompressed: bool, flush: bool = False) -> int:
+        return (_lib.AVG_UNCOMPRESSED if uncompressed else 0) | (_lib.AVG_FLUSH if flush else 0)
 
     @staticmethod
     def _weight(weight: float) -> float:
@@ -817,11 +817,15 @@ class Context:
         return _L().mp_average_start_stream(self._handle(), buf.ptr, buf.count, w, mr, flags,
                                             buf.stream or None, ctypes.byref(req))
 
-    def average(self, x: Any, weight: float = 1.0, *, uncompressed: bool = False) -> Result:
+    def average(self, x: Any, weight: float = 1.0, *, uncompressed: bool = False,
+                flush: bool = False) -> Result:
         """Average ``x`` in place with every peer, with this peer's ``weight``
         (0 contributes nothing). Blocks until done; the GIL is released
         meanwhile. ``uncompressed=True`` sends this call as fp32 whatever the
-        codec (all peers must agree). Raises Error on failure; after a
+        codec (all peers must agree). ``flush=True`` first adds what the
+        sparse codecs (topk, adacomp) held back for ``x`` (its error
+        feedback) and sends it uncompressed, as ``mp_average_flush``: at the
+        end of training, or before a checkpoint (all peers together). Raises Error on failure; after a
         failure ``x`` may hold the rounds completed before it, except after
         SettingsMismatch and LengthMismatch (``x`` as it was).
 
@@ -831,10 +835,11 @@ class Context:
         buf = _as_float32(x)
         res = _lib.MpResult()
         if buf.cuda:
-            return self.average_async(buf, weight, uncompressed=uncompressed).wait()
+            return self.average_async(buf, weight, uncompressed=uncompressed,
+                                      flush=flush).wait()
         with self._lock:
             rc = _L().mp_average_ex(self._handle(), buf.ptr, buf.count, w,
-                                    self._flags(uncompressed), ctypes.byref(res))
+                                    self._flags(uncompressed, flush), ctypes.byref(res))
             err = self._fail(rc, "average") if rc < 0 else None
         if buf.writeback:
             buf.writeback()
@@ -842,8 +847,8 @@ class Context:
             raise err
         return Result._from(res)
 
-    def average_async(self, x: Any, weight: float = 1.0, *,
-                      uncompressed: bool = False) -> "Handle":
+    def average_async(self, x: Any, weight: float = 1.0, *, uncompressed: bool = False,
+                      flush: bool = False) -> "Handle":
         """Start averaging ``x`` in place and return at once; ``x`` must not
         be touched until the handle is done. The context keeps ``x`` alive
         until then."""
@@ -852,10 +857,11 @@ class Context:
         req = ctypes.c_void_p()
         with self._lock:
             if buf.cuda:
-                rc = self._start_cuda(buf, w, self._flags(uncompressed), req)
+                rc = self._start_cuda(buf, w, self._flags(uncompressed, flush), req)
             else:
                 rc = _L().mp_average_start_ex(self._handle(), buf.ptr, buf.count, w, None,
-                                              self._flags(uncompressed), ctypes.byref(req))
+                                              self._flags(uncompressed, flush),
+                                              ctypes.byref(req))
             if rc < 0:
                 raise self._fail(rc, "average_async")
             h = Handle(self, req.value, buf)

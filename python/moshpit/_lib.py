@@ -148,6 +148,7 @@ class MpStateInfo(ctypes.Structure):
 
 
 AVG_UNCOMPRESSED = 0x1
+AVG_FLUSH = 0x2
 MEM_CUDA = 1  # enum mp_mem_kind
 # Room for the library's struct mp_config however much it grows: the
 # library's own mp_config_init and mp_config_from_env write all of it.

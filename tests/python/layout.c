@@ -16,8 +16,14 @@
 #define F(s, f) printf(#s " " #f " %zu %zu\n", offsetof(struct s, f), sizeof(((struct s *)0)->f))
 #define S(s) printf(#s " - %zu -\n", sizeof(struct s))
 
+/* A constant _lib mirrors under the name without its MP_ prefix. */
+#define C(name) printf("const " #name " %u -\n", (unsigned)(name))
+
 int main(void)
 {
+	C(MP_AVG_UNCOMPRESSED);
+	C(MP_AVG_FLUSH);
+	C(MP_MEM_CUDA);
 	F(mp_config, size);
 	F(mp_config, rank);
 	F(mp_config, npeers);

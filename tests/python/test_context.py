@@ -292,6 +292,29 @@ def test_uncompressed_flag_is_exact_under_a_lossy_codec():
             c.close()
 
 
+def test_flush_delivers_what_topk_held_back():
+    """topk keeps most values back (error feedback): after one average the
+    peers are far from the mean; a flush of the same buffers, async on half
+    of them, delivers the rest: every peer then holds the exact mean."""
+    ctxs = loop_peers(4, codec="topk:0.05")
+    try:
+        rng = np.random.default_rng(5)
+        xs = [rng.standard_normal(2000).astype(np.float32) for _ in range(4)]
+        want = np.mean(np.stack(xs).astype(np.float64), axis=0)
+        rs = run_threads([lambda c=c, x=x: c.average(x) for c, x in zip(ctxs, xs)])
+        assert all(r.codec == "topk" for r in rs)
+        assert np.max(np.abs(xs[0] - want)) > 0.1
+        rs = run_threads([(lambda c=c, x=x: c.average(x, flush=True)) if i % 2 else
+                          (lambda c=c, x=x: c.average_async(x, flush=True).wait(30))
+                          for i, (c, x) in enumerate(zip(ctxs, xs))])
+        assert all(r.codec == "none" for r in rs)
+        for x in xs:
+            np.testing.assert_allclose(x, want, atol=1e-5)
+    finally:
+        for c in ctxs:
+            c.close()
+
+
 def test_tensor_on_another_device_is_refused_clearly(peers4):
     t = torch.zeros(4, device="meta")  # neither CPU nor CUDA (test_cuda_fake.py: CUDA)
     with pytest.raises(moshpit.Unsupported, match="CPU and CUDA tensors"):

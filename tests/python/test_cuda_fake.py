@@ -113,6 +113,41 @@ def test_cuda_array_averaged_on_the_device(codec):
             a.free()
 
 
+def test_flush_on_the_device():
+    """topk on CUDA arrays keeps its error feedback on the (fake) GPU; a
+    flush (flush=True, MP_AVG_FLUSH) folds it in there: two averages and a
+    flush, bit for bit the host path's, the last one exact."""
+    n = 3001
+    xs = inputs(n)
+    ctxs = loop_peers(4, codec="topk")
+    try:
+        hs = [x.copy() for x in xs]
+        for flush in (False, True):
+            run_threads([lambda c=c, h=h: c.average(h, flush=flush) for c, h in zip(ctxs, hs)])
+    finally:
+        for c in ctxs:
+            c.close()
+    ctxs = loop_peers(4, codec="topk")
+    arrs = [FakeCudaArray(r, n) for r in range(4)]
+    try:
+        for a, x in zip(arrs, xs):
+            a.write(x)
+        for flush in (False, True):
+            res = run_threads([lambda c=c, a=a: c.average(a, flush=flush)
+                               for c, a in zip(ctxs, arrs)])
+            assert all(r.codec == ("none" if flush else "topk") for r in res)
+        want = np.mean(np.stack(xs).astype(np.float64), axis=0)
+        for a, h in zip(arrs, hs):
+            got = a.read()
+            np.testing.assert_array_equal(got, h)
+            np.testing.assert_allclose(got, want, atol=1e-5)
+    finally:
+        for c in ctxs:
+            c.close()
+        for a in arrs:
+            a.free()
+
+
 def test_the_interface_stream_is_waited_for():
     """A kernel on the array's stream writes the input 50 ms after the call,
     over stale values: the average is of what the kernel wrote, and a

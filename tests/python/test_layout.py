@@ -18,8 +18,13 @@ def test_struct_layouts_match_the_header():
     out = subprocess.run([tool], check=True, capture_output=True, text=True, timeout=30).stdout
     seen = {name: [] for name in STRUCTS}
     checked = 0
+    consts = 0
     for line in out.splitlines():
         struct, field, offset, size = line.split()
+        if struct == "const":
+            assert getattr(_lib, field[len("MP_"):]) == int(offset), field
+            consts += 1
+            continue
         cls = STRUCTS[struct]
         if field == "-":
             assert ctypes.sizeof(cls) == int(offset), f"sizeof(struct {struct})"
@@ -31,6 +36,7 @@ def test_struct_layouts_match_the_header():
     for struct, cls in STRUCTS.items():
         assert seen[struct] == [f for f, _ in cls._fields_], f"layout.c lists {struct}'s fields"
     assert checked > 70
+    assert consts == 3
 
 
 def test_library_agrees_on_the_config_size():
