@@ -4,9 +4,9 @@ tools/gpu_check.sh; test_cuda_fake.py checks the same against a fake).
 
 Four contexts of one run on the loop transport, in threads of this process,
 average float32 CUDA tensors (codec none and blockwise8), an fp16 CUDA
-tensor (through a float32 copy on the device), and an async average that
-the tensor's stream waits for; each result must be the CPU tensors' average
-bit for bit (fp16: the float32 result rounded once). Exit 0 when all agree,
+tensor (through a float32 copy on the device), an async average that the
+tensor's stream waits for, and topk with a flush; each result must be the
+CPU tensors' average bit for bit (fp16: the float32 result rounded once). Exit 0 when all agree,
 1 otherwise, 77 when torch has no CUDA device.
 """
 
@@ -90,6 +90,25 @@ def case(codec: str, dtype: torch.dtype, asynchronous: bool) -> bool:
     return check(f"codec {codec}, {dtype}{', async' if asynchronous else ''}", dev, host)
 
 
+def sparse_flush() -> bool:
+    """topk on CUDA tensors: its error feedback on the GPU, an average and a
+    flush, against CPU tensors (bit for bit: topk's GPU encoder is the
+    CPU's)."""
+    xs = inputs()
+    host = [x.clone() for x in xs]
+    dev = [x.cuda() for x in xs]
+    for ts in (host, dev):
+        ctxs = peers(codec="topk")
+        try:
+            for flush in (False, True):
+                together([lambda c=c, t=t: c.average(t, flush=flush) for c, t in zip(ctxs, ts)])
+            torch.cuda.synchronize()
+        finally:
+            for c in ctxs:
+                c.close()
+    return check("codec topk, an average and a flush", dev, host)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("skipped: torch sees no CUDA device")
@@ -99,6 +118,7 @@ def main() -> int:
     ok &= case("blockwise8", torch.float32, False)
     ok &= case("none", torch.float16, False)
     ok &= case("none", torch.float32, True)
+    ok &= sparse_flush()
     print("ok: torch CUDA tensors average as CPU tensors do" if ok else "FAILED")
     return 0 if ok else 1
 
