@@ -372,9 +372,7 @@ def _cai_buf(x: Any) -> _Buf:
     averaged in place; its interface's stream (version 3) is waited for."""
     cai = x.__cuda_array_interface__
     shape = tuple(cai.get("shape", ()))
-    n = 1
-    for d in shape:
-        n *= int(d)
+    n = _prod(shape)
     if cai.get("typestr") not in ("<f4", "=f4", "|f4"):
         raise InvalidArgument(_errno.EINVAL, f"CUDA array of type {cai.get('typestr')!r}: only "
                               "float32 ('<f4') device arrays are averaged", "average")
@@ -389,8 +387,10 @@ def _cai_buf(x: Any) -> _Buf:
                               "is written in place", "average")
     if n == 0 or not ptr:
         raise InvalidArgument(_errno.EINVAL, "cannot average an empty CUDA array", "average")
-    # Version 3's stream: None, nothing to wait for; 1 and 2, the legacy and
-    # per-thread default streams; else the cudaStream_t itself.
+    # Version 3's stream: None (nothing to wait for: the legacy default
+    # stream then, whose work so far is all there is to order after) and 1,
+    # the legacy default stream; 2, the per-thread one (CU_STREAM_PER_THREAD);
+    # else the cudaStream_t itself.
     s = cai.get("stream")
     stream = None if s is None else (0 if s == 1 else int(s))
     return _Buf(int(ptr), n, x, cuda=True, stream=stream, owner=x)
