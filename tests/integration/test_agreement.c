@@ -603,8 +603,8 @@ static void flags_mismatch(int algo, int npeers, const char *name)
 	for (int r = 0; r < npeers; r++) {
 		/* Rank 1 names the first other peer whose OPEN it met. */
 		const char *want = r == 1 ? " averages with uniform8, this peer uncompressed "
-					    "(codec none) (MP_AVG_UNCOMPRESSED or mp_average_flush on "
-					    "one side only)"
+					    "(codec none) (MP_AVG_UNCOMPRESSED, MP_AVG_FLUSH or "
+					    "mp_average_flush on one side only)"
 					  : "peer 1 averages uncompressed (codec none), this peer with "
 					    "uniform8";
 		if (rep[r].rc != -EBADE)
