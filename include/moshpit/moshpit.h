@@ -909,18 +909,24 @@ MP_API int mp_codec_parse(const char *spec, struct mp_config *cfg);
  */
 
 /**
- * Copy the residue of buffer @p buf (@p count values) into @p residue.
+ * Copy the residue of buffer @p buf (@p count values) into @p residue (host
+ * memory). The residue of CUDA memory averaged on the GPU lives there and
+ * is copied on a stream of its own, waited for (within
+ * ::mp_config::round_timeout_ms).
  * @return 0, -ENOENT if the buffer has none, -EBUSY while an average of it
- *         is in flight, -EINVAL on bad arguments, -ENOTSUP for CUDA memory
- *         averaged on the GPU (its residue stays there)
+ *         is in flight, -EINVAL on bad arguments, -EIO when the device copy
+ *         failed (said in ::mp_last_error)
  */
 MP_API int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue);
 
 /**
- * Set (restore) the residue of buffer @p buf from @p residue.
- * @return 0, -EBUSY while an average of it is in flight, -ENOMEM, -EINVAL,
- *         -ENOTSUP for CUDA memory averaged on the GPU (its residue stays
- *         there)
+ * Set (restore) the residue of buffer @p buf from @p residue (host memory;
+ * for CUDA memory averaged on the GPU, copied there, as for
+ * ::mp_feedback_get).
+ * @return 0, -EBUSY while an average of it is in flight, -ENOMEM, -EINVAL
+ *         (also for a residue kept in host memory of a buffer now averaged
+ *         on the GPU, or the reverse: reset it first), -EIO when the device
+ *         copy failed
  */
 MP_API int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *residue);
 

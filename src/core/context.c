@@ -1587,6 +1587,44 @@ int mp_average_flush(mp_ctx *ctx, float *buf, size_t count, float weight, struct
 	return average_now(ctx, buf, count, weight, mp_codec_by_id(MP_CODEC_NONE), 1, res);
 }
 
+/*
+ * A copy between a device residue and the caller's host array (@to_device:
+ * into the residue), on a stream of its own (the registration's belongs to
+ * the progress thread, which may be averaging another buffer of it),
+ * waited for within round_timeout_ms. The caller holds the residue busy,
+ * so no average of the buffer starts meanwhile. 0, or -EIO with the error
+ * set (past the timeout the copy may still run: the array is not to be
+ * trusted then).
+ */
+static int fb_dev_copy(struct mp_ctx *ctx, struct mp_fb *f, float *host, int to_device,
+		       const char *what)
+{
+	struct mp_stage *s = f->ds;
+	const struct mp_stage_dev_ops *o = s->ops;
+	void *st = NULL, *ev = NULL;
+	char why[256] = "";
+	int rc = o->stream_create(&s->dev, &st);
+
+	if (!rc)
+		rc = o->event_create(&s->dev, &ev);
+	if (!rc)
+		rc = to_device ? o->copy_async(&s->dev, f->residue, host, f->n * sizeof(float), 1, st) :
+				 o->copy_async(&s->dev, host, f->residue, f->n * sizeof(float), 0, st);
+	if (!rc)
+		rc = o->event_record(&s->dev, ev, st, why, sizeof(why));
+	if (!rc)
+		rc = mp_stage_poll(ctx, s, ev, 0);
+	if (ev)
+		o->event_destroy(&s->dev, ev);
+	if (st)
+		o->stream_destroy(&s->dev, st);
+	if (rc)
+		mp_set_error(ctx, "%s: %s memory %p: the copy of its residue failed on the device "
+			     "(%s%s%s)", what, o->name, (const void *)f->buf, mp_strerror(rc),
+			     why[0] ? ": " : "", why);
+	return rc ? -EIO : 0;
+}
+
 int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue)
 {
 	struct mp_fb *f;
@@ -1600,20 +1638,27 @@ int mp_feedback_get(mp_ctx *ctx, const float *buf, size_t count, float *residue)
 		rc = -ENOENT;
 	else if (f->busy)
 		rc = -EBUSY;
+	else if (f->ds && !f->residue)
+		memset(residue, 0, count * sizeof(float)); /* no average held anything back yet */
 	else if (f->ds)
-		rc = -ENOTSUP;
+		f->busy++; /* copied below, outside the lock */
 	else
 		memcpy(residue, f->residue, count * sizeof(float));
-	if (rc == -ENOTSUP)
-		mp_set_error(ctx, "mp_feedback_get: the residue of CUDA memory averaged on the GPU "
-			     "stays there (not readable from the host yet)");
 	pthread_mutex_unlock(&ctx->core->mu);
+	if (!rc && f->ds && f->residue) {
+		rc = fb_dev_copy(ctx, f, residue, 0, "mp_feedback_get");
+		pthread_mutex_lock(&ctx->core->mu);
+		f->busy--;
+		pthread_mutex_unlock(&ctx->core->mu);
+	}
 	return rc;
 }
 
 int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *residue)
 {
 	struct mp_fb *f;
+	struct mp_stage *ds;
+	void *p = NULL;
 	int rc = 0;
 
 	if (!ctx || !buf || !count || !residue)
@@ -1622,18 +1667,39 @@ int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *re
 		if (!isfinite(residue[i]))
 			return -EINVAL;
 	pthread_mutex_lock(&ctx->core->mu);
-	f = dev_stage_of(ctx, buf) ? NULL : fb_find(ctx, buf, count, 1, NULL);
-	if (!f && dev_stage_of(ctx, buf))
-		rc = -ENOTSUP;
-	else if (!f)
+	/* CUDA memory on the device path keeps its residue on the GPU. */
+	ds = dev_stage_of(ctx, buf);
+	f = fb_find(ctx, buf, count, 1, ds);
+	if (!f)
 		rc = -ENOMEM;
 	else if (f->busy)
 		rc = -EBUSY;
+	else if (f->ds != ds)
+		rc = -EINVAL;
+	else if (f->ds)
+		f->busy++; /* copied below, outside the lock */
 	else
 		memcpy(f->residue, residue, count * sizeof(float));
-	if (rc == -ENOTSUP)
-		mp_set_error(ctx, "mp_feedback_set: the residue of CUDA memory averaged on the GPU "
-			     "stays there (not writable from the host yet)");
+	if (rc == -EINVAL)
+		mp_set_error(ctx, "mp_feedback_set: the residue of this buffer is kept in %s memory, "
+			     "and its registration now averages it in %s memory: reset it first "
+			     "(mp_feedback_reset)", f->ds ? "device" : "host", ds ? "device" : "host");
+	pthread_mutex_unlock(&ctx->core->mu);
+	if (rc || !f->ds)
+		return rc;
+	if (!f->residue) {
+		/* Its first: allocated here, as an average would. */
+		rc = ds->ops->dev_alloc(&ds->dev, count * sizeof(float), &p);
+		if (rc)
+			mp_set_error(ctx, "mp_feedback_set: no %zu bytes of %s device memory for the "
+				     "residue: %s", count * sizeof(float), ds->ops->name, mp_strerror(rc));
+		else
+			f->residue = p; /* busy: nothing else reads the field */
+	}
+	if (!rc)
+		rc = fb_dev_copy(ctx, f, (float *)residue, 1, "mp_feedback_set");
+	pthread_mutex_lock(&ctx->core->mu);
+	f->busy--;
 	pthread_mutex_unlock(&ctx->core->mu);
 	return rc;
 }

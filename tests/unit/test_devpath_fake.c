@@ -82,6 +82,7 @@ struct shared {
 	float *host[MAXP][MAXOPS];   /* the host path's result */
 	float *dev[MAXP][MAXOPS];    /* the device path's */
 	float *probe[MAXP][MAXOPS];  /* stream_ms: what the caller's stream read after its wait */
+	float *hres[MAXP];           /* sparse codecs: the residue after the host path's averages */
 	int ran[MAXP][MAXOPS];
 	int rc_host[MAXP][MAXOPS], rc_dev[MAXP][MAXOPS];
 	struct mp_result res[MAXP][MAXOPS];
@@ -190,6 +191,11 @@ static void *peer_main(void *p)
 		memcpy(v, hb, bytes);
 		sh->host[r][op] = v;
 	}
+	if (ctx && sc->codec >= MP_CODEC_TOPK) {
+		sh->hres[r] = calloc(sc->count, sizeof(float));
+		if (mp_feedback_get(ctx, hb, sc->count, sh->hres[r]))
+			note(sh, r, "mp_feedback_get of the host path failed");
+	}
 	pthread_barrier_wait(&sh->bar);
 	mp_finalize(ctx);
 	free(hb);
@@ -263,15 +269,23 @@ static void *peer_main(void *p)
 			note(sh, r, "the staged residue is not there, or not empty after the flush");
 		free(tmp);
 	} else if (mr && sc->codec >= MP_CODEC_TOPK) {
-		/* The residue stays on the GPU: the host cannot read or write it
-		 * (yet), and says so; a reset frees it. */
+		/* The residue on the GPU, read back: bit for bit the host path's
+		 * (also after a failure: every peer's, the failed one's put
+		 * back). Written and read again; then a reset frees it. */
 		float *tmp = calloc(sc->count, sizeof(float));
-		if (mp_feedback_get(ctx, dev, sc->count, tmp) != -ENOTSUP ||
-		    !strstr(mp_last_error(ctx), "stays there") ||
-		    mp_feedback_set(ctx, dev, sc->count, tmp) != -ENOTSUP)
-			note(sh, r, "mp_feedback_get/set of a device residue did not refuse");
+		if (mp_feedback_get(ctx, dev, sc->count, tmp))
+			note(sh, r, "mp_feedback_get of a device residue failed");
+		else if (!sc->fail_rank && memcmp(tmp, sh->hres[r], bytes))
+			note(sh, r, "the device residue is not the host path's");
+		for (size_t i = 0; i < sc->count; i++)
+			tmp[i] = (float)i * 0.5f - 3.0f;
+		float *back = calloc(sc->count, sizeof(float));
+		if (mp_feedback_set(ctx, dev, sc->count, tmp) ||
+		    mp_feedback_get(ctx, dev, sc->count, back) || memcmp(tmp, back, bytes))
+			note(sh, r, "mp_feedback_set then _get of a device residue differ");
 		if (r == 0 && mp_feedback_reset(ctx, dev))
 			note(sh, r, "mp_feedback_reset of a device residue failed");
+		free(back);
 		free(tmp);
 	}
 	if (mr && mp_mem_deregister(ctx, mr))
@@ -311,6 +325,7 @@ static void release(struct shared *sh)
 			free(sh->dev[r][op]);
 			free(sh->probe[r][op]);
 		}
+		free(sh->hres[r]);
 		fk_mem_fini(r);
 	}
 	free(sh);
