@@ -7,13 +7,14 @@
  * this process sends, from a raw socket on peer 0's veth, K frames of each kind
  * that is not ours (another UDP port, bad IPv4 checksum, TCP, a bad UDP
  * length, our port with a payload that is not a segment, a memif BYE, which
- * only a memif peer may send, and a malformed one) and one ARP request
- * for peer 0's address. (Fragments are left to test_dpdk_frame: the kernel
+ * only a memif peer may send, and a malformed one) and an ARP request
+ * for peer 0's address (sent again every 500 ms until answered, 5 s at most). (Fragments are left to test_dpdk_frame: the kernel
  * here did not pass raw IPv4 fragments through a veth to the packet socket.)
  *
  * Asserted: every message arrives intact; peer 0's counters show exactly K
  * frames for each of those verdicts (and rel's own drop for the non-segment
- * payloads, bye_bad for the BYEs); the ARP request gets a correct reply.
+ * payloads, bye_bad for the BYEs); the ARP request gets a correct reply,
+ * and peer 0 counts one reply per request at most.
  *
  * Skips (77) without root, network namespaces or an EAL that starts.
  *
@@ -293,6 +294,9 @@ static void fix_ip(uint8_t *f)
 	ip[11] = (uint8_t)c;
 }
 
+/* ARP requests sent to peer 0 (foreign_frames): each may be answered. */
+static int arp_sent;
+
 /* K frames of each foreign kind to peer 0, then an ARP request; 0 if the reply came. */
 static int inject(void)
 {
@@ -346,9 +350,14 @@ static int inject(void)
 	memset(f, 0, 60);
 	memcpy(f, arp, sizeof(arp));
 	put(s, ifx, f, 60);
+	arp_sent = 1;
 	/* The socket sees every frame on the bridge, our own included, so the
-	 * wait is bounded by time (3 s), not by frames read. */
+	 * wait is bounded by time (5 s), not by frames read. The request goes
+	 * again every 500 ms, as an ARP client's does: the burst above can
+	 * fill peer 0's receive ring on a loaded machine, and one request
+	 * dropped there once failed this test. */
 	struct timespec t0, t;
+	long last = 0;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (;;) {
 		struct pollfd pf = {.fd = s, .events = POLLIN};
@@ -356,8 +365,14 @@ static int inject(void)
 		ssize_t n;
 
 		clock_gettime(CLOCK_MONOTONIC, &t);
-		if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > 3000)
+		long ms = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+		if (ms > 5000)
 			break;
+		if (ms - last >= 500) {
+			last = ms;
+			put(s, ifx, f, 60);
+			arp_sent++;
+		}
 		if (poll(&pf, 1, 20) != 1)
 			continue;
 		n = recv(s, r, sizeof(r), 0);
@@ -1245,8 +1260,11 @@ int main(int argc, char **argv)
 	fails += bye != 2 * K;
 	long long arp = counter(0, "arp_replies");
 
-	printf("%s peer 0: arp_replies=%lld (want 1)\n", arp == 1 ? "ok" : "FAIL", arp);
-	fails += arp != 1;
+	/* One reply a request that reached it, and at least one. */
+	int arp_ok = arp >= 1 && arp <= arp_sent;
+	printf("%s peer 0: arp_replies=%lld (want 1 to %d, the requests sent)\n",
+	       arp_ok ? "ok" : "FAIL", arp, arp_sent);
+	fails += !arp_ok;
 	printf("%s\n", fails ? "FAIL" : "PASS");
 	return fails ? 1 : 0;
 }
