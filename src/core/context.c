@@ -903,8 +903,7 @@ static int flush_late(struct mp_ctx *ctx, struct mp_request *req, struct mp_stag
 		memset(f->residue, 0, req->count * sizeof(float));
 		return 0;
 	}
-	rc = s->dp->k->decode(&s->dev, MP_CODEC_NONE, f->residue, req->count * sizeof(float),
-			      req->x, req->count, 1.0f, 1, NULL, NULL, 0, s->stream);
+	rc = mp_dev_axpy(s, req->x, f->residue, req->count, 1.0f, NULL);
 	if (!rc)
 		rc = s->ops->fill32(&s->dev, f->residue, 0, req->count, s->stream);
 	if (rc)
@@ -913,31 +912,42 @@ static int flush_late(struct mp_ctx *ctx, struct mp_request *req, struct mp_stag
 	return rc ? -EIO : mp_dev_sync(ctx, s, "the error feedback folded into the buffer");
 }
 
-/* The device residue of @req's error feedback, zeroed, at its first average. */
-static int dev_residue(struct mp_ctx *ctx, struct mp_request *req)
+/* A device residue for @f, held busy by the caller (so nothing else reads
+ * the field): zeroed with @zero, else to be written whole. 0 or an errno,
+ * with the context's error set. */
+static int fb_dev_alloc(struct mp_ctx *ctx, struct mp_fb *f, int zero)
 {
-	struct mp_stage *ds = req->fb ? req->fb->ds : NULL;
+	struct mp_stage *ds = f->ds;
 	void *p = NULL;
-	int rc;
+	int rc = ds->ops->dev_alloc(&ds->dev, f->n * sizeof(float), &p);
 
-	if (!ds || req->fb->residue || req->flush_late)
-		return 0;
-	rc = ds->ops->dev_alloc(&ds->dev, req->count * sizeof(float), &p);
 	if (rc) {
 		mp_set_error(ctx, "no %zu bytes of %s device memory for the error feedback of %p: %s",
-			     req->count * sizeof(float), ds->ops->name, (void *)req->buf,
+			     f->n * sizeof(float), ds->ops->name, (const void *)f->buf,
 			     mp_strerror(rc));
 		return rc;
 	}
-	rc = ds->ops->fill32(&ds->dev, p, 0, req->count, ds->stream) ? -EIO :
-	     mp_dev_sync(ctx, ds, "zeroing the error feedback");
+	if (zero && ds->ops->fill32(&ds->dev, p, 0, f->n, ds->stream)) {
+		mp_set_error(ctx, "%s memory %p: zeroing the error feedback failed", ds->ops->name,
+			     (const void *)f->buf);
+		rc = -EIO;
+	} else if (zero) {
+		rc = mp_dev_sync(ctx, ds, "zeroing the error feedback");
+	}
 	if (rc) {
 		ds->ops->dev_free(&ds->dev, p);
 		return -EIO;
 	}
-	/* The fb is busy (this request), so nothing else reads the field. */
-	req->fb->residue = p;
+	f->residue = p;
 	return 0;
+}
+
+/* The device residue of @req's error feedback, zeroed, at its first average. */
+static int dev_residue(struct mp_ctx *ctx, struct mp_request *req)
+{
+	if (!req->fb || !req->fb->ds || req->fb->residue || req->flush_late)
+		return 0;
+	return fb_dev_alloc(ctx, req->fb, 1);
 }
 
 static int run_average(struct mp_ctx *ctx, struct mp_request *req)
@@ -945,12 +955,12 @@ static int run_average(struct mp_ctx *ctx, struct mp_request *req)
 	struct mp_stage *s = req->mr->stage;
 	struct mp_avg a = {.x = req->x, .n = req->count, .weight = req->weight,
 			   .dmr = s ? s->dmr : req->mr->dmr, .res = &req->res, .codec = req->codec,
-			   .residue = req->fb ? req->fb->residue : NULL,
 			   .dev = s && s->dp ? s : NULL, .x_is_copy = s && !s->dp};
 	int rc = req->flush_late ? flush_late(ctx, req, s) : dev_residue(ctx, req);
 
 	if (rc)
 		return rc;
+	/* Set now: the first average of a device residue allocates it. */
 	a.residue = req->fb && !req->flush_late ? req->fb->residue : NULL;
 	req->res.codec = req->codec->id;
 	a.influence = 1;
@@ -1658,7 +1668,6 @@ int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *re
 {
 	struct mp_fb *f;
 	struct mp_stage *ds;
-	void *p = NULL;
 	int rc = 0;
 
 	if (!ctx || !buf || !count || !residue)
@@ -1687,15 +1696,8 @@ int mp_feedback_set(mp_ctx *ctx, const float *buf, size_t count, const float *re
 	pthread_mutex_unlock(&ctx->core->mu);
 	if (rc || !f->ds)
 		return rc;
-	if (!f->residue) {
-		/* Its first: allocated here, as an average would. */
-		rc = ds->ops->dev_alloc(&ds->dev, count * sizeof(float), &p);
-		if (rc)
-			mp_set_error(ctx, "mp_feedback_set: no %zu bytes of %s device memory for the "
-				     "residue: %s", count * sizeof(float), ds->ops->name, mp_strerror(rc));
-		else
-			f->residue = p; /* busy: nothing else reads the field */
-	}
+	if (!f->residue)
+		rc = fb_dev_alloc(ctx, f, 0); /* its first: allocated here, as an average would */
 	if (!rc)
 		rc = fb_dev_copy(ctx, f, (float *)residue, 1, "mp_feedback_set");
 	pthread_mutex_lock(&ctx->core->mu);

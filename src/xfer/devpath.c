@@ -314,8 +314,7 @@ int mp_dev_scale(struct mp_stage *s, float *x, uint64_t n, float w, float *tmp, 
 		if (!rc)
 			rc = s->ops->fill32(&s->dev, x + o, 0x80000000u, m, s->stream);
 		if (!rc)
-			rc = s->dp->k->decode(&s->dev, MP_CODEC_NONE, tmp, m * sizeof(float), x + o, m, w,
-					      1, st, NULL, 0, s->stream);
+			rc = mp_dev_axpy(s, x + o, tmp, m, w, st);
 	}
 	return rc;
 }
@@ -333,4 +332,28 @@ int mp_dev_chunk_out(struct mp_stage *s, int codec, const struct mp_codec_params
 	rc = s->dp->k->encode(&s->dev, codec, p, src, residue, count, sl->dev, s->dp->slot_bytes, len,
 			      scratch, scratch_bytes, s->stream);
 	return rc ? rc : s->ops->copy_async(&s->dev, sl->host, sl->dev, *len, 0, s->stream);
+}
+
+int mp_dev_axpy(struct mp_stage *s, float *y, const float *x, uint64_t n, float w, uint32_t *st)
+{
+	return s->dp->k->decode(&s->dev, MP_CODEC_NONE, x, n * sizeof(float), y, n, w, 1, st, NULL,
+				0, s->stream);
+}
+
+int mp_dev_carve(struct mp_ctx *ctx, struct mp_stage *s, const size_t *sz, void **const *at,
+		 int n)
+{
+	size_t total = 0;
+	uint8_t *base;
+
+	for (int i = 0; i < n; i++)
+		total += (sz[i] + 255) & ~(size_t)255;
+	base = mp_dev_scratch(ctx, s, total);
+	if (!base)
+		return -ENOMEM;
+	for (int i = 0; i < n; i++) {
+		*at[i] = sz[i] ? base : NULL;
+		base += (sz[i] + 255) & ~(size_t)255;
+	}
+	return 0;
 }

@@ -125,6 +125,15 @@ int mp_dev_chunk_out(struct mp_stage *s, int codec, const struct mp_codec_params
 		     const float *src, float *residue, uint32_t count, struct mp_ring_slot *sl,
 		     size_t *len, void *scratch, size_t scratch_bytes);
 
+/* Queue y[0..n) += w·x (device memory), the product rounded before the
+ * add as mp_k_axpy; @st: a status word the decodes of fp32 leave 0. */
+int mp_dev_axpy(struct mp_stage *s, float *y, const float *x, uint64_t n, float w, uint32_t *st);
+/* The round's device memory (mp_dev_scratch) cut into @n areas of @sz[i]
+ * bytes, each 256-byte aligned, at *@at[i] (NULL for an empty one): 0, or
+ * -ENOMEM with the context's error set. */
+int mp_dev_carve(struct mp_ctx *ctx, struct mp_stage *s, const size_t *sz, void **const *at,
+		 int n);
+
 struct mp_group;
 struct mp_avg;
 /* mp_direct_allreduce (xfer.h) of @a, whose buffer is device memory

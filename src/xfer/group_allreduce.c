@@ -485,8 +485,7 @@ static void dev_reduce(struct gar *r)
 		 * buffer and the residue are written in dev_apply). */
 		rc = o->copy_d2d(&s->dev, r->dfold, xo, L * sizeof(float), s->stream);
 		if (!rc)
-			rc = k->decode(&s->dev, MP_CODEC_NONE, r->a->residue + off, L * sizeof(float),
-				       r->dfold, L, 1.0f, 1, dev_zero(r), NULL, 0, s->stream);
+			rc = mp_dev_axpy(s, r->dfold, r->a->residue + off, L, 1.0f, dev_zero(r));
 		own = r->dfold;
 		r->folded = 1;
 	}
@@ -495,14 +494,12 @@ static void dev_reduce(struct gar *r)
 		for (int i = 0; !rc && i < r->nused; i++) {
 			int m = r->who[i];
 			const float *c = m == me ? own : r->dcb + (size_t)r->mb[m].slot * L;
-			rc = k->decode(&s->dev, MP_CODEC_NONE, c, L * sizeof(float), r->dsum, L,
-				       r->whow[i], 1, dev_zero(r), NULL, 0, s->stream);
+			rc = mp_dev_axpy(s, r->dsum, c, L, r->whow[i], dev_zero(r));
 		}
 		if (!rc)
 			rc = o->fill32(&s->dev, r->dres, 0x80000000u, L, s->stream);
 		if (!rc)
-			rc = k->decode(&s->dev, MP_CODEC_NONE, r->dsum, L * sizeof(float), r->dres, L,
-				       1.0f / r->wsum, 1, dev_zero(r), NULL, 0, s->stream);
+			rc = mp_dev_axpy(s, r->dres, r->dsum, L, 1.0f / r->wsum, dev_zero(r));
 	} else if (!rc) {
 		/* One contribution, or Σ w = 0: ours, kept bit for bit. */
 		const float *c = r->wsum > 0.0f && r->who[0] != me ?
@@ -710,8 +707,7 @@ static int dev_setup(struct gar *r, int nslots)
 	const int codec = (int)r->a->codec->id;
 	const uint64_t L = r->mb[r->me].len, nc = r->mb[r->me].nch, rest = r->a->n - L;
 	const int fb = r->a->residue != NULL; /* sparse codecs: error feedback */
-	size_t sz[12], total = 0;
-	uint8_t *base;
+	size_t sz[12];
 
 	r->enc_scr = (k->enc_scratch(codec, &ctx->cparams, r->C) + 255) & ~(size_t)255;
 	r->dec_scr = (k->dec_scratch(codec, s->dp->slot_bytes, r->C) + 255) & ~(size_t)255;
@@ -727,19 +723,12 @@ static int dev_setup(struct gar *r, int nslots)
 	sz[9] = fb ? L * sizeof(float) : 0;                          /* drt */
 	sz[10] = fb ? rest * sizeof(float) : 0;                      /* desave */
 	sz[11] = fb ? r->C * sizeof(float) : 0;                      /* dtmp */
-	for (int i = 0; i < 12; i++)
-		total += (sz[i] + 255) & ~(size_t)255;
-	base = mp_dev_scratch(ctx, s, total);
-	if (!base)
-		return -ENOMEM;
 	void **at[12] = {(void **)&r->dcb, (void **)&r->dsum, (void **)&r->dres, (void **)&r->denc,
 			 (void **)&r->dstage, (void **)&r->dstat, &r->dscr_enc, &r->dscr_dec,
 			 (void **)&r->dfold, (void **)&r->drt, (void **)&r->desave,
 			 (void **)&r->dtmp};
-	for (int i = 0; i < 12; i++) {
-		*at[i] = sz[i] ? base : NULL;
-		base += (sz[i] + 255) & ~(size_t)255;
-	}
+	if (mp_dev_carve(ctx, s, sz, at, 12))
+		return -ENOMEM;
 	int rc = s->ops->fill32(&s->dev, r->dstat, 0, dev_nstat(r), s->stream);
 	/* As setup_memory: the residue of the parts we send, as it was. */
 	for (int j = 0; !rc && r->desave && j < r->k; j++)
@@ -808,9 +797,8 @@ static int dev_apply(struct gar *r)
 		rc = s->ops->fill32(&s->dev, r->a->residue + r->mb[me].off, 0, r->mb[me].len,
 				    s->stream);
 	if (!rc && r->done && r->refilled)
-		rc = s->dp->k->decode(&s->dev, MP_CODEC_NONE, r->drt, r->mb[me].len * sizeof(float),
-				      r->a->residue + r->mb[me].off, r->mb[me].len, (float)r->nused, 1,
-				      dev_zero(r), NULL, 0, s->stream);
+		rc = mp_dev_axpy(s, r->a->residue + r->mb[me].off, r->drt, r->mb[me].len,
+				 (float)r->nused, dev_zero(r));
 	if (!rc)
 		rc = mp_dev_sync(ctx, s, "the round's results written to the buffer");
 	else

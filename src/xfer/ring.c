@@ -393,8 +393,7 @@ static int dev_setup(struct ring *g)
 	struct mp_stage *s = g->ds;
 	const struct mp_devk_ops *k = s->dp->k;
 	const int codec = (int)g->a->codec->id;
-	size_t sz[5], total = 0;
-	uint8_t *base;
+	size_t sz[5];
 
 	g->prep = calloc((size_t)g->S, sizeof(*g->prep));
 	g->ph = calloc((size_t)g->S, sizeof(*g->ph));
@@ -408,17 +407,10 @@ static int dev_setup(struct ring *g)
 	sz[2] = 3 * sizeof(uint32_t);                              /* dstat */
 	sz[3] = g->enc_scr;
 	sz[4] = g->dec_scr;
-	for (int i = 0; i < 5; i++)
-		total += (sz[i] + 255) & ~(size_t)255;
-	base = mp_dev_scratch(ctx, s, total);
-	if (!base)
-		return -ENOMEM;
 	void **at[5] = {(void **)&g->dtmp, (void **)&g->denc, (void **)&g->dstat, &g->dscr_enc,
 			&g->dscr_dec};
-	for (int i = 0; i < 5; i++) {
-		*at[i] = sz[i] ? base : NULL;
-		base += (sz[i] + 255) & ~(size_t)255;
-	}
+	if (mp_dev_carve(ctx, s, sz, at, 5))
+		return -ENOMEM;
 	if (s->ops->fill32(&s->dev, g->dstat, 0, 3, s->stream)) {
 		mp_set_error(ctx, "ring all-reduce: %s memory %p: clearing the status words failed",
 			     s->ops->name, s->dev_base);
