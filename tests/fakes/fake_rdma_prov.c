@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,16 @@ static struct fk_ep fk_dead;
 static uint32_t fk_next_id;
 unsigned fk_late_writes;
 struct fk_prov *fk_last_open;
+fk_rdma_dma_fn fk_rdma_dma;
+/* Every entry holds it: instances of several threads write into each
+ * other's memory and completion queues. */
+static pthread_mutex_t fk_mu = PTHREAD_MUTEX_INITIALIZER;
+#define FK_LOCKED(call)                          \
+	do {                                     \
+		pthread_mutex_lock(&fk_mu);      \
+		call;                            \
+		pthread_mutex_unlock(&fk_mu);    \
+	} while (0)
 
 static struct fk_prov *fk_prov_of(struct mp_rdma_prov *p)
 {
@@ -36,7 +47,7 @@ static struct fk_ep *fk_ep_of(struct mp_rdma_ep *e)
 	return (struct fk_ep *)(void *)e;
 }
 
-static int fk_open(const struct mp_rdma_params *p, struct mp_rdma_prov **out)
+static int fk_open_l(const struct mp_rdma_params *p, struct mp_rdma_prov **out)
 {
 	struct fk_prov *pv = calloc(1, sizeof(*pv));
 
@@ -55,7 +66,7 @@ static void fk_cq_push(struct fk_prov *pv, const struct mp_rdma_cqe *e)
 	pv->cq_n++;
 }
 
-static void fk_ep_destroy(struct mp_rdma_ep *ep)
+static void fk_ep_destroy_l(struct mp_rdma_ep *ep)
 {
 	struct fk_ep *e = fk_ep_of(ep);
 	struct fk_prov *pv = e->pv;
@@ -74,23 +85,23 @@ static void fk_ep_destroy(struct mp_rdma_ep *ep)
 	free(e);
 }
 
-static void fk_dereg(struct mp_rdma_prov *p, struct mp_rdma_mr *mr);
+static void fk_dereg_l(struct mp_rdma_prov *p, struct mp_rdma_mr *mr);
 
-static void fk_close(struct mp_rdma_prov *p)
+static void fk_close_l(struct mp_rdma_prov *p)
 {
 	struct fk_prov *pv = fk_prov_of(p);
 
 	for (uint32_t i = 1; i <= fk_next_id && i < FK_MAX_EPS; i++)
 		if (fk_eps[i] && fk_eps[i] != FK_DEAD && fk_eps[i]->pv == pv)
-			fk_ep_destroy((struct mp_rdma_ep *)(void *)fk_eps[i]);
+			fk_ep_destroy_l((struct mp_rdma_ep *)(void *)fk_eps[i]);
 	while (pv->mrs)
-		fk_dereg(p, &pv->mrs->pub);
+		fk_dereg_l(p, &pv->mrs->pub);
 	if (fk_last_open == pv)
 		fk_last_open = NULL;
 	free(pv);
 }
 
-static int fk_ep_create(struct mp_rdma_prov *p, void *blob, size_t *len, struct mp_rdma_ep **out)
+static int fk_ep_create_l(struct mp_rdma_prov *p, void *blob, size_t *len, struct mp_rdma_ep **out)
 {
 	struct fk_prov *pv = fk_prov_of(p);
 	struct fk_ep *e;
@@ -113,7 +124,7 @@ static int fk_ep_create(struct mp_rdma_prov *p, void *blob, size_t *len, struct 
 	return 0;
 }
 
-static int fk_ep_connect(struct mp_rdma_ep *ep, const void *blob, size_t len)
+static int fk_ep_connect_l(struct mp_rdma_ep *ep, const void *blob, size_t len)
 {
 	struct fk_ep *e = fk_ep_of(ep);
 	uint32_t v[2];
@@ -128,7 +139,7 @@ static int fk_ep_connect(struct mp_rdma_ep *ep, const void *blob, size_t len)
 	return 0;
 }
 
-static int fk_reg(struct mp_rdma_prov *p, void *addr, size_t len, enum mp_mem_kind kind,
+static int fk_reg_l(struct mp_rdma_prov *p, void *addr, size_t len, enum mp_mem_kind kind,
 		  struct mp_rdma_mr **out)
 {
 	struct fk_prov *pv = fk_prov_of(p);
@@ -136,7 +147,7 @@ static int fk_reg(struct mp_rdma_prov *p, void *addr, size_t len, enum mp_mem_ki
 
 	if (!addr || !len)
 		return -EINVAL;
-	if (kind != MP_MEM_HOST)
+	if (kind != MP_MEM_HOST && !(kind == MP_MEM_CUDA && fk_rdma_dma))
 		return -ENOTSUP;
 	m = calloc(1, sizeof(*m));
 	if (!m)
@@ -153,7 +164,7 @@ static int fk_reg(struct mp_rdma_prov *p, void *addr, size_t len, enum mp_mem_ki
 	return 0;
 }
 
-static void fk_dereg(struct mp_rdma_prov *p, struct mp_rdma_mr *mr)
+static void fk_dereg_l(struct mp_rdma_prov *p, struct mp_rdma_mr *mr)
 {
 	struct fk_prov *pv = fk_prov_of(p);
 
@@ -169,7 +180,7 @@ static void fk_dereg(struct mp_rdma_prov *p, struct mp_rdma_mr *mr)
 	fail_msg("dereg of a registration the fake never made");
 }
 
-static int fk_write(struct mp_rdma_ep *ep, const void *src, size_t len, struct mp_rdma_mr *mr,
+static int fk_write_l(struct mp_rdma_ep *ep, const void *src, size_t len, struct mp_rdma_mr *mr,
 		    uint64_t raddr, uint64_t rkey, uint32_t imm, unsigned flags, uint64_t wr_id)
 {
 	struct fk_ep *e = fk_ep_of(ep);
@@ -183,6 +194,7 @@ static int fk_write(struct mp_rdma_ep *ep, const void *src, size_t len, struct m
 	}
 	w = &e->sq[e->posted % FK_SQ_DEPTH];
 	memset(w, 0, offsetof(struct fk_wr, len));
+	w->src_dev = 0;
 	if (flags & MP_RDMA_WR_INLINE) {
 		if (len > FK_INLINE)
 			return -EINVAL;
@@ -197,6 +209,7 @@ static int fk_write(struct mp_rdma_ep *ep, const void *src, size_t len, struct m
 		if (!m || m->pub.desc != m || a < b || len > m->pub.len || a - b > m->pub.len - len)
 			return -EINVAL;
 		w->src = src;
+		w->src_dev = m->pub.kind == MP_MEM_CUDA;
 	}
 	w->len = len;
 	w->raddr = raddr;
@@ -214,8 +227,10 @@ static size_t fk_max_inline(struct mp_rdma_prov *p)
 	return FK_INLINE;
 }
 
-/* Where [raddr, raddr + len) lands in @pv under @rkey, or NULL. */
-static unsigned char *fk_target(struct fk_prov *pv, uint64_t raddr, uint64_t rkey, size_t len)
+/* Where [raddr, raddr + len) lands in @pv under @rkey, or NULL; *@dev:
+ * in device memory. */
+static unsigned char *fk_target(struct fk_prov *pv, uint64_t raddr, uint64_t rkey, size_t len,
+				int *dev)
 {
 	for (struct fk_mr *m = pv->mrs; m; m = m->next) {
 		uintptr_t b = (uintptr_t)m->pub.addr;
@@ -224,6 +239,7 @@ static unsigned char *fk_target(struct fk_prov *pv, uint64_t raddr, uint64_t rke
 			continue;
 		if (raddr < b || len > m->pub.len || raddr - b > m->pub.len - len)
 			return NULL;
+		*dev = m->pub.kind == MP_MEM_CUDA;
 		return (unsigned char *)(uintptr_t)raddr;
 	}
 	return NULL;
@@ -246,6 +262,7 @@ static void fk_execute(struct fk_ep *e)
 		struct fk_wr *w = &e->sq[e->executed % FK_SQ_DEPTH];
 		struct fk_ep *t = fk_eps[e->peer];
 		unsigned char *dst;
+		int dst_dev = 0;
 
 		e->executed++;
 		if (e->error) {
@@ -265,13 +282,15 @@ static void fk_execute(struct fk_ep *e)
 			e->retired = e->executed;
 			continue;
 		}
-		dst = fk_target(t->pv, w->raddr, w->rkey, w->len);
+		dst = fk_target(t->pv, w->raddr, w->rkey, w->len, &dst_dev);
 		if (!dst && w->len) {
 			fk_fail_wr(e, w, -EACCES);
 			e->retired = e->executed;
 			continue;
 		}
-		if (w->len)
+		if (w->len && (dst_dev || w->src_dev))
+			fk_rdma_dma(dst, dst_dev, w->src, w->src_dev, w->len);
+		else if (w->len)
 			memcpy(dst, w->src, w->len);
 		if (w->flags & MP_RDMA_WR_IMM) {
 			struct mp_rdma_cqe c = {.op = MP_RDMA_CQE_IMM, .imm = w->imm, .len = w->len,
@@ -293,7 +312,7 @@ static void fk_execute(struct fk_ep *e)
 	}
 }
 
-static int fk_poll(struct mp_rdma_prov *p, struct mp_rdma_cqe *out, int max)
+static int fk_poll_l(struct mp_rdma_prov *p, struct mp_rdma_cqe *out, int max)
 {
 	struct fk_prov *pv = fk_prov_of(p);
 	int n = 0;
@@ -309,7 +328,72 @@ static int fk_poll(struct mp_rdma_prov *p, struct mp_rdma_cqe *out, int max)
 	return n;
 }
 
-const struct mp_rdma_prov_ops fk_ops = {
+static int fk_open(const struct mp_rdma_params *p, struct mp_rdma_prov **out)
+{
+	int rc;
+
+	FK_LOCKED(rc = fk_open_l(p, out));
+	return rc;
+}
+
+static void fk_close(struct mp_rdma_prov *p)
+{
+	FK_LOCKED(fk_close_l(p));
+}
+
+static int fk_ep_create(struct mp_rdma_prov *p, void *blob, size_t *len, struct mp_rdma_ep **out)
+{
+	int rc;
+
+	FK_LOCKED(rc = fk_ep_create_l(p, blob, len, out));
+	return rc;
+}
+
+static int fk_ep_connect(struct mp_rdma_ep *ep, const void *blob, size_t len)
+{
+	int rc;
+
+	FK_LOCKED(rc = fk_ep_connect_l(ep, blob, len));
+	return rc;
+}
+
+static void fk_ep_destroy(struct mp_rdma_ep *ep)
+{
+	FK_LOCKED(fk_ep_destroy_l(ep));
+}
+
+static int fk_reg(struct mp_rdma_prov *p, void *addr, size_t len, enum mp_mem_kind kind,
+		  struct mp_rdma_mr **out)
+{
+	int rc;
+
+	FK_LOCKED(rc = fk_reg_l(p, addr, len, kind, out));
+	return rc;
+}
+
+static void fk_dereg(struct mp_rdma_prov *p, struct mp_rdma_mr *mr)
+{
+	FK_LOCKED(fk_dereg_l(p, mr));
+}
+
+static int fk_write(struct mp_rdma_ep *ep, const void *src, size_t len, struct mp_rdma_mr *mr,
+		    uint64_t raddr, uint64_t rkey, uint32_t imm, unsigned flags, uint64_t wr_id)
+{
+	int rc;
+
+	FK_LOCKED(rc = fk_write_l(ep, src, len, mr, raddr, rkey, imm, flags, wr_id));
+	return rc;
+}
+
+static int fk_poll(struct mp_rdma_prov *p, struct mp_rdma_cqe *out, int max)
+{
+	int rc;
+
+	FK_LOCKED(rc = fk_poll_l(p, out, max));
+	return rc;
+}
+
+const struct mp_rdma_prov_ops fk_rdma_ops = {
 	.name = "fake",
 	.open = fk_open,
 	.close = fk_close,
@@ -327,7 +411,9 @@ int fk_live_eps(void)
 {
 	int n = 0;
 
+	pthread_mutex_lock(&fk_mu);
 	for (uint32_t i = 1; i <= fk_next_id && i < FK_MAX_EPS; i++)
 		n += fk_eps[i] && fk_eps[i] != FK_DEAD;
+	pthread_mutex_unlock(&fk_mu);
 	return n;
 }

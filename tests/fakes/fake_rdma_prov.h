@@ -18,7 +18,9 @@
  * nothing (as after ibv_destroy_qp or fi_close): it is counted as a late
  * write and fails -ETIMEDOUT at the writer. Tests inject one completion
  * error on the next write from one instance to another (inject_to,
- * inject_status). Single-threaded, with cmocka's asserts.
+ * inject_status). One lock covers every entry, so instances driven by
+ * threads of one process (peers of a library test) write into each other
+ * safely; its asserts are cmocka's. GPUDirect: see fk_rdma_dma.
  */
 #ifndef MP_FAKE_RDMA_PROV_H
 #define MP_FAKE_RDMA_PROV_H
@@ -30,7 +32,7 @@
 #define FK_SQ_DEPTH 48      /* below rdma.c's 128 writes in flight: it must see -EAGAIN */
 #define FK_CQ_CAP 8192
 #define FK_INLINE 64
-#define FK_MAX_EPS 1024
+#define FK_MAX_EPS 16384   /* ids are not reused: a test may make thousands */
 #define FK_BLOB_MAGIC 0x454b4146u /* "FAKE" */
 
 struct fk_prov;
@@ -42,6 +44,7 @@ struct fk_wr {
 	uint64_t raddr, rkey, wr_id;
 	uint32_t imm;
 	unsigned flags;
+	int src_dev;            /* the source is device memory (fk_rdma_dma reads it) */
 };
 
 struct fk_ep {
@@ -82,7 +85,16 @@ extern unsigned fk_late_writes;
 extern struct fk_prov *fk_last_open;
 
 /* The provider table. */
-extern const struct mp_rdma_prov_ops fk_ops;
+extern const struct mp_rdma_prov_ops fk_rdma_ops;
+/*
+ * GPUDirect: while a test sets it, registrations of MP_MEM_CUDA are
+ * accepted (else -ENOTSUP, as a NIC without peer memory), and a write whose
+ * source or target lies in one is carried out by this call, as the NIC's
+ * DMA to and from the GPU (the test reads and writes its fake device
+ * memory). @dst_dev, @src_dev: that side is device memory.
+ */
+typedef void (*fk_rdma_dma_fn)(void *dst, int dst_dev, const void *src, int src_dev, size_t len);
+extern fk_rdma_dma_fn fk_rdma_dma;
 /* Endpoints created and not destroyed yet (0 once every instance closed). */
 int fk_live_eps(void);
 

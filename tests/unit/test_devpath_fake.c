@@ -47,6 +47,11 @@
 #include "devk.h"
 #include "stage.h"
 #include "fake_cuda.h"
+#ifdef DEVPATH_RDMA
+#include <moshpit/driver.h>
+#include "drivers/rdma/rdma.h"
+#include "fake_rdma_prov.h"
+#endif
 
 #define MAXP FK_MAXP
 #define MAXOPS 3
@@ -829,12 +834,64 @@ static void devpath_not_taken(void **state)
 	assert_int_equal(log_count("(no device path: MP_CUDA_STAGE=1)") - before, 4);
 }
 
+#ifdef DEVPATH_RDMA
+/*
+ * GPUDirect RDMA without a NIC: the clear-to-send protocol of verbs and ofi
+ * (drivers/rdma) on the fake provider, as transport "rfake", which says it
+ * moves device memory as verbs does. While gdr_on, the fake's NIC reads and
+ * writes the fake GPU's memory (fk_dread, fk_dwrite: no stream waits for
+ * them, as none waits for a NIC); else it refuses to register it, as a
+ * NIC without peer memory does.
+ */
+static int rfake_init(const struct mp_drv_params *p, struct mp_drv **out);
+
+static const struct mp_driver_ops rfake_ops = {
+	MP_RDMA_DRIVER_OPS,
+	.name = "rfake",
+	.init = rfake_init,
+};
+
+static int rfake_init(const struct mp_drv_params *p, struct mp_drv **out)
+{
+	return mp_rdma_init(&rfake_ops, &fk_rdma_ops, MP_DRV_CAP_DEVICE_MEM, p, out);
+}
+
+static void nic_dma(void *dst, int dst_dev, const void *src, int src_dev, size_t len)
+{
+	void *tmp = src_dev ? malloc(len) : NULL;
+
+	if (src_dev && !tmp)
+		abort();
+	if (src_dev)
+		fk_dread(src, tmp, len);
+	if (dst_dev)
+		fk_dwrite(dst, tmp ? tmp : src, len);
+	else
+		memcpy(dst, tmp, len);
+	free(tmp);
+}
+
+/* The dense codecs and algorithms over rfake, the pinned ring (the NIC
+ * cannot reach the GPU): the library runs on the RDMA protocol as on tcp. */
+static void devpath_rdma_pinned(void **state)
+{
+	(void)state;
+	fk_rdma_dma = NULL;
+	(void)nic_dma;
+	same_as_host_on("rfake");
+}
+#endif
+
 int main(void)
 {
 	snprintf(log_path, sizeof(log_path), "/tmp/test_devpath_fake.%d.log", (int)getpid());
 	setenv("MP_DEBUG", "INFO", 0);
 	setenv("MP_DEBUG_FILE", log_path, 1);
 	mp_stage_dev_ops = &fk_ops;
+#ifdef DEVPATH_RDMA
+	if (mp_driver_register(&rfake_ops))
+		return 1;
+#endif
 
 	const struct CMUnitTest all[] = {
 		cmocka_unit_test(devpath_same_as_host_loop),
@@ -848,6 +905,9 @@ int main(void)
 		cmocka_unit_test(devpath_check_finite),
 		cmocka_unit_test(devpath_ring_failures),
 		cmocka_unit_test(devpath_not_taken),
+#ifdef DEVPATH_RDMA
+		cmocka_unit_test(devpath_rdma_pinned),
+#endif
 	};
 	/* DEVPATH_ONLY=name runs one of them (the log is kept with DEVPATH_KEEP_LOG). */
 	const char *only = getenv("DEVPATH_ONLY");

@@ -52,7 +52,7 @@ static const struct mp_driver_ops fake_drv_ops = {
 
 static int fake_init(const struct mp_drv_params *p, struct mp_drv **out)
 {
-	return mp_rdma_init(&fake_drv_ops, &fk_ops, 0, p, out);
+	return mp_rdma_init(&fake_drv_ops, &fk_rdma_ops, 0, p, out);
 }
 
 struct peer {
