@@ -492,14 +492,16 @@ int mp_npeers(const mp_ctx *ctx)
  * CUDA memory. Where the codec kernels can run on its device, the group
  * all-reduce reduces it on the GPU and only encoded chunks cross the bus,
  * through a small ring of pinned buffers (the device path, devpath.h);
- * so does the ring algorithm, with every codec. Otherwise (no usable
+ * so does the ring algorithm, with every codec. A transport that moves
+ * device memory registers that ring's device side (GPUDirect RDMA), and
+ * the chunks go between the NIC and GPU memory with no host copy. Otherwise (no usable
  * kernels, or MP_CUDA_STAGE=1), averaging goes through a pinned host copy
  * of the whole registration (stage.c) on every transport.
- * A transport that can move device memory (verbs with GPUDirect RDMA)
- * registers it as well, through its own ladder (dma-buf, then
- * nvidia-peermem), and logs which path it took; when it cannot
- * (-EOPNOTSUPP, or any other refusal), the host copy is all there is. One
- * INFO line says which path the buffer takes, and why.
+ * Staged whole, a transport that can move device memory registers the
+ * buffer as well, through its own ladder (dma-buf, then nvidia-peermem),
+ * and logs which path it took; when it cannot (-EOPNOTSUPP, or any other
+ * refusal), the host copy is all there is. One INFO line says which path
+ * the buffer takes, and why.
  */
 static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 {
@@ -518,9 +520,11 @@ static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 		return rc;
 	}
 	if (device) {
-		MP_INFO("CUDA memory %p (%zu bytes) is averaged on the GPU (%s); %d pinned chunk "
-			"buffers of %zu bytes cross the bus", buf, len, mr->stage->dp->k->name,
-			MP_DEV_SLOTS, mr->stage->dp->slot_bytes);
+		char how[320];
+
+		mp_dev_describe(ctx, mr->stage, how, sizeof(how));
+		MP_INFO("CUDA memory %p (%zu bytes) is averaged on the GPU (%s); %s", buf, len,
+			mr->stage->dp->k->name, how);
 	} else if (!(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
 		snprintf(why, sizeof(why), "transport %s cannot move device memory", ctx->transport);
 	} else if ((rc = ctx->ops->reg_mr(ctx->drv, buf, len, MP_MEM_CUDA, &mr->dmr))) {

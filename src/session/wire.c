@@ -108,8 +108,9 @@ static int reject(enum mp_wire_reject *why, enum mp_wire_reject r, int err)
 	return err;
 }
 
-int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodecs,
-		   struct mp_wire_hdr *h, enum mp_wire_reject *why)
+/* The frame's header at @buf, its payload at @payload (NULL: not at hand). */
+static int decode(const void *buf, size_t len, const unsigned char *payload, uint64_t run_id,
+		  unsigned ncodecs, struct mp_wire_hdr *h, enum mp_wire_reject *why)
 {
 	const unsigned char *b = buf;
 	struct mp_wire_hdr t;
@@ -134,8 +135,10 @@ int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodec
 	 */
 	avail = len - MP_WIRE_HDR_SIZE;
 	crc = mp_crc32c(0, b, OFF_CRC);
+	if ((b[OFF_FLAGS] & MP_WIRE_F_PAYLOAD_CRC) && !payload)
+		return reject(why, MP_REJ_CHECKSUM, -EBADMSG); /* the caller must pass it */
 	if (b[OFF_FLAGS] & MP_WIRE_F_PAYLOAD_CRC)
-		crc = mp_crc32c(crc, b + MP_WIRE_HDR_SIZE, avail);
+		crc = mp_crc32c(crc, payload, avail);
 	if (crc != mp_le_get32(b + OFF_CRC))
 		return reject(why, MP_REJ_CHECKSUM, -EBADMSG);
 
@@ -178,4 +181,19 @@ int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodec
 	if (h)
 		*h = t;
 	return reject(why, MP_REJ_NONE, 0);
+}
+
+int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodecs,
+		   struct mp_wire_hdr *h, enum mp_wire_reject *why)
+{
+	const unsigned char *payload =
+		len >= MP_WIRE_HDR_SIZE ? (const unsigned char *)buf + MP_WIRE_HDR_SIZE : NULL;
+
+	return decode(buf, len, payload, run_id, ncodecs, h, why);
+}
+
+int mp_wire_decode_header(const void *hdr, size_t len, uint64_t run_id, unsigned ncodecs,
+			  struct mp_wire_hdr *h, enum mp_wire_reject *why)
+{
+	return decode(hdr, len, NULL, run_id, ncodecs, h, why);
 }

@@ -105,5 +105,13 @@ void mp_wire_encode(const struct mp_wire_hdr *h, void *buf, const void *payload)
  */
 int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodecs,
 		   struct mp_wire_hdr *h, enum mp_wire_reject *why);
+/*
+ * As mp_wire_decode, for a frame of @len bytes whose payload is not at
+ * hand (it landed in device memory): @hdr holds its header alone. A frame
+ * whose checksum covers its payload is refused (MP_REJ_CHECKSUM): pass
+ * that one whole to mp_wire_decode.
+ */
+int mp_wire_decode_header(const void *hdr, size_t len, uint64_t run_id, unsigned ncodecs,
+			  struct mp_wire_hdr *h, enum mp_wire_reject *why);
 
 #endif

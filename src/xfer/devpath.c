@@ -7,7 +7,14 @@
 
 #include "devpath.h"
 #include "log.h"
+#include "wire.h"
 #include "xfer.h"
+
+/* A slot's bytes: a frame header's room, then one encoded chunk. */
+static size_t stride(size_t slot_bytes)
+{
+	return MP_WIRE_HDR_SIZE + slot_bytes;
+}
 
 /* The codecs an average of this context may use. */
 static int codecs_of(const struct mp_ctx *ctx, int *ids)
@@ -29,7 +36,66 @@ static int codecs_of(const struct mp_ctx *ctx, int *ids)
  * and the status words, on its own cache line. */
 static size_t word_at(size_t slot_bytes)
 {
-	return MP_DEV_SLOTS * slot_bytes + MP_DEV_NSTATUS * sizeof(uint32_t);
+	return MP_DEV_SLOTS * stride(slot_bytes) + MP_DEV_NSTATUS * sizeof(uint32_t);
+}
+
+/*
+ * GPUDirect RDMA for @s: the transport registers the twins as device
+ * memory, and a stream of their own reads the headers of what lands
+ * there. Our own payloads must not need the host: a checksum over them
+ * (MP_CHECKSUM=payload) is computed there. 0, or why not in dp->nogdr.
+ */
+static void gdr_open(struct mp_ctx *ctx, struct mp_stage *s)
+{
+	struct mp_devpath *dp = s->dp;
+	const struct mp_stage_dev_ops *ops = s->ops;
+	int rc;
+
+	if (!(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
+		snprintf(dp->nogdr, sizeof(dp->nogdr), "transport %s cannot move device memory",
+			 ctx->transport);
+		return;
+	}
+	if (ctx->cfg.checksum_payload) {
+		snprintf(dp->nogdr, sizeof(dp->nogdr), "MP_CHECKSUM=payload checksums payloads on "
+			 "the host");
+		return;
+	}
+	rc = ctx->ops->reg_mr(ctx->drv, (uint8_t *)dp->dring, MP_DEV_SLOTS * stride(dp->slot_bytes),
+			      MP_MEM_CUDA, &dp->dring_mr);
+	if (rc) {
+		dp->dring_mr = NULL;
+		snprintf(dp->nogdr, sizeof(dp->nogdr), "transport %s cannot register device memory "
+			 "(%s)", ctx->transport, mp_strerror(rc));
+		return;
+	}
+	rc = ops->stream_create(&s->dev, &dp->hstream);
+	if (!rc)
+		rc = ops->event_create(&s->dev, &dp->hev);
+	if (rc) {
+		snprintf(dp->nogdr, sizeof(dp->nogdr), "no %s stream for the headers (%s)", ops->name,
+			 mp_strerror(rc));
+		if (dp->hstream)
+			ops->stream_destroy(&s->dev, dp->hstream);
+		dp->hstream = NULL;
+		ctx->ops->dereg_mr(ctx->drv, dp->dring_mr);
+		dp->dring_mr = NULL;
+		return;
+	}
+	dp->gdr = 1;
+}
+
+void mp_dev_describe(const struct mp_ctx *ctx, const struct mp_stage *s, char *text, size_t n)
+{
+	const struct mp_devpath *dp = s->dp;
+
+	if (dp->gdr)
+		snprintf(text, n, "chunks move between the NIC and GPU memory (transport %s "
+			 "registered its %d chunk buffers of %zu bytes: GPUDirect RDMA)", ctx->transport,
+			 MP_DEV_SLOTS, dp->slot_bytes);
+	else
+		snprintf(text, n, "%d pinned chunk buffers of %zu bytes cross the bus (no GPUDirect "
+			 "RDMA: %s)", MP_DEV_SLOTS, dp->slot_bytes, dp->nogdr);
 }
 
 int mp_dev_open(struct mp_ctx *ctx, struct mp_stage *s, char *why, size_t n)
@@ -67,11 +133,11 @@ int mp_dev_open(struct mp_ctx *ctx, struct mp_stage *s, char *why, size_t n)
 	}
 	s->host = host;
 	s->word = (uint32_t *)((char *)host + word_at(sb));
-	dp->hstatus = (uint32_t *)((char *)host + MP_DEV_SLOTS * sb);
-	rc = ops->dev_alloc(&s->dev, MP_DEV_SLOTS * sb, &dp->dring);
+	dp->hstatus = (uint32_t *)((char *)host + MP_DEV_SLOTS * stride(sb));
+	rc = ops->dev_alloc(&s->dev, MP_DEV_SLOTS * stride(sb), &dp->dring);
 	for (int i = 0; !rc && i < MP_DEV_SLOTS; i++) {
-		dp->slot[i].host = (uint8_t *)host + (size_t)i * sb;
-		dp->slot[i].dev = (uint8_t *)dp->dring + (size_t)i * sb;
+		dp->slot[i].host = (uint8_t *)host + (size_t)i * stride(sb) + MP_WIRE_HDR_SIZE;
+		dp->slot[i].dev = (uint8_t *)dp->dring + (size_t)i * stride(sb) + MP_WIRE_HDR_SIZE;
 		rc = ops->event_create(&s->dev, &dp->slot[i].ev);
 	}
 	if (!rc)
@@ -81,9 +147,9 @@ int mp_dev_open(struct mp_ctx *ctx, struct mp_stage *s, char *why, size_t n)
 			     ops->name, s->dev_base, mp_strerror(rc));
 		goto fail;
 	}
-	/* The slots take part in no transfer of their own (the engine copies
-	 * payloads into its slab), but a direct exchange runs in slot 0. */
-	rc = ctx->ops->reg_mr(ctx->drv, host, MP_DEV_SLOTS * sb, MP_MEM_HOST, &s->dmr);
+	/* The pinned slots take part in no transfer of their own (the engine
+	 * copies payloads into its slab), but a direct exchange runs in one. */
+	rc = ctx->ops->reg_mr(ctx->drv, host, MP_DEV_SLOTS * stride(sb), MP_MEM_HOST, &s->dmr);
 	if (rc) {
 		mp_set_error(ctx, "transport %s cannot register the pinned ring of %s memory %p: %s",
 			     ctx->transport, ops->name, s->dev_base, mp_strerror(rc));
@@ -92,6 +158,7 @@ int mp_dev_open(struct mp_ctx *ctx, struct mp_stage *s, char *why, size_t n)
 	}
 	s->dp = dp;
 	s->dp_close = mp_dev_close;
+	gdr_open(ctx, s);
 	return 0;
 fail:
 	for (int i = 0; i < MP_DEV_SLOTS; i++)
@@ -113,9 +180,14 @@ void mp_dev_close(struct mp_ctx *ctx, struct mp_stage *s)
 	struct mp_devpath *dp = s->dp;
 	const struct mp_stage_dev_ops *ops = s->ops;
 
-	(void)ctx;
 	if (!dp)
 		return;
+	if (dp->dring_mr)
+		ctx->ops->dereg_mr(ctx->drv, dp->dring_mr);
+	if (dp->hev)
+		ops->event_destroy(&s->dev, dp->hev);
+	if (dp->hstream)
+		ops->stream_destroy(&s->dev, dp->hstream);
 	for (int i = 0; i < MP_DEV_SLOTS; i++)
 		ops->event_destroy(&s->dev, dp->slot[i].ev);
 	ops->event_destroy(&s->dev, dp->sync_ev);
@@ -126,6 +198,18 @@ void mp_dev_close(struct mp_ctx *ctx, struct mp_stage *s)
 		ops->dev_free(&s->dev, dp->dundo);
 	free(dp);
 	s->dp = NULL;
+}
+
+/* @sl, HELD, is no longer counted as a send's or a receive's. */
+static void unhold(struct mp_devpath *dp, struct mp_ring_slot *sl)
+{
+	if (sl->state != MP_SLOT_HELD)
+		return;
+	if (sl->land)
+		dp->landing--;
+	else
+		dp->held--;
+	sl->land = 0;
 }
 
 struct mp_ring_slot *mp_dev_slot_try(struct mp_stage *s)
@@ -172,8 +256,8 @@ int mp_dev_slot_queued(struct mp_stage *s, struct mp_ring_slot *sl, int keep)
 		return -EIO;
 	}
 	if (!keep) {
+		unhold(s->dp, sl);
 		sl->state = MP_SLOT_PENDING;
-		s->dp->held--;
 	}
 	return 0;
 }
@@ -187,9 +271,91 @@ int mp_dev_slot_ready(struct mp_stage *s, struct mp_ring_slot *sl)
 
 void mp_dev_slot_put(struct mp_stage *s, struct mp_ring_slot *sl)
 {
-	if (sl->state == MP_SLOT_HELD)
-		s->dp->held--;
+	unhold(s->dp, sl);
 	sl->state = MP_SLOT_FREE;
+}
+
+struct mp_ring_slot *mp_dev_land_try(struct mp_stage *s)
+{
+	struct mp_devpath *dp = s->dp;
+	struct mp_ring_slot *sl;
+
+	if (dp->landing >= MP_DEV_LAND_MAX || !(sl = mp_dev_slot_try(s)))
+		return NULL;
+	dp->held--;
+	dp->landing++;
+	sl->land = 1;
+	return sl;
+}
+
+int mp_dev_peek(struct mp_ctx *ctx, struct mp_stage *s, struct mp_ring_slot *sl, size_t len)
+{
+	struct mp_devpath *dp = s->dp;
+	uint8_t *h = sl->host - MP_WIRE_HDR_SIZE;
+	const uint8_t *d = sl->dev - MP_WIRE_HDR_SIZE;
+	size_t first = len < MP_WIRE_HDR_SIZE ? len : MP_WIRE_HDR_SIZE;
+	int whole = len <= MP_WIRE_HDR_SIZE, rc;
+
+	for (int pass = 0; pass < 2; pass++) {
+		char why[256] = "";
+		size_t off = pass ? first : 0, n = pass ? len - first : first;
+
+		rc = s->ops->copy_async(&s->dev, h + off, d + off, n, 0, dp->hstream);
+		if (!rc)
+			rc = s->ops->event_record(&s->dev, dp->hev, dp->hstream, why, sizeof(why));
+		if (!rc)
+			rc = mp_stage_poll(ctx, s, dp->hev, 0);
+		if (rc) {
+			mp_set_error(ctx, "%s memory %p: reading a received frame's header from the "
+				     "device failed (%s; %s)", s->ops->name, s->dev_base, mp_strerror(rc),
+				     why[0] ? why : "the log names the call");
+			return -EIO;
+		}
+		/* The sender covered its payload with the checksum: to check it,
+		 * the payload comes over too (the flags are checked with it). */
+		if (pass || whole || !(h[7] & MP_WIRE_F_PAYLOAD_CRC))
+			break;
+		whole = 1;
+	}
+	return whole;
+}
+
+int mp_dev_stage_out(struct mp_stage *s, struct mp_ring_slot *sl, const void *src, size_t len)
+{
+	if (!s->dp->gdr)
+		return s->ops->copy_async(&s->dev, sl->host, src, len, 0, s->stream);
+	return src == sl->dev || !len ? 0 : s->ops->copy_d2d(&s->dev, sl->dev, src, len, s->stream);
+}
+
+void mp_dev_payload(struct mp_stage *s, struct mp_ring_slot *sl, size_t len, struct mp_payload *pl)
+{
+	if (s->dp->gdr) {
+		*pl = (struct mp_payload){.kind = MP_PAYLOAD_DEVICE, .bytes = sl->dev, .len = len,
+					  .slot = sl, .mr = s->dp->dring_mr};
+		return;
+	}
+	*pl = (struct mp_payload){.kind = MP_PAYLOAD_ENCODED, .bytes = sl->host, .len = len};
+	mp_dev_slot_put(s, sl);
+}
+
+int mp_dev_arrived(struct mp_ctx *ctx, struct mp_stage *s, const void *payload, size_t len,
+		   struct mp_ring_slot **out)
+{
+	struct mp_devpath *dp = s->dp;
+	struct mp_ring_slot *sl = dp->landed;
+
+	if (sl && payload == sl->dev) {
+		/* Where the NIC put it: the decode reads it there. */
+		dp->landed = NULL;
+		*out = sl;
+		return 0;
+	}
+	sl = mp_dev_slot_wait(ctx, s);
+	*out = sl;
+	if (!sl)
+		return -EIO;
+	memcpy(sl->host, payload, len);
+	return s->ops->copy_async(&s->dev, sl->dev, sl->host, len, 1, s->stream);
 }
 
 static void *grow(struct mp_ctx *ctx, struct mp_stage *s, void **mem, size_t *len, size_t bytes,
@@ -327,11 +493,11 @@ int mp_dev_chunk_out(struct mp_stage *s, int codec, const struct mp_codec_params
 
 	if (codec == MP_CODEC_NONE) {
 		*len = (size_t)count * sizeof(float);
-		return s->ops->copy_async(&s->dev, sl->host, src, *len, 0, s->stream);
+		return mp_dev_stage_out(s, sl, src, *len);
 	}
 	rc = s->dp->k->encode(&s->dev, codec, p, src, residue, count, sl->dev, s->dp->slot_bytes, len,
 			      scratch, scratch_bytes, s->stream);
-	return rc ? rc : s->ops->copy_async(&s->dev, sl->host, sl->dev, *len, 0, s->stream);
+	return rc ? rc : mp_dev_stage_out(s, sl, sl->dev, *len);
 }
 
 int mp_dev_axpy(struct mp_stage *s, float *y, const float *x, uint64_t n, float w, uint32_t *st)

@@ -17,6 +17,18 @@
  *    the end of an exchange, and the network transfer of one chunk overlaps
  *    the copies and kernels of the next.
  *
+ * GPUDirect RDMA (dp->gdr): where the transport registered the twins as
+ * device memory (verbs through dma-buf or nvidia-peermem), nothing of a
+ * chunk crosses the bus through the host. A message to send is encoded
+ * (or copied on the device) into a slot's twin and leaves from there, its
+ * header from the engine's host slab; the slot stays held until the
+ * transport has sent it. A message received lands, header and payload, in
+ * a twin that the engine posted as the receive (mp_dev_land_try): only its
+ * 64-byte header is read back to the host (mp_dev_peek; the payload too
+ * when its sender checksums payloads), and it is decoded where it lies.
+ * Each twin and pinned buffer has MP_WIRE_HDR_SIZE bytes of room before
+ * the chunk (sl->dev, sl->host point past it) for the frame's header.
+ *
  * The round's device memory (contributions, sums, results) comes from
  * mp_dev_scratch, kept with the registration and grown on demand.
  */
@@ -30,20 +42,26 @@
 #include "stage.h"
 
 struct mp_ctx;
+struct mp_payload;
 
 /* Slots of a registration's ring: a window of sends and receives in flight
  * for a group of a few members, each of one chunk. */
 #define MP_DEV_SLOTS 32
 /* Pinned status words (decode's MP_DEVK_BAD), two per member at most. */
 #define MP_DEV_NSTATUS 256
+/* GPUDirect: receives an exchange may have posted into twins at once,
+ * all channels together; the rest of the ring is for sends (half) and the
+ * status words' slot. */
+#define MP_DEV_LAND_MAX (MP_DEV_SLOTS / 2 - 1)
 
 enum { MP_SLOT_FREE, MP_SLOT_HELD, MP_SLOT_PENDING };
 
 struct mp_ring_slot {
-	uint8_t *host; /* pinned, slot_bytes */
-	uint8_t *dev;  /* its device twin, slot_bytes */
+	uint8_t *host; /* pinned, slot_bytes (a header's room before it) */
+	uint8_t *dev;  /* its device twin, slot_bytes (the same room before it) */
 	void *ev;      /* recorded after the last work queued with the slot */
 	int state;     /* MP_SLOT_*: PENDING is free once ev has completed */
+	int land;      /* HELD as a posted receive (GPUDirect): counted in landing */
 };
 
 struct mp_devpath {
@@ -57,7 +75,14 @@ struct mp_devpath {
 	void *dundo;          /* run_moshpit's copy of the buffer, for an undo */
 	size_t dundo_len;
 	void *sync_ev;        /* for mp_dev_sync */
-	int held;             /* slots HELD now (sends being prepared) */
+	int held;             /* slots HELD now for sends (made ready, or in flight) */
+	/* GPUDirect RDMA: the transport registered the twins (dring_mr) */
+	int gdr;
+	struct mp_drv_mr *dring_mr;
+	void *hstream, *hev;  /* header reads, beside the stream's kernels */
+	int landing;          /* slots HELD as posted receives */
+	struct mp_ring_slot *landed; /* the receive being delivered (mp_dev_arrived) */
+	char nogdr[128];      /* why not GPUDirect, for the INFO line */
 };
 
 /*
@@ -66,11 +91,16 @@ struct mp_devpath {
  * may pick): the kernels' table must be usable there. Allocates the ring
  * (pinned slots with the status words and the stage's word after them,
  * their device twins, events) and registers the pinned part with the
- * transport (s->dmr). Returns 0; -ENOTSUP with the reason in @why when the
- * path is not for this registration (the caller stages it whole instead);
- * or another negative errno with the context's error set.
+ * transport (s->dmr); where the transport moves device memory and our
+ * payloads carry no checksum, the twins too (GPUDirect, dp->gdr), which
+ * mp_dev_describe says (or why not). Returns 0; -ENOTSUP with the reason
+ * in @why when the path is not for this registration (the caller stages
+ * it whole instead); or another negative errno with the context's error
+ * set.
  */
 int mp_dev_open(struct mp_ctx *ctx, struct mp_stage *s, char *why, size_t n);
+/* The INFO line's words on how chunks reach the GPU, for @s. */
+void mp_dev_describe(const struct mp_ctx *ctx, const struct mp_stage *s, char *text, size_t n);
 /* Undo mp_dev_open, once nothing is queued (the caller has synced). */
 void mp_dev_close(struct mp_ctx *ctx, struct mp_stage *s);
 
@@ -89,6 +119,45 @@ int mp_dev_slot_queued(struct mp_stage *s, struct mp_ring_slot *sl, int keep);
 int mp_dev_slot_ready(struct mp_stage *s, struct mp_ring_slot *sl);
 /* Give back a HELD slot. */
 void mp_dev_slot_put(struct mp_stage *s, struct mp_ring_slot *sl);
+
+/*
+ * Queue @len bytes of device memory @src into slot @sl as a payload to
+ * send: into its pinned bytes, or with GPUDirect into its twin (nothing
+ * when @src is the twin). 0 or an errno.
+ */
+int mp_dev_stage_out(struct mp_stage *s, struct mp_ring_slot *sl, const void *src, size_t len);
+/*
+ * Slot @sl's message of @len bytes is ready (its event completed): the
+ * payload for the engine. Pinned: its host bytes, which the engine copies
+ * at once, and the slot is free again. GPUDirect: its twin, sent from
+ * there; the engine gives the slot back once the send is done.
+ */
+void mp_dev_payload(struct mp_stage *s, struct mp_ring_slot *sl, size_t len,
+		    struct mp_payload *pl);
+/*
+ * A payload of @len bytes that the engine handed the algorithm: where it
+ * is on the device. GPUDirect: the twin it landed in (@payload is
+ * sl->dev). Otherwise it is host memory, copied into a free slot's pinned
+ * bytes and across the bus (queued). *@out is the slot (HELD: the caller
+ * queues its decode, then mp_dev_slot_queued(.., 0)), or NULL with the
+ * context's error set when none came free; returns 0 or the copy's errno
+ * (the slot still to be queued).
+ */
+int mp_dev_arrived(struct mp_ctx *ctx, struct mp_stage *s, const void *payload, size_t len,
+		   struct mp_ring_slot **out);
+/* GPUDirect, for the engine: a free slot to post a receive into (its twin
+ * from the header's room on, MP_WIRE_HDR_SIZE + slot_bytes), HELD as
+ * landing; NULL when none is free or MP_DEV_LAND_MAX are posted. */
+struct mp_ring_slot *mp_dev_land_try(struct mp_stage *s);
+/*
+ * GPUDirect, for the engine: a frame of @len bytes landed in @sl's twin.
+ * Read its header into the room before sl->host, and the payload after
+ * it too when the header's flags ask for a checksum over it, on a stream
+ * of its own (the kernels queued before do not hold it up). 1: the whole
+ * frame is on the host; 0: the header only; -EIO (with the context's
+ * error) when the copy failed or did not get there.
+ */
+int mp_dev_peek(struct mp_ctx *ctx, struct mp_stage *s, struct mp_ring_slot *sl, size_t len);
 
 /* @bytes of device memory for the round (64-byte aligned), kept between
  * rounds; NULL with the context's error set. Only once nothing queued uses

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "conn.h"
+#include "devpath.h"
 #include "xfer.h"
 #include "log.h"
 
@@ -32,6 +33,9 @@ struct mp_xslot {
 	uint32_t count; /* send: values the frame carries */
 	struct mp_iov iov[2];
 	int iovcnt;
+	struct mp_drv_mr *mr;     /* send: the payload's registration (NULL: the engine's) */
+	struct mp_ring_slot *dsl; /* GPUDirect: the ring slot the payload leaves from, or
+	                             the receive lands in (devpath.h); given back when done */
 };
 
 /* Our own frames: what our encoder settings can produce. */
@@ -102,12 +106,23 @@ void *mp_scratch(struct mp_ctx *ctx, int which, size_t bytes)
 	return ctx->scratch[which];
 }
 
-static void reap_slots(struct mp_ctx *ctx, struct mp_xslot *sl, int head, int n, int window)
+/* A ring slot the window slot @s held goes back to the device path. */
+static void slot_done(struct mp_xfer *x, struct mp_xslot *s)
 {
+	if (s->dsl)
+		mp_dev_slot_put(x->gdr, s->dsl);
+	s->dsl = NULL;
+}
+
+static void reap_slots(struct mp_xfer *x, struct mp_xslot *sl, int head, int n)
+{
+	const int window = x->ctx->window;
+
 	for (int i = 0; i < n; i++) {
 		struct mp_xslot *s = &sl[(head + i) % window];
-		mp_reap(ctx, s->req);
+		mp_reap(x->ctx, s->req);
 		s->req = NULL;
+		slot_done(x, s);
 	}
 }
 
@@ -127,8 +142,13 @@ static void close_chan(struct mp_xfer *x, struct mp_chan *ch, int err)
 		x->xops->opened(x->op);
 	/* Closing cancels what is posted; the slots are then reaped. */
 	mp_conn_drop(ctx, ch->peer, ch->stream);
-	reap_slots(ctx, ch->ss, ch->s_head, ch->s_n, ctx->window);
-	reap_slots(ctx, ch->rs, ch->r_head, ch->r_n, ctx->window);
+	reap_slots(x, ch->ss, ch->s_head, ch->s_n);
+	reap_slots(x, ch->rs, ch->r_head, ch->r_n);
+	if (ch->staged) {
+		/* Made ready and never posted: it goes no further. */
+		slot_done(x, &ch->ss[(ch->s_head + ch->s_n) % ctx->window]);
+		ch->staged = 0;
+	}
 	/* Cancelled sends leave flight too (a clock read on failure only). */
 	if (ch->s_n)
 		mp_busy_done(&x->busy, mp_now_ns(), ch->s_n, 0);
@@ -284,15 +304,23 @@ static void reject(struct mp_xfer *x, struct mp_chan *ch, enum mp_wire_reject wh
 	fail_peer(x, ch->peer, -EPROTO, mp_wire_reject_name(why));
 }
 
-/* A frame arrived in slot @s of @ch: validate, then hand it to the algorithm. */
-static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, size_t len)
+/*
+ * A frame of @len bytes arrived on @ch: validate, then hand it to the
+ * algorithm. @frame holds it whole, or (@split) its header alone, the
+ * payload at @payload (device memory, GPUDirect).
+ */
+static void deliver(struct mp_xfer *x, struct mp_chan *ch, const uint8_t *frame, size_t len,
+		    const void *payload, int split)
 {
 	struct mp_ctx *ctx = x->ctx;
 	struct mp_wire_hdr h;
 	enum mp_wire_reject why = MP_REJ_NONE;
+	int rc;
 
 	x->res->bytes_received += len;
-	if (mp_wire_decode(s->buf, len, ctx->run_id, mp_codec_count(), &h, &why)) {
+	rc = split ? mp_wire_decode_header(frame, len, ctx->run_id, mp_codec_count(), &h, &why) :
+		     mp_wire_decode(frame, len, ctx->run_id, mp_codec_count(), &h, &why);
+	if (rc) {
 		reject(x, ch, why);
 		return;
 	}
@@ -349,11 +377,39 @@ static void deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, s
 		ch->received++;
 		return;
 	}
-	if (x->xops->consume(x->op, ch, &h, s->buf + MP_WIRE_HDR_SIZE)) {
+	if (x->xops->consume(x->op, ch, &h, payload)) {
 		reject(x, ch, MP_REJ_UNEXPECTED);
 		return;
 	}
 	ch->received++;
+}
+
+/*
+ * A frame of @len bytes landed in the twin of ring slot s->dsl (GPUDirect
+ * RDMA): its header comes to the host (the whole frame when its sender
+ * checksummed the payload), and the algorithm gets the payload where it
+ * lies. A slot the algorithm did not take (an OPEN, a frame refused or
+ * left out) goes back. A failed read ends the exchange on this peer alone,
+ * as the device path's failures do (-EIO, nobody blamed).
+ */
+static void land_deliver(struct mp_xfer *x, struct mp_chan *ch, struct mp_xslot *s, size_t len)
+{
+	struct mp_stage *st = x->gdr;
+	struct mp_ring_slot *sl = s->dsl;
+	int whole = mp_dev_peek(x->ctx, st, sl, len);
+
+	s->dsl = NULL;
+	if (whole < 0) {
+		mp_dev_slot_put(st, sl);
+		x->abort_err = -EIO;
+		return;
+	}
+	st->dp->landed = sl;
+	deliver(x, ch, sl->host - MP_WIRE_HDR_SIZE, len, sl->dev, !whole);
+	if (st->dp->landed == sl) {
+		st->dp->landed = NULL;
+		mp_dev_slot_put(st, sl);
+	}
 }
 
 /*
@@ -391,6 +447,18 @@ static int put_payload(struct mp_xfer *x, struct mp_wire_hdr *h, const struct mp
 		plen = p->len;
 		s->iovcnt = 1;
 		break;
+	case MP_PAYLOAD_DEVICE:
+		/* Sent from the twin; the header's checksum cannot cover it
+		 * (the device path takes GPUDirect only without MP_CHECKSUM=payload). */
+		if (!p->slot || !p->mr || (h->flags & MP_WIRE_F_PAYLOAD_CRC) || p->len > room)
+			return -EINVAL;
+		plen = p->len;
+		s->iov[1].base = p->bytes;
+		s->iov[1].len = plen;
+		s->iovcnt = 2;
+		s->dsl = p->slot;
+		s->mr = p->mr;
+		break;
 	case MP_PAYLOAD_VALUES:
 		if (zero_copy(x)) {
 			plen = (size_t)h->count * sizeof(float);
@@ -412,6 +480,7 @@ static int put_payload(struct mp_xfer *x, struct mp_wire_hdr *h, const struct mp
 		return -EINVAL;
 	}
 	h->length = (uint32_t)plen;
+	/* (A device payload is never read: its header's checksum is the header's.) */
 	mp_wire_encode(h, s->buf, s->iovcnt == 2 ? s->iov[1].base : body);
 	s->iov[0].base = s->buf;
 	s->iov[0].len = s->iovcnt == 2 ? MP_WIRE_HDR_SIZE : MP_WIRE_HDR_SIZE + plen;
@@ -458,18 +527,24 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 		h.sender = (uint32_t)ctx->self_id;
 		h.token = mp_conn_token(ctx, ch->peer, ch->stream);
 		h.flags |= ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
+		s->mr = NULL;
 		rc = put_payload(x, &h, &p, s);
 		if (rc) {
+			if (p.kind == MP_PAYLOAD_DEVICE && p.slot && x->gdr)
+				mp_dev_slot_put(x->gdr, p.slot);
+			s->dsl = NULL;
 			fail_peer(x, ch->peer, rc, "encode failed");
 			return 0;
 		}
 		ch->staged = 1;
 	}
-	rc = ctx->ops->isend(conn, s->iov, s->iovcnt, s->iovcnt == 2 ? x->user_mr : ctx->slab_mr,
-			     &s->req);
+	rc = ctx->ops->isend(conn, s->iov, s->iovcnt,
+			     s->mr ? s->mr : s->iovcnt == 2 ? x->user_mr : ctx->slab_mr, &s->req);
 	if (rc == -EAGAIN)
 		return 0;
 	ch->staged = 0;
+	if (rc)
+		slot_done(x, s);
 	if (rc) {
 		/* A broken connection: if requests are posted, their completions
 		 * carry the cause (e.g. -EMSGSIZE); otherwise report this one. */
@@ -620,6 +695,12 @@ int mp_xfer_run(struct mp_xfer *x)
 		last[i] = start;
 	x->unopened = x->nch;
 	x->fatal = 0;
+	/* GPUDirect: receives land in the device path's ring where each
+	 * channel can have one posted at least (no channel waits on slots
+	 * that others hold); else in the slab, and cross the bus from there. */
+	x->land = x->gdr && x->nch <= MP_DEV_LAND_MAX ? MP_DEV_LAND_MAX / x->nch : 0;
+	if (x->land > ctx->window)
+		x->land = ctx->window;
 	memset(&x->busy, 0, sizeof(x->busy));
 	ctx->cur_res = x->res;
 
@@ -719,6 +800,7 @@ int mp_xfer_run(struct mp_xfer *x)
 				if (!done)
 					break;
 				s->req = NULL;
+				slot_done(x, s);
 				ch->s_head = (ch->s_head + 1) % ctx->window;
 				ch->s_n--;
 				mp_busy_done(&x->busy, now, 1, rc ? 0 : s->len);
@@ -736,7 +818,9 @@ int mp_xfer_run(struct mp_xfer *x)
 				x->res->values_sent += s->count;
 				chmoved = 1;
 			}
-			while (!ch->failed && ch->r_n) {
+			/* (Past a failure of our own, nothing more is taken in:
+			 * the frames after a lost one would look out of order.) */
+			while (!ch->failed && !x->abort_err && ch->r_n) {
 				struct mp_xslot *s = &ch->rs[ch->r_head];
 				size_t len = 0;
 				int done = 0;
@@ -755,14 +839,19 @@ int mp_xfer_run(struct mp_xfer *x)
 				ch->m_recv += len;
 				ch->m_last = now;
 				if (rc == -EMSGSIZE) {
+					slot_done(x, s);
 					reject(x, ch, MP_REJ_LENGTH);
 					break;
 				}
 				if (rc) {
+					slot_done(x, s);
 					fail_peer(x, ch->peer, rc, "receive failed");
 					break;
 				}
-				deliver(x, ch, s, len);
+				if (s->dsl)
+					land_deliver(x, ch, s, len);
+				else
+					deliver(x, ch, s->buf, len, s->buf + MP_WIRE_HDR_SIZE, 0);
 			}
 			if (!ch->failed && send_err)
 				fail_peer(x, ch->peer, send_err, "send failed");
@@ -779,9 +868,22 @@ int mp_xfer_run(struct mp_xfer *x)
 			}
 			moved |= chmoved;
 			/* Post more receives and sends, up to the window. */
-			while (ch->r_n < ctx->window && (uint64_t)ch->r_n < recv_left(x, ch)) {
+			while (ch->r_n < (x->land ? x->land : ctx->window) &&
+			       (uint64_t)ch->r_n < recv_left(x, ch)) {
 				struct mp_xslot *s = &ch->rs[(ch->r_head + ch->r_n) % ctx->window];
-				rc = ctx->ops->irecv(conn, s->buf, fmax, ctx->slab_mr, &s->req);
+				if (x->land) {
+					/* Into a twin: the NIC writes the GPU's memory. */
+					s->dsl = mp_dev_land_try(x->gdr);
+					if (!s->dsl)
+						break;
+					rc = ctx->ops->irecv(conn, s->dsl->dev - MP_WIRE_HDR_SIZE,
+							     MP_WIRE_HDR_SIZE + x->gdr->dp->slot_bytes,
+							     x->gdr->dp->dring_mr, &s->req);
+					if (rc)
+						slot_done(x, s);
+				} else {
+					rc = ctx->ops->irecv(conn, s->buf, fmax, ctx->slab_mr, &s->req);
+				}
 				/* With receives posted, their completions say why the
 				 * connection broke (e.g. -EMSGSIZE); let them speak first. */
 				if (rc && rc != -EAGAIN && ch->r_n)

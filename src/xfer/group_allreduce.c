@@ -556,9 +556,10 @@ static int g_pump(void *op)
 	return busy;
 }
 
-/* A payload arrived for @dst (device memory, @count values): across the
- * bus in a ring slot, decoded there under status word @st. -EBADMSG for a
- * length the codec refuses (nothing written); -EIO after dev_fail. */
+/* A payload arrived for @dst (device memory, @count values): in a ring
+ * slot's twin (landed there, or across the bus), decoded there under
+ * status word @st. -EBADMSG for a length the codec refuses (nothing
+ * written); -EIO after dev_fail. */
 static int dev_land(struct gar *r, const void *payload, size_t len, float *dst, uint32_t count,
 		    uint32_t *st, uint32_t *finite)
 {
@@ -570,13 +571,11 @@ static int dev_land(struct gar *r, const void *payload, size_t len, float *dst, 
 		return -EIO;
 	if (len > s->dp->slot_bytes)
 		return -EBADMSG;
-	sl = mp_dev_slot_wait(r->ctx, s);
+	rc = mp_dev_arrived(r->ctx, s, payload, len, &sl);
 	if (!sl) {
 		dev_fail(r, -EIO, "waiting for a chunk buffer");
 		return -EIO;
 	}
-	memcpy(sl->host, payload, len);
-	rc = s->ops->copy_async(&s->dev, sl->dev, sl->host, len, 1, s->stream);
 	if (!rc)
 		rc = s->dp->k->decode(&s->dev, (int)r->a->codec->id, sl->dev, len, dst, count, 0.0f, 0,
 				      st, r->dscr_dec, r->dec_scr, s->stream);
@@ -613,9 +612,7 @@ static int dev_produce(struct gar *r, struct gchan *gc, struct mp_wire_hdr *h,
 		if (rc <= 0)
 			return 0;
 		*h = gc->ph;
-		*pl = (struct mp_payload){.kind = MP_PAYLOAD_ENCODED, .bytes = gc->prep->host,
-					 .len = gc->plen};
-		mp_dev_slot_put(s, gc->prep);
+		mp_dev_payload(s, gc->prep, gc->plen, pl);
 		gc->prep = NULL;
 		return 1;
 	}
@@ -650,12 +647,10 @@ static int dev_produce(struct gar *r, struct gchan *gc, struct mp_wire_hdr *h,
 		gc->gath_next += (uint64_t)r->S;
 		if (codec != MP_CODEC_NONE) {
 			gc->plen = r->enc_len[c];
-			rc = s->ops->copy_async(&s->dev, sl->host, r->denc + c * r->enc_cap, gc->plen, 0,
-						s->stream);
+			rc = mp_dev_stage_out(s, sl, r->denc + c * r->enc_cap, gc->plen);
 		} else {
 			gc->plen = (size_t)gc->ph.count * sizeof(float);
-			rc = s->ops->copy_async(&s->dev, sl->host, r->dres + c * r->C, gc->plen, 0,
-						s->stream);
+			rc = mp_dev_stage_out(s, sl, r->dres + c * r->C, gc->plen);
 		}
 	} else {
 		uint64_t c = gc->scat_next;
@@ -1240,6 +1235,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 
 	r.ds = a->dev;
 	r.xw = &x;
+	x.gdr = r.ds && r.ds->dp->gdr ? r.ds : NULL;
 
 	a->res->group_size = k;
 	if (k < 2) {

@@ -287,13 +287,11 @@ static int dev_consume(struct ring *g, const struct mp_wire_hdr *h, const void *
 		return 0; /* aborted: nobody is blamed */
 	if (h->length > s->dp->slot_bytes)
 		return -EPROTO;
-	sl = mp_dev_slot_wait(g->ctx, s);
+	rc = mp_dev_arrived(g->ctx, s, payload, h->length, &sl);
 	if (!sl) {
 		dev_fail(g, -EIO, "waiting for a chunk buffer");
 		return 0;
 	}
-	memcpy(sl->host, payload, h->length);
-	rc = s->ops->copy_async(&s->dev, sl->dev, sl->host, h->length, 1, s->stream);
 	/* Our own contribution joins the partial sum as it passes. */
 	if (!rc && rs && g->a->weight != 1.0f)
 		rc = dev_scale(g, x, h->count, g->a->weight);
@@ -345,9 +343,7 @@ static int dev_produce(struct ring *g, int s, struct mp_wire_hdr *h, struct mp_p
 			return 0;
 		}
 		*h = g->ph[s];
-		*pl = (struct mp_payload){.kind = MP_PAYLOAD_ENCODED, .bytes = g->prep[s]->host,
-					 .len = g->plen[s]};
-		mp_dev_slot_put(ds, g->prep[s]);
+		mp_dev_payload(ds, g->prep[s], g->plen[s], pl);
 		g->prep[s] = NULL;
 		return 1;
 	}
@@ -472,6 +468,7 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 
 	g.ds = a->dev;
 	g.xw = &x;
+	x.gdr = g.ds && g.ds->dp->gdr ? g.ds : NULL;
 
 	/* Failure memory (static runs): the ring closes over the live peers,
 	 * in rank order, so a down peer is skipped, not waited for. */

@@ -20,17 +20,25 @@ struct mp_chan;
  *    member alike, so it is encoded once (and decoded back into the
  *    reducer's own values) rather than once per member. Not with codec
  *    none, whose send slots hold only the header.
+ *  - MP_PAYLOAD_DEVICE: @len bytes, encoded already, in a ring slot's
+ *    device twin (GPUDirect RDMA, devpath.h: mp_dev_payload), sent from
+ *    there under registration @mr; the engine gives @slot back to the
+ *    device path once the send is done or cancelled.
  */
 enum mp_payload_kind {
 	MP_PAYLOAD_VALUES,
 	MP_PAYLOAD_ENCODED,
 	MP_PAYLOAD_NONE,       /* a header alone (RATE): count and length 0 */
+	MP_PAYLOAD_DEVICE,
 };
+struct mp_ring_slot;
 struct mp_payload {
 	enum mp_payload_kind kind;
 	const float *values;   /* VALUES */
-	const uint8_t *bytes;  /* ENCODED */
-	size_t len;            /* ENCODED: bytes */
+	const uint8_t *bytes;  /* ENCODED; DEVICE: device memory */
+	size_t len;            /* ENCODED, DEVICE: bytes */
+	struct mp_ring_slot *slot;  /* DEVICE */
+	struct mp_drv_mr *mr;       /* DEVICE */
 };
 
 /* What an algorithm plugs into the engine for one exchange. */
@@ -40,7 +48,9 @@ struct mp_xfer_ops {
 	 * sets the rest of the header, the length included. */
 	int (*produce)(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct mp_payload *p);
 	/* A validated frame arrived on @ch: check it is the expected one and apply
-	 * it. Return 0, or -EPROTO for an unexpected frame (counted, peer dropped). */
+	 * it. Return 0, or -EPROTO for an unexpected frame (counted, peer dropped).
+	 * With x->gdr set, @payload may be device memory: a ring slot's twin
+	 * where the frame landed (mp_dev_arrived tells). */
 	int (*consume)(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, const void *payload);
 	/* Messages still expected on @ch (including those posted). */
 	uint64_t (*recv_left)(void *op, struct mp_chan *ch);
@@ -181,9 +191,14 @@ struct mp_xfer {
 	                              sides of a pair that plan otherwise see it there */
 	int gate;                  /* hold every frame past the OPENs until all are in: for an
 	                              algorithm that writes the buffer as frames arrive (ring) */
+	struct mp_stage *gdr;      /* GPUDirect RDMA (devpath.h, dp->gdr): the device path's
+	                              stage, whose ring slots DEVICE payloads leave from, and
+	                              where receives land when they fit its ring
+	                              (MP_DEV_LAND_MAX) */
 	/* engine-private */
 	int unopened;              /* channels neither failed nor past their OPEN (read-only
 	                              for algorithms) */
+	int land;                  /* receives posted into x->gdr's twins, per channel */
 	int fatal;                 /* the exchange was given up (-EBADE, -EMSGSIZE): nothing of
 	                              it may be applied */
 	int no_give_up;            /* an earlier round of the average wrote the buffer and

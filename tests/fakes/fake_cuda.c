@@ -718,6 +718,9 @@ static int fk_copy_async(const struct mp_stage_dev *d, void *dst, const void *sr
 		o.dr[0].p = dev;
 		o.dr[0].len = len;
 		fk_push(fk_stream_of(stream), &o, fk.copy_delay_ms);
+		(to_device ? fk.h2d_bytes : fk.d2h_bytes)[m->rank] += len;
+		if (!to_device && len > fk.d2h_max[m->rank])
+			fk.d2h_max[m->rank] = len;
 	}
 	pthread_mutex_unlock(&fk.mu);
 	return rc;
@@ -1300,6 +1303,9 @@ void fk_reset(void)
 	fk.dev_peak = fk.dev_live;
 	fk.no_kernels = 0;
 	memset(fk.d2h_calls, 0, sizeof(fk.d2h_calls));
+	memset(fk.d2h_bytes, 0, sizeof(fk.d2h_bytes));
+	memset(fk.h2d_bytes, 0, sizeof(fk.h2d_bytes));
+	memset(fk.d2h_max, 0, sizeof(fk.d2h_max));
 	memset(fk.kernel_calls, 0, sizeof(fk.kernel_calls));
 	memset(fk.fail_d2h_after, 0, sizeof(fk.fail_d2h_after));
 	memset(fk.fail_kernel_after, 0, sizeof(fk.fail_kernel_after));

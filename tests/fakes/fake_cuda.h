@@ -103,6 +103,10 @@ struct fk_state {
 	 * -EIO and queues nothing; the calls before and after it are served.
 	 * 0: never. fk_reset clears both. */
 	unsigned d2h_calls[FK_MAXP], kernel_calls[FK_MAXP];
+	/* Per peer, from fk_reset: bytes of the copy_async calls queued to the
+	 * host and to the device (what crosses the bus through the host), and
+	 * the longest single copy to the host. */
+	size_t d2h_bytes[FK_MAXP], h2d_bytes[FK_MAXP], d2h_max[FK_MAXP];
 	unsigned fail_d2h_after[FK_MAXP], fail_kernel_after[FK_MAXP];
 	/* Per peer, from fk_reset: decodes of a lossy codec with a status word;
 	 * the one that reaches bad_decode_after[rank] takes its payload for

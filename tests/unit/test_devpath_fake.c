@@ -90,6 +90,8 @@ struct shared {
 	float *hres[MAXP];           /* sparse codecs: the residue after the host path's averages */
 	int ran[MAXP][MAXOPS];
 	int rc_host[MAXP][MAXOPS], rc_dev[MAXP][MAXOPS];
+	/* fk's counters of the bus once the averages are done (crossings) */
+	size_t h2d[MAXP], d2h_max[MAXP];
 	struct mp_result res[MAXP][MAXOPS];
 	char err[MAXP][MAXOPS][256];
 	char fail[MAXP][160];
@@ -263,6 +265,10 @@ static void *peer_main(void *p)
 		/* Every peer done with this average before the next starts. */
 		pthread_barrier_wait(&sh->bar);
 	}
+	pthread_mutex_lock(&fk.mu);
+	sh->h2d[r] = fk.h2d_bytes[r];
+	sh->d2h_max[r] = fk.d2h_max[r];
+	pthread_mutex_unlock(&fk.mu);
 	if (mr && sc->codec >= MP_CODEC_TOPK && sc->stage) {
 		/* Staged whole: the residue is the host's, and a flush left
 		 * nothing in it. */
@@ -398,6 +404,34 @@ static const char *algo_name(int a)
 	return a == MP_ALGO_MOSHPIT ? "moshpit" : a == MP_ALGO_BUTTERFLY ? "butterfly" : "ring";
 }
 
+/* What crossed the bus through the host, per peer: with GPUDirect
+ * (gdr_on) no payload at all: nothing to the device, and no copy to the
+ * host longer than a frame's header (the status words are shorter, every
+ * dense payload here longer); else every payload, both ways. */
+static int gdr_on;
+
+static void crossings(const struct shared *sh)
+{
+	const struct scen *sc = sh->sc;
+
+	for (int r = 0; r < sc->npeers; r++) {
+		uint64_t rx = 0;
+		for (int op = 0; op < sc->nops; op++)
+			rx += sh->res[r][op].bytes_received;
+		if (getenv("DEVPATH_VERBOSE"))
+			printf("%s peer %d: at most %zu bytes to the host at once, %zu to the "
+			       "device, %llu received\n", sc->name, r, sh->d2h_max[r], sh->h2d[r],
+			       (unsigned long long)rx);
+		if (gdr_on) {
+			/* Headers (64 bytes) and status words (a few of 4). */
+			assert_int_equal(sh->h2d[r], 0);
+			assert_true(sh->d2h_max[r] <= 64);
+		} else {
+			assert_true(sh->h2d[r] > 0);
+		}
+	}
+}
+
 /* Every codec the path takes, every algorithm, over @transport; the ring
  * also with weights other than 1 (its partial sums scale as they pass). */
 static void same_as_host_on(const char *transport)
@@ -418,6 +452,7 @@ static void same_as_host_on(const char *transport)
 			same_as_host(sh);
 			/* Nothing of the buffer's size was pinned: a ring of chunks. */
 			assert_true(fk.host_peak < 4 * 64 * 1024);
+			crossings(sh);
 			release(sh);
 		}
 	char want[64];
@@ -441,18 +476,18 @@ static void devpath_same_as_host_tcp(void **state)
  * The sparse codecs on the device: their error feedback lives on the GPU,
  * and three averages in a row (each sends what the one before held back)
  * end bit for bit where the host path's do, moshpit and butterfly, with
- * weights other than 1 (the residue follows the weight), over loop and tcp.
+ * weights other than 1 (the residue follows the weight), over @transports
+ * (loop and tcp here; rfake with GPUDirect in devpath_gdr).
  */
-static void devpath_sparse(void **state)
+static void sparse_on(const char *const *transports, int nt)
 {
 	static const int algos[] = {MP_ALGO_MOSHPIT, MP_ALGO_BUTTERFLY};
 	int before = log_count("is averaged on the GPU");
 
-	(void)state;
 	for (int c = MP_CODEC_TOPK; c <= MP_CODEC_ADACOMP; c++)
-		for (int ai = 0; ai < 4; ai++) {
+		for (int ai = 0; ai < 2 * nt; ai++) {
 			char name[64];
-			const char *tr = ai < 2 ? "loop" : "tcp";
+			const char *tr = transports[ai / 2];
 			snprintf(name, sizeof(name), "%s-%s-%s", tr, codec_name(c),
 				 algo_name(algos[ai % 2]));
 			struct scen sc = {.name = name, .transport = tr, .npeers = 4,
@@ -461,12 +496,21 @@ static void devpath_sparse(void **state)
 			struct shared *sh = scenario(&sc);
 			same_as_host(sh);
 			assert_true(fk.host_peak < 4 * 64 * 1024);
+			crossings(sh);
 			/* Every residue freed, by the reset (peer 0) or with its
 			 * registration (the others). */
 			assert_int_equal(fk.dev_live, 0);
 			release(sh);
 		}
-	assert_int_equal(log_count("is averaged on the GPU") - before, 2 * 4 * 4);
+	assert_int_equal(log_count("is averaged on the GPU") - before, 2 * 2 * nt * 4);
+}
+
+static void devpath_sparse(void **state)
+{
+	static const char *const transports[] = {"loop", "tcp"};
+
+	(void)state;
+	sparse_on(transports, 2);
 
 	/* Two averages, then a flush (MP_AVG_FLUSH: the residue folded in on
 	 * the device, or in the staged host copy with MP_CUDA_STAGE=1), bit
@@ -547,17 +591,17 @@ static void devpath_short_vectors(void **state)
  * round, so its input); the others leave it out and agree among
  * themselves; the next average is everyone's, exact.
  */
-static void devpath_copy_fails_midway(void **state)
+static void copy_fails_midway(const char *transport, const char *says)
 {
-	struct scen sc = {.name = "fail-d2h", .transport = "loop", .npeers = 4,
+	struct scen sc = {.name = "fail-d2h", .transport = transport, .npeers = 4,
 			  .algo = MP_ALGO_BUTTERFLY, .codec = MP_CODEC_FP16, .count = 3001, .nops = 2,
 			  .fail_rank = 2, .fail_after = 8};
 	struct shared *sh;
 
-	(void)state;
 	sh = scenario(&sc);
 	assert_int_equal(sh->rc_dev[1][0], -EIO);
-	assert_non_null(strstr(sh->err[1][0], "failed on the device"));
+	if (!strstr(sh->err[1][0], says))
+		fail_msg("peer 1's error does not say \"%s\": %s", says, sh->err[1][0]);
 	for (size_t i = 0; i < sc.count; i++)
 		if (sh->dev[1][0][i] != input(1, 0, i))
 			fail_msg("peer 1's buffer changed at %zu: %.9g, was %.9g", i, sh->dev[1][0][i],
@@ -598,9 +642,15 @@ static void devpath_copy_fails_midway(void **state)
 		whole++;
 	}
 	assert_true(ok >= 2);
-	print_message("devpath_copy_fails_midway: %d of 4 peers averaged next, %d with all four\n",
-		      ok, whole);
+	print_message("copy_fails_midway over %s: %d of 4 peers averaged next, %d with all four\n",
+		      transport, ok, whole);
 	release(sh);
+}
+
+static void devpath_copy_fails_midway(void **state)
+{
+	(void)state;
+	copy_fails_midway("loop", "failed on the device");
 }
 
 /*
@@ -877,8 +927,34 @@ static void devpath_rdma_pinned(void **state)
 {
 	(void)state;
 	fk_rdma_dma = NULL;
-	(void)nic_dma;
 	same_as_host_on("rfake");
+	assert_true(log_count("no GPUDirect RDMA: transport rfake cannot register device memory") >=
+		    4 * 20);
+}
+
+/*
+ * GPUDirect RDMA: the NIC reads and writes the fake GPU's memory. Every
+ * codec (the sparse ones with their residues) and algorithm ends bit for
+ * bit where the host path ends, and no payload crossed the bus through the
+ * host (crossings): what the NIC wrote into the ring's twins was decoded
+ * there, and what was sent left from them. A header that cannot be read
+ * back fails that peer's average alone, its buffer as it was.
+ */
+static void devpath_gdr(void **state)
+{
+	(void)state;
+	static const char *const rfake[] = {"rfake"};
+
+	fk_rdma_dma = nic_dma;
+	gdr_on = 1;
+	same_as_host_on("rfake");
+	sparse_on(rfake, 1);
+	gdr_on = 0;
+	/* The eighth copy to the host, a frame's header, fails on peer 1. */
+	copy_fails_midway("rfake", "reading a received frame's header from the device failed");
+	fk_rdma_dma = NULL;
+	assert_true(log_count("chunks move between the NIC and GPU memory (transport rfake") >=
+		    4 * 20);
 }
 #endif
 
@@ -907,6 +983,7 @@ int main(void)
 		cmocka_unit_test(devpath_not_taken),
 #ifdef DEVPATH_RDMA
 		cmocka_unit_test(devpath_rdma_pinned),
+		cmocka_unit_test(devpath_gdr),
 #endif
 	};
 	/* DEVPATH_ONLY=name runs one of them (the log is kept with DEVPATH_KEEP_LOG). */
