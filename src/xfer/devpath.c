@@ -43,7 +43,8 @@ static size_t word_at(size_t slot_bytes)
  * GPUDirect RDMA for @s: the transport registers the twins as device
  * memory, and a stream of their own reads the headers of what lands
  * there. Our own payloads must not need the host: a checksum over them
- * (MP_CHECKSUM=payload) is computed there. 0, or why not in dp->nogdr.
+ * (MP_CHECKSUM=payload) is computed there. The GPU must order what the
+ * NIC writes, or flush it (rdma_order). dp->gdr, or why not in dp->nogdr.
  */
 static void gdr_open(struct mp_ctx *ctx, struct mp_stage *s)
 {
@@ -59,6 +60,14 @@ static void gdr_open(struct mp_ctx *ctx, struct mp_stage *s)
 	if (ctx->cfg.checksum_payload) {
 		snprintf(dp->nogdr, sizeof(dp->nogdr), "MP_CHECKSUM=payload checksums payloads on "
 			 "the host");
+		return;
+	}
+	dp->flush = ops->rdma_order ? ops->rdma_order(&s->dev, dp->nogdr, sizeof(dp->nogdr)) :
+				      -ENOTSUP;
+	if (dp->flush < 0) {
+		if (!ops->rdma_order)
+			snprintf(dp->nogdr, sizeof(dp->nogdr), "the %s table cannot order a NIC's "
+				 "writes", ops->name);
 		return;
 	}
 	rc = ctx->ops->reg_mr(ctx->drv, (uint8_t *)dp->dring, MP_DEV_SLOTS * stride(dp->slot_bytes),
@@ -296,6 +305,12 @@ int mp_dev_peek(struct mp_ctx *ctx, struct mp_stage *s, struct mp_ring_slot *sl,
 	size_t first = len < MP_WIRE_HDR_SIZE ? len : MP_WIRE_HDR_SIZE;
 	int whole = len <= MP_WIRE_HDR_SIZE, rc;
 
+	/* What the NIC wrote, visible to the reads and kernels queued next. */
+	if (dp->flush && s->ops->rdma_flush(&s->dev)) {
+		mp_set_error(ctx, "%s memory %p: flushing what the NIC wrote into it failed (the log "
+			     "names the call)", s->ops->name, s->dev_base);
+		return -EIO;
+	}
 	for (int pass = 0; pass < 2; pass++) {
 		char why[256] = "";
 		size_t off = pass ? first : 0, n = pass ? len - first : first;

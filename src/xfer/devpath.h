@@ -23,9 +23,11 @@
  * (or copied on the device) into a slot's twin and leaves from there, its
  * header from the engine's host slab; the slot stays held until the
  * transport has sent it. A message received lands, header and payload, in
- * a twin that the engine posted as the receive (mp_dev_land_try): only its
- * 64-byte header is read back to the host (mp_dev_peek; the payload too
- * when its sender checksums payloads), and it is decoded where it lies.
+ * a twin that the engine posted as the receive (mp_dev_land_try): the GPU
+ * is made to see what the NIC wrote (rdma_flush, where it does not order
+ * such writes itself), only its 64-byte header is read back to the host
+ * (mp_dev_peek; the payload too when its sender checksums payloads), and
+ * it is decoded where it lies.
  * Each twin and pinned buffer has MP_WIRE_HDR_SIZE bytes of room before
  * the chunk (sl->dev, sl->host point past it) for the frame's header.
  *
@@ -78,6 +80,7 @@ struct mp_devpath {
 	int held;             /* slots HELD now for sends (made ready, or in flight) */
 	/* GPUDirect RDMA: the transport registered the twins (dring_mr) */
 	int gdr;
+	int flush;            /* rdma_flush before what landed is read (rdma_order) */
 	struct mp_drv_mr *dring_mr;
 	void *hstream, *hev;  /* header reads, beside the stream's kernels */
 	int landing;          /* slots HELD as posted receives */

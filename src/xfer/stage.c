@@ -56,6 +56,12 @@ enum {
 	MP_CU_EVENT_DISABLE_TIMING = 2,
 	MP_CU_STREAM_WAIT_VALUE_GEQ = 0,
 	MP_CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 = 92,
+	MP_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS = 117,
+	MP_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING = 118,
+	MP_CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST = 1,
+	MP_CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER = 100,
+	MP_CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX = 0,
+	MP_CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER = 100,
 };
 
 /* Entry points, by the names the driver exports (cuda.h maps the plain
@@ -91,6 +97,9 @@ struct cu_api {
 	mp_cu_result (*device_attr)(int *v, unsigned attribute, mp_cu_device dev);
 	/* Optional (CUDA 11.7): without it a stream cannot wait on a request. */
 	mp_cu_result (*wait_value32)(mp_cu_stream st, mp_cu_ptr addr, uint32_t value, unsigned flags);
+	/* Optional (CUDA 11.3): without it GPUDirect RDMA needs a GPU that
+	 * orders a NIC's writes itself. (Its arguments are enums: unsigned.) */
+	mp_cu_result (*flush_rdma)(unsigned target, unsigned scope);
 };
 static struct cu_api cu;
 
@@ -113,6 +122,15 @@ SAME(MP_CU_STREAM_NON_BLOCKING, CU_STREAM_NON_BLOCKING);
 SAME(MP_CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING);
 SAME(MP_CU_STREAM_WAIT_VALUE_GEQ, CU_STREAM_WAIT_VALUE_GEQ);
 SAME(MP_CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1);
+SAME(MP_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
+     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS);
+SAME(MP_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
+     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING);
+SAME(MP_CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST, CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST);
+SAME(MP_CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER, CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER);
+SAME(MP_CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+     CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX);
+SAME(MP_CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER, CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER);
 SAME(sizeof(mp_cu_ptr), sizeof(CUdeviceptr));
 SAME(sizeof(mp_cu_device), sizeof(CUdevice));
 #undef SAME
@@ -228,6 +246,8 @@ static void cu_load(void)
 	 * missing (-ENOTSUP, real_wait_value). */
 	void *wv = dlsym(h, "cuStreamWaitValue32_v2");
 	memcpy(&cu.wait_value32, &wv, sizeof(wv));
+	void *fl = dlsym(h, "cuFlushGPUDirectRDMAWrites");
+	memcpy(&cu.flush_rdma, &fl, sizeof(fl));
 	/* Idempotent; the application has usually initialised the driver already. */
 	mp_cu_result r = cu.init(0);
 	if (r) {
@@ -616,6 +636,60 @@ static int real_fill32(const struct mp_stage_dev *d, void *dst, uint32_t word, s
 	return 0;
 }
 
+/*
+ * GPUDirect RDMA: a NIC's write into GPU memory may not yet be visible to
+ * work queued after its completion was seen, unless the GPU orders such
+ * writes for their owner (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_
+ * ORDERING); else cuFlushGPUDirectRDMAWrites makes them so, where the
+ * device offers it (..._FLUSH_WRITES_OPTIONS, host bit), as NCCL flushes.
+ */
+static int real_rdma_order(const struct mp_stage_dev *d, char *why, size_t n)
+{
+	int order = 0, opts = 0;
+	mp_cu_device dev;
+	mp_cu_result r = cu_enter(d);
+
+	if (!r) {
+		r = cu.ctx_device(&dev);
+		if (!r)
+			r = cu.device_attr(&order, MP_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
+					   dev);
+		if (!r)
+			r = cu.device_attr(&opts,
+					   MP_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
+					   dev);
+		cu_leave();
+	}
+	if (r) {
+		snprintf(why, n, "the GPU's GPUDirect RDMA attributes cannot be read (%s)", cu_name(r));
+		return -ENOTSUP;
+	}
+	if (order >= MP_CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER)
+		return 0;
+	if (cu.flush_rdma && (opts & MP_CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST))
+		return 1;
+	snprintf(why, n, "the GPU neither orders a NIC's writes nor can flush them (%s)",
+		 cu.flush_rdma ? "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS 0" :
+				 "the driver lacks cuFlushGPUDirectRDMAWrites");
+	return -ENOTSUP;
+}
+
+static int real_rdma_flush(const struct mp_stage_dev *d)
+{
+	mp_cu_result r = cu_enter(d);
+
+	if (!r) {
+		r = cu.flush_rdma(MP_CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+				  MP_CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER);
+		cu_leave();
+	}
+	if (r) {
+		MP_WARN("stage: cuFlushGPUDirectRDMAWrites: %s", cu_name(r));
+		return -EIO;
+	}
+	return 0;
+}
+
 int mp_stage_enter(const struct mp_stage_dev *d)
 {
 	mp_cu_result r;
@@ -659,6 +733,8 @@ const struct mp_stage_dev_ops mp_stage_cuda_ops = {
 	.dev_free = real_dev_free,
 	.copy_d2d = real_copy_d2d,
 	.fill32 = real_fill32,
+	.rdma_order = real_rdma_order,
+	.rdma_flush = real_rdma_flush,
 };
 #else
 /* -Dcuda=disabled: no CUDA code at all. The other entries are never

@@ -95,6 +95,15 @@ struct mp_stage_dev_ops {
 	 * (cuMemsetD32Async). -EIO. */
 	int (*fill32)(const struct mp_stage_dev *d, void *dst, uint32_t word, size_t count,
 		      void *stream);
+	/* GPUDirect RDMA (devpath.h). Optional: NULL, as -ENOTSUP. What the
+	 * GPU needs before work queued after a NIC's write into its memory
+	 * completed can read what the NIC wrote: 0 nothing (it orders such
+	 * writes for their owner itself), 1 an rdma_flush after each write;
+	 * -ENOTSUP (why in @why) when it can do neither. */
+	int (*rdma_order)(const struct mp_stage_dev *d, char *why, size_t n);
+	/* Make the writes a NIC completed into @d's memory visible to the work
+	 * queued from now on (cuFlushGPUDirectRDMAWrites). 0 or -EIO. */
+	int (*rdma_flush)(const struct mp_stage_dev *d);
 };
 
 /* The CUDA driver, loaded on first use (or, with -Dcuda=disabled, a table

@@ -26,6 +26,7 @@
 #include "mp_kernels.h"
 
 struct fk_state fk = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+		      .rdma_order = 1,
 		      .gate_rank = -1};
 
 static void fk_dev_start(void);
@@ -892,6 +893,30 @@ static int fk_fill32(const struct mp_stage_dev *d, void *dst, uint32_t word, siz
 	return rc;
 }
 
+/* GPUDirect RDMA: what fk.rdma_order says; each flush is counted. */
+static int fk_rdma_order(const struct mp_stage_dev *d, char *why, size_t n)
+{
+	int rc;
+
+	(void)d;
+	pthread_mutex_lock(&fk.mu);
+	rc = fk.rdma_order;
+	pthread_mutex_unlock(&fk.mu);
+	if (rc < 0)
+		snprintf(why, n, "the fake GPU neither orders a NIC's writes nor can flush them");
+	return rc;
+}
+
+static int fk_rdma_flush(const struct mp_stage_dev *d)
+{
+	struct fk_mem *m = d->ctx;
+
+	pthread_mutex_lock(&fk.mu);
+	fk.rdma_flushes[m->rank]++;
+	pthread_mutex_unlock(&fk.mu);
+	return 0;
+}
+
 const struct mp_stage_dev_ops fk_ops = {
 	.name = "CUDA",
 	.query = fk_query,
@@ -911,6 +936,8 @@ const struct mp_stage_dev_ops fk_ops = {
 	.dev_free = fk_dev_free,
 	.copy_d2d = fk_copy_d2d,
 	.fill32 = fk_fill32,
+	.rdma_order = fk_rdma_order,
+	.rdma_flush = fk_rdma_flush,
 };
 
 /* ---- the device path: the CPU codecs as kernels ------------------------- */
@@ -1306,6 +1333,8 @@ void fk_reset(void)
 	memset(fk.d2h_bytes, 0, sizeof(fk.d2h_bytes));
 	memset(fk.h2d_bytes, 0, sizeof(fk.h2d_bytes));
 	memset(fk.d2h_max, 0, sizeof(fk.d2h_max));
+	memset(fk.rdma_flushes, 0, sizeof(fk.rdma_flushes));
+	fk.rdma_order = 1;
 	memset(fk.kernel_calls, 0, sizeof(fk.kernel_calls));
 	memset(fk.fail_d2h_after, 0, sizeof(fk.fail_d2h_after));
 	memset(fk.fail_kernel_after, 0, sizeof(fk.fail_kernel_after));

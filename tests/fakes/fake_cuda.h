@@ -107,6 +107,10 @@ struct fk_state {
 	 * host and to the device (what crosses the bus through the host), and
 	 * the longest single copy to the host. */
 	size_t d2h_bytes[FK_MAXP], h2d_bytes[FK_MAXP], d2h_max[FK_MAXP];
+	/* GPUDirect RDMA: what rdma_order returns (fk_reset: 1, a flush after
+	 * each write of the NIC), and per peer the rdma_flush calls. */
+	int rdma_order;
+	unsigned rdma_flushes[FK_MAXP];
 	unsigned fail_d2h_after[FK_MAXP], fail_kernel_after[FK_MAXP];
 	/* Per peer, from fk_reset: decodes of a lossy codec with a status word;
 	 * the one that reaches bad_decode_after[rank] takes its payload for

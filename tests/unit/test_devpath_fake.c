@@ -92,6 +92,7 @@ struct shared {
 	int rc_host[MAXP][MAXOPS], rc_dev[MAXP][MAXOPS];
 	/* fk's counters of the bus once the averages are done (crossings) */
 	size_t h2d[MAXP], d2h_max[MAXP];
+	unsigned flushes[MAXP];
 	struct mp_result res[MAXP][MAXOPS];
 	char err[MAXP][MAXOPS][256];
 	char fail[MAXP][160];
@@ -268,6 +269,7 @@ static void *peer_main(void *p)
 	pthread_mutex_lock(&fk.mu);
 	sh->h2d[r] = fk.h2d_bytes[r];
 	sh->d2h_max[r] = fk.d2h_max[r];
+	sh->flushes[r] = fk.rdma_flushes[r];
 	pthread_mutex_unlock(&fk.mu);
 	if (mr && sc->codec >= MP_CODEC_TOPK && sc->stage) {
 		/* Staged whole: the residue is the host's, and a flush left
@@ -423,11 +425,14 @@ static void crossings(const struct shared *sh)
 			       "device, %llu received\n", sc->name, r, sh->d2h_max[r], sh->h2d[r],
 			       (unsigned long long)rx);
 		if (gdr_on) {
-			/* Headers (64 bytes) and status words (a few of 4). */
+			/* Headers (64 bytes) and status words (a few of 4);
+			 * what the NIC wrote flushed before it was read. */
 			assert_int_equal(sh->h2d[r], 0);
 			assert_true(sh->d2h_max[r] <= 64);
+			assert_true(sh->flushes[r] > 0);
 		} else {
 			assert_true(sh->h2d[r] > 0);
+			assert_int_equal(sh->flushes[r], 0);
 		}
 	}
 }
@@ -950,6 +955,27 @@ static void devpath_gdr(void **state)
 	same_as_host_on("rfake");
 	sparse_on(rfake, 1);
 	gdr_on = 0;
+
+	/* A GPU that can neither order a NIC's writes nor flush them: the
+	 * pinned ring, and the INFO line says why. */
+	struct scen sc = {.name = "rfake-unordered", .transport = "rfake", .npeers = 4,
+			  .algo = MP_ALGO_BUTTERFLY, .codec = MP_CODEC_BLOCKWISE8, .count = 3001,
+			  .nops = 1};
+	int unordered = log_count("no GPUDirect RDMA: the fake GPU neither orders");
+	fk_reset();
+	pthread_mutex_lock(&fk.mu);
+	fk.rdma_order = -ENOTSUP;
+	pthread_mutex_unlock(&fk.mu);
+	struct shared *sh = calloc(1, sizeof(*sh));
+	assert_non_null(sh);
+	sh->sc = &sc;
+	mp_devk_ops = &fk_devk_ops;
+	run(sh);
+	same_as_host(sh);
+	crossings(sh);
+	release(sh);
+	assert_int_equal(log_count("no GPUDirect RDMA: the fake GPU neither orders") - unordered, 4);
+	fk_reset();
 	/* The eighth copy to the host, a frame's header, fails on peer 1. */
 	copy_fails_midway("rfake", "reading a received frame's header from the device failed");
 	fk_rdma_dma = NULL;
