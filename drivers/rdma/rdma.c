@@ -818,6 +818,10 @@ static void conn_free(struct rdma_conn *c)
 		d->po->dereg(d->pv, c->ring_mr);
 	free(c->ring);
 	mp_sock_remove(&d->sp, &c->sk);
+	/* Completions of its endpoint may still be in the queue: the lookup
+	 * of their connection must not find it in the cache. */
+	if (d->hit == c)
+		d->hit = NULL;
 	free(c);
 }
 
