@@ -442,6 +442,14 @@ wrong(cuda, "cuda")
 wrong(staged, "cuda_staged")
 wrong(host_bw8, "host_bw8")
 wrong(cuda_bw8, "cuda_bw8")
+# The path each run took, as the library says it (mp_mem_path): a run meant
+# for the device path that was staged whole measured the wrong thing.
+for run, want, name in ((cuda, "device", "cuda"), (staged, "staged", "cuda_staged"),
+                        (cuda_bw8, "device", "cuda_bw8")):
+    got = run and run["settings"].get("memory_path")
+    if run and got != want:
+        problems.append("mpbench_%s: the library took the %s path, not %s (its INFO line "
+                        "says why: MP_DEBUG=INFO)" % (name, got, want))
 # mpbench --memory=cuda by the path device memory takes: the device path
 # (the default where the kernels run) and a whole-buffer pinned host copy
 # (MP_CUDA_STAGE=1), each against host memory with the same codec.

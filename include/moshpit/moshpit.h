@@ -393,7 +393,10 @@ MP_API int mp_finalize(mp_ctx *ctx);
  *    GPU encoder sums its statistics in another fixed order, so a code may
  *    differ by one next to a bucket edge (doc/design.md, "The device
  *    path"). Short vectors (::mp_config::direct_max) are averaged in one of
- *    those buffers.
+ *    those buffers. A transport that moves device memory (verbs, through
+ *    dma-buf or nvidia-peermem) registers the device side of that ring,
+ *    and the chunks then go between the NIC and GPU memory with no host
+ *    copy (GPUDirect RDMA; not with ::mp_config::checksum_payload).
  *  - Otherwise the memory is staged whole through host memory, because the
  *    reducer then runs on the CPU: the registration allocates a pinned
  *    host copy of @p len bytes and registers the copy with the transport.
@@ -401,7 +404,8 @@ MP_API int mp_finalize(mp_ctx *ctx);
  *    also registers the device memory itself. The CUDA driver (libcuda.so.1)
  * is loaded at the first such registration; the library does not link it.
  * The memory must stay allocated, in a live CUDA context, until
- * ::mp_mem_deregister.
+ * ::mp_mem_deregister. ::mp_mem_path says which way the registration took,
+ * and its INFO line why.
  * @param ctx context
  * @param buf start of the region
  * @param len length in bytes (> 0)
@@ -416,6 +420,30 @@ MP_API int mp_finalize(mp_ctx *ctx);
  *         failure ::mp_last_error says why.
  */
 MP_API int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out);
+
+/** How the averages of a registration move and reduce its memory (::mp_mem_path). */
+enum mp_mem_path {
+	MP_MEM_PATH_HOST = 0,      /**< host memory, read and written in place */
+	MP_MEM_PATH_STAGED = 1,    /**< device memory copied whole to a pinned host copy and
+	                                back, reduced by the CPU (no usable kernels, or
+	                                MP_CUDA_STAGE=1) */
+	MP_MEM_PATH_DEVICE = 2,    /**< reduced on the GPU; encoded chunks cross the bus
+	                                through a few pinned host buffers */
+	MP_MEM_PATH_GPUDIRECT = 3, /**< reduced on the GPU; chunks move between the NIC and
+	                                GPU memory with no host copy (GPUDirect RDMA) */
+};
+
+/**
+ * Which way the averages of a registration go, as its INFO line at
+ * ::mp_mem_register says (NCCL's users read "via GDRDMA" the same way).
+ * @param mr handle from ::mp_mem_register
+ * @param[out] why where there is a choice, the reason in words, NUL-terminated
+ *             (the INFO line's: "transport tcp cannot move device memory");
+ *             may be NULL
+ * @param len bytes at @p why
+ * @return an ::mp_mem_path, or -EINVAL for a NULL @p mr
+ */
+MP_API int mp_mem_path(const mp_mr *mr, char *why, size_t len);
 
 /**
  * Release a registration. The buffer must not be in use by an operation.

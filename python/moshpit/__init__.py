@@ -868,6 +868,24 @@ class Context:
             self._pending.add(h)
         return h
 
+    def memory_path(self, x: Any) -> tuple[str, str]:
+        """How averages of ``x`` go, and why, as ``mp_mem_path`` says:
+        ``("host", "host memory")`` for host memory; for CUDA memory
+        ``"device"`` (reduced on the GPU, encoded chunks crossing the bus
+        through pinned buffers), ``"gpudirect"`` (the same, the chunks moving
+        between the NIC and GPU memory) or ``"staged"`` (copied whole through
+        a pinned host copy), with the reason the library's INFO line gives.
+        A CUDA tensor is registered for it, as its first average does."""
+        buf = x if isinstance(x, _Buf) else _as_float32(x)
+        if not buf.cuda:
+            return "host", "host memory"
+        why = ctypes.create_string_buffer(320)
+        with self._lock:
+            rc = _L().mp_mem_path(self._cuda_mr(buf), why, len(why))
+        if rc < 0:
+            raise self._fail(rc, "memory_path")
+        return _lib.MEM_PATHS[rc], why.value.decode(errors="replace")
+
     def _forget(self, h: "Handle") -> None:
         with self._lock:
             self._pending.discard(h)

@@ -150,6 +150,12 @@ class MpStateInfo(ctypes.Structure):
 AVG_UNCOMPRESSED = 0x1
 AVG_FLUSH = 0x2
 MEM_CUDA = 1  # enum mp_mem_kind
+MEM_PATH_HOST = 0  # enum mp_mem_path
+MEM_PATH_STAGED = 1
+MEM_PATH_DEVICE = 2
+MEM_PATH_GPUDIRECT = 3
+MEM_PATHS = {MEM_PATH_HOST: "host", MEM_PATH_STAGED: "staged", MEM_PATH_DEVICE: "device",
+             MEM_PATH_GPUDIRECT: "gpudirect"}
 # Room for the library's struct mp_config however much it grows: the
 # library's own mp_config_init and mp_config_from_env write all of it.
 CONFIG_ROOM = 4096
@@ -171,6 +177,7 @@ _PROTOTYPES = {
     "mp_request_stream_wait": (c_int, [c_void_p, c_void_p]),
     "mp_mem_register": (c_int, [c_void_p, c_void_p, c_size_t, c_int, POINTER(c_void_p)]),
     "mp_mem_deregister": (c_int, [c_void_p, c_void_p]),
+    "mp_mem_path": (c_int, [c_void_p, c_char_p, c_size_t]),
     "mp_test": (c_int, [c_void_p, POINTER(c_int), POINTER(MpResult)]),
     "mp_wait": (c_int, [c_void_p, c_int, POINTER(MpResult)]),
     "mp_average_ex": (c_int, [c_void_p, c_void_p, c_size_t, c_float, c_uint, POINTER(MpResult)]),

@@ -520,11 +520,10 @@ static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 		return rc;
 	}
 	if (device) {
-		char how[320];
-
-		mp_dev_describe(ctx, mr->stage, how, sizeof(how));
+		mp_dev_describe(ctx, mr->stage, mr->why, sizeof(mr->why));
+		mr->path = mr->stage->dp->gdr ? MP_MEM_PATH_GPUDIRECT : MP_MEM_PATH_DEVICE;
 		MP_INFO("CUDA memory %p (%zu bytes) is averaged on the GPU (%s); %s", buf, len,
-			mr->stage->dp->k->name, how);
+			mr->stage->dp->k->name, mr->why);
 	} else if (!(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {
 		snprintf(why, sizeof(why), "transport %s cannot move device memory", ctx->transport);
 	} else if ((rc = ctx->ops->reg_mr(ctx->drv, buf, len, MP_MEM_CUDA, &mr->dmr))) {
@@ -535,9 +534,12 @@ static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 		snprintf(why, sizeof(why), "the reducer reads host memory (transport %s registered "
 			 "the device memory too)", ctx->transport);
 	}
-	if (!device)
-		MP_INFO("CUDA memory %p (%zu bytes) is staged through host memory: %s (no device "
-			"path: %s)", buf, len, why, whyd);
+	if (!device) {
+		mr->path = MP_MEM_PATH_STAGED;
+		snprintf(mr->why, sizeof(mr->why), "%s (no device path: %s)", why, whyd);
+		MP_INFO("CUDA memory %p (%zu bytes) is staged through host memory: %s", buf, len,
+			mr->why);
+	}
 	mr->buf = buf;
 	mr->len = len;
 	mr->kind = MP_MEM_CUDA;
@@ -577,6 +579,15 @@ static int mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kin
 	mr->kind = kind;
 	*out = mr;
 	return 0;
+}
+
+int mp_mem_path(const mp_mr *mr, char *why, size_t len)
+{
+	if (!mr)
+		return -EINVAL;
+	if (why && len)
+		snprintf(why, len, "%s", mr->path == MP_MEM_PATH_HOST ? "host memory" : mr->why);
+	return mr->path;
 }
 
 int mp_mem_register(mp_ctx *ctx, void *buf, size_t len, enum mp_mem_kind kind, mp_mr **out)

@@ -9,7 +9,7 @@
 #  - a driver but no usable device: exit 1, one line saying so;
 #  - a GPU: checked runs over tcp (4 processes) and loop (2 threads), every
 #    element of every size within the tolerance (wrong=0), the JSON saying
-#    memory "cuda".
+#    memory "cuda" and the path the library took.
 # With FAKE_DRIVER_DIR (holding tests/integration/fake_libcuda.c built as
 # libcuda.so.1): the GPU case against that fake, which faults on any touch
 # of its "device memory" outside its copies, then its no-device case.
@@ -46,7 +46,8 @@ EOF
 }
 
 # A checked run that must pass: exit 0, "memory": "cuda", wrong=0 and
-# checked > 0 in every row of the JSON.
+# checked > 0 in every row of the JSON, and the path the library took
+# ($want_path: mp_mem_path's, in the footer and the JSON).
 checked_run() {
 	json=$tmp/out.json
 	rm -f "$json"
@@ -58,12 +59,17 @@ checked_run() {
 		fail=1
 		return
 	fi
-	if ! grep -q '^# memory cuda (.*staged' "$tmp/out"; then
+	if ! grep -q '^# memory cuda (' "$tmp/out"; then
 		echo "FAIL: mpbench --memory=cuda $*: no '# memory cuda' header line"
 		fail=1
 	fi
-	if ! grep -q '"memory": "cuda"' "$json" || ! grep -q '"memory_path": "staged"' "$json"; then
-		echo "FAIL: mpbench --memory=cuda $*: the JSON does not say memory cuda, staged"
+	if ! grep -q "^# Memory path : $want_path\$" "$tmp/out"; then
+		echo "FAIL: mpbench --memory=cuda $*: no '# Memory path : $want_path' line:"
+		grep '^# Memory path' "$tmp/out"
+		fail=1
+	fi
+	if ! grep -q '"memory": "cuda"' "$json" || ! grep -q "\"memory_path\": \"$want_path\"" "$json"; then
+		echo "FAIL: mpbench --memory=cuda $*: the JSON does not say memory cuda, $want_path"
 		fail=1
 	fi
 	rows=$(grep -c '"bytes":' "$json")
@@ -115,6 +121,8 @@ if [ -n "$fake" ]; then
 	export LD_LIBRARY_PATH
 	FAKE_CUDA_DEVICES=2
 	export FAKE_CUDA_DEVICES
+	# The fake driver runs no kernels: the buffer is staged whole.
+	want_path=staged
 	gpu_runs
 	FAKE_CUDA_DEVICES=0
 	refused "mpbench: --memory=cuda: no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE)"
@@ -140,6 +148,9 @@ nodevice)
 	fi
 	;;
 gpu)
+	# Over tcp: the device path where the kernels run on this GPU, else
+	# staged (a grep pattern).
+	want_path='\(device\|staged\)'
 	gpu_runs
 	;;
 esac

@@ -24,6 +24,10 @@ int main(void)
 	C(MP_AVG_UNCOMPRESSED);
 	C(MP_AVG_FLUSH);
 	C(MP_MEM_CUDA);
+	C(MP_MEM_PATH_HOST);
+	C(MP_MEM_PATH_STAGED);
+	C(MP_MEM_PATH_DEVICE);
+	C(MP_MEM_PATH_GPUDIRECT);
 	F(mp_config, size);
 	F(mp_config, rank);
 	F(mp_config, npeers);

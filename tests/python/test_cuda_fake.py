@@ -104,6 +104,10 @@ def test_cuda_array_averaged_on_the_device(codec):
         # than one buffer.
         assert _fk.fkpy_dev_peak() > 0
         assert _fk.fkpy_host_peak() < 4 * n
+        # And it says so: the device path, not GPUDirect over loop.
+        path, why = ctxs[0].memory_path(arrs[0])
+        assert path == "device" and "no GPUDirect RDMA: transport loop" in why, (path, why)
+        assert ctxs[0].memory_path(xs[0]) == ("host", "host memory")
         if codec == "none":
             np.testing.assert_array_equal(arrs[0].read(), (xs[0] + xs[1] + xs[2] + xs[3]) / 4)
     finally:

@@ -93,6 +93,8 @@ struct shared {
 	/* fk's counters of the bus once the averages are done (crossings) */
 	size_t h2d[MAXP], d2h_max[MAXP];
 	unsigned flushes[MAXP];
+	int path[MAXP];              /* mp_mem_path of the device registration */
+	char why[MAXP][320];
 	struct mp_result res[MAXP][MAXOPS];
 	char err[MAXP][MAXOPS][256];
 	char fail[MAXP][160];
@@ -187,6 +189,14 @@ static void *peer_main(void *p)
 	/* One buffer for every average, as the device's: the sparse codecs'
 	 * error feedback is kept per buffer. */
 	float *hb = malloc(bytes);
+	mp_mr *hmr = NULL;
+	char hwhy[32];
+	if (ctx && (mp_mem_register(ctx, hb, bytes, MP_MEM_HOST, &hmr) ||
+		    mp_mem_path(hmr, hwhy, sizeof(hwhy)) != MP_MEM_PATH_HOST ||
+		    strcmp(hwhy, "host memory") || mp_mem_deregister(ctx, hmr)))
+		note(sh, r, "a host registration does not say it is host memory");
+	if (mp_mem_path(NULL, NULL, 0) != -EINVAL)
+		note(sh, r, "mp_mem_path(NULL) is not -EINVAL");
 	for (int op = 0; op < sc->nops; op++) {
 		float *v = malloc(bytes);
 		for (size_t i = 0; i < sc->count; i++)
@@ -214,6 +224,7 @@ static void *peer_main(void *p)
 	mp_mr *mr = NULL;
 	if (ctx && mp_mem_register(ctx, dev, bytes, MP_MEM_CUDA, &mr))
 		note(sh, r, "mp_mem_register failed");
+	sh->path[r] = mr ? mp_mem_path(mr, sh->why[r], sizeof(sh->why[r])) : -ENOENT;
 	for (int op = 0; op < sc->nops; op++) {
 		float *v = malloc(bytes);
 		mp_request *req;
@@ -424,6 +435,9 @@ static void crossings(const struct shared *sh)
 			printf("%s peer %d: at most %zu bytes to the host at once, %zu to the "
 			       "device, %llu received\n", sc->name, r, sh->d2h_max[r], sh->h2d[r],
 			       (unsigned long long)rx);
+		/* The path the registration says it took. */
+		if (sh->path[r] != (gdr_on ? MP_MEM_PATH_GPUDIRECT : MP_MEM_PATH_DEVICE))
+			fail_msg("%s peer %d: mp_mem_path %d (%s)", sc->name, r, sh->path[r], sh->why[r]);
 		if (gdr_on) {
 			/* Headers (64 bytes) and status words (a few of 4);
 			 * what the NIC wrote flushed before it was read. */
@@ -885,6 +899,10 @@ static void devpath_not_taken(void **state)
 	same_as_host(sh);
 	assert_true(fk.host_peak >= 4 * st.count * sizeof(float));
 	assert_int_equal(fk.dev_peak, 0);
+	for (int r = 0; r < st.npeers; r++) {
+		assert_int_equal(sh->path[r], MP_MEM_PATH_STAGED);
+		assert_non_null(strstr(sh->why[r], "(no device path: MP_CUDA_STAGE=1)"));
+	}
 	release(sh);
 	assert_int_equal(log_count("(no device path: MP_CUDA_STAGE=1)") - before, 4);
 }

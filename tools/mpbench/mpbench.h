@@ -92,6 +92,7 @@ struct size_result {
 	int32_t client_reduces; /* --clients: parts client peers reduced (0 is right) */
 	int32_t time_ranks;   /* multi-host: ranks whose times time_us is the max of
 	                         (npeers when every rank's arrived; 1: rank 0's own) */
+	int32_t mem_path;     /* how the library averaged the buffer (mp_mem_path) */
 };
 
 struct gridinfo {
@@ -251,6 +252,7 @@ struct agg {
 	int nrows;
 	int64_t wrong_total;
 	int counted; /* rows whose wrong values were counted */
+	int path_min, path_max; /* mem_path over every peer's rows (-1: no row yet) */
 	double rms_worst; /* largest rms_err of the rows; < 0 when one was not measured */
 	/* Followed runs: what the footer and JSON add. */
 	int intruders_refused;

@@ -523,6 +523,7 @@ int peer_bench(struct peer *p)
 
 		memset(&r, 0, sizeof(r));
 		memset(&last, 0, sizeof(last));
+		r.mem_path = mr ? mp_mem_path(mr, NULL, 0) : MP_MEM_PATH_HOST;
 		r.size_idx = (uint32_t)s;
 		r.max_err = -1.0;
 		r.rms_err = -1.0;

@@ -32,6 +32,24 @@ void agg_init(struct agg *a, const struct bench *b, int nrep, int print)
 	a->algbw = xcalloc((size_t)b->nsizes, sizeof(double));
 	a->busbw = xcalloc((size_t)b->nsizes, sizeof(double));
 	a->rms_worst = 0.0;
+	a->path_min = a->path_max = -1;
+}
+
+/* mp_mem_path's value in words, as the JSON and the footer say it. */
+static const char *path_name(int path)
+{
+	switch (path) {
+	case MP_MEM_PATH_HOST:
+		return "host";
+	case MP_MEM_PATH_STAGED:
+		return "staged";
+	case MP_MEM_PATH_DEVICE:
+		return "device";
+	case MP_MEM_PATH_GPUDIRECT:
+		return "gpudirect";
+	default:
+		return "unknown";
+	}
 }
 
 void agg_free(struct agg *a)
@@ -78,9 +96,8 @@ void print_header(const struct bench *b, const char *mode)
 	       c->chunk_bytes, c->streams, c->connect_timeout_ms, c->round_timeout_ms,
 	       b->run ? b->run : "(default)");
 	if (b->cuda)
-		/* The only path today; a device reducer would be a second. */
-		printf("# memory cuda (%s): each peer's buffer in device memory, averaged through "
-		       "a whole-buffer pinned host copy (staged)\n", b->cuda_what);
+		printf("# memory cuda (%s): each peer's buffer in device memory (how the library "
+		       "averaged it: \"Memory path\" below)\n", b->cuda_what);
 	if (strcmp(b->transport, "dpdk") == 0)
 		printf("# dpdk segment: %s  injected loss %g of received frames\n",
 		       b->multi ? "this host's (MP_DPDK_*)" : dseg_describe(), b->inject_loss);
@@ -216,6 +233,10 @@ void agg_add(struct agg *a, const struct size_result *in)
 	if (s >= (uint32_t)a->b->nsizes)
 		return;
 	r = &a->rows[s];
+	if (a->path_min < 0 || in->mem_path < a->path_min)
+		a->path_min = in->mem_path;
+	if (in->mem_path > a->path_max)
+		a->path_max = in->mem_path;
 	if (a->count[s]++ == 0) {
 		*r = *in;
 	} else {
@@ -265,6 +286,12 @@ static void print_footer(const struct agg *a)
 		       a->b->intruders, a->intruders_refused == a->b->intruders ? "OK" : "FAILED");
 	if (a->b->follow && a->b->check)
 		printf("# Log inconsistencies : %" PRId64 "\n", a->replay_problems);
+	/* The path the library took, as every peer's registration said it. */
+	if (a->b->cuda && a->path_min == a->path_max)
+		printf("# Memory path : %s\n", path_name(a->path_min));
+	else if (a->b->cuda && a->path_min >= 0)
+		printf("# Memory path : %s to %s (peers differ)\n", path_name(a->path_min),
+		       path_name(a->path_max));
 	printf("#\n");
 	fflush(stdout);
 }
@@ -471,10 +498,10 @@ static int write_json(const struct agg *a, const char *mode, int rank)
 	json_str(f, mode);
 	fprintf(f, ",\n    \"rank\": %d,\n    \"transport\": ", rank);
 	json_str(f, b->transport);
-	/* "memory_path": how device memory is averaged; "staged" (a pinned host
-	 * copy of the whole buffer) is the only path today. */
+	/* "memory_path": how the library averaged device memory (mp_mem_path:
+	 * "staged", "device", "gpudirect"), the lowest of every peer's. */
 	fprintf(f, ",\n    \"memory\": \"%s\",\n    \"memory_path\": ", b->cuda ? "cuda" : "host");
-	json_str(f, b->cuda ? "staged" : NULL);
+	json_str(f, b->cuda && a->path_min >= 0 ? path_name(a->path_min) : NULL);
 	fprintf(f, ",\n    \"memory_device\": ");
 	json_str(f, b->cuda ? b->cuda_what : NULL);
 	fprintf(f, ",\n    \"peers\": %d,\n    \"algo\": ", b->npeers);
