@@ -956,6 +956,11 @@ int mp_xfer_run(struct mp_xfer *x)
 	for (int i = 0; x->fatal && i < x->nch; i++)
 		if (!x->ch[i].failed)
 			close_chan(x, &x->ch[i], -ECANCELED);
+	/* Every receive posted into the device path's ring came back (a slot
+	 * lost here would shrink the ring for good). */
+	if (x->gdr && x->gdr->dp->landing)
+		MP_WARN("%s round %u: %d chunk buffers of the device path still posted as receives "
+			"after the exchange", x->what, x->round, x->gdr->dp->landing);
 	ctx->cur_res = NULL;
 	measure(x);
 	mp_peers_publish(ctx);
