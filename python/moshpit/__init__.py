@@ -879,7 +879,7 @@ class Context:
         buf = x if isinstance(x, _Buf) else _as_float32(x)
         if not buf.cuda:
             return "host", "host memory"
-        why = ctypes.create_string_buffer(320)
+        why = ctypes.create_string_buffer(512)
         with self._lock:
             rc = _L().mp_mem_path(self._cuda_mr(buf), why, len(why))
         if rc < 0:

@@ -25,7 +25,7 @@ struct mp_mr {
 	                             memory the transport cannot move */
 	struct mp_stage *stage;   /* CUDA memory: its pinned host copy (stage.h) */
 	int path;                 /* enum mp_mem_path */
-	char why[320];            /* ... and why, as its INFO line says */
+	char why[512];            /* ... and why, as its INFO line says */
 	int users;
 	struct mp_mr *next;       /* the caller's host registrations (core->mrs, under mu) */
 };

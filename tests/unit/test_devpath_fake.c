@@ -95,7 +95,7 @@ struct shared {
 	size_t h2d[MAXP], d2h_max[MAXP];
 	unsigned flushes[MAXP];
 	int path[MAXP];              /* mp_mem_path of the device registration */
-	char why[MAXP][320];
+	char why[MAXP][512];
 	struct mp_result res[MAXP][MAXOPS];
 	char err[MAXP][MAXOPS][256];
 	char fail[MAXP][160];
