@@ -30,8 +30,10 @@
 /*
  * Create an instance of the protocol on @prov; @self is the table the core
  * found the transport by (its name appears in logs). @caps_extra is ORed
- * into the capabilities query reports (MP_DRV_CAP_DEVICE_MEM for providers
- * that register device memory).
+ * into the capabilities query reports (MP_DRV_CAP_DEVICE_MEM |
+ * MP_DRV_CAP_DEVICE_DMA for providers that register device memory: the
+ * protocol writes into and from registrations by RDMA alone, so their NIC
+ * reaches it by DMA both ways).
  */
 int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops *prov,
 		 uint32_t caps_extra, const struct mp_drv_params *p, struct mp_drv **out);

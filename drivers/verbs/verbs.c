@@ -1326,8 +1326,8 @@ const struct mp_rdma_prov_ops mp_rdma_verbs_prov = {
 static int verbs_init(const struct mp_drv_params *p, struct mp_drv **out)
 {
 #ifdef MP_HAVE_CUDA
-	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, MP_DRV_CAP_DEVICE_MEM, p,
-			    out);
+	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov,
+			    MP_DRV_CAP_DEVICE_MEM | MP_DRV_CAP_DEVICE_DMA, p, out);
 #else
 	return mp_rdma_init(&mp_verbs_driver_ops, &mp_rdma_verbs_prov, 0, p, out);
 #endif

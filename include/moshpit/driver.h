@@ -69,14 +69,18 @@ extern "C" {
 enum mp_drv_cap {
 	MP_DRV_CAP_ORDERED = 1u << 0,    /**< messages of a connection arrive in posting order */
 	MP_DRV_CAP_RDMA_WRITE = 1u << 1, /**< one-sided writes into registered remote memory */
-	/** can move ::MP_MEM_CUDA / ::MP_MEM_DMABUF memory: once `reg_mr` has
-	 * registered such memory, a piece of an `isend` and the buffer of an
-	 * `irecv` may lie in it (the device path's chunks, GPUDirect RDMA), and
-	 * the driver moves them by DMA only, never with the CPU (no inline
-	 * copy, no bounce buffer) */
+	/** can register ::MP_MEM_CUDA / ::MP_MEM_DMABUF memory with `reg_mr`;
+	 * a piece of an `isend` and the buffer of an `irecv` may then lie in
+	 * it, and the driver never reads or writes it through the pointer
+	 * itself (no inline copy, no bounce buffer): by DMA, or through a
+	 * mapping it made for the registration (dpdk's gpudev CPU mapping) */
 	MP_DRV_CAP_DEVICE_MEM = 1u << 2,
 	MP_DRV_CAP_ZERO_COPY = 1u << 3,  /**< sends leave from registered memory without a copy */
 	MP_DRV_CAP_INPROC = 1u << 4,     /**< all peers live in one process */
+	/** with ::MP_DRV_CAP_DEVICE_MEM: the NIC itself reads and writes such
+	 * memory by DMA, both ways (GPUDirect RDMA: verbs), so the device path
+	 * sends and receives its chunks in GPU memory (doc/design.md) */
+	MP_DRV_CAP_DEVICE_DMA = 1u << 5,
 };
 
 /** What a driver instance can do. */

@@ -57,6 +57,13 @@ static void gdr_open(struct mp_ctx *ctx, struct mp_stage *s)
 			 ctx->transport);
 		return;
 	}
+	if (!(ctx->caps.flags & MP_DRV_CAP_DEVICE_DMA)) {
+		/* dpdk's gpudev: receives are copied through a CPU mapping of
+		 * the GPU's memory, which the pinned ring's copies beat. */
+		snprintf(dp->nogdr, sizeof(dp->nogdr), "transport %s's NIC does not read and write "
+			 "device memory itself", ctx->transport);
+		return;
+	}
 	if (ctx->cfg.checksum_payload) {
 		snprintf(dp->nogdr, sizeof(dp->nogdr), "MP_CHECKSUM=payload checksums payloads on "
 			 "the host");

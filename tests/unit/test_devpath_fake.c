@@ -937,7 +937,23 @@ static const struct mp_driver_ops rfake_ops = {
 
 static int rfake_init(const struct mp_drv_params *p, struct mp_drv **out)
 {
-	return mp_rdma_init(&rfake_ops, &fk_rdma_ops, MP_DRV_CAP_DEVICE_MEM, p, out);
+	return mp_rdma_init(&rfake_ops, &fk_rdma_ops, MP_DRV_CAP_DEVICE_MEM | MP_DRV_CAP_DEVICE_DMA,
+			    p, out);
+}
+
+/* The same, saying it registers device memory but its NIC does not reach
+ * it by DMA (as dpdk's gpudev, which copies through a CPU mapping). */
+static int rfakemap_init(const struct mp_drv_params *p, struct mp_drv **out);
+
+static const struct mp_driver_ops rfakemap_ops = {
+	MP_RDMA_DRIVER_OPS,
+	.name = "rfakemap",
+	.init = rfakemap_init,
+};
+
+static int rfakemap_init(const struct mp_drv_params *p, struct mp_drv **out)
+{
+	return mp_rdma_init(&rfakemap_ops, &fk_rdma_ops, MP_DRV_CAP_DEVICE_MEM, p, out);
 }
 
 static void nic_dma(void *dst, int dst_dev, const void *src, int src_dev, size_t len)
@@ -993,6 +1009,19 @@ static void devpath_gdr(void **state)
 	release(sw);
 	gdr_on = 0;
 
+	/* A transport that registers device memory but whose NIC does not
+	 * reach it: the pinned ring, and the INFO line says why. */
+	int nodma = log_count("no GPUDirect RDMA: transport rfakemap's NIC does not read and write");
+	struct scen mapped = {.name = "rfakemap", .transport = "rfakemap", .npeers = 4,
+			      .algo = MP_ALGO_MOSHPIT, .codec = MP_CODEC_BLOCKWISE8, .count = 3001,
+			      .nops = 1};
+	struct shared *sm = scenario(&mapped);
+	same_as_host(sm);
+	crossings(sm);
+	release(sm);
+	assert_int_equal(log_count("no GPUDirect RDMA: transport rfakemap's NIC does not read and "
+				   "write") - nodma, 4);
+
 	/* A GPU that can neither order a NIC's writes nor flush them: the
 	 * pinned ring, and the INFO line says why. */
 	struct scen sc = {.name = "rfake-unordered", .transport = "rfake", .npeers = 4,
@@ -1029,7 +1058,7 @@ int main(void)
 	setenv("MP_DEBUG_FILE", log_path, 1);
 	mp_stage_dev_ops = &fk_ops;
 #ifdef DEVPATH_RDMA
-	if (mp_driver_register(&rfake_ops))
+	if (mp_driver_register(&rfake_ops) || mp_driver_register(&rfakemap_ops))
 		return 1;
 #endif
 
