@@ -1450,6 +1450,18 @@ err_free:
 	return rc;
 }
 
+/* Connections whose side-channel handshake is under way: each of its steps
+ * waits for a progress call on both sides. */
+int mp_rdma_setting_up(struct mp_drv *dp)
+{
+	struct rdma_drv *d = rdma_drv_of(dp);
+	int n = 0;
+
+	for (struct rdma_conn *c = conn_at(d->sp.conns); c; c = conn_at(c->sk.link.next))
+		n += c->state == RDMA_CONNECTING;
+	return n;
+}
+
 int mp_rdma_describe(struct mp_drv *dp, char *text, size_t cap)
 {
 	struct rdma_drv *d = rdma_drv_of(dp);

@@ -41,6 +41,7 @@ int mp_rdma_init(const struct mp_driver_ops *self, const struct mp_rdma_prov_ops
 /* The protocol's entries, whatever the provider (struct mp_driver_ops documents them). */
 void mp_rdma_fini(struct mp_drv *d);
 int mp_rdma_describe(struct mp_drv *d, char *text, size_t cap);
+int mp_rdma_setting_up(struct mp_drv *d);
 int mp_rdma_query(struct mp_drv *d, struct mp_drv_caps *caps);
 int mp_rdma_listen(struct mp_drv *d, const char *bind_text, void *blob, size_t *len,
 		   struct mp_drv_listener **out);
@@ -83,6 +84,7 @@ void mp_rdma_wake(struct mp_drv *d);
 	.progress = mp_rdma_progress,                  \
 	.wake = mp_rdma_wake,                          \
 	.default_listen = "127.0.0.1:0",               \
-	.describe = mp_rdma_describe
+	.describe = mp_rdma_describe,                  \
+	.setting_up = mp_rdma_setting_up
 
 #endif /* MP_RDMA_H */

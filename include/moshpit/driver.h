@@ -184,6 +184,17 @@ struct mp_driver_ops {
 	 * NULL: the transport has nothing to report.
 	 */
 	int (*describe)(struct mp_drv *d, char *text, size_t cap);
+	/**
+	 * How many connections of this instance are still being set up by the
+	 * transport itself (its own handshake under way, before `accept` hands
+	 * them over or a dial carries data), for a transport whose set-up
+	 * takes several `progress` calls on each side: between averages the
+	 * core then calls `progress` every few milliseconds instead of every
+	 * 50, so that a peer back from a failure is through its handshakes by
+	 * the next average. Called from the thread that drives the instance.
+	 * NULL: set-up needs no calls (tcp: the kernel's handshake).
+	 */
+	int (*setting_up)(struct mp_drv *d);
 };
 
 /** Longest driver name, without its NUL. */

@@ -14,6 +14,9 @@ void mp_driver_names(char *buf, size_t cap);
 const char *mp_driver_default_listen(const struct mp_driver_ops *o);
 /* @o's optional describe on @d, or "" (0) when it has none. */
 int mp_driver_describe(const struct mp_driver_ops *o, struct mp_drv *d, char *text, size_t cap);
+/* The transport's connections still in its own set-up (its optional
+ * setting_up; 0 without it). */
+int mp_driver_setting_up(const struct mp_driver_ops *o, struct mp_drv *d);
 
 struct mp_stage;
 

@@ -304,6 +304,11 @@ const char *mp_driver_default_listen(const struct mp_driver_ops *o)
 	return o->size >= OPS_END(default_listen) ? o->default_listen : NULL;
 }
 
+int mp_driver_setting_up(const struct mp_driver_ops *o, struct mp_drv *d)
+{
+	return o->size >= OPS_END(setting_up) && o->setting_up ? o->setting_up(d) : 0;
+}
+
 int mp_driver_describe(const struct mp_driver_ops *o, struct mp_drv *d, char *text, size_t cap)
 {
 	if (o->size < OPS_END(describe) || !o->describe) {

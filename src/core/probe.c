@@ -98,12 +98,18 @@ void mp_fm_tick(struct mp_ctx *ctx)
 }
 
 /* 1 while the progress thread has background work (probes to make or
- * finish): it then wakes up every few milliseconds. */
+ * finish, handshakes under way, the transport's or ours): it then wakes
+ * up every few milliseconds. */
 int mp_fm_busy(const struct mp_ctx *ctx)
 {
 	if (!static_run(ctx))
 		return 0;
 	if (ctx->ndown || ctx->sweep || ctx->returns_owed)
+		return 1;
+	/* Handshakes move a step per call on each side: over the RDMA
+	 * protocol (its own set-up, then ours) some ten steps, which at 50 ms
+	 * a tick made a peer back from a failure miss the next average. */
+	if (mp_driver_setting_up(ctx->ops, ctx->drv) > 0 || mp_conn_handshaking(ctx))
 		return 1;
 	for (int i = 0; i < ctx->npeers; i++)
 		if (mp_conn_probing(ctx, i))

@@ -507,6 +507,10 @@ static int challenge_arrived(struct mp_ctx *ctx, int peer, int idx, size_t len)
 		 * group id whether the peer has us down. */
 		if (l->probe_kind == MP_PROBE_QUERY && remote_down)
 			ctx->seen_down = 1;
+		/* Not down for it any more: it took us back after its ALIVE
+		 * probe, whose round no longer says where it leaves us out. */
+		if (l->probe_kind == MP_PROBE_QUERY && !remote_down)
+			p->downs_us_from = 0;
 		MP_TRACE("probe of peer %s (%s) answered: its averages start at round %u", name,
 			 p->addr, remote_round);
 		mp_peer_probe_done(ctx, peer, l->probe_kind, 0, remote_round, remote_down);
@@ -1166,6 +1170,17 @@ int mp_conn_probe(struct mp_ctx *ctx, int peer, int kind, uint32_t round)
 int mp_conn_probing(const struct mp_ctx *ctx, int peer)
 {
 	return mp_conn_open(ctx, peer, ctx->nconn);
+}
+
+int mp_conn_handshaking(const struct mp_ctx *ctx)
+{
+	if (__atomic_load_n(&ctx->cstats.pending, __ATOMIC_RELAXED))
+		return 1;
+	for (int i = 0; i < ctx->npeers && i < ctx->nlinks; i++)
+		for (int k = 0; k <= ctx->nconn && ctx->links[i]; k++)
+			if (ctx->links[i][k].conn && !ctx->links[i][k].ready)
+				return 1;
+	return 0;
 }
 
 void mp_conn_fini(struct mp_ctx *ctx)

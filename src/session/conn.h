@@ -62,6 +62,9 @@ void mp_conn_peer_gone(struct mp_ctx *ctx, int idx);
 int mp_conn_probe(struct mp_ctx *ctx, int peer, int kind, uint32_t round);
 /* 1 while a probe of @peer is under way. */
 int mp_conn_probing(const struct mp_ctx *ctx, int peer);
+/* 1 while a connection of ours is in its handshake: one accepted and not
+ * through it yet, or one we dialled that is not ready. */
+int mp_conn_handshaking(const struct mp_ctx *ctx);
 /* Release a request whose connection was closed (it completes with
  * -ECANCELED; bounded, in case a driver needs a progress call for it). */
 void mp_reap(struct mp_ctx *ctx, struct mp_drv_req *req);
