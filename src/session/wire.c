@@ -197,3 +197,8 @@ int mp_wire_decode_header(const void *hdr, size_t len, uint64_t run_id, unsigned
 {
 	return decode(hdr, len, NULL, run_id, ncodecs, h, why);
 }
+
+int mp_wire_covers_payload(const void *hdr)
+{
+	return (((const unsigned char *)hdr)[OFF_FLAGS] & MP_WIRE_F_PAYLOAD_CRC) != 0;
+}

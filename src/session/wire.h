@@ -113,5 +113,9 @@ int mp_wire_decode(const void *buf, size_t len, uint64_t run_id, unsigned ncodec
  */
 int mp_wire_decode_header(const void *hdr, size_t len, uint64_t run_id, unsigned ncodecs,
 			  struct mp_wire_hdr *h, enum mp_wire_reject *why);
+/* Whether the header at @hdr (MP_WIRE_HDR_SIZE bytes, not yet validated)
+ * asks for its payload to be checksummed too: then the payload must be at
+ * hand for mp_wire_decode. */
+int mp_wire_covers_payload(const void *hdr);
 
 #endif

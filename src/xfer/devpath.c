@@ -335,7 +335,7 @@ int mp_dev_peek(struct mp_ctx *ctx, struct mp_stage *s, struct mp_ring_slot *sl,
 		}
 		/* The sender covered its payload with the checksum: to check it,
 		 * the payload comes over too (the flags are checked with it). */
-		if (pass || whole || !(h[7] & MP_WIRE_F_PAYLOAD_CRC))
+		if (pass || whole || !mp_wire_covers_payload(h))
 			break;
 		whole = 1;
 	}

@@ -66,6 +66,7 @@ struct scen {
 	int codec;           /* MP_CODEC_* */
 	int check_finite;
 	int streams;         /* MP_NSTREAMS (0: the transport's) */
+	int csum_rank;       /* 1 + the rank that checksums its payloads (MP_CHECKSUM=payload) */
 	int stage;           /* MP_CUDA_STAGE=1 */
 	size_t count;        /* floats averaged */
 	int nops;            /* averages of device memory */
@@ -154,6 +155,7 @@ static mp_ctx *open_ctx(struct shared *sh, int r, int pass)
 	cfg.codec_block = 64;
 	cfg.check_finite = sc->check_finite;
 	cfg.streams = sc->streams;
+	cfg.checksum_payload = sc->csum_rank == r + 1;
 	cfg.cuda_stage = sc->stage || getenv("DEVPATH_STAGE_ALL");
 	cfg.chunk_bytes = 1024; /* several chunks per part */
 	cfg.connect_timeout_ms = 5000;
@@ -1000,6 +1002,24 @@ static void devpath_gdr(void **state)
 	crossings(sw);
 	release(sw);
 	gdr_on = 0;
+
+	/* Peer 0 checksums its payloads: it keeps the pinned ring (the
+	 * checksum is computed on the host), and the others, on GPUDirect,
+	 * read its payloads back whole to check them; results as the host
+	 * path's, no frame refused. */
+	struct scen csum = {.name = "rfake-checksum", .transport = "rfake", .npeers = 4,
+			    .algo = MP_ALGO_BUTTERFLY, .codec = MP_CODEC_FP16, .count = 3001,
+			    .nops = 1, .csum_rank = 1};
+	struct shared *sc0 = scenario(&csum);
+	same_as_host(sc0);
+	assert_int_equal(sc0->path[0], MP_MEM_PATH_DEVICE);
+	assert_non_null(strstr(sc0->why[0], "MP_CHECKSUM=payload"));
+	for (int r = 1; r < 4; r++) {
+		assert_int_equal(sc0->path[r], MP_MEM_PATH_GPUDIRECT);
+		assert_int_equal(sc0->h2d[r], 0);
+		assert_true(sc0->d2h_max[r] > 64);
+	}
+	release(sc0);
 
 	/* A transport that registers device memory but whose NIC does not
 	 * reach it: the pinned ring, and the INFO line says why. */
