@@ -993,6 +993,17 @@ static void devpath_gdr(void **state)
 	gdr_on = 1;
 	same_as_host_on("rfake");
 	sparse_on(rfake, 1);
+	/* Two averages and a flush (MP_AVG_FLUSH), uncompressed from the
+	 * twins: the host path's mp_average_flush bit for bit. */
+	struct scen fl = {.name = "rfake-sparse-flush", .transport = "rfake", .npeers = 4,
+			  .algo = MP_ALGO_MOSHPIT, .codec = MP_CODEC_TOPK, .count = 3001,
+			  .nops = MAXOPS, .weighted = 1, .flush_last = 1};
+	struct shared *sf = scenario(&fl);
+	same_as_host(sf);
+	crossings(sf);
+	for (int r = 0; r < 4; r++)
+		assert_int_equal(sf->res[r][MAXOPS - 1].codec, MP_CODEC_NONE);
+	release(sf);
 	/* Six streams: 18 channels, more than the ring takes receives for. */
 	struct scen wide = {.name = "rfake-18-channels", .transport = "rfake", .npeers = 4,
 			    .algo = MP_ALGO_BUTTERFLY, .codec = MP_CODEC_FP16, .count = 3001,
