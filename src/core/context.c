@@ -521,7 +521,7 @@ static int register_cuda(struct mp_ctx *ctx, void *buf, size_t len, mp_mr **out)
 	}
 	if (device) {
 		mp_dev_describe(ctx, mr->stage, mr->why, sizeof(mr->why));
-		mr->path = mr->stage->dp->gdr ? MP_MEM_PATH_GPUDIRECT : MP_MEM_PATH_DEVICE;
+		mr->path = mp_dev_gdr(mr->stage) ? MP_MEM_PATH_GPUDIRECT : MP_MEM_PATH_DEVICE;
 		MP_INFO("CUDA memory %p (%zu bytes) is averaged on the GPU (%s); %s", buf, len,
 			mr->stage->dp->k->name, mr->why);
 	} else if (!(ctx->caps.flags & MP_DRV_CAP_DEVICE_MEM)) {

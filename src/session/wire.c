@@ -135,10 +135,11 @@ static int decode(const void *buf, size_t len, const unsigned char *payload, uin
 	 */
 	avail = len - MP_WIRE_HDR_SIZE;
 	crc = mp_crc32c(0, b, OFF_CRC);
-	if ((b[OFF_FLAGS] & MP_WIRE_F_PAYLOAD_CRC) && !payload)
-		return reject(why, MP_REJ_CHECKSUM, -EBADMSG); /* the caller must pass it */
-	if (b[OFF_FLAGS] & MP_WIRE_F_PAYLOAD_CRC)
+	if (b[OFF_FLAGS] & MP_WIRE_F_PAYLOAD_CRC) {
+		if (!payload)
+			return reject(why, MP_REJ_CHECKSUM, -EBADMSG); /* the caller must pass it */
 		crc = mp_crc32c(crc, payload, avail);
+	}
 	if (crc != mp_le_get32(b + OFF_CRC))
 		return reject(why, MP_REJ_CHECKSUM, -EBADMSG);
 

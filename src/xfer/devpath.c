@@ -44,7 +44,8 @@ static size_t word_at(size_t slot_bytes)
  * memory, and a stream of their own reads the headers of what lands
  * there. Our own payloads must not need the host: a checksum over them
  * (MP_CHECKSUM=payload) is computed there. The GPU must order what the
- * NIC writes, or flush it (rdma_order). dp->gdr, or why not in dp->nogdr.
+ * NIC writes, or flush it (rdma_order). dp->dring_mr, or why not in
+ * dp->nogdr.
  */
 static void gdr_open(struct mp_ctx *ctx, struct mp_stage *s)
 {
@@ -96,16 +97,14 @@ static void gdr_open(struct mp_ctx *ctx, struct mp_stage *s)
 		dp->hstream = NULL;
 		ctx->ops->dereg_mr(ctx->drv, dp->dring_mr);
 		dp->dring_mr = NULL;
-		return;
 	}
-	dp->gdr = 1;
 }
 
 void mp_dev_describe(const struct mp_ctx *ctx, const struct mp_stage *s, char *text, size_t n)
 {
 	const struct mp_devpath *dp = s->dp;
 
-	if (dp->gdr)
+	if (dp->dring_mr)
 		snprintf(text, n, "chunks move between the NIC and GPU memory (transport %s "
 			 "registered its %d chunk buffers of %zu bytes: GPUDirect RDMA)", ctx->transport,
 			 MP_DEV_SLOTS, dp->slot_bytes);
@@ -344,16 +343,16 @@ int mp_dev_peek(struct mp_ctx *ctx, struct mp_stage *s, struct mp_ring_slot *sl,
 
 int mp_dev_stage_out(struct mp_stage *s, struct mp_ring_slot *sl, const void *src, size_t len)
 {
-	if (!s->dp->gdr)
+	if (!s->dp->dring_mr)
 		return s->ops->copy_async(&s->dev, sl->host, src, len, 0, s->stream);
 	return src == sl->dev || !len ? 0 : s->ops->copy_d2d(&s->dev, sl->dev, src, len, s->stream);
 }
 
 void mp_dev_payload(struct mp_stage *s, struct mp_ring_slot *sl, size_t len, struct mp_payload *pl)
 {
-	if (s->dp->gdr) {
+	if (s->dp->dring_mr) {
 		*pl = (struct mp_payload){.kind = MP_PAYLOAD_DEVICE, .bytes = sl->dev, .len = len,
-					  .slot = sl, .mr = s->dp->dring_mr};
+					  .slot = sl};
 		return;
 	}
 	*pl = (struct mp_payload){.kind = MP_PAYLOAD_ENCODED, .bytes = sl->host, .len = len};

@@ -17,7 +17,7 @@
  *    the end of an exchange, and the network transfer of one chunk overlaps
  *    the copies and kernels of the next.
  *
- * GPUDirect RDMA (dp->gdr): where the transport registered the twins as
+ * GPUDirect RDMA (mp_dev_gdr): where the transport registered the twins as
  * device memory (verbs through dma-buf or nvidia-peermem), nothing of a
  * chunk crosses the bus through the host. A message to send is encoded
  * (or copied on the device) into a slot's twin and leaves from there, its
@@ -78,8 +78,7 @@ struct mp_devpath {
 	size_t dundo_len;
 	void *sync_ev;        /* for mp_dev_sync */
 	int held;             /* slots HELD now for sends (made ready, or in flight) */
-	/* GPUDirect RDMA: the transport registered the twins (dring_mr) */
-	int gdr;
+	/* GPUDirect RDMA: the transport registered the twins (mp_dev_gdr) */
 	int flush;            /* rdma_flush before what landed is read (rdma_order) */
 	struct mp_drv_mr *dring_mr;
 	void *hstream, *hev;  /* header reads, beside the stream's kernels */
@@ -95,13 +94,19 @@ struct mp_devpath {
  * (pinned slots with the status words and the stage's word after them,
  * their device twins, events) and registers the pinned part with the
  * transport (s->dmr); where the transport moves device memory and our
- * payloads carry no checksum, the twins too (GPUDirect, dp->gdr), which
+ * payloads carry no checksum, the twins too (GPUDirect, mp_dev_gdr), which
  * mp_dev_describe says (or why not). Returns 0; -ENOTSUP with the reason
  * in @why when the path is not for this registration (the caller stages
  * it whole instead); or another negative errno with the context's error
  * set.
  */
 int mp_dev_open(struct mp_ctx *ctx, struct mp_stage *s, char *why, size_t n);
+/* @s when its chunks move by GPUDirect RDMA (the transport registered its
+ * twins), else NULL (also for a NULL @s: host memory). */
+static inline struct mp_stage *mp_dev_gdr(struct mp_stage *s)
+{
+	return s && s->dp && s->dp->dring_mr ? s : NULL;
+}
 /* The INFO line's words on how chunks reach the GPU, for @s. */
 void mp_dev_describe(const struct mp_ctx *ctx, const struct mp_stage *s, char *text, size_t n);
 /* Undo mp_dev_open, once nothing is queued (the caller has synced). */

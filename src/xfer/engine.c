@@ -33,7 +33,6 @@ struct mp_xslot {
 	uint32_t count; /* send: values the frame carries */
 	struct mp_iov iov[2];
 	int iovcnt;
-	struct mp_drv_mr *mr;     /* send: the payload's registration (NULL: the engine's) */
 	struct mp_ring_slot *dsl; /* GPUDirect: the ring slot the payload leaves from, or
 	                             the receive lands in (devpath.h); given back when done */
 };
@@ -448,16 +447,17 @@ static int put_payload(struct mp_xfer *x, struct mp_wire_hdr *h, const struct mp
 		s->iovcnt = 1;
 		break;
 	case MP_PAYLOAD_DEVICE:
-		/* Sent from the twin; the header's checksum cannot cover it
-		 * (the device path takes GPUDirect only without MP_CHECKSUM=payload). */
-		if (!p->slot || !p->mr || (h->flags & MP_WIRE_F_PAYLOAD_CRC) || p->len > room)
+		/* Sent from the twin, which the slot holds until then (given
+		 * back by the caller on failure); the header's checksum cannot
+		 * cover it (the device path takes GPUDirect only without
+		 * MP_CHECKSUM=payload). */
+		s->dsl = x->gdr ? p->slot : NULL;
+		if (!s->dsl || (h->flags & MP_WIRE_F_PAYLOAD_CRC) || p->len > room)
 			return -EINVAL;
 		plen = p->len;
 		s->iov[1].base = p->bytes;
 		s->iov[1].len = plen;
 		s->iovcnt = 2;
-		s->dsl = p->slot;
-		s->mr = p->mr;
 		break;
 	case MP_PAYLOAD_VALUES:
 		if (zero_copy(x)) {
@@ -527,25 +527,22 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 		h.sender = (uint32_t)ctx->self_id;
 		h.token = mp_conn_token(ctx, ch->peer, ch->stream);
 		h.flags |= ctx->cfg.checksum_payload ? MP_WIRE_F_PAYLOAD_CRC : 0;
-		s->mr = NULL;
 		rc = put_payload(x, &h, &p, s);
 		if (rc) {
-			if (p.kind == MP_PAYLOAD_DEVICE && p.slot && x->gdr)
-				mp_dev_slot_put(x->gdr, p.slot);
-			s->dsl = NULL;
+			slot_done(x, s);
 			fail_peer(x, ch->peer, rc, "encode failed");
 			return 0;
 		}
 		ch->staged = 1;
 	}
 	rc = ctx->ops->isend(conn, s->iov, s->iovcnt,
-			     s->mr ? s->mr : s->iovcnt == 2 ? x->user_mr : ctx->slab_mr, &s->req);
+			     s->dsl ? x->gdr->dp->dring_mr : s->iovcnt == 2 ? x->user_mr : ctx->slab_mr,
+			     &s->req);
 	if (rc == -EAGAIN)
 		return 0;
 	ch->staged = 0;
-	if (rc)
-		slot_done(x, s);
 	if (rc) {
+		slot_done(x, s);
 		/* A broken connection: if requests are posted, their completions
 		 * carry the cause (e.g. -EMSGSIZE); otherwise report this one. */
 		if (ch->s_n || ch->r_n)

@@ -1235,7 +1235,7 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 
 	r.ds = a->dev;
 	r.xw = &x;
-	x.gdr = r.ds && r.ds->dp->gdr ? r.ds : NULL;
+	x.gdr = mp_dev_gdr(r.ds);
 
 	a->res->group_size = k;
 	if (k < 2) {

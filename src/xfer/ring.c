@@ -468,7 +468,7 @@ int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a)
 
 	g.ds = a->dev;
 	g.xw = &x;
-	x.gdr = g.ds && g.ds->dp->gdr ? g.ds : NULL;
+	x.gdr = mp_dev_gdr(g.ds);
 
 	/* Failure memory (static runs): the ring closes over the live peers,
 	 * in rank order, so a down peer is skipped, not waited for. */

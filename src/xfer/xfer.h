@@ -22,8 +22,8 @@ struct mp_chan;
  *    none, whose send slots hold only the header.
  *  - MP_PAYLOAD_DEVICE: @len bytes, encoded already, in a ring slot's
  *    device twin (GPUDirect RDMA, devpath.h: mp_dev_payload), sent from
- *    there under registration @mr; the engine gives @slot back to the
- *    device path once the send is done or cancelled.
+ *    there under the twins' registration; the engine gives @slot back to
+ *    the device path once the send is done or cancelled.
  */
 enum mp_payload_kind {
 	MP_PAYLOAD_VALUES,
@@ -38,7 +38,6 @@ struct mp_payload {
 	const uint8_t *bytes;  /* ENCODED; DEVICE: device memory */
 	size_t len;            /* ENCODED, DEVICE: bytes */
 	struct mp_ring_slot *slot;  /* DEVICE */
-	struct mp_drv_mr *mr;       /* DEVICE */
 };
 
 /* What an algorithm plugs into the engine for one exchange. */
@@ -191,7 +190,7 @@ struct mp_xfer {
 	                              sides of a pair that plan otherwise see it there */
 	int gate;                  /* hold every frame past the OPENs until all are in: for an
 	                              algorithm that writes the buffer as frames arrive (ring) */
-	struct mp_stage *gdr;      /* GPUDirect RDMA (devpath.h, dp->gdr): the device path's
+	struct mp_stage *gdr;      /* GPUDirect RDMA (devpath.h, mp_dev_gdr): the device path's
 	                              stage, whose ring slots DEVICE payloads leave from, and
 	                              where receives land when they fit its ring
 	                              (MP_DEV_LAND_MAX) */
