@@ -45,13 +45,18 @@
  *    until the part is complete, (contributors - 1) × its part length: for
  *    equal parts (k-1)/k of the vector; more for a reducer whose bandwidth
  *    earns it a larger part.
- *  - MP_SCR_STAGE: a member decodes the results into staging and copies each
- *    complete part into the buffer at the end of the round: the vector less
- *    its own part. Keeping a copy of its own values instead would cost the
- *    same copy every round, but would write the user's buffer while its
- *    zero-copy sends may still read it, and need undoing when a round is
- *    cancelled. Sparse codecs also save the residue of the parts sent (the
- *    same size again), to restore it for a part that is not applied.
+ *  - MP_SCR_STAGE: the vector less its own part. With codec none a member
+ *    decodes the results into it and copies each complete part into the
+ *    buffer at the end of the round: its zero-copy sends read the buffer
+ *    itself. With the other codecs a send is encoded into a slot as it is
+ *    made, and the member saves its values of each chunk there as it sends
+ *    it; a result that comes only after all of ours to its reducer went
+ *    (always, but for a peer out of protocol) is decoded straight into the
+ *    buffer, and the saved values go back over any part not applied. The
+ *    copy is then made while the link carries the contributions, not after
+ *    the last result, when every member of the group makes it at once.
+ *    Sparse codecs also save the residue of the parts sent (the same size
+ *    again), to restore it for a part that is not applied.
  */
 #include <errno.h>
 #include <math.h>
@@ -94,6 +99,8 @@ struct gmember {
 	uint8_t malformed;      /* the device path: a payload of its contribution to our part
 	                           failed to decode on the device */
 	uint8_t bad_result;     /* ... a payload of its part's result did */
+	uint8_t direct;         /* its part's result is decoded into the buffer, ours saved in
+	                           stage (in_place) */
 };
 
 struct gar {
@@ -116,7 +123,10 @@ struct gar {
 	int nused;
 	int nleft;             /* contributions left out as non-finite (MP_CHECK_FINITE) */
 	float wsum;
-	int done;              /* reduced: the results may go */
+	int done;              /* reduced (the device path), or the contributions chosen (the host
+	                          path): the results may go */
+	uint64_t red_next;     /* the host path: chunks of our part summed so far (reduce_upto) */
+	int recipients;        /* ... members that take our result */
 	int folded;            /* our residue went into the part (sparse codecs) */
 	uint8_t *enc;          /* lossy codecs: each chunk of the result, encoded once for all */
 	uint32_t *enc_len;
@@ -183,6 +193,22 @@ static int applied(const struct gar *r, int j)
 	return sends_to(r, j) && mj->gotg == mj->nch && !mj->bad_result;
 }
 
+/* Results decoded straight into the buffer (MP_SCR_STAGE above). */
+static int in_place(const struct gar *r)
+{
+	return !r->ds && r->a->codec->id != MP_CODEC_NONE;
+}
+
+/* Every chunk of our values of part j has gone to its reducer (been
+ * encoded, and saved). */
+static int all_sent_to(const struct gar *r, int j)
+{
+	for (int i = 0; i < r->x->nch; i++)
+		if (r->gc[i].j == j && r->gc[i].scat_next < r->mb[j].nch)
+			return 0;
+	return 1;
+}
+
 /* Where part j sits in the compact staging (everything but our own part). */
 static uint64_t stage_off(const struct gar *r, int j)
 {
@@ -200,14 +226,6 @@ static float *contribution(struct gar *r, int m)
 	if (m == r->me)
 		return r->a->x + r->mb[m].off;
 	return r->cbuf + (size_t)r->mb[m].slot * r->mb[r->me].len;
-}
-
-/* The i-th contribution the reducer uses, for mp_k_wmean. */
-static float *used_contribution(void *arg, int i)
-{
-	struct gar *r = arg;
-
-	return contribution(r, r->who[i]);
 }
 
 /* The contributions our part's result counts, in member order (r->who,
@@ -255,42 +273,92 @@ static uint32_t gather_aux(const struct gar *r)
 
 static void dev_begin_reduce(struct gar *r);
 
+/* The i-th contribution the reducer uses, from the chunk at @off on. */
+struct used_at {
+	struct gar *r;
+	uint64_t off;
+};
+
+static float *used_contribution_at(void *arg, int i)
+{
+	struct used_at *u = arg;
+
+	return contribution(u->r, u->r->who[i]) + u->off;
+}
+
 /*
- * Every contributor has delivered our whole part or failed: sum the complete
- * contributions in member order, then divide by Σ w. The sum of one
- * contribution is its values as they are, and a part with Σ w = 0 keeps our
- * own values, so a peer nobody reached keeps its values bit for bit.
+ * Every contributor has delivered our whole part or failed: decide which
+ * contributions the result holds (in member order) and log it. The sum
+ * itself runs a chunk at a time (reduce_upto), as the results leave:
+ * the first result goes out after one chunk's sum and encoding, not the
+ * whole part's, and the rest is summed while the link carries the chunks
+ * before it. Every kernel here works element by element, so the bits are
+ * those of one sum over the whole part.
  */
-static void reduce_part(struct gar *r)
+static void reduce_begin(struct gar *r)
+{
+	struct mp_ctx *ctx = r->ctx;
+	const int me = r->me;
+	const uint64_t L = r->mb[me].len, o = r->mb[me].off;
+	const float *x = r->a->x + o;
+
+	if (ctx->cfg.check_finite)
+		for (uint64_t i = 0; i < L && !r->mb[me].nonfinite; i++)
+			r->mb[me].nonfinite = !isfinite(x[i]);
+	r->recipients = select_contributions(r);
+	/* Our own contribution reaches the result without the wire: it
+	 * carries its held-back residue along in full (mass moves, none is
+	 * lost); reduce_upto folds it in chunk by chunk. */
+	r->folded = r->nused > 1 && r->a->residue;
+	r->red_next = 0;
+	/* Logged before the first result can leave. */
+	mp_clog_reduce(ctx, r->round, r->g, o, L, r->wsum, r->nused, r->who, r->whow);
+	r->done = 1;
+}
+
+/*
+ * Sum chunks of our part up to and including @upto (reduce_begin chose
+ * the contributions): the weighted mean in member order, Σ w·x / Σ w. The
+ * sum of one contribution is its values as they are, and a part with
+ * Σ w = 0 keeps our own values, so a peer nobody reached keeps its values
+ * bit for bit.
+ */
+static void reduce_upto(struct gar *r, uint64_t upto)
 {
 	struct mp_ctx *ctx = r->ctx;
 	struct mp_avg *a = r->a;
 	const struct mp_codec_ops *codec = a->codec;
 	const int me = r->me;
-	const uint64_t L = r->mb[me].len, o = r->mb[me].off, nc = r->mb[me].nch;
-	float *x = a->x + o;
-	int recipients = 0;
+	const uint64_t o = r->mb[me].off, nc = r->mb[me].nch;
+	int lossy = codec->id != MP_CODEC_NONE && r->recipients;
+	int refill = (codec->flags & MP_CODEC_F_SPARSE) && a->residue;
+	void *scr = NULL;
 
-	if (ctx->cfg.check_finite)
-		for (uint64_t i = 0; i < L && !r->mb[me].nonfinite; i++)
-			r->mb[me].nonfinite = !isfinite(x[i]);
-	recipients = select_contributions(r);
-	if (r->nused > 1 && a->residue) {
-		/* Our own contribution reaches the result without the wire: it
-		 * carries its held-back residue along in full (mass moves, none
-		 * is lost). */
-		mp_k_axpy(x, a->residue + o, 1.0f, L);
-		memset(a->residue + o, 0, L * sizeof(float));
-		r->folded = 1;
-	}
-	if (r->wsum > 0.0f && r->nused > 1) {
-		/* Accumulate in place in the first contribution (ours is in the
-		 * buffer, which takes the result anyway). */
-		mp_k_wmean(x, r->nused, r->whow, r->wsum, L, used_contribution, r);
-	} else if (r->wsum > 0.0f && r->who[0] != me) {
-		memcpy(x, contribution(r, r->who[0]), L * sizeof(float));
-	}
-	if (codec->id != MP_CODEC_NONE && recipients) {
+	if (!nc)
+		return;
+	if (upto >= nc)
+		upto = nc - 1;
+	if (lossy && codec->scratch_size)
+		scr = mp_scratch(ctx, MP_SCR_ENCODE, codec->scratch_size(&ctx->cparams, ctx->chunk_elems));
+	for (; r->done && r->red_next <= upto; r->red_next++) {
+		const uint64_t c = r->red_next;
+		const uint32_t n = chunk_count(r, me, c);
+		float *xc = a->x + o + c * r->C;
+		struct used_at u = {.r = r, .off = c * r->C};
+
+		if (r->folded) {
+			mp_k_axpy(xc, a->residue + o + c * r->C, 1.0f, n);
+			memset(a->residue + o + c * r->C, 0, n * sizeof(float));
+		}
+		if (r->wsum > 0.0f && r->nused > 1) {
+			/* Accumulated in place in the first contribution (ours is
+			 * in the buffer, which takes the result anyway). */
+			mp_k_wmean(xc, r->nused, r->whow, r->wsum, n, used_contribution_at, &u);
+		} else if (r->wsum > 0.0f && r->who[0] != me) {
+			memcpy(xc, used_contribution_at(&u, 0), n * sizeof(float));
+		}
+		if (!lossy)
+			continue;
 		/*
 		 * Members receive the encoded result; the reducer keeps exactly
 		 * what they decode, so the whole group holds identical values.
@@ -302,36 +370,25 @@ static void reduce_part(struct gar *r)
 		 * times the difference, at its new weight), so Σ w·(x + residue)
 		 * over all peers is unchanged by the round (doc/codecs.md).
 		 */
-		void *scr = codec->scratch_size ?
-			mp_scratch(ctx, MP_SCR_ENCODE, codec->scratch_size(&ctx->cparams, ctx->chunk_elems)) :
-			NULL;
-		int refill = (codec->flags & MP_CODEC_F_SPARSE) && a->residue;
+		uint8_t *e = r->enc + c * r->enc_cap;
+		float *res = refill ? r->rtmp : NULL;
+		size_t len = 0;
 
-		for (uint64_t c = 0; c < nc; c++) {
-			uint32_t n = chunk_count(r, me, c);
-			uint8_t *e = r->enc + c * r->enc_cap;
-			float *xc = x + c * r->C, *res = refill ? r->rtmp : NULL;
-			size_t len = 0;
-
-			if (res)
-				memset(res, 0, n * sizeof(float));
-			if ((codec->scratch_size && !scr) ||
-			    codec->encode(&ctx->cparams, xc, res, n, e, r->enc_cap, &len, scr) ||
-			    codec->decode(e, len, xc, n)) {
-				/* Cannot happen with a buffer of max_encoded bytes; if
-				 * it does, members get a frame they will reject, not
-				 * garbage. */
-				MP_WARN("round %u: encoding a reduced chunk failed", r->round);
-				len = 0;
-			}
-			r->enc_len[c] = (uint32_t)len;
-			if (res)
-				mp_k_axpy(a->residue + o + c * r->C, res, (float)r->nused, n);
+		if (res)
+			memset(res, 0, n * sizeof(float));
+		if ((codec->scratch_size && !scr) ||
+		    codec->encode(&ctx->cparams, xc, res, n, e, r->enc_cap, &len, scr) ||
+		    codec->decode(e, len, xc, n)) {
+			/* Cannot happen with a buffer of max_encoded bytes; if
+			 * it does, members get a frame they will reject, not
+			 * garbage. */
+			MP_WARN("round %u: encoding a reduced chunk failed", r->round);
+			len = 0;
 		}
+		r->enc_len[c] = (uint32_t)len;
+		if (res)
+			mp_k_axpy(a->residue + o + c * r->C, res, (float)r->nused, n);
 	}
-	/* Logged before the first result can leave. */
-	mp_clog_reduce(ctx, r->round, r->g, o, L, r->wsum, r->nused, r->who, r->whow);
-	r->done = 1;
 }
 
 static void try_reduce(struct gar *r)
@@ -346,7 +403,7 @@ static void try_reduce(struct gar *r)
 	if (r->ds)
 		dev_begin_reduce(r);
 	else
-		reduce_part(r);
+		reduce_begin(r);
 }
 
 static struct gchan *gchan_of(struct gar *r, struct mp_chan *ch)
@@ -540,7 +597,14 @@ static int g_pump(void *op)
 	struct gar *r = op;
 	int busy = 0;
 
-	if (!r->ds || r->dev_err)
+	if (!r->ds) {
+		/* A chunk summed ahead of the results that wait for it. */
+		if (!r->done || r->red_next >= r->mb[r->me].nch)
+			return 0;
+		reduce_upto(r, r->red_next);
+		return r->red_next < r->mb[r->me].nch;
+	}
+	if (r->dev_err)
 		return 0;
 	if (r->reducing && !r->done) {
 		int rc = mp_dev_slot_ready(r->ds, r->stat_slot);
@@ -823,6 +887,7 @@ static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct
 	r->sent[phase - MP_FAULT_SCATTER]++;
 	if (gather) {
 		uint64_t c = gc->gath_next;
+		reduce_upto(r, c);
 		h->type = MP_MSG_GATHER;
 		h->part = (uint32_t)me;
 		h->offset = r->mb[me].off + c * r->C;
@@ -850,6 +915,11 @@ static int g_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct
 	h->weight = r->a->weight;
 	h->aux = r->plan;
 	*pl = (struct mp_payload){.kind = MP_PAYLOAD_VALUES, .values = r->a->x + h->offset};
+	if (in_place(r))
+		/* Encoded into the slot as soon as we return: our values of
+		 * the chunk are saved, should its result not be applied. */
+		memcpy(r->stage + stage_off(r, j) + c * r->C, r->a->x + h->offset,
+		       h->count * sizeof(float));
 	gc->scat_next += (uint64_t)r->S;
 	return 1;
 }
@@ -917,9 +987,12 @@ static int g_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 					  h->count, &r->dstat[r->k + j], NULL);
 			if (rc)
 				return rc == -EBADMSG ? -EPROTO : 0;
-		} else if (r->a->codec->decode(payload, h->length, r->stage + stage_off(r, j) + c * r->C,
-					       h->count)) {
-			return -EPROTO;
+		} else {
+			if (!mj->gotg)
+				mj->direct = in_place(r) && all_sent_to(r, j);
+			float *dst = mj->direct ? r->a->x + mj->off : r->stage + stage_off(r, j);
+			if (r->a->codec->decode(payload, h->length, dst + c * r->C, h->count))
+				return -EPROTO;
 		}
 		mj->gw = h->weight;
 		mj->gn = n;
@@ -1176,14 +1249,20 @@ static int finish(struct gar *r)
 			if (first < 0)
 				first = j;
 		} else if (whole) {
-			memcpy(a->x + mj->off, r->stage + stage_off(r, j), mj->len * sizeof(float));
+			if (!mj->direct)
+				memcpy(a->x + mj->off, r->stage + stage_off(r, j), mj->len * sizeof(float));
 			if (first < 0)
 				first = j;
-		} else if (r->esave) {
-			/* Not applied: the values stay ours, and so does the
+		} else {
+			/* Not applied: the values stay ours (saved, if part of
+			 * the result was decoded over them), and so does the
 			 * residue they had, neither lost nor counted twice (the
 			 * device path: in dev_apply). */
-			memcpy(a->residue + mj->off, r->esave + stage_off(r, j), mj->len * sizeof(float));
+			if (mj->direct)
+				memcpy(a->x + mj->off, r->stage + stage_off(r, j), mj->len * sizeof(float));
+			if (r->esave)
+				memcpy(a->residue + mj->off, r->esave + stage_off(r, j),
+				       mj->len * sizeof(float));
 		}
 		mp_clog_apply(r->ctx, r->round, r->g, j, whole);
 	}
@@ -1297,6 +1376,10 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	/* Every contributor has delivered or failed now, unless cancelled. */
 	if (!rc)
 		try_reduce(&r);
+	/* Our part is summed whole whatever became of the results (the
+	 * buffer takes it: no part is ever half reduced). */
+	if (!r.ds && r.done)
+		reduce_upto(&r, r.mb[r.me].nch);
 	if (r.ds && !rc && !r.dev_err && r.reducing && !r.done) {
 		/* Nobody waited for our result (every member failed): the sum
 		 * still decides our own part. */
@@ -1330,6 +1413,13 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		for (int j = 0; j < r.k; j++)
 			if (sends_to(&r, j))
 				memcpy(a->residue + r.mb[j].off, r.esave + stage_off(&r, j),
+				       r.mb[j].len * sizeof(float));
+	if (x.fatal || rc == -EIO)
+		/* Nothing of the round is applied: results decoded in place
+		 * give way to our values again. */
+		for (int j = 0; r.mb && j < r.k; j++)
+			if (sends_to(&r, j) && r.mb[j].direct)
+				memcpy(a->x + r.mb[j].off, r.stage + stage_off(&r, j),
 				       r.mb[j].len * sizeof(float));
 	int reached = x.fatal || rc == -EIO ? 0 : finish(&r);
 	if (reached < 0) {

@@ -240,6 +240,7 @@ struct world {
 	int npeers;
 	size_t count;
 	const uint8_t *modes; /* NULL: every peer normal */
+	int codec;            /* enum mp_codec of the run (0: none) */
 	struct plog log[MAXP];
 	float *x[MAXP], *nx[MAXP]; /* values at the start of the round being replayed, and after */
 	float w[MAXP], nw[MAXP];
@@ -262,11 +263,46 @@ static uint64_t part_off(const struct lround *lr, int j)
 }
 
 /* The result of reducer q's part in round t, from the values at the round's start. */
+/* x through the run's codec and back (element by element for fp16, so
+ * the values need not be cut into the run's chunks). */
+static void through_codec(const struct world *wd, float *x, size_t len)
+{
+	const struct mp_codec_ops *c = mp_codec_by_id((unsigned)wd->codec);
+	struct mp_codec_params cp;
+	size_t cap, elen = 0;
+
+	if (wd->codec == MP_CODEC_NONE)
+		return;
+	memset(&cp, 0, sizeof(cp));
+	assert_non_null(c);
+	assert_null(c->scratch_size);
+	cap = c->max_encoded(&cp, len);
+	void *e = malloc(cap);
+	assert_non_null(e);
+	assert_int_equal(c->encode(&cp, x, NULL, len, e, cap, &elen, NULL), 0);
+	assert_int_equal(c->decode(e, elen, x, len), 0);
+	free(e);
+}
+
+/* Contributor c's values of the part at @off as reducer q has them: its
+ * own as they are, another's as the wire's codec brought them. */
+static float *contribution_at(const struct world *wd, int q, int c, size_t off, size_t len)
+{
+	float *v = malloc(len * sizeof(float));
+
+	assert_non_null(v);
+	memcpy(v, wd->x[c] + off, len * sizeof(float));
+	if (c != q)
+		through_codec(wd, v, len);
+	return v;
+}
+
 static void reduce_result(const struct world *wd, int q, int t, float *out)
 {
 	const struct lround *lr = &wd->log[q].r[t];
 	const size_t off = lr->roff, len = lr->rlen;
 	float wsum = 0.0f;
+	float *v[MAXP];
 	int last = -1, self_in = 0;
 
 	assert_true(lr->reduced);
@@ -286,6 +322,7 @@ static void reduce_result(const struct world *wd, int q, int t, float *out)
 			fail_msg("round %d: reducer %d logged weight %a for peer %d, whose weight is %a", t, q,
 				 (double)lr->cw[i], c, (double)wd->w[c]);
 		wsum += lr->cw[i];
+		v[i] = contribution_at(wd, q, c, off, len);
 	}
 	/* Every reducer, aux or not, counts its own contribution. */
 	assert_true(self_in);
@@ -293,19 +330,24 @@ static void reduce_result(const struct world *wd, int q, int t, float *out)
 	if (wsum == 0.0f) {
 		memcpy(out, wd->x[q] + off, len * sizeof(float));
 	} else if (lr->nc == 1) {
-		memcpy(out, wd->x[rank_of(wd, lr->cid[0])] + off, len * sizeof(float));
+		memcpy(out, v[0], len * sizeof(float));
 	} else {
 		/* fp32, rounding the product before the add, in member order. */
 		float inv = 1.0f / wsum;
 		for (size_t i = 0; i < len; i++) {
-			volatile float acc = lr->cw[0] * wd->x[rank_of(wd, lr->cid[0])][off + i];
+			volatile float acc = lr->cw[0] * v[0][i];
 			for (int c = 1; c < lr->nc; c++) {
-				volatile float p = lr->cw[c] * wd->x[rank_of(wd, lr->cid[c])][off + i];
+				volatile float p = lr->cw[c] * v[c][i];
 				acc = acc + p;
 			}
 			out[i] = acc * inv;
 		}
+		/* A result that goes to other members is what they decode,
+		 * and the reducer keeps that too. */
+		through_codec(wd, out, len);
 	}
+	for (int i = 0; i < lr->nc; i++)
+		free(v[i]);
 }
 
 /* Peer p's values and weight after round t. */
@@ -440,6 +482,7 @@ struct scenario {
 	int round_ms, deadline_ms;
 	int deadline_extra_ms[MAXP]; /* per peer: added to deadline_ms */
 	int connect_ms; /* 0: 5000 */
+	int codec;      /* enum mp_codec: 0, none; else one the replay knows (fp16) */
 	/* direct: one mp_group_allreduce with this roster (static runs cannot
 	 * have client or aux peers: a roster can) */
 	const uint8_t *modes;
@@ -515,6 +558,7 @@ static void *peer_main(void *p)
 	cfg.allreduce_timeout_ms = sc->deadline_ms + sc->deadline_extra_ms[a->rank];
 	cfg.contrib_log = path;
 	cfg.fault = sc->fault[a->rank];
+	cfg.codec = sc->codec;
 	rc = mp_init(&cfg, &ctx);
 	if (!rc)
 		mp_local_address(ctx, sh->addr[a->rank], MP_ADDR_STRLEN);
@@ -568,6 +612,7 @@ static void run(const struct scenario *sc, check_fn check)
 	wd->npeers = sc->npeers;
 	wd->count = sc->count;
 	wd->modes = sc->modes;
+	wd->codec = sc->codec;
 	for (int r = 0; r < sc->npeers; r++) {
 		/* Stalling or cutting peers survive too: they must hold the
 		 * right values like everyone else. */
@@ -648,6 +693,19 @@ static void cut_at_gather(void **s)
 	struct scenario sc = {.name = "cut-gather", .npeers = 4, .grid = "4", .count = 3000,
 			      .fault = {[1] = "cut:round=0:phase=gather:after=2"}, .round_ms = 400,
 			      .deadline_ms = 20000};
+	run(&sc, check_cut_gather);
+}
+
+/* The same with fp16: a lossy codec's results are decoded straight into
+ * the buffer (group_allreduce.c, MP_SCR_STAGE), so the first chunks of
+ * peer 1's part land there before the cut; peers 0, 2 and 3 must still end
+ * with their own values of that part, bit for bit. */
+static void cut_at_gather_fp16(void **s)
+{
+	(void)s;
+	struct scenario sc = {.name = "cut-gather-fp16", .npeers = 4, .grid = "4", .count = 3000,
+			      .fault = {[1] = "cut:round=0:phase=gather:after=2"}, .round_ms = 400,
+			      .deadline_ms = 20000, .codec = MP_CODEC_FP16};
 	run(&sc, check_cut_gather);
 }
 
@@ -1102,6 +1160,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(stall_at_scatter),
 		cmocka_unit_test(cut_at_gather),
 		cmocka_unit_test(stall_toward_one_peer),
+		cmocka_unit_test(cut_at_gather_fp16),
 		cmocka_unit_test(two_faults_of_eight),
 		cmocka_unit_test(faults_over_two_rounds),
 		cmocka_unit_test(deadline_ends_the_round),
