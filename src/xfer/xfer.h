@@ -67,8 +67,9 @@ struct mp_xfer_ops {
 	 * is not the peer's fault, and only the exchange's deadline applies. */
 	int (*waits_on_others)(void *op, struct mp_chan *ch);
 	/* Optional: once per pass of the engine, move work the algorithm runs
-	 * beside the network (the device path's copies and kernels, devpath.h)
-	 * and return nonzero while some is outstanding: the engine then polls
+	 * beside the network (the device path's copies and kernels, devpath.h;
+	 * the group all-reduce's sum of its part, a chunk a pass) and return
+	 * nonzero while some is outstanding: the engine then polls
 	 * the transport instead of sleeping in it, since nothing there will
 	 * wake it when the device is done. */
 	int (*pump)(void *op);
