@@ -215,6 +215,20 @@ static uint64_t stage_off(const struct gar *r, int j)
 	return r->mb[j].off - (j > r->me ? r->mb[r->me].len : 0);
 }
 
+/*
+ * Part j ends the round applied or not. The staging holds what the buffer
+ * must then hold exactly when that differs from where the results went:
+ * the results, staged (codec none), of a part applied; our saved values
+ * of a part whose results were decoded in place but that is not applied.
+ */
+static void settle_part(struct gar *r, int j, int apply)
+{
+	const struct gmember *mj = &r->mb[j];
+
+	if (apply != mj->direct)
+		memcpy(r->a->x + mj->off, r->stage + stage_off(r, j), mj->len * sizeof(float));
+}
+
 static uint64_t member_id(const struct gar *r, int m)
 {
 	return m == r->me ? r->ctx->self_id : r->ctx->peers[r->g->members[m]].id;
@@ -1249,8 +1263,7 @@ static int finish(struct gar *r)
 			if (first < 0)
 				first = j;
 		} else if (whole) {
-			if (!mj->direct)
-				memcpy(a->x + mj->off, r->stage + stage_off(r, j), mj->len * sizeof(float));
+			settle_part(r, j, 1);
 			if (first < 0)
 				first = j;
 		} else {
@@ -1258,8 +1271,7 @@ static int finish(struct gar *r)
 			 * the result was decoded over them), and so does the
 			 * residue they had, neither lost nor counted twice (the
 			 * device path: in dev_apply). */
-			if (mj->direct)
-				memcpy(a->x + mj->off, r->stage + stage_off(r, j), mj->len * sizeof(float));
+			settle_part(r, j, 0);
 			if (r->esave)
 				memcpy(a->residue + mj->off, r->esave + stage_off(r, j),
 				       mj->len * sizeof(float));
@@ -1418,9 +1430,8 @@ int mp_group_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		/* Nothing of the round is applied: results decoded in place
 		 * give way to our values again. */
 		for (int j = 0; r.mb && j < r.k; j++)
-			if (sends_to(&r, j) && r.mb[j].direct)
-				memcpy(a->x + r.mb[j].off, r.stage + stage_off(&r, j),
-				       r.mb[j].len * sizeof(float));
+			if (sends_to(&r, j))
+				settle_part(&r, j, 0);
 	int reached = x.fatal || rc == -EIO ? 0 : finish(&r);
 	if (reached < 0) {
 		rc = reached;
