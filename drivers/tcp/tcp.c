@@ -8,9 +8,9 @@
  * lets a receiver notice a stream that is not ours (or that lost sync) and
  * fail the connection with -EPROTO instead of scribbling into user buffers.
  *
- * Flow control is the kernel's: a connection reads only while a receive is
- * posted, and then at most one read-ahead buffer's worth beyond it; the
- * rest stays in the socket buffer and TCP pushes back on the sender.
+ * Flow control is the kernel's: a connection reads ahead at most one
+ * read-ahead buffer's worth beyond its posted receives; the rest stays in
+ * the socket buffer and TCP pushes back on the sender.
  *
  * System calls per message matter more than copies for small messages: on
  * a host with fewer cores than peers, each costs a few microseconds of the
@@ -114,6 +114,7 @@ struct tcp_conn {
 	int dirty;          /* sends queued since the last flush (on d->ndirty) */
 	int have_hdr;       /* the current incoming message's header is parsed */
 	int rdry;           /* the last read found the socket drained */
+	int reof;           /* the peer closed; what was read before is still delivered */
 	size_t rlen;        /* its payload length, once the header is in */
 	size_t rgot;        /* payload bytes already in the posted buffer */
 	unsigned char *rbuf; /* read-ahead, TCP_RBUF bytes, allocated on first read */
@@ -309,13 +310,12 @@ static void tcp_conn_arm(struct tcp_conn *c, int exact)
 	if (c->state == TCP_CONNECTING) {
 		want = EPOLLOUT;
 	} else {
-		/* Input only while a receive is posted. Reading ahead on idle
-		 * connections too (EPOLLIN armed throughout) saved the
-		 * epoll_ctl on and off per message, but it also saw a peer's
-		 * deliberate close at once, between exchanges: a dht run then
-		 * took a live peer that had dropped this one for gone, and its
-		 * churn test converged in 2 of 5 runs (doc/tcp.md). */
-		if (c->rq.n)
+		/* Input while a receive is posted, and between exchanges while
+		 * the read-ahead has room: EPOLLIN then stays armed, instead of
+		 * an epoll_ctl on and off per message. After a close, only a
+		 * posted receive wants input: the pending end of stream fails
+		 * it (reading an end of stream is level-triggered). */
+		if (c->rq.n || (!c->reof && c->rend - c->roff < TCP_RBUF))
 			want |= EPOLLIN;
 		if (c->sq.n && c->want_out)
 			want |= EPOLLOUT;
@@ -417,11 +417,14 @@ static void tcp_conn_flush(struct tcp_conn *c)
 static int tcp_read_stop(struct tcp_conn *c, ssize_t n)
 {
 	if (n == 0) {
-		/* Reads happen only for a receive that needs more bytes than the
-		 * read-ahead holds: whatever came before the close was delivered. */
-		MP_INFO("tcp: %s: peer closed the connection%s", c->sk.name,
-			c->have_hdr || c->roff < c->rend ? " in the middle of a message" : "");
-		tcp_conn_fail(c, -ECONNRESET);
+		/* Not acted on here: with no receive posted, this is a read
+		 * ahead between exchanges, and the close of a peer that is
+		 * done with us (it dropped us, or it left) must look the same
+		 * as when the socket was not read until the next exchange,
+		 * where a receive that needs more bytes fails (tcp_fill).
+		 * Failing the connection at once made a dht run take live
+		 * peers for gone (doc/tcp.md). */
+		c->reof = 1;
 		return 1;
 	}
 	if (errno == EINTR)
@@ -433,6 +436,14 @@ static int tcp_read_stop(struct tcp_conn *c, ssize_t n)
 	MP_INFO("tcp: %s: recv: %s", c->sk.name, strerror(errno));
 	tcp_conn_fail(c, tcp_peer_err(errno));
 	return 1;
+}
+
+/* The peer closed and a posted receive needs more than was read before. */
+static void tcp_eof_fail(struct tcp_conn *c)
+{
+	MP_INFO("tcp: %s: peer closed the connection%s", c->sk.name,
+		c->have_hdr || c->roff < c->rend ? " in the middle of a message" : "");
+	tcp_conn_fail(c, -ECONNRESET);
 }
 
 /*
@@ -447,6 +458,11 @@ static int tcp_fill(struct tcp_conn *c, unsigned char *dst, size_t want)
 	int n = 0;
 	ssize_t got;
 
+	if (c->reof) {
+		if (c->rq.head)
+			tcp_eof_fail(c);
+		return 0;
+	}
 	if (c->rdry)
 		return 0; /* drained: wait for EPOLLIN rather than ask again */
 	if (!c->rbuf) {
@@ -481,8 +497,11 @@ static int tcp_fill(struct tcp_conn *c, unsigned char *dst, size_t want)
 		got = readv(c->sk.fd, v, n);
 		if (got > 0)
 			break;
-		if (tcp_read_stop(c, got))
+		if (tcp_read_stop(c, got)) {
+			if (c->reof && c->rq.head)
+				tcp_eof_fail(c);
 			return 0;
+		}
 	}
 	if ((size_t)got < asked)
 		c->rdry = 1; /* the socket had no more: the next read would block */
@@ -495,7 +514,8 @@ static int tcp_fill(struct tcp_conn *c, unsigned char *dst, size_t want)
 	return 1;
 }
 
-/* Read incoming messages into posted receives, in posting order. */
+/* Read incoming messages into posted receives, in posting order; with none
+ * posted, read ahead while there is room. */
 static void tcp_conn_read(struct tcp_conn *c)
 {
 	struct tcp_req *r;
@@ -504,8 +524,11 @@ static void tcp_conn_read(struct tcp_conn *c)
 		size_t avail = c->rend - c->roff;
 
 		r = TCP_REQ(c->rq.head);
-		if (!r)
+		if (!r) {
+			if (avail < TCP_RBUF)
+				tcp_fill(c, NULL, 0);
 			break;
+		}
 
 		if (!c->have_hdr) {
 			const unsigned char *h;

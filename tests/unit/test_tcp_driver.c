@@ -536,6 +536,36 @@ static void test_polled_then_close(void **state)
 	assert_int_equal(wait_req(p->d, rr, NULL), -ECONNRESET);
 }
 
+/*
+ * A close between exchanges (reading ahead saw it) is held until a receive
+ * needs more bytes: a peer that is done with us is not a failure to act on
+ * at once. Sends are still accepted, progress does not spin on the pending
+ * end of stream, and the next receive fails.
+ */
+static void test_idle_close_held(void **state)
+{
+	struct pair *p = *state;
+	char buf[16] = {0};
+	struct mp_drv_req *rr, *rs;
+	struct mp_iov iov = {"late", 4};
+	int calls = 0, rc;
+	int64_t t0;
+
+	exchange(p->d, NULL, p->a, p->b, 1, 0);
+	ops->close(p->a);
+	p->a = NULL;
+	t0 = now_ms();
+	while (now_ms() - t0 < 300) {
+		assert_int_equal(ops->progress(p->d, 50), 0);
+		calls++;
+	}
+	assert_true(calls < 30);
+	assert_int_equal(ops->isend(p->b, &iov, 1, NULL, &rs), 0);
+	assert_int_equal(ops->irecv(p->b, buf, sizeof(buf), NULL, &rr), 0);
+	rc = wait_req(p->d, rr, NULL);
+	assert_true(rc == -ECONNRESET || rc == -EPIPE);
+}
+
 static void test_emsgsize(void **state)
 {
 	struct pair *p = *state;
@@ -974,6 +1004,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_readahead_mixed, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_close_sends_queued, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_polled_then_close, setup_pair, teardown_pair),
+		cmocka_unit_test_setup_teardown(test_idle_close_held, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_emsgsize, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_oversized_send_rejected, setup_pair, teardown_pair),
 		cmocka_unit_test_setup_teardown(test_queue_full_and_cancel, setup_pair, teardown_pair),
