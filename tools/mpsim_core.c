@@ -2,9 +2,12 @@
 /*
  * mpsim's engine. Values are fp32 like the library's buffers, and every
  * group average goes through the library's reducer arithmetic (mp_k_wmean:
- * the weighted sum in member order, then one multiply by 1/Σw), so a
+ * the weighted sum in member order, then one multiply by 1/Σw; with
+ * direct_pairs, for short vectors in groups of 4 to 64, the pairwise
+ * exchange's sums), so a
  * simulated group ends a round with the very bits a real group of
- * libmoshpit peers would hold. Moshpit's groups are the library's grid
+ * libmoshpit peers would hold (default settings: MP_DIRECT_MAX and the
+ * 256 KiB chunk). Moshpit's groups are the library's grid
  * lines (mp_grid_line), part indices and group ids included.
  *
  * A failed peer sits out the whole round: it keeps its values and weight,
@@ -18,6 +21,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <moshpit/moshpit.h>
 
 #include "mp_kernels.h"
 
@@ -125,6 +130,58 @@ static float *member_values(void *arg, int i)
 	return s->x + (size_t)s->members[i] * s->cfg.len;
 }
 
+/* Elements of the library's default chunk (256 KiB). */
+#define LIB_CHUNK_ELEMS (256u * 1024 / sizeof(float))
+
+/* Whether a group of @k takes the pairwise exchange (src/xfer/pairs.c:
+ * mp_direct_fits and mp_pairs_fits, default limits, codec none). */
+static int takes_pairs(const struct mpsim *s, int k)
+{
+	return s->cfg.direct_pairs && s->pairs && k >= 4 && k <= 64 && s->cfg.len * sizeof(float) <= MP_DIRECT_MAX_DEFAULT &&
+	       s->cfg.len + 2 + (size_t)k <= LIB_CHUNK_ELEMS;
+}
+
+/*
+ * The pairwise exchange's sum of the k members in s->members, without
+ * failures: leaves w·x (each product rounded); members p..k-1 (p = 2^m)
+ * first added to member i - p; then for each distance d = 1, 2, .. p/2 the
+ * sums of i and i ^ d added (in either order: the same bits); the result
+ * times 1/Σw on every member.
+ */
+static void pairs_group(struct mpsim *s, int k, float wsum)
+{
+	const size_t L = s->cfg.len;
+	float *y = s->pairs, inv = 1.0f / wsum;
+	int p = 1;
+
+	while (p * 2 <= k)
+		p *= 2;
+	for (int i = 0; i < k; i++) {
+		const float *xi = member_values(s, i);
+
+		for (size_t e = 0; e < L; e++)
+			y[(size_t)i * L + e] = s->gw[i] * xi[e];
+	}
+	for (int i = 0; i + p < k; i++)
+		for (size_t e = 0; e < L; e++)
+			y[(size_t)i * L + e] = y[(size_t)i * L + e] + y[(size_t)(i + p) * L + e];
+	for (int d = 1; d < p; d *= 2)
+		for (int i = 0; i < p; i++)
+			if (i < (i ^ d))
+				for (size_t e = 0; e < L; e++) {
+					float v = y[(size_t)i * L + e] + y[(size_t)(i ^ d) * L + e];
+
+					y[(size_t)i * L + e] = v;
+					y[(size_t)(i ^ d) * L + e] = v;
+				}
+	for (int i = 0; i < k; i++) {
+		float *xi = member_values(s, i);
+
+		for (size_t e = 0; e < L; e++)
+			xi[e] = y[(size_t)(i < p ? i : i - p) * L + e] * inv;
+	}
+}
+
 /*
  * Average the present members among the n in s->members, as one group of
  * the library does: the reducer's weighted mean in member order, the same
@@ -147,12 +204,15 @@ static void average_group(struct mpsim *s, int n)
 	}
 	float *first = member_values(s, 0);
 
-	mp_k_wmean(first, k, s->gw, wsum, L, member_values, s);
-	for (int i = 0; i < k; i++) {
-		if (i)
+	if (takes_pairs(s, k)) {
+		pairs_group(s, k, wsum);
+	} else {
+		mp_k_wmean(first, k, s->gw, wsum, L, member_values, s);
+		for (int i = 1; i < k; i++)
 			memcpy(member_values(s, i), first, L * sizeof(float));
-		s->w[s->members[i]] = wsum / (float)k;
 	}
+	for (int i = 0; i < k; i++)
+		s->w[s->members[i]] = wsum / (float)k;
 }
 
 /*
@@ -541,6 +601,11 @@ int mpsim_init(struct mpsim *s, const struct mpsim_cfg *cfg, uint64_t seed)
 	s->gw = malloc(cap * sizeof(float));
 	if (!s->x || !s->w || !s->mean || !s->alive || !s->members || !s->held || !s->gw)
 		goto nomem;
+	if (cfg->direct_pairs && L * sizeof(float) <= MP_DIRECT_MAX_DEFAULT && cap >= 4) {
+		s->pairs = malloc((cap < 64 ? cap : 64) * L * sizeof(float));
+		if (!s->pairs)
+			goto nomem;
+	}
 	if (cfg->algo == MPSIM_GOSSIP || cfg->algo == MPSIM_PUSHSUM) {
 		s->nx = malloc(N * L * sizeof(float));
 		s->nw = malloc(N * sizeof(float));
@@ -584,6 +649,7 @@ void mpsim_free(struct mpsim *s)
 	free(s->members);
 	free(s->held);
 	free(s->gw);
+	free(s->pairs);
 	free(s->order);
 	free(s->seen);
 	free(s->cell_of);

@@ -37,6 +37,7 @@ struct mpsim_cfg {
 	int neighbors;            /* gossip: neighbours on each side */
 	size_t len;               /* values per peer */
 	double fail;              /* probability that a peer sits out a round */
+	int direct_pairs;         /* the library's MP_DIRECT_PAIRS=1 (no command-line option) */
 };
 
 /* xoshiro256**, seeded through splitmix64. */
@@ -62,6 +63,7 @@ struct mpsim {
 	int *members;       /* one group, in member order */
 	int *held;          /* their coordinates along the line (matchmaker rule) */
 	float *gw;          /* its weights */
+	float *pairs;       /* short vectors: a group's sums in the pairwise exchange */
 	int *order;         /* random: the round's permutation */
 	uint32_t *seen;     /* moshpit: round + 1 once the peer's line is done */
 	int *cell_of;       /* moshpit: peer -> cell */

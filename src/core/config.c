@@ -333,6 +333,7 @@ int mp_config_from_env(struct mp_config *cfg)
 	INT_VAR("MP_PROBE_MIN_MS", probe_min_ms, MP_PROBE_LO_MS, MP_PROBE_HI_MS)
 	INT_VAR("MP_PROBE_MAX_MS", probe_max_ms, MP_PROBE_LO_MS, MP_PROBE_HI_MS)
 	INT_VAR("MP_DIRECT_MAX", direct_max, 0, 1u << 28)
+	INT_VAR("MP_DIRECT_PAIRS", direct_pairs, 0, 1)
 	INT_VAR("MP_MAX_HANDSHAKES", max_handshakes, 1, 65536)
 	INT_VAR("MP_CUDA_STAGE", cuda_stage, 0, 1)
 	INT_VAR("MP_STATE_RATE", state_rate, 0, 1LL << 40)
@@ -813,6 +814,10 @@ common:
 	}
 	if (out->direct_max > (1u << 28)) {
 		mp_set_init_error("config: direct_max %zu out of range [0, 256 MiB]", out->direct_max);
+		goto bad;
+	}
+	if (out->direct_pairs < 0 || out->direct_pairs > 1) {
+		mp_set_init_error("config: direct_pairs %d is not 0 or 1", out->direct_pairs);
 		goto bad;
 	}
 	if (out->probe_min_ms < MP_PROBE_LO_MS || out->probe_min_ms > MP_PROBE_HI_MS) {

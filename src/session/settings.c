@@ -23,6 +23,7 @@ enum {
 	T_DYNAMIC = 11, /* u8: dht rendezvous */
 	T_BALANCE = 12, /* u8: enum mp_balance */
 	T_DIRECT = 13,  /* u64: MP_DIRECT_MAX, bytes */
+	T_PAIRS = 14,   /* u8: MP_DIRECT_PAIRS */
 };
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
@@ -67,6 +68,7 @@ void mp_settings_make(struct mp_settings *s, const struct mp_config *cfg, const 
 	s->balance = (uint8_t)cfg->balance;
 	s->dynamic = (uint8_t)(dynamic != 0);
 	s->direct_max = cfg->direct_max;
+	s->direct_pairs = cfg->direct_pairs != 0;
 	if (!dynamic && bw) {
 		/* Every rank's part weight, as each peer computes the split. */
 		size_t off = 0;
@@ -166,6 +168,9 @@ size_t mp_settings_encode(const struct mp_settings *s, uint8_t *buf)
 	v = entry(p, T_DIRECT, 8);
 	mp_le_put64(v, s->direct_max);
 	p = v + 8;
+	v = entry(p, T_PAIRS, 1);
+	v[0] = s->direct_pairs;
+	p = v + 1;
 	return (size_t)(p - buf);
 }
 
@@ -185,12 +190,15 @@ int mp_settings_decode(const uint8_t *buf, size_t len, struct mp_settings *s)
 		case T_FINITE:
 		case T_DYNAMIC:
 		case T_BALANCE:
+		case T_PAIRS:
 			if (n != 1)
 				return -EBADMSG;
 			if (tag == T_ALGO)
 				s->algo = v[0];
 			else if (tag == T_FINITE)
 				s->check_finite = v[0];
+			else if (tag == T_PAIRS)
+				s->direct_pairs = v[0];
 			else if (tag == T_BALANCE)
 				s->balance = v[0];
 			else
@@ -342,6 +350,7 @@ int mp_settings_diff(const struct mp_settings *a, const struct mp_settings *b, c
 				a->balance ? "measured" : "configured",
 				b->balance ? "measured" : "configured");
 	U(direct_max, "direct exchange limit (MP_DIRECT_MAX)");
+	U(direct_pairs, "pairwise short vectors (MP_DIRECT_PAIRS)");
 #undef U
 	return 0;
 }

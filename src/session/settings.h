@@ -54,6 +54,7 @@ struct mp_settings {
 	uint8_t balance;         /* enum mp_balance: measured parts need every member's figures */
 	uint8_t dynamic;         /* dht rendezvous: npeers and bandwidths may differ */
 	uint64_t direct_max;     /* MP_DIRECT_MAX: which vectors take the direct exchange */
+	uint8_t direct_pairs;    /* MP_DIRECT_PAIRS: groups of 4-64 exchange sums in pairs */
 	uint32_t present;        /* bit per tag (1 << tag) decoded */
 };
 

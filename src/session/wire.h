@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define MP_WIRE_MAGIC 0x4850534dU /* bytes "MSPH" on the wire */
-#define MP_WIRE_VERSION 6
+#define MP_WIRE_VERSION 7
 #define MP_WIRE_HDR_SIZE 64
 #define MP_WIRE_MAX_PAYLOAD (1u << 30)
 
@@ -34,7 +34,8 @@ enum mp_msg_type {
 	MP_MSG_OPEN = 15,   /* first frame on each channel of an exchange: the element count */
 	MP_MSG_RATE = 16,   /* MP_BALANCE=measured: a member's throughput (offset, B/s) */
 	MP_MSG_DIRECT = 17, /* direct exchange (short vectors): a member's whole vector */
-	MP_MSG_TYPE_MAX = MP_MSG_DIRECT,
+	MP_MSG_PAIR = 18,   /* pairwise exchange (short vectors): a sum, its set and weights */
+	MP_MSG_TYPE_MAX = MP_MSG_PAIR,
 };
 
 #define MP_WIRE_F_PAYLOAD_CRC 0x01u /* checksum covers the payload too */

@@ -260,6 +260,8 @@ int mp_direct_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t r
 	uint8_t *modes = NULL;
 	int rc = -ENOMEM;
 
+	if (mp_pairs_fits(ctx, g, a))
+		return mp_pairs_allreduce(ctx, g, round, a, strict);
 	a->res->group_size = k;
 	d.cm = calloc((size_t)k, sizeof(int) * 2 + sizeof(float) * 2 + 6);
 	x.ch = calloc((size_t)k, sizeof(*x.ch));

@@ -509,6 +509,9 @@ static int post_send(struct mp_xfer *x, struct mp_chan *ch, struct mp_drv_conn *
 		memset(&p, 0, sizeof(p));
 		if ((x->fatal || ch->mismatch) && ch->open_sent)
 			return 0;
+		if (!ch->open_sent && !x->fatal && !ch->mismatch && x->xops->ready &&
+		    x->xops->send_left(x->op, ch) && !x->xops->ready(x->op, ch))
+			return 0; /* the OPEN goes with the channel's first frame */
 		if (!ch->open_sent) {
 			/* Our length and plan, first on every channel: sent with the
 			 * data that follows it, not waited for. */

@@ -73,6 +73,12 @@ struct mp_xfer_ops {
 	 * the transport instead of sleeping in it, since nothing there will
 	 * wake it when the device is done. */
 	int (*pump)(void *op);
+	/* Optional: nonzero when produce would give a frame on @ch now. With
+	 * it, a channel's OPEN waits for its first frame while one is still
+	 * to come, and both leave together: one system call, and one wake-up
+	 * of the receiver instead of two (the pairwise exchange, whose later
+	 * steps send long after the start). */
+	int (*ready)(void *op, struct mp_chan *ch);
 };
 
 /* One connection of an exchange: (peer, stream). */
@@ -297,6 +303,15 @@ int mp_rate_exchange(struct mp_ctx *ctx, const struct mp_group *g, uint32_t roun
 int mp_direct_fits(const struct mp_ctx *ctx, const struct mp_group *g, const struct mp_avg *a);
 int mp_direct_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
 			struct mp_avg *a, int strict);
+/*
+ * Pairwise exchange (pairs.c): the direct exchange's path in groups of 4
+ * to 64 members, where the frame also has room for the set and weights of
+ * a sum; mp_direct_allreduce takes it when it fits. Same results and
+ * failure semantics, with each member's set of contributions its own.
+ */
+int mp_pairs_fits(const struct mp_ctx *ctx, const struct mp_group *g, const struct mp_avg *a);
+int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
+		       struct mp_avg *a, int strict);
 /* Ring all-reduce over all peers (ring.c). */
 int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a);
 

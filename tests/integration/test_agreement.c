@@ -47,6 +47,7 @@ struct peer_cfg {
 	const char *bandwidths;
 	uint64_t min_part;
 	int check_finite;
+	int direct_pairs;
 	size_t count;      /* 0: the job's */
 	float weight;      /* 0: rank + 1 */
 	unsigned flags;    /* mp_average_ex flags */
@@ -99,8 +100,8 @@ static struct peer_cfg merged(const struct job *j, int rank)
 	if (o->f)          \
 		c.f = o->f;
 	TAKE(grid) TAKE(algo) TAKE(rounds) TAKE(codec) TAKE(codec_block) TAKE(chunk_bytes)
-	TAKE(streams) TAKE(npeers) TAKE(bandwidths) TAKE(min_part) TAKE(check_finite) TAKE(count)
-	TAKE(weight) TAKE(flags) TAKE(mean_of)
+	TAKE(streams) TAKE(npeers) TAKE(bandwidths) TAKE(min_part) TAKE(check_finite)
+	TAKE(direct_pairs) TAKE(count) TAKE(weight) TAKE(flags) TAKE(mean_of)
 #undef TAKE
 	return c;
 }
@@ -136,6 +137,7 @@ static int child(const struct job *j, int rank, int to_parent, int from_parent)
 	cfg.bandwidths = pc.bandwidths;
 	cfg.min_part = pc.min_part;
 	cfg.check_finite = pc.check_finite;
+	cfg.direct_pairs = pc.direct_pairs;
 	cfg.listen = "127.0.0.1:0";
 	cfg.connect_timeout_ms = j->connect_timeout_ms ? j->connect_timeout_ms : 3000;
 	cfg.round_timeout_ms = j->round_timeout_ms ? j->round_timeout_ms : 5000;
@@ -378,6 +380,14 @@ static void differ_check_finite(void **s)
 	two_differ("finite", (struct peer_cfg){.check_finite = 1},
 		   "check finite (MP_CHECK_FINITE) differs: ours 0, theirs 1",
 		   "check finite (MP_CHECK_FINITE) differs: ours 1, theirs 0");
+}
+
+static void differ_direct_pairs(void **s)
+{
+	(void)s;
+	two_differ("pairs", (struct peer_cfg){.direct_pairs = 1},
+		   "pairwise short vectors (MP_DIRECT_PAIRS) differs: ours 0, theirs 1",
+		   "pairwise short vectors (MP_DIRECT_PAIRS) differs: ours 1, theirs 0");
 }
 
 /*
@@ -815,6 +825,7 @@ int main(void)
 		cmocka_unit_test(differ_bandwidths),
 		cmocka_unit_test(differ_min_part),
 		cmocka_unit_test(differ_check_finite),
+		cmocka_unit_test(differ_direct_pairs),
 		cmocka_unit_test(issue_grid_4_against_2x2),
 		cmocka_unit_test(later_round_settings_one_peer),
 		cmocka_unit_test(later_round_settings_all),

@@ -41,8 +41,43 @@ struct scenario {
 	const char *bandwidths;
 	int naux;          /* the last naux ranks are aux peers (MP_MODE_AUX) */
 	int late_ms;       /* rank 1 starts its average this much later */
-	int64_t expect_sent; /* bytes every peer sends per average; 0 = do not check */
+	int64_t expect_sent; /* bytes every peer sends per average; 0 = do not check;
+			      * -k: the pairwise exchange's in groups of k (pairs_sent) */
 };
+
+/*
+ * Bytes member @me of a group of @k sends in one pairwise exchange
+ * (pairs.c), from the protocol: to each partner an OPEN and a PAIR frame
+ * (64-byte headers), the PAIR with its set (8 bytes), a weight per member
+ * of the set and the n values. The group's first p = 2^m members step
+ * with i ^ 2^s; each of the other k - p first sends its values to member
+ * i - p, which sends it the whole group's sum at the end.
+ */
+static int64_t pairs_sent(int k, int me, size_t n)
+{
+	const int64_t frame = 64 + 64 + 8 + 4 * (int64_t)n;
+	int64_t b = 0;
+	int p = 1;
+
+	while (p * 2 <= k)
+		p *= 2;
+	if (me >= p)
+		return frame + 4;
+	for (int s = 1; s < p; s *= 2) {
+		int set = 0;
+		/* Before the step with distance s: the block of s members. */
+		for (int c = 0; c < p; c++)
+			if (c / s == me / s)
+				set += 1 + (c + p < k);
+		b += frame + 4 * set;
+	}
+	if (me + p < k)
+		b += frame + 4 * k;
+	return b;
+}
+
+/* mp_config::direct_pairs of every peer of the scenarios run now. */
+static int direct_pairs;
 
 struct shared {
 	const struct scenario *sc;
@@ -100,6 +135,7 @@ static void *peer_main(void *p)
 	cfg.streams = sc->streams;
 	cfg.connect_timeout_ms = 5000;
 	cfg.round_timeout_ms = 5000;
+	cfg.direct_pairs = direct_pairs;
 	cfg.bandwidths = sc->bandwidths;
 	if (is_aux(sc, a->rank))
 		cfg.mode = MP_MODE_AUX;
@@ -185,9 +221,12 @@ static double run_err(const struct scenario *sc)
 			assert_int_equal(sh.res[r].peers, sc->expect_peers);
 		assert_int_equal(sh.res[r].failed_peers, 0);
 		assert_int_equal(sh.res[r].frames_rejected, 0);
-		if (sc->expect_sent && (int64_t)sh.res[r].bytes_sent != sc->expect_sent)
+		int64_t want = sc->expect_sent >= 0 ? sc->expect_sent :
+			       sc->expect_rounds * pairs_sent((int)-sc->expect_sent,
+							      r % (int)-sc->expect_sent, sc->count);
+		if (want && (int64_t)sh.res[r].bytes_sent != want)
 			fail_msg("%s: peer %d sent %llu bytes, expected %lld", sc->name, r,
-				 (unsigned long long)sh.res[r].bytes_sent, (long long)sc->expect_sent);
+				 (unsigned long long)sh.res[r].bytes_sent, (long long)want);
 		if (sc->npeers > 1)
 			assert_true(sh.res[r].bytes_sent > 0 && sh.res[r].bytes_received > 0);
 		if ((sc->weighted || sc->naux) && sc->expect_peers == sc->npeers)
@@ -252,10 +291,12 @@ static void moshpit_one_round_is_not_the_mean(void **s)
  * Short vectors (MP_DIRECT_MAX, 16 KiB by default): the exact weighted mean
  * for every algorithm, from one value up, odd counts, odd peer counts and a
  * partial grid, up to the limit and one past it. Within the limit each peer
- * sends one OPEN and one DIRECT frame (64-byte headers, the whole vector)
- * to each other member of its group, exactly: the bytes prove the path.
+ * of a group of 2 or 3 sends one OPEN and one DIRECT frame (64-byte headers,
+ * the whole vector) to each other member; in a group of 4 or more, the
+ * pairwise exchange's frames (pairs_sent), powers of two or not. Exactly:
+ * the bytes prove the path.
  */
-static void direct_sizes_exact(void **s)
+static void short_sizes_exact(int pairs)
 {
 	static const size_t counts[] = {1, 2, 3, 5, 17, 255, 1000, 4096, 4097};
 	static const struct {
@@ -266,13 +307,15 @@ static void direct_sizes_exact(void **s)
 		{MP_ALGO_RING, 5, 0, 5, NULL},
 		{MP_ALGO_BUTTERFLY, 8, 0, 8, NULL},
 		{MP_ALGO_BUTTERFLY, 3, 0, 3, NULL},
+		{MP_ALGO_BUTTERFLY, 4, 0, 4, NULL},
+		{MP_ALGO_BUTTERFLY, 6, 0, 6, NULL},
+		{MP_ALGO_RING, 7, 0, 7, NULL},
 		{MP_ALGO_MOSHPIT, 8, 0, 2, "2x2x2"},
 		{MP_ALGO_MOSHPIT, 9, 0, 3, "3x3"},
 		/* 6 of 8 cells: exact only after many rounds (mean-preserving) */
 		{MP_ALGO_MOSHPIT, 6, 60, 0, "2x2x2"},
 	};
 
-	(void)s;
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
 		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
 			size_t n = counts[i];
@@ -283,12 +326,30 @@ static void direct_sizes_exact(void **s)
 					      cases[c].rounds, 0, 0, 0, n, 1, cases[c].rounds ? 1e-4 : 1e-5,
 					      0, rounds, cases[c].rounds ? 0 : cases[c].npeers, NULL, 0, 0,
 					      0};
-			if (direct && cases[c].group)
+			if (direct && pairs && cases[c].group >= 4)
+				sc.expect_sent = -cases[c].group;
+			else if (direct && cases[c].group)
 				sc.expect_sent = (int64_t)rounds * (cases[c].group - 1) *
 						 (int64_t)(64 + 64 + n * sizeof(float));
 			run(&sc);
 		}
 	}
+}
+
+static void direct_sizes_exact(void **s)
+{
+	(void)s;
+	short_sizes_exact(0);
+}
+
+/* The same with direct_pairs (MP_DIRECT_PAIRS=1) on every peer: the groups
+ * of 4 to 8 take the pairwise exchange, the others stay direct. */
+static void pairs_sizes_exact(void **s)
+{
+	(void)s;
+	direct_pairs = 1;
+	short_sizes_exact(1);
+	direct_pairs = 0;
 }
 
 static void moshpit_late_starter_in_step(void **s)
@@ -595,6 +656,7 @@ int main(void)
 		cmocka_unit_test(moshpit_one_round_is_not_the_mean),
 		cmocka_unit_test(moshpit_late_starter_in_step),
 		cmocka_unit_test(direct_sizes_exact),
+		cmocka_unit_test(pairs_sizes_exact),
 		cmocka_unit_test(average_uses_callers_registration),
 		cmocka_unit_test(moshpit_weighted),
 		cmocka_unit_test(moshpit_partial_grid_converges),

@@ -315,6 +315,7 @@ static void test_lines_match_grouping(void **st)
 struct lib_run {
 	const char *grid;
 	int rounds;
+	int pairs;          /* mp_config::direct_pairs */
 	pthread_barrier_t bar;
 	char addr[LIB_PEERS][MP_ADDR_STRLEN];
 	float x[LIB_PEERS][LIB_LEN];
@@ -342,6 +343,7 @@ static void *lib_peer(void *arg)
 	cfg.npeers = LIB_PEERS;
 	cfg.grid = lr->grid;
 	cfg.rounds = lr->rounds;
+	cfg.direct_pairs = lr->pairs;
 	cfg.connect_timeout_ms = 5000;
 	cfg.round_timeout_ms = 5000;
 	rc = mp_init(&cfg, &ctx);
@@ -365,14 +367,18 @@ static void *lib_peer(void *arg)
  * The same peers, values and weights through libmoshpit (rank r in cell r,
  * the static grid grouping) and through mpsim with its peers put in the
  * same cells: every value and weight agrees bit for bit, on a partial grid
- * with unequal weights.
+ * with unequal weights. The vectors are short: the direct exchange, and
+ * with direct_pairs the pairwise exchange in groups of 4 or more (lines of
+ * 4 and 6, and one group of 12: 8 members and 4 extras).
  */
 static void test_matches_library(void **st)
 {
 	static const struct {
 		const char *grid;
 		int rounds;
-	} cases[] = { { "4x4", 2 }, { "4x4", 5 }, { "3x2x2", 3 } };
+		int pairs;
+	} cases[] = { { "4x4", 2, 0 }, { "4x4", 5, 0 }, { "3x2x2", 3, 0 }, { "4x4", 2, 1 },
+		      { "4x4", 5, 1 }, { "6x2", 2, 1 }, { "12", 1, 1 } };
 
 	(void)st;
 	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
@@ -383,6 +389,7 @@ static void test_matches_library(void **st)
 
 		assert_non_null(lr);
 		c.len = LIB_LEN;
+		c.direct_pairs = cases[k].pairs;
 		assert_int_equal(mpsim_init(&s, &c, 99 + k), 0);
 		/* rank r in cell r, as the library's static grouping has it */
 		for (uint64_t cell = 0; cell < mp_grid_cells(&c.grid); cell++)
@@ -395,6 +402,7 @@ static void test_matches_library(void **st)
 		}
 		lr->grid = cases[k].grid;
 		lr->rounds = cases[k].rounds;
+		lr->pairs = cases[k].pairs;
 		pthread_mutex_init(&lr->lock, NULL);
 		pthread_barrier_init(&lr->bar, NULL, LIB_PEERS);
 		for (int i = 0; i < LIB_PEERS; i++)
