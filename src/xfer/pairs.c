@@ -228,38 +228,50 @@ static int p_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct
 	return 1;
 }
 
+int mp_pair_parse(const void *payload, size_t len, uint64_t allowed, size_t count,
+		  const struct mp_codec_ops *codec, uint64_t *mask, float *w, float *sum)
+{
+	const uint8_t *b = payload;
+	uint64_t m;
+	size_t nw;
+
+	if (len < 8)
+		return -EPROTO;
+	m = mp_le_get64(b);
+	nw = (size_t)pop(m);
+	/* Only members the sender can hold at this stage, each once. */
+	if ((m & ~allowed) || len - 8 < 4 * nw)
+		return -EPROTO;
+	for (int i = 0, j = 0; i < 64; i++)
+		if (m >> i & 1) {
+			uint32_t bits = mp_le_get32(b + 8 + 4 * j++);
+
+			memcpy(&w[i], &bits, sizeof(bits));
+			if (!isfinite(w[i]) || w[i] < 0.0f)
+				return -EPROTO;
+		}
+	if (codec->decode(b + 8 + 4 * nw, len - 8 - 4 * nw, sum, count))
+		return -EPROTO;
+	*mask = m;
+	return 0;
+}
+
 static int p_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, const void *payload)
 {
 	struct pairs *d = op;
 	struct stage *t = stage_of(d, ch, 0);
-	const uint8_t *b = payload;
-	uint64_t mask;
-	size_t nw;
 
 	if (h->type != MP_MSG_PAIR || !t || t->got || h->part != t->part || h->offset != 0 ||
-	    h->count != d->a->n || h->length < 8)
+	    h->count != d->a->n)
 		return -EPROTO;
 	if (h->aux != d->plan) {
 		mp_xfer_plans_otherwise(d->ctx, d->strict ? "ring all-reduce" : "group all-reduce",
 					d->round, d->g->members[t->member], h->aux, d->plan);
 		return -EPROTO;
 	}
-	mask = mp_le_get64(b);
-	nw = (size_t)pop(mask);
-	/* Only members the sender can hold at this stage, each once. */
-	if ((mask & ~allowed(d, t)) || h->length < 8 + 4 * nw)
+	if (mp_pair_parse(payload, h->length, allowed(d, t), h->count, d->a->codec, &t->mask, t->w,
+			  t->sum))
 		return -EPROTO;
-	for (int m = 0, i = 0; m < d->k; m++)
-		if (mask >> m & 1) {
-			uint32_t bits = mp_le_get32(b + 8 + 4 * i++);
-
-			memcpy(&t->w[m], &bits, sizeof(bits));
-			if (!isfinite(t->w[m]) || t->w[m] < 0.0f)
-				return -EPROTO;
-		}
-	if (d->a->codec->decode(b + 8 + 4 * nw, h->length - 8 - 4 * nw, t->sum, h->count))
-		return -EPROTO;
-	t->mask = mask;
 	t->got = 1;
 	advance(d);
 	return 0;

@@ -312,6 +312,15 @@ int mp_direct_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t r
 int mp_pairs_fits(const struct mp_ctx *ctx, const struct mp_group *g, const struct mp_avg *a);
 int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
 		       struct mp_avg *a, int strict);
+/*
+ * A PAIR frame's payload (@len bytes): its set (*@mask, members within
+ * @allowed only), the set's weights into @w (indexed by member, so room up
+ * to @allowed's highest bit; finite, not negative) and @count values
+ * decoded with @codec into @sum. Returns 0, or -EPROTO with *@mask
+ * untouched (@w and @sum may be written).
+ */
+int mp_pair_parse(const void *payload, size_t len, uint64_t allowed, size_t count,
+		  const struct mp_codec_ops *codec, uint64_t *mask, float *w, float *sum);
 /* Ring all-reduce over all peers (ring.c). */
 int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a);
 

@@ -2,7 +2,8 @@
 /*
  * Fuzz target for everything a received frame goes through before it may
  * touch memory: header validation, then the codec's decode and
- * decode-and-accumulate into a buffer sized from the header's own count.
+ * decode-and-accumulate into a buffer sized from the header's own count,
+ * and for a PAIR frame the pairwise exchange's payload (mp_pair_parse).
  * A payload a decoder refuses must leave the buffer exactly as it was; one
  * a decoder takes must decode to finite values where the codec's checks
  * promise it (uniform8, topk, adacomp), to no NaN in blockwise8 (see
@@ -31,6 +32,7 @@
 #include "codec.h"
 #include "crc32c.h"
 #include "wire.h"
+#include "xfer.h"
 
 #define RUN "fuzz-run"
 
@@ -89,6 +91,25 @@ static int check_frame(const uint8_t *data, size_t size)
 		for (uint32_t i = 0; i < h.count; i++)
 			if (!isfinite(acc[i]))
 				abort(); /* a payload the codec never writes, yet taken */
+	if (h.type == MP_MSG_PAIR) {
+		/* The pairwise exchange's payload (src/xfer/pairs.c), with the
+		 * members the sender may hold taken from the offset field. */
+		static float w[64];
+		uint64_t mask = 0, unset = 0x5a5a5a5a5a5a5a5aull;
+
+		mask = unset;
+		rc = mp_pair_parse(data + MP_WIRE_HDR_SIZE, h.length, h.offset, h.count, c, &mask, w,
+				   acc);
+		if (rc && mask != unset)
+			abort(); /* refused, yet a set taken */
+		if (!rc) {
+			if (mask & ~h.offset)
+				abort(); /* a member the stage cannot hold */
+			for (int i = 0; i < 64; i++)
+				if (mask >> i & 1 && (!isfinite(w[i]) || w[i] < 0.0f))
+					abort();
+		}
+	}
 	return 0;
 }
 
