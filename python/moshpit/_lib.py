@@ -76,6 +76,7 @@ class MpConfig(ctypes.Structure):
         ("max_handshakes", c_int),
         ("cuda_stage", c_int),
         ("state_rate", c_uint64),
+        ("direct_pairs", c_int),
     ]
 
 

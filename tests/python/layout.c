@@ -79,6 +79,7 @@ int main(void)
 	F(mp_config, max_handshakes);
 	F(mp_config, cuda_stage);
 	F(mp_config, state_rate);
+	F(mp_config, direct_pairs);
 	S(mp_config);
 	F(mp_result, rounds);
 	F(mp_result, peers);
