@@ -235,7 +235,7 @@ struct mp_config {
 	int direct_pairs;       /**< MP_DIRECT_PAIRS=1: in groups of 4 to 64 members, the short
 	                             vectors of direct_max go by a pairwise exchange (recursive
 	                             doubling) instead: log2(k) frames and waits per member
-	                             instead of k-1, about half the time on hosts with fewer
+	                             instead of k-1, about 40% less time on hosts with fewer
 	                             cores than peers (doc/performance.md). The price is in
 	                             failures: a member that dies mid-exchange can leave out of a
 	                             survivor's result the members whose sums it held, and in a
