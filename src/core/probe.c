@@ -406,38 +406,6 @@ static int start_at(struct mp_ctx *ctx, uint32_t R)
 }
 
 /*
- * Peers whose values a pairwise exchange's sums lacked (pairs.c): a death
- * in the group that only its partners met. Each gets a SWEEP, waited for
- * (at most the connect timeout): a dead one is marked down before the live
- * set of the next average is fixed, so that this peer plans that average as
- * the peers that met the death do. A live one answers and stays.
- */
-static void probe_suspects(struct mp_ctx *ctx)
-{
-	uint64_t end = mp_now_ns() + (uint64_t)ctx->cfg.connect_timeout_ms * 1000000ull;
-	int open = 0;
-
-	for (int i = 0; i < ctx->npeers; i++) {
-		struct mp_peer *p = &ctx->peers[i];
-
-		if (!p->suspect)
-			continue;
-		p->suspect = 0;
-		if (i != ctx->rank && !p->down && !mp_conn_probing(ctx, i)) {
-			mp_conn_probe(ctx, i, MP_PROBE_SWEEP, ctx->avg_round);
-			open = 1;
-		}
-	}
-	while (open && mp_now_ns() < end && !__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
-		mp_conn_poll(ctx);
-		ctx->ops->progress(ctx->drv, 1);
-		open = 0;
-		for (int i = 0; i < ctx->npeers; i++)
-			open += mp_conn_probing(ctx, i);
-	}
-}
-
-/*
  * Before an average of a static run that advances the round by @R: a
  * fresh peer finds the run's round (and rejoins it), due peers come back,
  * and the live set is fixed for the average. Returns 0 or -ENOMEM.
@@ -483,7 +451,6 @@ int mp_fm_begin(struct mp_ctx *ctx, uint32_t R)
 		}
 		ctx->synced = 1;
 	}
-	probe_suspects(ctx);
 	if (!ctx->live) {
 		ctx->live = malloc((size_t)ctx->npeers * sizeof(int));
 		if (!ctx->live)

@@ -468,16 +468,6 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 			     "(MP_CHECK_FINITE)", round);
 	if (!strict)
 		mp_clog_end(ctx, round, g, a->weight);
-	if (!ctx->dynamic && !x.fatal)
-		/* A member met, it failed, and the engine marked it down. One
-		 * not met (a death elsewhere in the group, seen by its partners
-		 * only) is still live for us, where in the direct exchange
-		 * every member meets every other: the next average would plan
-		 * with it while those that met it do not. So it is probed
-		 * before that average (mp_fm_begin); one still alive stays. */
-		for (int m = 0; m < k; m++)
-			if (m != d->me && !(d->mask >> m & 1))
-				ctx->peers[g->members[m]].suspect = 1;
 	if (rc)
 		goto out;
 	uint64_t reached = d->mask & ~(1ull << d->me);
