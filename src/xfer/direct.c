@@ -63,6 +63,44 @@ struct direct {
 	uint64_t nsent;      /* frames sent (fault injection's count) */
 };
 
+uint32_t mp_short_plan(const struct mp_ctx *ctx, const struct mp_group *g, const struct mp_avg *a,
+		       uint32_t salt, uint64_t *ids, uint64_t *lens, uint8_t *modes)
+{
+	uint32_t plan;
+
+	for (int m = 0; m < g->size; m++) {
+		ids[m] = m == g->my_index ? ctx->self_id : ctx->peers[g->members[m]].id;
+		lens[m] = a->n;
+		modes[m] = (uint8_t)mp_group_mode(g, m);
+	}
+	plan = mp_plan_hash(g->id ^ salt, g->size, ids, modes, lens);
+	for (int m = 0; m < g->size; m++)
+		lens[m] = m == g->my_index ? a->n : 0;
+	return plan;
+}
+
+int mp_short_failed(struct mp_ctx *ctx, uint32_t round, int lost)
+{
+	if (lost)
+		mp_set_error(ctx, "ring all-reduce round %u failed: %d peer(s) dropped out (the "
+			     "ring cannot finish without every peer; the buffer is unchanged)",
+			     round, lost);
+	else
+		mp_set_error(ctx, "round %u: every other member failed: no values reached this "
+			     "peer", round);
+	return -EHOSTUNREACH;
+}
+
+void mp_short_done(const struct mp_ctx *ctx, struct mp_avg *a, uint64_t alive)
+{
+	int cap = !ctx->dynamic && ctx->nlive > 0 ? ctx->nlive : ctx->npeers;
+
+	a->influence *= alive;
+	if (a->influence > (uint64_t)cap)
+		a->influence = (uint64_t)cap;
+	a->res->rounds++;
+}
+
 int mp_direct_fits(const struct mp_ctx *ctx, const struct mp_group *g, const struct mp_avg *a)
 {
 	if (!ctx->cfg.direct_max || a->n == 0 || a->n > ctx->cfg.direct_max / sizeof(float) ||
@@ -280,17 +318,8 @@ int mp_direct_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t r
 	d.cut = d.stalled + k;
 	lens = ids + k;
 	modes = (uint8_t *)(lens + k);
-	/* The plan: the group as this member sees it (ids, modes), every
-	 * member with the whole vector. */
-	for (int m = 0; m < k; m++) {
-		ids[m] = member_id(&d, m);
-		lens[m] = a->n;
-		modes[m] = (uint8_t)mp_group_mode(g, m);
-	}
-	d.plan = mp_plan_hash(g->id, k, ids, modes, lens);
+	d.plan = mp_short_plan(ctx, g, a, 0, ids, lens, modes);
 	x.plan = d.plan;
-	for (int m = 0; m < k; m++)
-		lens[m] = m == d.me ? a->n : 0;
 	d.ch = x.ch;
 	for (int m = 0; m < k; m++) {
 		if (m == d.me)
@@ -311,10 +340,7 @@ int mp_direct_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t r
 		for (int m = 0; m < k; m++)
 			lost += m != d.me && !d.got[m];
 		if (strict && lost) {
-			mp_set_error(ctx, "ring all-reduce round %u failed: %d peer(s) dropped out (the "
-				     "ring cannot finish without every peer; the buffer is unchanged)",
-				     round, lost);
-			rc = -EHOSTUNREACH;
+			rc = mp_short_failed(ctx, round, lost);
 		} else {
 			reduce(&d);
 		}
@@ -334,20 +360,14 @@ int mp_direct_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t r
 		for (int m = 0; m < k; m++)
 			reached |= m != d.me && d.got[m];
 		if (!reached) {
-			mp_set_error(ctx, "round %u: every other member failed: no values reached this "
-				     "peer", round);
-			rc = -EHOSTUNREACH;
+			rc = mp_short_failed(ctx, round, 0);
 			goto out;
 		}
 	}
 	uint64_t alive = 1;
 	for (int m = 0; m < k; m++)
 		alive += m != d.me && d.got[m];
-	a->influence *= alive;
-	int cap = !ctx->dynamic && ctx->nlive > 0 ? ctx->nlive : ctx->npeers;
-	if (a->influence > (uint64_t)cap)
-		a->influence = (uint64_t)cap;
-	a->res->rounds++;
+	mp_short_done(ctx, a, alive);
 out:
 	free(ids);
 	free(x.ch);

@@ -354,7 +354,7 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	int who[PAIRS_MAX];
 	float whow[PAIRS_MAX], wsum = 0.0f;
 	int rc = -ENOMEM, nused = 0, core;
-	float *mem = NULL;
+	float *mem;
 
 	if (!d)
 		return -ENOMEM;
@@ -377,8 +377,10 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 			add_stage(d, PART_POST, d->me + d->p, 1, 0);
 	}
 	x.ch = calloc((size_t)d->nst, sizeof(*x.ch));
-	/* Our sum, a receive buffer and weights per stage, the frame. */
-	mem = calloc((size_t)(d->nst + 1) * (a->n + k) + a->n + 2 + (size_t)k, sizeof(float));
+	/* Our sum, a receive buffer and weights per stage, the frame: each
+	 * written before it is read (our sum below). */
+	mem = mp_scratch(ctx, MP_SCR_REDUCE,
+			 ((size_t)(d->nst + 1) * (a->n + k) + a->n + 2 + (size_t)k) * sizeof(float));
 	if (!x.ch || !mem)
 		goto out;
 	d->sum = mem;
@@ -411,17 +413,10 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		if (d->st[i].rx)
 			d->chrx[d->st[i].ch] = i;
 	}
-	for (int m = 0; m < k; m++) {
-		ids[m] = member_id(d, m);
-		lens[m] = a->n;
-		modes[m] = (uint8_t)mp_group_mode(g, m);
-	}
 	/* The path is part of the plan: a member that would take the direct
 	 * exchange plans otherwise, and says so. */
-	d->plan = mp_plan_hash(g->id ^ 0x50414952u, k, ids, modes, lens);
+	d->plan = mp_short_plan(ctx, g, a, 0x50414952u, ids, lens, modes);
 	x.plan = d->plan;
-	for (int m = 0; m < k; m++)
-		lens[m] = m == d->me ? a->n : 0;
 	/* Our own leaf: w·x, each product rounded, unless the values are not
 	 * finite (MP_CHECK_FINITE: every member then goes without them). */
 	if (ctx->cfg.check_finite)
@@ -432,6 +427,8 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		d->w[d->me] = a->weight;
 		for (size_t i = 0; i < a->n; i++)
 			d->sum[i] = a->weight * a->x[i];
+	} else {
+		memset(d->sum, 0, a->n * sizeof(float));
 	}
 	if (!strict)
 		mp_clog_begin(ctx, round, g, a->weight, lens, modes);
@@ -445,10 +442,7 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 				nused++;
 			}
 		if (strict && nused < k) {
-			mp_set_error(ctx, "ring all-reduce round %u failed: %d peer(s) dropped out (the "
-				     "ring cannot finish without every peer; the buffer is unchanged)",
-				     round, k - nused);
-			rc = -EHOSTUNREACH;
+			rc = mp_short_failed(ctx, round, k - nused);
 		} else {
 			if (wsum > 0.0f && !(nused == 1 && who[0] == d->me)) {
 				float inv = 1.0f / wsum;
@@ -472,18 +466,11 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		goto out;
 	uint64_t reached = d->mask & ~(1ull << d->me);
 	if (!reached && !strict) {
-		mp_set_error(ctx, "round %u: every other member failed: no values reached this peer",
-			     round);
-		rc = -EHOSTUNREACH;
+		rc = mp_short_failed(ctx, round, 0);
 		goto out;
 	}
-	a->influence *= (uint64_t)pop(d->mask | 1ull << d->me);
-	int cap = !ctx->dynamic && ctx->nlive > 0 ? ctx->nlive : ctx->npeers;
-	if (a->influence > (uint64_t)cap)
-		a->influence = (uint64_t)cap;
-	a->res->rounds++;
+	mp_short_done(ctx, a, (uint64_t)pop(d->mask | 1ull << d->me));
 out:
-	free(mem);
 	free(x.ch);
 	free(d);
 	return rc;

@@ -304,6 +304,20 @@ int mp_direct_fits(const struct mp_ctx *ctx, const struct mp_group *g, const str
 int mp_direct_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
 			struct mp_avg *a, int strict);
 /*
+ * What the direct and the pairwise exchange share (direct.c). The plan of
+ * a short vector @a in @g: every member with the whole vector (@ids,
+ * @lens and @modes get g->size entries), @salt telling the paths apart;
+ * @lens is left as the contribution log's roster (our part the whole
+ * vector). mp_short_failed sets the error of a ring that lost @lost peers,
+ * or with @lost 0 of a member that nothing reached, and returns
+ * -EHOSTUNREACH. mp_short_done: @alive members reached (us included)
+ * multiply the influence, capped at the peers, and a round is counted.
+ */
+uint32_t mp_short_plan(const struct mp_ctx *ctx, const struct mp_group *g, const struct mp_avg *a,
+		       uint32_t salt, uint64_t *ids, uint64_t *lens, uint8_t *modes);
+int mp_short_failed(struct mp_ctx *ctx, uint32_t round, int lost);
+void mp_short_done(const struct mp_ctx *ctx, struct mp_avg *a, uint64_t alive);
+/*
  * Pairwise exchange (pairs.c): the direct exchange's path in groups of 4
  * to 64 members, where the frame also has room for the set and weights of
  * a sum; mp_direct_allreduce takes it when it fits. Same results and
