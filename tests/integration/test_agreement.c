@@ -702,14 +702,14 @@ static void weight_negative(void **s)
 	bad_weight(-1.0f, "w-neg", "weight -1: must be finite and >= 0");
 }
 
-/* Three peers, rank 2 with a NaN: every rank returns 0 with the exact
- * mean the job describes, and rank 2's mp_last_error says @said. */
+/* Three or more peers, rank 2 with a NaN: every rank returns 0 with the
+ * exact mean the job describes, and rank 2's mp_last_error says @said. */
 static void nonfinite_job(struct job *j, const char *said)
 {
-	struct report rep[3];
+	struct report rep[MAXP];
 
 	launch(j, rep);
-	for (int r = 0; r < 3; r++) {
+	for (int r = 0; r < j->npeers; r++) {
 		if (rep[r].rc || !rep[r].exact)
 			fail_msg("rank %d: rc %d, exact %d, \"%s\"", r, rep[r].rc, rep[r].exact, rep[r].err);
 	}
@@ -746,6 +746,18 @@ static void nonfinite_left_out_direct(void **s)
 
 	(void)s;
 	nonfinite_job(&j, "contribution was left out of the average by every member (direct "
+			  "exchange): it holds NaN or infinity");
+}
+
+/* The same through the pairwise exchange (4 peers, MP_DIRECT_PAIRS=1):
+ * rank 2 sends an empty sum, so every member holds the mean of the others. */
+static void nonfinite_left_out_pairs(void **s)
+{
+	struct job j = {.name = "finite-p", .npeers = 4, .count = 999,
+			.base = {.check_finite = 1, .direct_pairs = 1}, .nan_rank = 2, .nan_whole = 1};
+
+	(void)s;
+	nonfinite_job(&j, "contribution was left out of the average by every member (pairwise "
 			  "exchange): it holds NaN or infinity");
 }
 
@@ -844,6 +856,7 @@ int main(void)
 		cmocka_unit_test(weight_negative),
 		cmocka_unit_test(nonfinite_left_out),
 		cmocka_unit_test(nonfinite_left_out_direct),
+		cmocka_unit_test(nonfinite_left_out_pairs),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, NULL, NULL);
