@@ -267,6 +267,7 @@ static void make_cfg(const struct opts *o, int algo, int peers, double fail, str
 	c->len = o->len;
 	c->coords = o->coords;
 	c->neighbors = o->neighbors;
+	c->direct_pairs = 1; /* the library's default, MP_DIRECT_PAIRS=1 */
 	if (!o->grid_arg)
 		mp_grid_auto(peers, &g);
 	c->grid = g;

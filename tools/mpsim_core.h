@@ -37,7 +37,7 @@ struct mpsim_cfg {
 	int neighbors;            /* gossip: neighbours on each side */
 	size_t len;               /* values per peer */
 	double fail;              /* probability that a peer sits out a round */
-	int direct_pairs;         /* the library's MP_DIRECT_PAIRS=1 (no command-line option) */
+	int direct_pairs;         /* the library's MP_DIRECT_PAIRS (mpsim: 1, the default) */
 };
 
 /* xoshiro256**, seeded through splitmix64. */

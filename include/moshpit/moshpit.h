@@ -232,17 +232,17 @@ struct mp_config {
 	                             suffixes: powers of 1024), so that joiners leave its
 	                             averaging the bandwidth it needs; 0 unlimited (default).
 	                             Local: peers need not agree */
-	int direct_pairs;       /**< MP_DIRECT_PAIRS=1: in groups of 4 to 64 members, the short
+	int direct_pairs;       /**< MP_DIRECT_PAIRS: in groups of 4 to 64 members, the short
 	                             vectors of direct_max go by a pairwise exchange (recursive
-	                             doubling) instead: log2(k) frames and waits per member
-	                             instead of k-1, about 40% less time on hosts with fewer
-	                             cores than peers (doc/performance.md). The price is in
-	                             failures: a member that dies mid-exchange can leave out of a
-	                             survivor's result the members whose sums it held, and in a
-	                             static run a death is met only by its partners, so the
-	                             others' next average may disagree with theirs on the live
-	                             set (doc/design.md, "Short vectors"). 0 or 1 (default 0).
-	                             Every peer of a run must set it alike */
+	                             doubling) instead of the direct exchange: log2(k) frames
+	                             and waits per member instead of k-1, about 40% less time
+	                             on hosts with fewer cores than peers (doc/performance.md).
+	                             A member that dies mid-exchange leaves out of a survivor's
+	                             result the members whose sums it held, for that average
+	                             and, in a static run, the next one or two, after which its
+	                             line's members agree to leave it out (doc/design.md,
+	                             "Short vectors"). 0 or 1 (default 1). Every peer of a run
+	                             must set it alike */
 };
 
 /** Default of ::mp_config::max_handshakes: a run's own peers dialling at

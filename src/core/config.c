@@ -55,6 +55,7 @@ void mp_config_init(struct mp_config *cfg)
 	cfg->probe_min_ms = MP_PROBE_DEF_MIN_MS;
 	cfg->probe_max_ms = MP_PROBE_DEF_MAX_MS;
 	cfg->direct_max = MP_DIRECT_MAX_DEFAULT;
+	cfg->direct_pairs = 1;
 	cfg->max_handshakes = MP_MAX_HANDSHAKES_DEFAULT;
 }
 

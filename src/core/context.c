@@ -735,7 +735,8 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 	const struct mp_grid *grid = &ctx->grid;
 	int rounds = ctx->cfg.rounds ? ctx->cfg.rounds : grid->ndims;
 	int cap = ctx->npeers > MP_MAX_GROUP ? ctx->npeers : MP_MAX_GROUP;
-	int *members = malloc((size_t)cap * sizeof(int));
+	int *members = malloc((size_t)cap * sizeof(int) * 2);
+	int *line = members ? members + cap : NULL;
 	int rc = 0, ok_rounds = 0, wrote = 0, undo = 0;
 	const uint32_t end_round = ctx->round + (uint32_t)rounds;
 	uint32_t first_round = 0, last_round = 0;
@@ -809,6 +810,13 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		}
 		if (rc)
 			break;
+		if (!ctx->dynamic && go == &mp_grid_grouping_ops) {
+			/* The configured line: the pairwise exchange plans on it. */
+			int n = mp_grid_grouping_line(st, round, ctx->rank, line);
+
+			g.line = n > 0 ? line : NULL;
+			g.line_size = n > 0 ? n : 0;
+		}
 		MP_TRACE("round %u: group %08x of %d, part %d", round, g.id, g.size, g.my_index);
 		a->res->group_size = g.size;
 		dial_ahead(ctx, g.members, g.size);
@@ -878,7 +886,7 @@ out:
 
 static int run_butterfly(struct mp_ctx *ctx, struct mp_avg *a)
 {
-	int *members = malloc((size_t)ctx->npeers * sizeof(int));
+	int *members = malloc((size_t)ctx->npeers * sizeof(int) * 2);
 	struct mp_group g = {.members = members, .size = ctx->npeers, .my_index = ctx->rank};
 	uint32_t round = ctx->round++;
 	int rc;
@@ -886,7 +894,12 @@ static int run_butterfly(struct mp_ctx *ctx, struct mp_avg *a)
 	if (!members)
 		return -ENOMEM;
 	for (int i = 0; i < ctx->npeers; i++)
-		members[i] = i;
+		members[i] = members[ctx->npeers + i] = i;
+	if (!ctx->dynamic) {
+		/* Every peer, down or not: the pairwise exchange plans on it. */
+		g.line = members + ctx->npeers;
+		g.line_size = ctx->npeers;
+	}
 	if (ctx->live && ctx->nlive < ctx->npeers) {
 		/* One group of the live peers (failure memory). */
 		g.size = ctx->nlive;

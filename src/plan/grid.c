@@ -244,6 +244,24 @@ static int grid_occupant(void *arg, uint64_t cell)
 	return (int)cell;
 }
 
+/* Every cell of a peer, down or not. */
+static int grid_occupant_all(void *arg, uint64_t cell)
+{
+	const struct mp_grid_grouping *gg = arg;
+
+	return cell < (uint64_t)gg->npeers ? (int)cell : -1;
+}
+
+int mp_grid_grouping_line(const struct mp_grid_grouping *gg, uint32_t round, int rank, int *line)
+{
+	uint32_t id;
+
+	if (!gg || !line || rank < 0 || rank >= gg->npeers)
+		return -EINVAL;
+	return mp_grid_line(&gg->grid, (uint64_t)rank, round, grid_occupant_all, (void *)gg, line,
+			    &id);
+}
+
 int mp_grid_grouping_set_live(struct mp_grid_grouping *gg, const int *live, int nlive)
 {
 	if (!live || nlive >= gg->npeers) {

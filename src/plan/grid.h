@@ -49,6 +49,13 @@ struct mp_group {
 	 * NULL: from the peer table (bandwidth) and all MP_MODE_NORMAL. */
 	const double *bw;     /* size entries */
 	const uint8_t *mode;  /* size entries, enum mp_mode */
+	/* Static runs: the configured line the group comes from, in part
+	 * order, with the members down in this peer's view (the grid's cells,
+	 * the butterfly's peers); the pairwise exchange plans on it rather
+	 * than on the view (pairs.c). NULL: the group is the plan (dht
+	 * rosters, the ring). */
+	const int *line;
+	int line_size;
 };
 
 /* Largest group a roster can describe. */
@@ -100,6 +107,10 @@ int mp_grid_grouping_init(struct mp_grid_grouping *gg, const struct mp_grid *g, 
 /* Leave the ranks not in @live (@nlive ranks, ascending, kept by the
  * caller) out of their lines from now on; NULL or every peer: everyone. */
 int mp_grid_grouping_set_live(struct mp_grid_grouping *gg, const int *live, int nlive);
+/* The configured line of round @round through @rank's cell: every peer on
+ * it, down or not, in part order, to @line (room for npeers); returns the
+ * count, or -EINVAL. */
+int mp_grid_grouping_line(const struct mp_grid_grouping *gg, uint32_t round, int rank, int *line);
 
 /*
  * The plan hash of one exchange (SCATTER's aux): group id, and per member

@@ -74,6 +74,8 @@ struct mp_peer {
 	uint32_t probe_ms;          /* backoff: doubles per failed probe, capped */
 	uint32_t up_at_round;       /* live again from the average starting at this round (0: not yet) */
 	uint8_t excused;            /* its next drop is not its failure (plan mismatch) */
+	uint8_t pdrop;              /* left out of the pairwise exchange's lines: every
+	                               member of one heard it failed (pairs.c) */
 	uint8_t probe_failed;       /* the last probe of it failed */
 	uint8_t owe_return;         /* our RETURN (ctx->ret_round) has yet to reach it */
 	uint32_t answered_round;    /* the round of its last answer to our probe */

@@ -245,6 +245,7 @@ static void mark_up(struct mp_ctx *ctx, int idx, const char *why)
 	if (!p->down)
 		return;
 	p->down = 0;
+	p->pdrop = 0;
 	p->down_since_ns = 0;
 	p->up_at_round = 0;
 	p->probe_ms = 0;

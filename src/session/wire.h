@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define MP_WIRE_MAGIC 0x4850534dU /* bytes "MSPH" on the wire */
-#define MP_WIRE_VERSION 7
+#define MP_WIRE_VERSION 8
 #define MP_WIRE_HDR_SIZE 64
 #define MP_WIRE_MAX_PAYLOAD (1u << 30)
 

@@ -50,17 +50,19 @@
 #define PAIRS_MAX 64         /* members: the set is a 64-bit mask */
 #define PART_PRE 0x80000000u /* h->part of an extra's values to its core member */
 #define PART_POST 0x80000001u /* h->part of the final sum to the extra */
+#define PART_POST2 0x80000002u /* the same from the core member's step-0 partner */
 
 /* A stage: one send and one receive on one channel (PRE: the core member
  * only receives, the extra only sends; POST: the other way round). */
 struct stage {
-	uint32_t part;  /* wire code: step index, PART_PRE or PART_POST */
+	uint32_t part;  /* wire code: step index, PART_PRE, PART_POST or PART_POST2 */
 	int member;     /* the partner */
 	int ch;         /* its channel */
 	int tx, rx;     /* this stage sends / receives */
 	int sent, got, failed;
 	int stalled, cut; /* fault injection (MP_FAULT): this send is never made */
 	uint64_t mask;  /* what arrived: its set, weights (by member), sum */
+	uint64_t ss;    /* and the members its sender's sum has heard are down */
 	float *w;
 	float *sum;
 };
@@ -68,7 +70,9 @@ struct stage {
 struct pairs {
 	struct mp_ctx *ctx;
 	struct mp_avg *a;
-	const struct mp_group *g;
+	const struct mp_group *g;  /* &pg */
+	struct mp_group pg;        /* the members planned on (pairs_group) */
+	int pm[PAIRS_MAX];
 	uint32_t round;
 	int k, me, strict, p, m;
 	uint32_t plan;
@@ -77,6 +81,8 @@ struct pairs {
 	struct mp_chan *ch0;  /* the engine's channels */
 	int chtx[PAIRS_MAX], chrx[PAIRS_MAX]; /* channel -> its sending, receiving stage */
 	uint64_t mask;        /* our running sum: its set, weights, values */
+	uint64_t ss;          /* members down for a member our sum has heard from */
+	int posted;           /* an extra: a final sum came */
 	float w[PAIRS_MAX];
 	float *sum;
 	uint8_t *frame;       /* the frame being produced (copied by the engine) */
@@ -89,11 +95,62 @@ static int pop(uint64_t v)
 	return __builtin_popcountll(v);
 }
 
+/*
+ * The members the exchange plans on, to @pg (@pm: room for PAIRS_MAX); the
+ * count, more than PAIRS_MAX when there are more.
+ *
+ * A static group is each peer's view: a member met a death, another not
+ * yet. The direct exchange's members all meet a death in the same
+ * average; here only the dead member's partners do, so planning on the
+ * view made the next average's plans differ, and members waited on
+ * partners that planned otherwise until they timed out live ones. A
+ * static run therefore plans on the configured line less the members
+ * every member of it agreed to leave out (pdrop): the same on every
+ * member whatever each has met. Members down in this peer's view but not
+ * agreed yet are skipped (their stages fail at once), and the sums carry
+ * them (ss): a member dropped by the agreement of one exchange is left out
+ * of the next (pairs_agree).
+ */
+static int pairs_group(const struct mp_ctx *ctx, const struct mp_group *g, struct mp_group *pg,
+		       int *pm)
+{
+	int k = 0;
+
+	*pg = *g;
+	if (!g->line)
+		return g->size;
+	pg->my_index = -1;
+	for (int i = 0; i < g->line_size; i++) {
+		int p = g->line[i];
+
+		if (p != ctx->rank && ctx->peers[p].pdrop)
+			continue;
+		if (k < PAIRS_MAX) {
+			if (p == ctx->rank)
+				pg->my_index = k;
+			pm[k] = p;
+		}
+		k++;
+	}
+	pg->members = pm;
+	pg->size = k <= PAIRS_MAX ? k : PAIRS_MAX;
+	pg->bw = NULL;
+	pg->mode = NULL;
+	return k;
+}
+
 int mp_pairs_fits(const struct mp_ctx *ctx, const struct mp_group *g, const struct mp_avg *a)
 {
-	/* Room in a chunk's frame for the mask and the weights too. */
-	return ctx->cfg.direct_pairs && g->size >= PAIRS_MIN && g->size <= PAIRS_MAX &&
-	       a->n + 2 + (size_t)g->size <= ctx->chunk_elems;
+	struct mp_group pg;
+	int pm[PAIRS_MAX];
+	int k;
+
+	if (!ctx->cfg.direct_pairs)
+		return 0;
+	k = pairs_group(ctx, g, &pg, pm);
+	/* Room in a chunk's frame for the two masks and the weights too. */
+	return k >= PAIRS_MIN && k <= PAIRS_MAX && pg.my_index >= 0 &&
+	       a->n + 4 + (size_t)k <= ctx->chunk_elems;
 }
 
 static uint64_t member_id(const struct pairs *d, int m)
@@ -116,13 +173,19 @@ static uint64_t block(const struct pairs *d, int c, int s)
 	return b;
 }
 
+/* Every member. */
+static uint64_t all(const struct pairs *d)
+{
+	return d->k == 64 ? ~0ull : (1ull << d->k) - 1;
+}
+
 /* What the frame of stage @t may carry. */
 static uint64_t allowed(const struct pairs *d, const struct stage *t)
 {
 	if (t->part == PART_PRE)
 		return 1ull << t->member;
-	if (t->part == PART_POST)
-		return d->k == 64 ? ~0ull : (1ull << d->k) - 1;
+	if (t->part == PART_POST || t->part == PART_POST2)
+		return all(d);
 	return block(d, t->member, (int)t->part);
 }
 
@@ -153,11 +216,24 @@ static void advance(struct pairs *d)
 			return; /* ours first: the frame carries the sum before this stage */
 		if (t->rx && !t->got && !t->failed)
 			return;
-		if (t->rx && t->got && !t->failed) {
-			if (t->part == PART_POST) {
-				/* The core member's final sum replaces ours. */
-				memcpy(d->sum, t->sum, d->a->n * sizeof(float));
-				d->mask = t->mask;
+		if (t->rx && t->got && !t->failed && d->posted) {
+			/* The second final sum: the same as the first, or less. */
+			d->ss |= t->ss;
+		} else if (t->rx && t->got && !t->failed) {
+			if (t->part == PART_POST || t->part == PART_POST2) {
+				/* A final sum replaces ours (our PRE reached the
+				 * core member), or is added to our leaf (it did not:
+				 * the core member failed first, and this is its
+				 * step-0 partner's). */
+				if (t->mask & d->mask) {
+					memcpy(d->sum, t->sum, d->a->n * sizeof(float));
+					d->mask = t->mask;
+				} else {
+					for (size_t i = 0; i < d->a->n; i++)
+						d->sum[i] = d->sum[i] + t->sum[i];
+					d->mask |= t->mask;
+				}
+				d->posted = 1;
 			} else {
 				for (size_t i = 0; i < d->a->n; i++)
 					d->sum[i] = d->sum[i] + t->sum[i];
@@ -166,6 +242,7 @@ static void advance(struct pairs *d)
 			for (int m = 0; m < d->k; m++)
 				if (t->mask >> m & 1)
 					d->w[m] = t->w[m];
+			d->ss |= t->ss;
 		}
 		d->cur++;
 	}
@@ -204,15 +281,16 @@ static int p_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct
 	if (!p_ready(op, ch))
 		return 0;
 	mp_le_put64(b, d->mask);
+	mp_le_put64(b + 8, d->ss);
 	for (int m = 0; m < d->k; m++)
 		if (d->mask >> m & 1) {
 			uint32_t bits;
 
 			memcpy(&bits, &d->w[m], sizeof(bits));
-			mp_le_put32(b + 8 + 4 * nw++, bits);
+			mp_le_put32(b + 16 + 4 * nw++, bits);
 			wsum += d->w[m];
 		}
-	if (d->a->codec->encode(&d->ctx->cparams, d->sum, NULL, d->a->n, b + 8 + 4 * nw,
+	if (d->a->codec->encode(&d->ctx->cparams, d->sum, NULL, d->a->n, b + 16 + 4 * nw,
 				d->a->n * sizeof(float), &plen, NULL))
 		return 0;
 	t->sent = 1;
@@ -223,36 +301,40 @@ static int p_produce(void *op, struct mp_chan *ch, struct mp_wire_hdr *h, struct
 	h->count = (uint32_t)d->a->n;
 	h->weight = wsum;
 	h->aux = d->plan;
-	*pl = (struct mp_payload){.kind = MP_PAYLOAD_ENCODED, .bytes = b, .len = 8 + 4 * nw + plen};
+	*pl = (struct mp_payload){.kind = MP_PAYLOAD_ENCODED, .bytes = b, .len = 16 + 4 * nw + plen};
 	advance(d);
 	return 1;
 }
 
-int mp_pair_parse(const void *payload, size_t len, uint64_t allowed, size_t count,
-		  const struct mp_codec_ops *codec, uint64_t *mask, float *w, float *sum)
+int mp_pair_parse(const void *payload, size_t len, uint64_t allowed, uint64_t group,
+		  size_t count, const struct mp_codec_ops *codec, uint64_t *mask, uint64_t *ss,
+		  float *w, float *sum)
 {
 	const uint8_t *b = payload;
-	uint64_t m;
+	uint64_t m, down;
 	size_t nw;
 
-	if (len < 8)
+	if (len < 16)
 		return -EPROTO;
 	m = mp_le_get64(b);
+	down = mp_le_get64(b + 8);
 	nw = (size_t)pop(m);
-	/* Only members the sender can hold at this stage, each once. */
-	if ((m & ~allowed) || len - 8 < 4 * nw)
+	/* Only members the sender can hold at this stage, each once; down
+	 * members of the group only. */
+	if ((m & ~allowed) || (down & ~group) || len - 16 < 4 * nw)
 		return -EPROTO;
 	for (int i = 0, j = 0; i < 64; i++)
 		if (m >> i & 1) {
-			uint32_t bits = mp_le_get32(b + 8 + 4 * j++);
+			uint32_t bits = mp_le_get32(b + 16 + 4 * j++);
 
 			memcpy(&w[i], &bits, sizeof(bits));
 			if (!isfinite(w[i]) || w[i] < 0.0f)
 				return -EPROTO;
 		}
-	if (codec->decode(b + 8 + 4 * nw, len - 8 - 4 * nw, sum, count))
+	if (codec->decode(b + 16 + 4 * nw, len - 16 - 4 * nw, sum, count))
 		return -EPROTO;
 	*mask = m;
+	*ss = down;
 	return 0;
 }
 
@@ -269,8 +351,8 @@ static int p_consume(void *op, struct mp_chan *ch, const struct mp_wire_hdr *h, 
 					d->round, d->g->members[t->member], h->aux, d->plan);
 		return -EPROTO;
 	}
-	if (mp_pair_parse(payload, h->length, allowed(d, t), h->count, d->a->codec, &t->mask, t->w,
-			  t->sum))
+	if (mp_pair_parse(payload, h->length, allowed(d, t), all(d), h->count, d->a->codec,
+			  &t->mask, &t->ss, t->w, t->sum))
 		return -EPROTO;
 	t->got = 1;
 	advance(d);
@@ -315,7 +397,7 @@ static int p_waits_on_others(void *op, struct mp_chan *ch)
 
 	if (!t || t->got)
 		return 0;
-	if (t->part == PART_POST)
+	if (t->part == PART_POST || t->part == PART_POST2)
 		return 1;
 	if (t->part == PART_PRE)
 		return 0;
@@ -338,12 +420,34 @@ static void add_stage(struct pairs *d, uint32_t part, int member, int tx, int rx
 	d->st[d->nst++] = (struct stage){.part = part, .member = member, .tx = tx, .rx = rx};
 }
 
-int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
+/* The end of an exchange in a static run: the members our sum heard are
+ * down are left out of the line's later exchanges. Every member's sum
+ * hears the same ones when at most one member failed: a member down for
+ * some at the start was met by its last-step partner (its death there) or
+ * is met by all its partners now (dead from the start), and either's sum
+ * reaches every live member (doc/design.md, "Short vectors"). */
+static void pairs_agree(struct pairs *d)
+{
+	for (int m = 0; m < d->k; m++) {
+		int peer = d->g->members[m];
+		struct mp_peer *p = &d->ctx->peers[peer];
+
+		if (m == d->me || !(d->ss >> m & 1) || p->pdrop)
+			continue;
+		p->pdrop = 1;
+		MP_INFO("round %u: peer %d (%s) failed for a member of its line: left out of the "
+			"line's pairwise exchanges from now on", d->round, peer, p->addr);
+		mp_peer_mark_down(d->ctx, peer, "a member of its line saw it fail");
+	}
+}
+
+int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *gv, uint32_t round,
 		       struct mp_avg *a, int strict)
 {
-	const int k = g->size;
 	struct pairs *d = calloc(1, sizeof(*d));
-	struct mp_xfer x = {.ctx = ctx, .xops = &pairs_ops, .round = round, .group_id = g->id,
+	const struct mp_group *g = d ? &d->pg : NULL;
+	int k;
+	struct mp_xfer x = {.ctx = ctx, .xops = &pairs_ops, .round = round, .group_id = gv->id,
 			    .user_mr = a->dmr, .res = a->res,
 			    .what = strict ? "ring all-reduce" : "group all-reduce",
 			    .codec = a->codec, .deadline_ms = strict ? 0 : ctx->cfg.allreduce_timeout_ms,
@@ -359,15 +463,25 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	if (!d)
 		return -ENOMEM;
 	x.op = d;
-	*d = (struct pairs){.ctx = ctx, .a = a, .g = g, .round = round, .k = k, .me = g->my_index,
-			    .strict = strict};
+	*d = (struct pairs){.ctx = ctx, .a = a, .g = g, .round = round, .strict = strict};
+	k = pairs_group(ctx, gv, &d->pg, d->pm);
+	if (k > PAIRS_MAX || g->my_index < 0) {
+		free(d);
+		return -EINVAL; /* mp_pairs_fits said no */
+	}
+	d->k = k;
+	d->me = g->my_index;
 	a->res->group_size = k;
 	for (d->p = 1; d->p * 2 <= k; d->p *= 2)
 		d->m++;
 	core = d->me < d->p ? d->me : d->me - d->p;
+	/* An extra gets the final sum from its core member and from that
+	 * one's step-0 partner, whose sum is the same: a core member that
+	 * fails leaves its extra the other's rather than nothing. */
 	if (d->me >= d->p) {
 		add_stage(d, PART_PRE, core, 1, 0);
 		add_stage(d, PART_POST, core, 0, 1);
+		add_stage(d, PART_POST2, core ^ 1, 0, 1);
 	} else {
 		if (d->me + d->p < k)
 			add_stage(d, PART_PRE, d->me + d->p, 0, 1);
@@ -375,12 +489,14 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 			add_stage(d, (uint32_t)s, d->me ^ (1 << s), 1, 1);
 		if (d->me + d->p < k)
 			add_stage(d, PART_POST, d->me + d->p, 1, 0);
+		if ((d->me ^ 1) + d->p < k)
+			add_stage(d, PART_POST2, (d->me ^ 1) + d->p, 1, 0);
 	}
 	x.ch = calloc((size_t)d->nst, sizeof(*x.ch));
 	/* Our sum, a receive buffer and weights per stage, the frame: each
 	 * written before it is read (our sum below). */
 	mem = mp_scratch(ctx, MP_SCR_REDUCE,
-			 ((size_t)(d->nst + 1) * (a->n + k) + a->n + 2 + (size_t)k) * sizeof(float));
+			 ((size_t)(d->nst + 1) * (a->n + k) + a->n + 4 + (size_t)k) * sizeof(float));
 	if (!x.ch || !mem)
 		goto out;
 	d->sum = mem;
@@ -390,11 +506,19 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	}
 	d->frame = (uint8_t *)(mem + a->n + (size_t)d->nst * (a->n + k));
 	/* The channels and the stage each carries: one per partner (the
-	 * extra's PRE and POST share one). */
+	 * extra's PRE and POST share one). A partner down in our view (static
+	 * runs) gets none: its stages fail now, and our sums say so. */
 	d->ch0 = x.ch;
 	for (int i = 0; i < d->nst; i++) {
+		const struct mp_peer *pp = &ctx->peers[g->members[d->st[i].member]];
 		int c = -1;
 
+		if (gv->line && !strict && (pp->down || pp->gone)) {
+			d->st[i].failed = 1;
+			d->st[i].ch = -1;
+			d->ss |= 1ull << d->st[i].member;
+			continue;
+		}
 		for (int j = 0; j < x.nch && c < 0; j++)
 			if (x.ch[j].peer == g->members[d->st[i].member])
 				c = j;
@@ -408,6 +532,8 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 	for (int c = 0; c < x.nch; c++)
 		d->chtx[c] = d->chrx[c] = -1;
 	for (int i = 0; i < d->nst; i++) {
+		if (d->st[i].ch < 0)
+			continue;
 		if (d->st[i].tx)
 			d->chtx[d->st[i].ch] = i;
 		if (d->st[i].rx)
@@ -469,6 +595,8 @@ int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t ro
 		rc = mp_short_failed(ctx, round, 0);
 		goto out;
 	}
+	if (gv->line && !strict)
+		pairs_agree(d);
 	mp_short_done(ctx, a, (uint64_t)pop(d->mask | 1ull << d->me));
 out:
 	free(x.ch);

@@ -320,21 +320,25 @@ void mp_short_done(const struct mp_ctx *ctx, struct mp_avg *a, uint64_t alive);
 /*
  * Pairwise exchange (pairs.c): the direct exchange's path in groups of 4
  * to 64 members, where the frame also has room for the set and weights of
- * a sum; mp_direct_allreduce takes it when it fits. Same results and
- * failure semantics, with each member's set of contributions its own.
+ * a sum; mp_direct_allreduce takes it when it fits. Each member's result
+ * holds its own set of contributions. In a static run it plans on the
+ * group's configured line (mp_group.line) less the members its members
+ * agreed to leave out, not on this peer's view.
  */
 int mp_pairs_fits(const struct mp_ctx *ctx, const struct mp_group *g, const struct mp_avg *a);
 int mp_pairs_allreduce(struct mp_ctx *ctx, const struct mp_group *g, uint32_t round,
 		       struct mp_avg *a, int strict);
 /*
  * A PAIR frame's payload (@len bytes): its set (*@mask, members within
- * @allowed only), the set's weights into @w (indexed by member, so room up
+ * @allowed only), the members its sum has heard are down (*@ss, within
+ * @group only), the set's weights into @w (indexed by member, so room up
  * to @allowed's highest bit; finite, not negative) and @count values
- * decoded with @codec into @sum. Returns 0, or -EPROTO with *@mask
- * untouched (@w and @sum may be written).
+ * decoded with @codec into @sum. Returns 0, or -EPROTO with *@mask and
+ * *@ss untouched (@w and @sum may be written).
  */
-int mp_pair_parse(const void *payload, size_t len, uint64_t allowed, size_t count,
-		  const struct mp_codec_ops *codec, uint64_t *mask, float *w, float *sum);
+int mp_pair_parse(const void *payload, size_t len, uint64_t allowed, uint64_t group,
+		  size_t count, const struct mp_codec_ops *codec, uint64_t *mask, uint64_t *ss,
+		  float *w, float *sum);
 /* Ring all-reduce over all peers (ring.c). */
 int mp_ring_allreduce(struct mp_ctx *ctx, uint32_t round, struct mp_avg *a);
 

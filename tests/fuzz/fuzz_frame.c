@@ -93,18 +93,21 @@ static int check_frame(const uint8_t *data, size_t size)
 				abort(); /* a payload the codec never writes, yet taken */
 	if (h.type == MP_MSG_PAIR) {
 		/* The pairwise exchange's payload (src/xfer/pairs.c), with the
-		 * members the sender may hold taken from the offset field. */
+		 * members the sender may hold taken from the offset field and
+		 * the group's size from the aux field. */
 		static float w[64];
-		uint64_t mask = 0, unset = 0x5a5a5a5a5a5a5a5aull;
+		uint64_t unset = 0x5a5a5a5a5a5a5a5aull, mask = unset, ss = unset;
+		uint64_t group = ~0ull >> (h.aux & 63);
 
-		mask = unset;
-		rc = mp_pair_parse(data + MP_WIRE_HDR_SIZE, h.length, h.offset, h.count, c, &mask, w,
-				   acc);
-		if (rc && mask != unset)
+		rc = mp_pair_parse(data + MP_WIRE_HDR_SIZE, h.length, h.offset, group, h.count, c,
+				   &mask, &ss, w, acc);
+		if (rc && (mask != unset || ss != unset))
 			abort(); /* refused, yet a set taken */
 		if (!rc) {
 			if (mask & ~h.offset)
 				abort(); /* a member the stage cannot hold */
+			if (ss & ~group)
+				abort(); /* a down member outside the group */
 			for (int i = 0; i < 64; i++)
 				if (mask >> i & 1 && (!isfinite(w[i]) || w[i] < 0.0f))
 					abort();

@@ -48,21 +48,23 @@ struct scenario {
 /*
  * Bytes member @me of a group of @k sends in one pairwise exchange
  * (pairs.c), from the protocol: to each partner an OPEN and a PAIR frame
- * (64-byte headers), the PAIR with its set (8 bytes), a weight per member
- * of the set and the n values. The group's first p = 2^m members step
- * with i ^ 2^s; each of the other k - p first sends its values to member
- * i - p, which sends it the whole group's sum at the end.
+ * (64-byte headers), the PAIR with its set and its down members (8 bytes
+ * each), a weight per member of the set and the n values. The group's
+ * first p = 2^m members step with i ^ 2^s; each of the other k - p first
+ * sends its values to member i - p, which sends it the whole group's sum
+ * at the end, and so does member (i - p) ^ 1 (the extra's OPEN to that one
+ * goes alone: it sends it nothing else).
  */
 static int64_t pairs_sent(int k, int me, size_t n)
 {
-	const int64_t frame = 64 + 64 + 8 + 4 * (int64_t)n;
+	const int64_t frame = 64 + 64 + 16 + 4 * (int64_t)n;
 	int64_t b = 0;
 	int p = 1;
 
 	while (p * 2 <= k)
 		p *= 2;
 	if (me >= p)
-		return frame + 4;
+		return frame + 4 + 64;
 	for (int s = 1; s < p; s *= 2) {
 		int set = 0;
 		/* Before the step with distance s: the block of s members. */
@@ -72,6 +74,8 @@ static int64_t pairs_sent(int k, int me, size_t n)
 		b += frame + 4 * set;
 	}
 	if (me + p < k)
+		b += frame + 4 * k;
+	if ((me ^ 1) + p < k)
 		b += frame + 4 * k;
 	return b;
 }
