@@ -137,8 +137,10 @@ static float *member_values(void *arg, int i)
  * mp_direct_fits and mp_pairs_fits, default limits, codec none). */
 static int takes_pairs(const struct mpsim *s, int k)
 {
-	return s->cfg.direct_pairs && s->pairs && k >= 4 && k <= 64 && s->cfg.len * sizeof(float) <= MP_DIRECT_MAX_DEFAULT &&
-	       s->cfg.len + 2 + (size_t)k <= LIB_CHUNK_ELEMS;
+	/* 4 to 64 members, a power of two or at least 8 (PAIRS_EXTRAS_MIN). */
+	return s->cfg.direct_pairs && s->pairs && k >= 4 && k <= 64 && (!(k & (k - 1)) || k >= 8) &&
+	       s->cfg.len * sizeof(float) <= MP_DIRECT_MAX_DEFAULT &&
+	       s->cfg.len + 4 + (size_t)k <= LIB_CHUNK_ELEMS;
 }
 
 /*

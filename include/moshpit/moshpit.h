@@ -232,7 +232,7 @@ struct mp_config {
 	                             suffixes: powers of 1024), so that joiners leave its
 	                             averaging the bandwidth it needs; 0 unlimited (default).
 	                             Local: peers need not agree */
-	int direct_pairs;       /**< MP_DIRECT_PAIRS: in groups of 4 to 64 members, the short
+	int direct_pairs;       /**< MP_DIRECT_PAIRS: in groups of 4 and of 8 to 64 members, the short
 	                             vectors of direct_max go by a pairwise exchange (recursive
 	                             doubling) instead of the direct exchange: log2(k) frames
 	                             and waits per member instead of k-1, about 40% less time

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Pairwise exchange (recursive doubling): the latency path for short
- * vectors in groups of 4 to 64 members. The direct exchange (direct.c)
+ * vectors in groups of 4 and of 8 to 64 members. The direct exchange (direct.c)
  * sends every member's vector to every other in one hop, k-1 frames each;
  * on a host with fewer cores than peers, each of those frames wakes a
  * process, and a member waits until all k-1 senders have been scheduled.
@@ -48,6 +48,12 @@
 
 #define PAIRS_MIN 4
 #define PAIRS_MAX 64         /* members: the set is a 64-bit mask */
+/* Groups with extras (not a power of two) from this size: an extra adds
+ * two hops to the path (its PRE before the core member's first step, the
+ * POST after its last), and below 8 the direct exchange's k-1 frames cost
+ * less (butterfly, 1-16 KiB, 2 cores: 5-7 members 1.1-3.5x the direct
+ * exchange's time, 9-12 members 0.7-1.0x; doc/performance.md). */
+#define PAIRS_EXTRAS_MIN 8
 #define PART_PRE 0x80000000u /* h->part of an extra's values to its core member */
 #define PART_POST 0x80000001u /* h->part of the final sum to the extra */
 #define PART_POST2 0x80000002u /* the same from the core member's step-0 partner */
@@ -149,8 +155,8 @@ int mp_pairs_fits(const struct mp_ctx *ctx, const struct mp_group *g, const stru
 		return 0;
 	k = pairs_group(ctx, g, &pg, pm);
 	/* Room in a chunk's frame for the two masks and the weights too. */
-	return k >= PAIRS_MIN && k <= PAIRS_MAX && pg.my_index >= 0 &&
-	       a->n + 4 + (size_t)k <= ctx->chunk_elems;
+	return k >= PAIRS_MIN && k <= PAIRS_MAX && (!(k & (k - 1)) || k >= PAIRS_EXTRAS_MIN) &&
+	       pg.my_index >= 0 && a->n + 4 + (size_t)k <= ctx->chunk_elems;
 }
 
 static uint64_t member_id(const struct pairs *d, int m)

@@ -319,8 +319,8 @@ int mp_short_failed(struct mp_ctx *ctx, uint32_t round, int lost);
 void mp_short_done(const struct mp_ctx *ctx, struct mp_avg *a, uint64_t alive);
 /*
  * Pairwise exchange (pairs.c): the direct exchange's path in groups of 4
- * to 64 members, where the frame also has room for the set and weights of
- * a sum; mp_direct_allreduce takes it when it fits. Each member's result
+ * and of 8 to 64 members, where the frame also has room for the set and
+ * weights of a sum; mp_direct_allreduce takes it when it fits. Each member's result
  * holds its own set of contributions. In a static run it plans on the
  * group's configured line (mp_group.line) less the members its members
  * agreed to leave out, not on this peer's view.

@@ -314,6 +314,7 @@ static void short_sizes_exact(int pairs)
 		{MP_ALGO_BUTTERFLY, 4, 0, 4, NULL},
 		{MP_ALGO_BUTTERFLY, 6, 0, 6, NULL},
 		{MP_ALGO_RING, 7, 0, 7, NULL},
+		{MP_ALGO_BUTTERFLY, 10, 0, 10, NULL}, /* pairwise with two extras */
 		{MP_ALGO_MOSHPIT, 8, 0, 2, "2x2x2"},
 		{MP_ALGO_MOSHPIT, 9, 0, 3, "3x3"},
 		/* 6 of 8 cells: exact only after many rounds (mean-preserving) */
@@ -330,7 +331,10 @@ static void short_sizes_exact(int pairs)
 					      cases[c].rounds, 0, 0, 0, n, 1, cases[c].rounds ? 1e-4 : 1e-5,
 					      0, rounds, cases[c].rounds ? 0 : cases[c].npeers, NULL, 0, 0,
 					      0};
-			if (direct && pairs && cases[c].group >= 4)
+			int g = cases[c].group;
+
+			/* pairs.c: 4 to 64 members, a power of two or 8 and more */
+			if (direct && pairs && g >= 4 && (!(g & (g - 1)) || g >= 8))
 				sc.expect_sent = -cases[c].group;
 			else if (direct && cases[c].group)
 				sc.expect_sent = (int64_t)rounds * (cases[c].group - 1) *
@@ -347,7 +351,7 @@ static void direct_sizes_exact(void **s)
 }
 
 /* The same with direct_pairs (MP_DIRECT_PAIRS=1) on every peer: the groups
- * of 4 to 8 take the pairwise exchange, the others stay direct. */
+ * of 4, 8 and 10 take the pairwise exchange, the others stay direct. */
 static void pairs_sizes_exact(void **s)
 {
 	(void)s;
