@@ -810,9 +810,9 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		}
 		if (rc)
 			break;
-		if (!ctx->dynamic && go == &mp_grid_grouping_ops) {
+		if (go->line) {
 			/* The configured line: the pairwise exchange plans on it. */
-			int n = mp_grid_grouping_line(st, round, ctx->rank, line);
+			int n = go->line(st, round, ctx->rank, line);
 
 			g.line = n > 0 ? line : NULL;
 			g.line_size = n > 0 ? n : 0;

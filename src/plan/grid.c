@@ -244,24 +244,6 @@ static int grid_occupant(void *arg, uint64_t cell)
 	return (int)cell;
 }
 
-/* Every cell of a peer, down or not. */
-static int grid_occupant_all(void *arg, uint64_t cell)
-{
-	const struct mp_grid_grouping *gg = arg;
-
-	return cell < (uint64_t)gg->npeers ? (int)cell : -1;
-}
-
-int mp_grid_grouping_line(const struct mp_grid_grouping *gg, uint32_t round, int rank, int *line)
-{
-	uint32_t id;
-
-	if (!gg || !line || rank < 0 || rank >= gg->npeers)
-		return -EINVAL;
-	return mp_grid_line(&gg->grid, (uint64_t)rank, round, grid_occupant_all, (void *)gg, line,
-			    &id);
-}
-
 int mp_grid_grouping_set_live(struct mp_grid_grouping *gg, const int *live, int nlive)
 {
 	if (!live || nlive >= gg->npeers) {
@@ -294,6 +276,20 @@ static int grid_form(void *state, uint32_t round, int rank, struct mp_group *out
 	return 0;
 }
 
+/* The line without the failure memory's holes: the grouping as if every
+ * peer were live. */
+static int grid_line_all(void *state, uint32_t round, int rank, int *out)
+{
+	struct mp_grid_grouping all;
+	uint32_t id;
+
+	if (!state || !out || rank < 0 || rank >= ((struct mp_grid_grouping *)state)->npeers)
+		return -EINVAL;
+	all = *(struct mp_grid_grouping *)state;
+	all.live = NULL;
+	return mp_grid_line(&all.grid, (uint64_t)rank, round, grid_occupant, &all, out, &id);
+}
+
 static void grid_after_round(void *state, uint32_t round, const struct mp_group *g)
 {
 	/* static membership: nothing learnt from a round */
@@ -307,6 +303,7 @@ const struct mp_grouping_ops mp_grid_grouping_ops = {
 	.form = grid_form,
 	.lookahead = 1,
 	.after_round = grid_after_round,
+	.line = grid_line_all,
 };
 
 uint32_t mp_plan_hash(uint32_t group_id, int k, const uint64_t *ids, const uint8_t *modes,

@@ -85,6 +85,11 @@ struct mp_grouping_ops {
 	void (*after_round)(void *state, uint32_t round, const struct mp_group *g);
 	/* Optional: after an operation's rounds. */
 	void (*end)(void *state);
+	/* Optional: round @round's configured line through @rank, every peer
+	 * on it, down or not, in part order, to @out (room for npeers);
+	 * returns the count, or a negative errno. A grouping that has one
+	 * (the static grid) sets mp_group.line from it; a roster needs none. */
+	int (*line)(void *state, uint32_t round, int rank, int *out);
 };
 
 /*
@@ -107,10 +112,6 @@ int mp_grid_grouping_init(struct mp_grid_grouping *gg, const struct mp_grid *g, 
 /* Leave the ranks not in @live (@nlive ranks, ascending, kept by the
  * caller) out of their lines from now on; NULL or every peer: everyone. */
 int mp_grid_grouping_set_live(struct mp_grid_grouping *gg, const int *live, int nlive);
-/* The configured line of round @round through @rank's cell: every peer on
- * it, down or not, in part order, to @line (room for npeers); returns the
- * count, or -EINVAL. */
-int mp_grid_grouping_line(const struct mp_grid_grouping *gg, uint32_t round, int rank, int *line);
 
 /*
  * The plan hash of one exchange (SCATTER's aux): group id, and per member
