@@ -347,12 +347,63 @@ int mp_mm_on_peer(struct mp_ctx *ctx, const struct mp_wire_hdr *h, const uint8_t
 	return ctx->dht->rdv->learn_record(ctx->dht->rdv_st, payload, h->length) ? -EBADMSG : 0;
 }
 
+/*
+ * Peer @idx said BYE (@expired_ms 0) or its record expired at @expired_ms
+ * (wall clock). A process that died has its kernel close its sockets, and
+ * its control connection shows it at once (a reset: suspect, dropped); one
+ * whose control connection is still up is alive, and only its record is
+ * late (its refresher starved on a loaded machine). Taking such a peer for
+ * gone closed its connections, the peer then took us for gone in turn and
+ * refused our dials, and a machine under load lost rounds to a cascade of
+ * "left" and "is back" (doc/control-plane.md, "Gone, and back"). So it is
+ * only late: out of the members until a record comes (the matchmaker counts
+ * live records only), its connections kept, and gone once its connection
+ * closes or a TTL has passed since its record expired, which bounds how long
+ * a host that vanished without a reset is waited for.
+ */
+static void record_expired(struct mp_ctx *ctx, int idx, uint64_t expired_ms)
+{
+	struct mp_peer *p = &ctx->peers[idx];
+
+	if (p->gone)
+		return;
+	if (!expired_ms || !mp_conn_ready(ctx, idx, ctx->streams) ||
+	    mp_wall_ms() - expired_ms >= (uint64_t)ctx->cfg.record_ttl_ms) {
+		p->late_wall_ms = 0;
+		mp_conn_peer_gone(ctx, idx);
+		return;
+	}
+	if (!p->late_wall_ms)
+		MP_INFO("peer %016" PRIx64 ": its record expired, its control connection is up: "
+			"late, not gone (for up to %d ms)", p->id, ctx->cfg.record_ttl_ms);
+	p->late_wall_ms = expired_ms;
+}
+
+/* Late peers whose connection closed, or whose record did not come within
+ * a TTL of its expiry, are gone. */
+static void late_expire(struct mp_ctx *ctx)
+{
+	uint64_t now = mp_wall_ms();
+
+	for (int i = 0; i < ctx->npeers; i++) {
+		struct mp_peer *p = &ctx->peers[i];
+
+		if (!p->late_wall_ms || i == ctx->rank)
+			continue;
+		if (!p->gone && mp_conn_ready(ctx, i, ctx->streams) &&
+		    now - p->late_wall_ms < (uint64_t)ctx->cfg.record_ttl_ms)
+			continue;
+		p->late_wall_ms = 0;
+		mp_conn_peer_gone(ctx, i);
+	}
+}
+
 /* Bring the peer table up to date with the rendezvous; returns the number of
  * live records (self included) or a negative errno. *front gets the round
  * the run is at (front_round). */
 static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 {
-	uint64_t gone[64];
+	uint64_t gone[64], when[64];
 	int n, ng;
 
 	n = ctx->dht->rdv->members(ctx->dht->rdv_st, ctx->dht->recs, MAX_RECORDS);
@@ -380,6 +431,11 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 				r->id);
 			g->gone = 0;
 		}
+		if (idx >= 0 && ctx->peers[idx].late_wall_ms) {
+			MP_INFO("peer %016" PRIx64 " is on time again: its record was late, "
+				"its connection up", r->id);
+			ctx->peers[idx].late_wall_ms = 0;
+		}
 		int known = idx >= 0;
 		idx = mp_peer_learn(ctx, r->id, r->addr, r->bandwidth, r->mode);
 		if (idx < 0) {
@@ -402,15 +458,16 @@ static int sync_members(struct mp_ctx *ctx, uint32_t *front)
 		if (!known && ctx->dht->placed)
 			mp_conn_get(ctx, idx, ctx->streams, &err);
 	}
-	while ((ng = ctx->dht->rdv->departed(ctx->dht->rdv_st, gone, 64)) > 0) {
+	while ((ng = ctx->dht->rdv->departed(ctx->dht->rdv_st, gone, when, 64)) > 0) {
 		for (int i = 0; i < ng; i++) {
 			int idx = mp_peer_find(ctx, gone[i]);
 			if (idx >= 0)
-				mp_conn_peer_gone(ctx, idx);
+				record_expired(ctx, idx, when[i]);
 		}
 		if (ng < 64)
 			break;
 	}
+	late_expire(ctx);
 	ctx->dht->nrecs = n;
 	return n;
 }

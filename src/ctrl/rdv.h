@@ -97,8 +97,10 @@ struct mp_rdv_ops {
 	/* Copy up to @max live records (newest per id, not expired, not bye),
 	 * this peer's own included; returns the count or a negative errno. */
 	int (*members)(void *st, struct mp_record *out, int max);
-	/* Ids that said bye or whose record expired since the last call. */
-	int (*departed)(void *st, uint64_t *out, int max);
+	/* Ids that said bye or whose record expired since the last call; to
+	 * @when (may be NULL) the wall-clock ms its record expired at, 0 for
+	 * a bye. */
+	int (*departed)(void *st, uint64_t *out, uint64_t *when, int max);
 	/* Declare under @key (a printable string) until d->expires_ms. */
 	int (*declare)(void *st, const char *key, const struct mp_decl *d);
 	/* Live declarations under @key, own included, sorted by (expires_ms, id). */

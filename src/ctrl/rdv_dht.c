@@ -1076,7 +1076,7 @@ static int dht_members(void *arg, struct mp_record *out, int max)
 	return n;
 }
 
-static int dht_departed(void *arg, uint64_t *out, int max)
+static int dht_departed(void *arg, uint64_t *out, uint64_t *when, int max)
 {
 	struct rdv_dht *st = arg;
 	uint64_t now = mp_wall_ms();
@@ -1089,6 +1089,8 @@ static int dht_departed(void *arg, uint64_t *out, int max)
 		if (e->r.id != st->self_id && e->live_seen && !e->reported &&
 		    !rec_live(&e->r, now)) {
 			e->reported = true;
+			if (when)
+				when[n] = e->r.bye ? 0 : e->r.expires_ms;
 			out[n++] = e->r.id;
 		}
 	}

@@ -63,10 +63,11 @@ static int st_members(void *st, struct mp_record *out, int max)
 	return n;
 }
 
-static int st_none(void *st, uint64_t *out, int max)
+static int st_none(void *st, uint64_t *out, uint64_t *when, int max)
 {
 	(void)st;
 	(void)out;
+	(void)when;
 	(void)max;
 	return 0;
 }

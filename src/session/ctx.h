@@ -57,6 +57,9 @@ struct mp_peer {
 	                               record stamped after gone_wall_ms after an expiry */
 	int gone_bye;               /* it said BYE: gone for good */
 	uint64_t gone_wall_ms;      /* when it was taken for gone (wall clock) */
+	uint64_t late_wall_ms;      /* its record expired while its control connection
+	                               stayed open (wall clock; 0: not late): not gone
+	                               yet (matchmaker.c, sync_members) */
 	int bye_pending;            /* said BYE during an exchange: gone once it ends */
 	uint64_t failed_ns;         /* when an exchange last dropped it (0 never): a suspect */
 	uint64_t failed_wall_ms;    /* the same, wall clock: a record stamped later clears it */

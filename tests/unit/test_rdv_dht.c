@@ -342,14 +342,23 @@ static void test_all_see_all(void **state)
 	for (int i = 0; i < N; i++) {
 		uint64_t gone[N];
 
-		assert_int_equal(ops->departed(be[i], gone, N), 0);
+		assert_int_equal(ops->departed(be[i], gone, NULL, N), 0);
 	}
 	assert_int_equal(ops->members(be[0], r, 3), 3);
 }
 
+static uint64_t wall_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 /* Wait until backends [0, @upto) no longer list @id and each reported it
- * departed exactly once; returns the time it took. */
-static uint64_t wait_departed(int upto, uint64_t id, uint64_t limit_ms)
+ * departed exactly once, with when it left: 0 for a bye (@bye), else its
+ * record's expiry, past and within a TTL; returns the time it took. */
+static uint64_t wait_departed(int upto, uint64_t id, bool bye, uint64_t limit_ms)
 {
 	uint64_t t0 = mono_ms();
 	bool reported[N] = { false }, done = false;
@@ -357,13 +366,19 @@ static uint64_t wait_departed(int upto, uint64_t id, uint64_t limit_ms)
 	while (!done && mono_ms() < t0 + limit_ms) {
 		done = true;
 		for (int i = 0; i < upto; i++) {
-			uint64_t gone[N];
-			int n = ops->departed(be[i], gone, N);
+			uint64_t gone[N], when[N];
+			int n = ops->departed(be[i], gone, when, N);
 			bool has;
 
 			assert_true(n >= 0);
 			for (int k = 0; k < n; k++) {
+				uint64_t now = wall_ms();
+
 				assert_int_equal(gone[k], id);
+				if (bye)
+					assert_int_equal(when[k], 0);
+				else
+					assert_true(when[k] <= now && when[k] + TTL_MS > now);
 				assert_false(reported[i]);
 				reported[i] = true;
 			}
@@ -388,13 +403,13 @@ static void test_leave(void **state)
 	/* Gone from its own list at once. */
 	members(be[N - 1], ids[N - 1], &has);
 	assert_false(has);
-	ms = wait_departed(N - 1, ids[N - 1], 5000);
+	ms = wait_departed(N - 1, ids[N - 1], true, 5000);
 	print_message("a bye reached the other %d backends in %llu ms\n", N - 1,
 		      (unsigned long long)ms);
 	/* A bye travels as fast as any put, well before the TTL would have done it. */
 	assert_true(ms < TTL_MS);
 	for (int i = 0; i < N - 1; i++) {
-		assert_int_equal(ops->departed(be[i], gone, N), 0);
+		assert_int_equal(ops->departed(be[i], gone, NULL, N), 0);
 		assert_int_equal(members(be[i], 0, &has), N - 1);
 	}
 	ops->fini(be[N - 1]);
@@ -411,12 +426,12 @@ static void test_crash(void **state)
 	assert_true(has);
 	ops->fini(be[N - 2]);
 	be[N - 2] = NULL;
-	ms = wait_departed(N - 2, ids[N - 2], TTL_MS + 2000);
+	ms = wait_departed(N - 2, ids[N - 2], false, TTL_MS + 2000);
 	print_message("a dead backend left the others' lists after %llu ms (TTL %d ms)\n",
 		      (unsigned long long)ms, TTL_MS);
 	assert_true(ms <= TTL_MS + 500);
 	for (int i = 0; i < N - 2; i++) {
-		assert_int_equal(ops->departed(be[i], gone, N), 0);
+		assert_int_equal(ops->departed(be[i], gone, NULL, N), 0);
 		assert_int_equal(members(be[i], 0, &has), N - 2);
 	}
 }
