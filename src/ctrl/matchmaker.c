@@ -355,7 +355,7 @@ int mp_mm_on_peer(struct mp_ctx *ctx, const struct mp_wire_hdr *h, const uint8_t
  * late (its refresher starved on a loaded machine). Taking such a peer for
  * gone closed its connections, the peer then took us for gone in turn and
  * refused our dials, and a machine under load lost rounds to a cascade of
- * "left" and "is back" (doc/control-plane.md, "Gone, and back"). So it is
+ * "left" and "is back" (doc/control-plane.md, "Late, not gone"). So it is
  * only late: out of the members until a record comes (the matchmaker counts
  * live records only), its connections kept, and gone once its connection
  * closes or a TTL has passed since its record expired, which bounds how long
@@ -1890,6 +1890,11 @@ int mp_mm_line_went_on(const struct mp_ctx *ctx, uint32_t round, uint32_t line,
 	return 0;
 }
 
+uint64_t mp_mm_placing_ms(const struct mp_config *cfg)
+{
+	return (uint64_t)cfg->matchmaking_ms + (uint64_t)cfg->request_timeout_ms;
+}
+
 /*
  * A peer that joins a running run, or one displaced from a cell it shared,
  * moves into a free cell of its round: where a peer died its line is one
@@ -1908,7 +1913,7 @@ static void take_hole(struct mp_ctx *ctx)
 	uint32_t round = ctx->round;
 	int dim;
 	uint64_t cells = mp_grid_cells(&ctx->grid), start = mp_now_ns(), last = 0;
-	uint64_t limit = (uint64_t)(ctx->cfg.matchmaking_ms + ctx->cfg.request_timeout_ms) * 1000000ull;
+	uint64_t limit = mp_mm_placing_ms(&ctx->cfg) * 1000000ull;
 	int seen, steady, whole = 0, nlast, n = 0, rc, mlast = -2, retargets = 0;
 	/* A welcome brought the members at once: their count need not settle. */
 	int settle = ctx->dht->rdv->welcomed && ctx->dht->rdv->welcomed(ctx->dht->rdv_st) ? 1 : STEADY_SYNCS;
@@ -1917,8 +1922,13 @@ static void take_hole(struct mp_ctx *ctx)
 	uint32_t *count = calloc((size_t)cells, sizeof(*count));
 	uint8_t *used = calloc((size_t)cells, 1);
 	struct mp_hole *holes = malloc((size_t)cells * sizeof(*holes));
+	/* Our "placing" lives as long as we may place: placers rank
+	 * themselves among those they read, and one that outlived its
+	 * declaration (it lived only the matchmaking time) was read by none
+	 * of the others: each counted one placer, itself, and two took the
+	 * same cell (doc/reliability.md, "Late records are not deaths"). */
 	struct mp_decl pd = {.id = ctx->self_id, .mode = MP_DECL_PLACING, .line = UINT32_MAX,
-			     .expires_ms = mp_wall_ms() + (uint64_t)ctx->cfg.matchmaking_ms};
+			     .expires_ms = mp_wall_ms() + mp_mm_placing_ms(&ctx->cfg)};
 	char key[32];
 
 	if (!all || !count || !used || !holes)

@@ -131,6 +131,13 @@ int mp_mm_holes(const struct mp_grid *g, uint64_t self, uint32_t round, const st
 		int n, struct mp_hole *h, uint32_t *count, uint8_t *used);
 
 /*
+ * How long a peer may spend placing itself (take_hole), in ms: the
+ * matchmaking time and the request timeout. Its "placing" declaration
+ * lives as long, so that the other placers read it until it is done.
+ */
+uint64_t mp_mm_placing_ms(const struct mp_config *cfg);
+
+/*
  * A peer placing itself in @round has heard members declare in round
  * @heard: has the run left @round behind it (its holes are no holes any
  * more), so that it should place in a later one? Not merely because @heard
