@@ -370,11 +370,12 @@ static void join_timeout_names_the_counts(void **s)
  * the other three average again, each seeing exactly one peer gone. The
  * peers' key and bootstrap live in @key and @boot.
  */
-static void four_then_stop_peer_3(struct kid k[4], struct report r[4], char *key, size_t keylen,
-				  char *boot, size_t bootlen)
+/* Four peers with records of @ttl_ms join and average once, exactly. */
+static void four_average_once(struct kid k[4], struct report r[4], char *key, size_t keylen,
+			      char *boot, size_t bootlen, int ttl_ms)
 {
 	struct peer_env e = {.key = key, .npeers = 4, .join_timeout_ms = 30000,
-			     .record_ttl_ms = 2000, .more = 1};
+			     .record_ttl_ms = ttl_ms, .more = 1};
 
 	snprintf(key, keylen, "run key %d", (int)getpid());
 	spawn_first(&k[0], &e, boot, bootlen);
@@ -389,6 +390,12 @@ static void four_then_stop_peer_3(struct kid k[4], struct report r[4], char *key
 				 r[i].init_rc, r[i].avg_rc, (double)r[i].xmin, (double)r[i].xmax,
 				 r[i].err);
 	}
+}
+
+static void four_then_stop_peer_3(struct kid k[4], struct report r[4], char *key, size_t keylen,
+				  char *boot, size_t bootlen)
+{
+	four_average_once(k, r, key, keylen, boot, bootlen, 2000);
 	/* Past its TTL, then an average of the others, which see it gone. */
 	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
 	usleep(3 * 2000 * 1000);
@@ -455,23 +462,9 @@ static void late_record_is_not_a_death(void **s)
 	struct kid k[4];
 	struct report r[4];
 	char key[64], boot[64];
-	struct peer_env e = {.key = key, .npeers = 4, .join_timeout_ms = 30000,
-			     .record_ttl_ms = 3000, .more = 1};
 
 	(void)s;
-	snprintf(key, sizeof(key), "run key %d", (int)getpid());
-	spawn_first(&k[0], &e, boot, sizeof(boot));
-	e.bootstrap = boot;
-	e.dht_port = 0;
-	for (int i = 1; i < 4; i++)
-		spawn(&k[i], &e);
-	for (int i = 0; i < 4; i++) {
-		collect(&k[i], &r[i]);
-		if (r[i].init_rc || r[i].avg_rc || r[i].xmin != 2.5f || r[i].xmax != 2.5f)
-			fail_msg("peer %d before the stop: mp_init %d, mp_average %d, [%g, %g]: %s", i,
-				 r[i].init_rc, r[i].avg_rc, (double)r[i].xmin, (double)r[i].xmax,
-				 r[i].err);
-	}
+	four_average_once(k, r, key, sizeof(key), boot, sizeof(boot), 3000);
 	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
 	usleep(3500 * 1000);
 	for (int i = 0; i < 3; i++)
