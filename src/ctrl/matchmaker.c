@@ -347,6 +347,14 @@ int mp_mm_on_peer(struct mp_ctx *ctx, const struct mp_wire_hdr *h, const uint8_t
 	return ctx->dht->rdv->learn_record(ctx->dht->rdv_st, payload, h->length) ? -EBADMSG : 0;
 }
 
+/* Is peer @idx, whose record expired at @expired_ms, late rather than gone
+ * at @now: its control connection up, less than a TTL since? */
+static int still_late(const struct mp_ctx *ctx, int idx, uint64_t expired_ms, uint64_t now)
+{
+	return !ctx->peers[idx].gone && mp_conn_ready(ctx, idx, ctx->streams) &&
+	       now - expired_ms < (uint64_t)ctx->cfg.record_ttl_ms;
+}
+
 /*
  * Peer @idx said BYE (@expired_ms 0) or its record expired at @expired_ms
  * (wall clock). A process that died has its kernel close its sockets, and
@@ -367,8 +375,7 @@ static void record_expired(struct mp_ctx *ctx, int idx, uint64_t expired_ms)
 
 	if (p->gone)
 		return;
-	if (!expired_ms || !mp_conn_ready(ctx, idx, ctx->streams) ||
-	    mp_wall_ms() - expired_ms >= (uint64_t)ctx->cfg.record_ttl_ms) {
+	if (!expired_ms || !still_late(ctx, idx, expired_ms, mp_wall_ms())) {
 		p->late_wall_ms = 0;
 		mp_conn_peer_gone(ctx, idx);
 		return;
@@ -388,10 +395,7 @@ static void late_expire(struct mp_ctx *ctx)
 	for (int i = 0; i < ctx->npeers; i++) {
 		struct mp_peer *p = &ctx->peers[i];
 
-		if (!p->late_wall_ms || i == ctx->rank)
-			continue;
-		if (!p->gone && mp_conn_ready(ctx, i, ctx->streams) &&
-		    now - p->late_wall_ms < (uint64_t)ctx->cfg.record_ttl_ms)
+		if (!p->late_wall_ms || i == ctx->rank || still_late(ctx, i, p->late_wall_ms, now))
 			continue;
 		p->late_wall_ms = 0;
 		mp_conn_peer_gone(ctx, i);
