@@ -202,6 +202,43 @@ static void arrived(struct mp_ctx *ctx, int peer, const uint8_t *buf, size_t len
 	mp_ctrl_requeue(ctx, m);
 }
 
+/*
+ * Peer @p's control connection failed with @rc: drop it (the next dial or
+ * accept makes a new one).
+ */
+static void rx_lost(struct mp_ctx *ctx, int p, int rc)
+{
+	MP_TRACE("control connection to peer %016llx: %s", (unsigned long long)ctx->peers[p].id,
+		 mp_strerror(rc));
+	/* Closed without a BYE: a dht peer's process died (its kernel closed
+	 * the socket). */
+	if (ctx->dynamic && rc == -ECONNRESET)
+		mp_peer_suspect(ctx, p, "closed its control connection without a BYE");
+	mp_conn_drop(ctx, p, ctrl_idx(ctx));
+	ctx->ctrl->rx[p].conn = NULL;
+}
+
+/*
+ * Post the next receive on peer @p's control connection @conn. A driver
+ * refuses it on a connection that has failed, and that is how a death is
+ * learned when the failure was met by a send, between the messages the
+ * peer sent before it died: ignored, the connection stayed open and a
+ * JOIN to the dead peer waited out the request timeout.
+ */
+static void rx_post(struct mp_ctx *ctx, int p, struct mp_drv_conn *conn)
+{
+	struct ctrl_rx *r = &ctx->ctrl->rx[p];
+	int rc = ctx->ops->irecv(conn, r->buf, FRAME_MAX, NULL, &r->req);
+
+	if (!rc) {
+		r->conn = conn;
+		return;
+	}
+	r->req = NULL;
+	if (rc != -EAGAIN && rc != -ENOMEM)
+		rx_lost(ctx, p, rc);
+}
+
 static void poll_ctrl(struct mp_ctx *ctx, int in_exchange)
 {
 	struct mp_ctrl *c = ctx->ctrl;
@@ -244,15 +281,7 @@ static void poll_ctrl(struct mp_ctx *ctx, int in_exchange)
 				break;
 			r->req = NULL;
 			if (rc) {
-				/* Reset or closed: the next dial or accept makes a new one. */
-				MP_TRACE("control connection to peer %016llx: %s",
-					 (unsigned long long)pe->id, mp_strerror(rc));
-				/* Closed without a BYE: a dht peer's process died
-				 * (its kernel closed the socket). */
-				if (ctx->dynamic && rc == -ECONNRESET)
-					mp_peer_suspect(ctx, p, "closed its control connection without a BYE");
-				mp_conn_drop(ctx, p, ci);
-				r->conn = NULL;
+				rx_lost(ctx, p, rc);
 				break;
 			}
 			arrived(ctx, p, r->buf, len, in_exchange);
@@ -260,8 +289,7 @@ static void poll_ctrl(struct mp_ctx *ctx, int in_exchange)
 				r->conn = NULL;
 				break;
 			}
-			if (ctx->ops->irecv(conn, r->buf, FRAME_MAX, NULL, &r->req))
-				r->req = NULL;
+			rx_post(ctx, p, conn);
 		}
 		/* The loop may have closed the connection (error, BYE): look again. */
 		conn = mp_conn_ready(ctx, p, ci);
@@ -276,10 +304,7 @@ static void poll_ctrl(struct mp_ctx *ctx, int in_exchange)
 			continue;
 		if (!r->buf && !(r->buf = malloc(FRAME_MAX)))
 			continue;
-		if (!ctx->ops->irecv(conn, r->buf, FRAME_MAX, NULL, &r->req))
-			r->conn = conn;
-		else
-			r->req = NULL;
+		rx_post(ctx, p, conn);
 	}
 }
 

@@ -882,6 +882,7 @@ struct mm {
 	struct mp_reqq later;     /* messages of future rounds */
 	int company;              /* someone else declared under the key */
 	int ndecl;                /* live declarations under the key, own included */
+	int nlive;                /* those of them not from peers taken for gone or dropped */
 	char rkey[32];            /* the round's key (round_key) */
 	struct mp_decl *all;      /* scratch: declarations under rkey */
 	int nround;               /* live declarations under rkey, own included */
@@ -1084,7 +1085,7 @@ static void prewarm(struct mp_ctx *ctx, uint32_t round)
  */
 static int want(const struct mm *m)
 {
-	int w = m->ndecl > m->target ? m->ndecl : m->target;
+	int w = m->nlive > m->target ? m->nlive : m->target;
 	return w < MP_MAX_GROUP ? w : MP_MAX_GROUP;
 }
 
@@ -1422,7 +1423,8 @@ static int line_decls(struct mm *m, uint64_t now)
 static void choose(struct mm *m)
 {
 	struct mp_ctx *ctx = m->ctx;
-	int n = line_decls(m, mp_now_ns());
+	uint64_t now = mp_now_ns();
+	int n = line_decls(m, now);
 	int ci = ctx->streams, err;
 
 	if (n > 1)
@@ -1431,9 +1433,17 @@ static void choose(struct mm *m)
 		MP_TRACE("round %u: %d declaration(s) under %s", m->round, n, m->key);
 	}
 	m->ndecl = n;
+	m->nlive = 0;
 	for (int i = 0; i < n; i++) {
 		const struct mp_decl *d = &m->decls[i];
 		int idx = d->id == ctx->self_id ? ctx->rank : mp_peer_find(ctx, d->id);
+
+		/* A peer that died after declaring leaves its declaration
+		 * under the key until it expires, at the end of the
+		 * matchmaking time: counted, it held its line's leader to
+		 * that end (3 s, ten rounds) with everyone else there. */
+		if (d->id == ctx->self_id || !dropped(ctx, d->id, now))
+			m->nlive++;
 		/* Connect early to everyone who may end up in the group: whoever
 		 * is the dialer of a pair must start, or a JOIN could wait on it. */
 		if (idx >= 0 && idx != ctx->rank && !ctx->peers[idx].gone)
@@ -1678,7 +1688,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			 * earlier, when the line merely went quiet, left out members
 			 * that were only late (their last group lost someone), and
 			 * the rounds after fell out of step with them. */
-			int done = m->nfol + 1 >= m->ndecl && everyone(m, now);
+			int done = m->nfol + 1 >= m->nlive && everyone(m, now);
 
 			/* Nobody else can come, but only because we took the
 			 * others for gone without a goodbye: more likely they took

@@ -17,6 +17,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +87,7 @@ struct peer_env {
 	int record_ttl_ms; /* 0: the default */
 	int more;          /* after the first report, average again on each 'a' from the
 	                      parent (values 10 (rank + 1)) until an 'x' */
+	const char *grid;  /* MP_GRID, or NULL for the default */
 };
 
 /* Every value @scale (rank + 1), averaged; what came of it into @rep. */
@@ -137,7 +139,13 @@ static void child(const struct peer_env *e, int to_parent, int from_parent)
 		unsetenv("MP_BOOTSTRAP");
 	unsetenv("MP_PEERS");
 	unsetenv("MP_RANK");
-	setenv("MP_DEBUG", "WARN", 1);
+	if (e->grid)
+		setenv("MP_GRID", e->grid, 1);
+	else
+		unsetenv("MP_GRID");
+	/* TEST_DEBUG=TRACE shows what the peers did, timestamped. */
+	setenv("MP_DEBUG", getenv("TEST_DEBUG") ? getenv("TEST_DEBUG") : "WARN", 1);
+	setenv("MP_DEBUG_TIMESTAMP", "1", 1);
 	if (e->record_ttl_ms) {
 		snprintf(buf, sizeof(buf), "%d", e->record_ttl_ms);
 		setenv("MP_RECORD_TTL_MS", buf, 1);
@@ -370,12 +378,13 @@ static void join_timeout_names_the_counts(void **s)
  * the other three average again, each seeing exactly one peer gone. The
  * peers' key and bootstrap live in @key and @boot.
  */
-/* Four peers with records of @ttl_ms join and average once, exactly. */
+/* Four peers with records of @ttl_ms on @grid (NULL: the default) join and
+ * average once, exactly. */
 static void four_average_once(struct kid k[4], struct report r[4], char *key, size_t keylen,
-			      char *boot, size_t bootlen, int ttl_ms)
+			      char *boot, size_t bootlen, int ttl_ms, const char *grid)
 {
 	struct peer_env e = {.key = key, .npeers = 4, .join_timeout_ms = 30000,
-			     .record_ttl_ms = ttl_ms, .more = 1};
+			     .record_ttl_ms = ttl_ms, .more = 1, .grid = grid};
 
 	snprintf(key, keylen, "run key %d", (int)getpid());
 	spawn_first(&k[0], &e, boot, bootlen);
@@ -395,7 +404,7 @@ static void four_average_once(struct kid k[4], struct report r[4], char *key, si
 static void four_then_stop_peer_3(struct kid k[4], struct report r[4], char *key, size_t keylen,
 				  char *boot, size_t bootlen)
 {
-	four_average_once(k, r, key, keylen, boot, bootlen, 2000);
+	four_average_once(k, r, key, keylen, boot, bootlen, 2000, NULL);
 	/* Past its TTL, then an average of the others, which see it gone. */
 	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
 	usleep(3 * 2000 * 1000);
@@ -464,7 +473,7 @@ static void late_record_is_not_a_death(void **s)
 	char key[64], boot[64];
 
 	(void)s;
-	four_average_once(k, r, key, sizeof(key), boot, sizeof(boot), 3000);
+	four_average_once(k, r, key, sizeof(key), boot, sizeof(boot), 3000, NULL);
 	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
 	usleep(3500 * 1000);
 	for (int i = 0; i < 3; i++)
@@ -537,6 +546,53 @@ static void cut_off_peer_does_not_race(void **s)
 	release(k, 4);
 }
 
+/*
+ * A line's leader that dies after declaring does not hold the line up. Four
+ * peers on one line (grid 4, matchmaking time 3 s): peer 0 starts a round
+ * first, so it leads; peers 1 and 2 follow it 0.3 s later; peer 0 is killed
+ * (SIGKILL) at 0.6 s, and peer 3 comes at 1 s. Its declaration stays under
+ * the line's key until it expires, at the end of peer 0's matchmaking time:
+ * counted as a member still to join, it held the new leader to then (peer 3
+ * waited 2 s, with every live member there). The three must average among
+ * themselves, exactly, as soon as peer 3 has joined.
+ */
+static void dead_leader_does_not_hold_its_line(void **s)
+{
+	struct kid k[4];
+	struct report r[4];
+	char key[64], boot[64];
+	float sum = 0.0f;
+
+	(void)s;
+	four_average_once(k, r, key, sizeof(key), boot, sizeof(boot), 3000, "4");
+	write_all(k[0].down, "a", 1);
+	usleep(300 * 1000);
+	write_all(k[1].down, "a", 1);
+	write_all(k[2].down, "a", 1);
+	usleep(300 * 1000);
+	assert_int_equal(kill(k[0].pid, SIGKILL), 0);
+	usleep(400 * 1000);
+	write_all(k[3].down, "a", 1);
+	for (int i = 1; i < 4; i++) {
+		collect(&k[i], &r[i]);
+		sum += 10.0f * (float)(r[i].rank + 1);
+	}
+	for (int i = 1; i < 4; i++) {
+		float want = sum / 3.0f;
+
+		if (r[i].avg_rc || !r[i].grouped || fabsf(r[i].xmin - want) > 1e-4f * want ||
+		    fabsf(r[i].xmax - want) > 1e-4f * want)
+			fail_msg("peer %d with the leader killed: mp_average %d, %s, values in [%g, %g], "
+				 "want %g: %s", i, r[i].avg_rc, r[i].grouped ? "grouped" : "alone",
+				 (double)r[i].xmin, (double)r[i].xmax, (double)want, r[i].err);
+	}
+	printf("peer 3 averaged in %.3f s, with the line's first leader dead\n", r[3].avg_s);
+	if (r[3].avg_s > 1.0)
+		fail_msg("peer 3 took %.3f s to average with the two live members of its line, "
+			 "want under 1 s (the dead leader's declaration expired at 2 s)", r[3].avg_s);
+	release(k, 4);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -548,6 +604,7 @@ int main(void)
 		cmocka_unit_test(late_peer_is_taken_back),
 		cmocka_unit_test(late_record_is_not_a_death),
 		cmocka_unit_test(cut_off_peer_does_not_race),
+		cmocka_unit_test(dead_leader_does_not_hold_its_line),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
