@@ -21,6 +21,9 @@
 #include "stage.h"
 #include "devpath.h"
 
+/* Rounds an operation may sit out to catch up with a run that is ahead. */
+#define MAX_BEHIND 2
+
 static char *dup_or_null(const char *s)
 {
 	return s ? strdup(s) : NULL;
@@ -792,15 +795,31 @@ static int run_moshpit(struct mp_ctx *ctx, struct mp_avg *a)
 		if (!go->form(st, ctx->round + (uint32_t)t, ctx->rank, &g))
 			dial_ahead(ctx, g.members, g.size);
 	}
-	for (int t = 0; t < rounds; t++) {
+	for (int t = 0, behind = 0; t < rounds; t++) {
 		struct mp_group g = {.members = members};
 		uint32_t round = go->next_round ? go->next_round(st, ctx->round) : ctx->round;
 
-		if (!t)
+		if (!t && !behind)
 			first_round = round;
 		last_round = round;
 		ctx->round = round + 1;
 		rc = go->form(st, round, ctx->rank, &g);
+		if (rc == -EAGAIN && go->next_round && behind < MAX_BEHIND) {
+			/* The run is at a later round: sit this one out and
+			 * match the run's in this operation. Ending it instead
+			 * brought the peer back a round late again at its next
+			 * call, with the others one ahead: a joiner that heard
+			 * of the run's round a round late chased it, call after
+			 * call, to the end of the run. */
+			a->res->rounds_alone++;
+			mp_clog_alone(ctx, round);
+			behind++;
+			t--;
+			rc = 0;
+			continue;
+		}
+		if (rc == -EAGAIN)
+			rc = -EHOSTUNREACH;
 		if (rc == -EHOSTUNREACH) {
 			/* No group this round: our values stay as they are. */
 			a->res->rounds_alone++;

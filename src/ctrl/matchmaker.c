@@ -1507,7 +1507,8 @@ static void defer(struct mm *m, struct mp_ctrl_msg *msg)
 
 /*
  * Matchmake round @round. Returns 0 with @g filled, or -EHOSTUNREACH when no
- * group formed (the peer keeps its values this round).
+ * group formed (the peer keeps its values this round), or -EAGAIN when none
+ * formed because the run is at a later round (round_hint).
  */
 static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double *bw,
 		 uint8_t *mode, int *next)
@@ -1593,6 +1594,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 			MP_INFO("round %u: the run is at round %u; catching up", round, ctx->dht->round_hint);
 			if (m->state == FOLLOW)
 				give_up(m);
+			rc = -EAGAIN;
 			break;
 		}
 		while (!started && (msg = mp_ctrl_take(ctx))) {

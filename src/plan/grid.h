@@ -76,7 +76,10 @@ struct mp_grouping_ops {
 	/* Form the group of @rank for global round @round into @out (whose
 	 * members have room for max(npeers, MP_MAX_GROUP)). Returns 0,
 	 * -EHOSTUNREACH when no group formed (the round is sat out, values
-	 * kept), or another negative errno, which fails the operation. */
+	 * kept), -EAGAIN when none formed because the run is at a later
+	 * round (sat out too; next_round() names the run's round, and the
+	 * context matches it in the same operation), or another negative
+	 * errno, which fails the operation. */
 	int (*form)(void *state, uint32_t round, int rank, struct mp_group *out);
 	/* Nonzero when form() of later rounds may be called ahead, with no
 	 * side effect, so that the context dials their members early. */

@@ -425,8 +425,8 @@ static void four_then_stop_peer_3(struct kid k[4], struct report r[4], char *key
  * them shows a peer gone. Left out for good, it would be a hole in every
  * round of theirs while it counted on them in its own, which is what a
  * refresher starved on a loaded machine used to do to a whole run.
- * (Whether peer 3 then averages with them is another matter, open:
- * doc/reliability.md, "A round behind, call after call".)
+ * (Whether peer 3 then averages with them at once: one a round behind does,
+ * behind_peer_catches_up_in_the_same_call.)
  */
 static void late_peer_is_taken_back(void **s)
 {
@@ -593,6 +593,54 @@ static void dead_leader_does_not_hold_its_line(void **s)
 	release(k, 4);
 }
 
+/*
+ * A peer a round behind catches up within its call. Four peers on one line
+ * (grid 4) average once; peer 3 is stopped (SIGSTOP) past its 3 s TTL, so
+ * the others, not waiting for a late peer, average without it and are a
+ * round ahead. Then they average again while peer 3 runs again and calls
+ * mp_average at its own round, the one they have left. It hears that the
+ * run is a round on (their answers, their declarations) and must sit that
+ * round out and match theirs in the same call: all four in one group, the
+ * exact mean of the four. Ending the call there, as before, left it a round
+ * behind at every later call (the others wait for it, then go on without
+ * it: the mean of three).
+ */
+static void behind_peer_catches_up_in_the_same_call(void **s)
+{
+	struct kid k[4];
+	struct report r[4];
+	char key[64], boot[64];
+	float sum = 0.0f;
+
+	(void)s;
+	four_average_once(k, r, key, sizeof(key), boot, sizeof(boot), 3000, "4");
+	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
+	usleep(3500 * 1000);
+	for (int i = 0; i < 3; i++)
+		write_all(k[i].down, "a", 1);
+	for (int i = 0; i < 3; i++)
+		collect(&k[i], &r[i]);
+	assert_int_equal(kill(k[3].pid, SIGCONT), 0);
+	for (int i = 0; i < 3; i++)
+		if (r[i].avg_rc || !r[i].grouped)
+			fail_msg("peer %d with peer 3 stopped: mp_average %d, %s: %s", i, r[i].avg_rc,
+				 r[i].grouped ? "grouped" : "alone", r[i].err);
+	for (int i = 0; i < 4; i++)
+		write_all(k[i].down, "a", 1);
+	for (int i = 0; i < 4; i++) {
+		collect(&k[i], &r[i]);
+		sum += 10.0f * (float)(r[i].rank + 1);
+	}
+	for (int i = 0; i < 4; i++)
+		if (r[i].avg_rc || !r[i].grouped || r[i].xmin != sum / 4.0f || r[i].xmax != sum / 4.0f)
+			fail_msg("peer %d, peer 3 a round behind: mp_average %d, %s, values in [%g, %g], "
+				 "want all four's mean %g: %s", i, r[i].avg_rc,
+				 r[i].grouped ? "grouped" : "alone", (double)r[i].xmin, (double)r[i].xmax,
+				 (double)(sum / 4.0f), r[i].err);
+	printf("peer 3, a round behind, averaged with the others in %.3f s\n", r[3].avg_s);
+	release(k, 4);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -605,6 +653,7 @@ int main(void)
 		cmocka_unit_test(late_record_is_not_a_death),
 		cmocka_unit_test(cut_off_peer_does_not_race),
 		cmocka_unit_test(dead_leader_does_not_hold_its_line),
+		cmocka_unit_test(behind_peer_catches_up_in_the_same_call),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
