@@ -52,6 +52,10 @@
  * gives up on its leader, so that the leader does not start with it. */
 enum { REJ_BUSY = 1, REJ_DISBAND = 2, REJ_STALE = 3, REJ_FULL = 4, REJ_REDIRECT = 5,
        REJ_WITHDRAW = 6 };
+/* A peer that refused our JOIN as busy (it follows another) is asked again
+ * after this long while we have no followers: its own leader may be dead,
+ * and then it leads, and nobody it refused joins it. */
+#define BUSY_RETRY_NS (100ull * 1000 * 1000)
 /* Hand-overs a leader makes per round, so views that keep changing cannot
  * bounce a group between leaders until its deadline. */
 #define MAX_REDIRECTS 2
@@ -873,6 +877,7 @@ struct mm {
 	uint64_t follow_at;       /* FOLLOW: when we chose the leader */
 	int accepted;             /* FOLLOW: the leader took our JOIN */
 	uint64_t excluded[MAX_DECLS];
+	uint64_t excl_until[MAX_DECLS]; /* busy: asked again from then (ns); 0: for good */
 	int nexcl;
 	struct mp_mm_entry fol[MP_MAX_GROUP]; /* LEAD: followers */
 	int fol_peer[MP_MAX_GROUP];
@@ -880,7 +885,7 @@ struct mm {
 	int target, minsz;
 	struct mp_decl decls[MAX_DECLS];
 	struct mp_reqq later;     /* messages of future rounds */
-	int company;              /* someone else declared under the key */
+	int company;              /* a live peer besides us declared under the key */
 	int ndecl;                /* live declarations under the key, own included */
 	int nlive;                /* those of them not from peers taken for gone or dropped */
 	char rkey[32];            /* the round's key (round_key) */
@@ -1095,18 +1100,50 @@ static void send_reject(struct mm *m, int peer, int why)
 	mp_ctrl_send(m->ctx, peer, &h, NULL, 0);
 }
 
-static int excluded(const struct mm *m, uint64_t id)
+static int excl_index(const struct mm *m, uint64_t id)
 {
 	for (int i = 0; i < m->nexcl; i++)
 		if (m->excluded[i] == id)
-			return 1;
-	return 0;
+			return i;
+	return -1;
+}
+
+/*
+ * Not to be followed this round. A peer excluded as busy is followed again
+ * once BUSY_RETRY_NS have passed, but only by a peer without followers (a
+ * leader with some would hand them over to it, busy or not). Excluded for
+ * good, a peer that was still following a dead leader when we asked kept
+ * us apart after it took the lead: two leaders in one line, each waiting
+ * for the other's members until the matchmaking time was up.
+ */
+static int excluded(const struct mm *m, uint64_t id)
+{
+	int i = excl_index(m, id);
+
+	if (i < 0)
+		return 0;
+	return !m->excl_until[i] || m->nfol || mp_now_ns() < m->excl_until[i];
+}
+
+/* @busy: the peer refused us as busy (REJ_BUSY). */
+static void exclude_as(struct mm *m, uint64_t id, int busy)
+{
+	int i = excl_index(m, id);
+
+	if (i < 0) {
+		if (m->nexcl >= MAX_DECLS)
+			return;
+		i = m->nexcl++;
+	} else if (!m->excl_until[i]) {
+		return; /* for good already */
+	}
+	m->excluded[i] = id;
+	m->excl_until[i] = busy ? mp_now_ns() + BUSY_RETRY_NS : 0;
 }
 
 static void exclude(struct mm *m, uint64_t id)
 {
-	if (m->nexcl < MAX_DECLS && !excluded(m, id))
-		m->excluded[m->nexcl++] = id;
+	exclude_as(m, id, 0);
 }
 
 static void on_join(struct mm *m, struct mp_ctrl_msg *msg)
@@ -1427,8 +1464,6 @@ static void choose(struct mm *m)
 	int n = line_decls(m, now);
 	int ci = ctx->streams, err;
 
-	if (n > 1)
-		m->company = 1;
 	if (n > m->ndecl) {
 		MP_TRACE("round %u: %d declaration(s) under %s", m->round, n, m->key);
 	}
@@ -1449,6 +1484,11 @@ static void choose(struct mm *m)
 		if (idx >= 0 && idx != ctx->rank && !ctx->peers[idx].gone)
 			mp_conn_get(ctx, idx, ci, &err);
 	}
+	/* Company is a live peer: a peer cut off from the others (they took
+	 * it for gone) reads their declarations too, and must still wait for
+	 * them to take it back (lost_company). */
+	if (m->nlive > 1)
+		m->company = 1;
 	if (m->state == FOLLOW)
 		return;
 	if (m->state == LEAD && m->nfol) {
@@ -1648,7 +1688,7 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 				   msg->peer == m->leader) {
 				MP_TRACE("round %u: %016" PRIx64 " refused us (%u)", round,
 					 ctx->peers[m->leader].id, msg->h.aux);
-				exclude(m, ctx->peers[m->leader].id);
+				exclude_as(m, ctx->peers[m->leader].id, msg->h.aux == REJ_BUSY);
 				m->state = SEEK;
 			}
 			mp_ctrl_msg_free(msg);
@@ -1724,6 +1764,16 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 					send_reject(m, m->fol_peer[i], REJ_DISBAND);
 				MP_INFO("round %u: group under %s disbanded: %d of the %d members needed",
 					round, m->key, m->nfol + 1, m->minsz);
+				/* Nobody else came because the others' records
+				 * name later rounds: we are behind, and the
+				 * round loop matches theirs in this call. */
+				uint32_t at = 0;
+				if (sync_members(ctx, &at) > 0 && at > round) {
+					MP_INFO("round %u: the run is at round %u; catching up", round, at);
+					if (at > ctx->dht->round_hint)
+						ctx->dht->round_hint = at;
+					rc = -EAGAIN;
+				}
 				break;
 			}
 		}

@@ -597,9 +597,9 @@ static void dead_leader_does_not_hold_its_line(void **s)
  * A peer a round behind catches up within its call. Four peers on one line
  * (grid 4) average once; peer 3 is stopped (SIGSTOP) past its 3 s TTL, so
  * the others, not waiting for a late peer, average without it and are a
- * round ahead. Then they average again while peer 3 runs again and calls
- * mp_average at its own round, the one they have left. It hears that the
- * run is a round on (their answers, their declarations) and must sit that
+ * round ahead. Peer 3 runs again, and once its record is back they all
+ * average: peer 3 at its own round, the one they have left. It hears that
+ * the run is a round on (their answers, their records) and must sit that
  * round out and match theirs in the same call: all four in one group, the
  * exact mean of the four. Ending the call there, as before, left it a round
  * behind at every later call (the others wait for it, then go on without
@@ -625,6 +625,9 @@ static void behind_peer_catches_up_in_the_same_call(void **s)
 		if (r[i].avg_rc || !r[i].grouped)
 			fail_msg("peer %d with peer 3 stopped: mp_average %d, %s: %s", i, r[i].avg_rc,
 				 r[i].grouped ? "grouped" : "alone", r[i].err);
+	/* Its refreshed record (every 1 s) reaches them first: a member
+	 * again, waited for in their next round. */
+	usleep(1500 * 1000);
 	for (int i = 0; i < 4; i++)
 		write_all(k[i].down, "a", 1);
 	for (int i = 0; i < 4; i++) {
