@@ -547,6 +547,28 @@ static void cut_off_peer_does_not_race(void **s)
 }
 
 /*
+ * Collect peers @from..@to-1 after an average of 10 (rank + 1) each that
+ * they should have made in one group (@what says when): each must hold the
+ * group's mean, to float rounding.
+ */
+static void collect_group_mean(struct kid *k, struct report *r, int from, int to, const char *what)
+{
+	float sum = 0.0f, want;
+
+	for (int i = from; i < to; i++) {
+		collect(&k[i], &r[i]);
+		sum += 10.0f * (float)(r[i].rank + 1);
+	}
+	want = sum / (float)(to - from);
+	for (int i = from; i < to; i++)
+		if (r[i].avg_rc || !r[i].grouped || fabsf(r[i].xmin - want) > 1e-5f * want ||
+		    fabsf(r[i].xmax - want) > 1e-5f * want)
+			fail_msg("peer %d, %s: mp_average %d, %s, values in [%g, %g], want the mean "
+				 "of %d, %g: %s", i, what, r[i].avg_rc, r[i].grouped ? "grouped" : "alone",
+				 (double)r[i].xmin, (double)r[i].xmax, to - from, (double)want, r[i].err);
+}
+
+/*
  * A line's leader that dies after declaring does not hold the line up. Four
  * peers on one line (grid 4, matchmaking time 3 s): peer 0 starts a round
  * first, so it leads; peers 1 and 2 follow it 0.3 s later; peer 0 is killed
@@ -561,7 +583,6 @@ static void dead_leader_does_not_hold_its_line(void **s)
 	struct kid k[4];
 	struct report r[4];
 	char key[64], boot[64];
-	float sum = 0.0f;
 
 	(void)s;
 	four_average_once(k, r, key, sizeof(key), boot, sizeof(boot), 3000, "4");
@@ -573,19 +594,7 @@ static void dead_leader_does_not_hold_its_line(void **s)
 	assert_int_equal(kill(k[0].pid, SIGKILL), 0);
 	usleep(400 * 1000);
 	write_all(k[3].down, "a", 1);
-	for (int i = 1; i < 4; i++) {
-		collect(&k[i], &r[i]);
-		sum += 10.0f * (float)(r[i].rank + 1);
-	}
-	for (int i = 1; i < 4; i++) {
-		float want = sum / 3.0f;
-
-		if (r[i].avg_rc || !r[i].grouped || fabsf(r[i].xmin - want) > 1e-4f * want ||
-		    fabsf(r[i].xmax - want) > 1e-4f * want)
-			fail_msg("peer %d with the leader killed: mp_average %d, %s, values in [%g, %g], "
-				 "want %g: %s", i, r[i].avg_rc, r[i].grouped ? "grouped" : "alone",
-				 (double)r[i].xmin, (double)r[i].xmax, (double)want, r[i].err);
-	}
+	collect_group_mean(k, r, 1, 4, "with the leader killed");
 	printf("peer 3 averaged in %.3f s, with the line's first leader dead\n", r[3].avg_s);
 	if (r[3].avg_s > 1.0)
 		fail_msg("peer 3 took %.3f s to average with the two live members of its line, "
@@ -610,7 +619,6 @@ static void behind_peer_catches_up_in_the_same_call(void **s)
 	struct kid k[4];
 	struct report r[4];
 	char key[64], boot[64];
-	float sum = 0.0f;
 
 	(void)s;
 	four_average_once(k, r, key, sizeof(key), boot, sizeof(boot), 3000, "4");
@@ -630,16 +638,7 @@ static void behind_peer_catches_up_in_the_same_call(void **s)
 	usleep(1500 * 1000);
 	for (int i = 0; i < 4; i++)
 		write_all(k[i].down, "a", 1);
-	for (int i = 0; i < 4; i++) {
-		collect(&k[i], &r[i]);
-		sum += 10.0f * (float)(r[i].rank + 1);
-	}
-	for (int i = 0; i < 4; i++)
-		if (r[i].avg_rc || !r[i].grouped || r[i].xmin != sum / 4.0f || r[i].xmax != sum / 4.0f)
-			fail_msg("peer %d, peer 3 a round behind: mp_average %d, %s, values in [%g, %g], "
-				 "want all four's mean %g: %s", i, r[i].avg_rc,
-				 r[i].grouped ? "grouped" : "alone", (double)r[i].xmin, (double)r[i].xmax,
-				 (double)(sum / 4.0f), r[i].err);
+	collect_group_mean(k, r, 0, 4, "peer 3 a round behind");
 	printf("peer 3, a round behind, averaged with the others in %.3f s\n", r[3].avg_s);
 	release(k, 4);
 }
