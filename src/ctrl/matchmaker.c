@@ -893,6 +893,12 @@ struct mm {
 	int nround;               /* live declarations under rkey, own included */
 	int nmissing;             /* members of the round not among them (missing()) */
 	uint64_t missing_id;      /* one of them, for the log */
+	/* For the log of a round that waited out its matchmaking time: the
+	 * counts as last read before our declaration expired. Read at the
+	 * end, every declaration of the round has expired with ours, and the
+	 * counts say nothing of what was waited for. */
+	int seen_ndecl, seen_nlive, seen_missing;
+	uint64_t seen_missing_id;
 	uint32_t line;            /* our line (line_of) */
 	int next;                 /* once in a group: our next coordinate */
 	uint64_t round_at;        /* when rkey was last read */
@@ -1389,6 +1395,13 @@ static void on_withdraw(struct mm *m, int peer)
  * Has every live member of the run declared for this round? Then nobody
  * else can come, and a leader need not wait for its deadline.
  */
+/* Are the round's declarations still live (ours, and so those made
+ * before it), with a margin for the DHT's own expiry? */
+static int before_expiry(const struct mm *m)
+{
+	return mp_wall_ms() + 100 < m->self.expires_ms;
+}
+
 static int everyone(struct mm *m, uint64_t now)
 {
 	struct mp_ctx *ctx = m->ctx;
@@ -1400,6 +1413,10 @@ static int everyone(struct mm *m, uint64_t now)
 		if (n >= 0) {
 			m->nround = n;
 			m->nmissing = missing(ctx, m->round, m->all, n, &m->missing_id, 0, NULL);
+			if (before_expiry(m)) {
+				m->seen_missing = m->nmissing;
+				m->seen_missing_id = m->missing_id;
+			}
 		}
 		m->round_at = now;
 	}
@@ -1483,6 +1500,10 @@ static void choose(struct mm *m)
 		 * is the dialer of a pair must start, or a JOIN could wait on it. */
 		if (idx >= 0 && idx != ctx->rank && !ctx->peers[idx].gone)
 			mp_conn_get(ctx, idx, ci, &err);
+	}
+	if (before_expiry(m)) {
+		m->seen_ndecl = n;
+		m->seen_nlive = m->nlive;
 	}
 	/* Company is a live peer: a peer cut off from the others (they took
 	 * it for gone) reads their declarations too, and must still wait for
@@ -1751,11 +1772,13 @@ static int match(struct mp_ctx *ctx, uint32_t round, struct mp_group *g, double 
 						m->key);
 				else if (m->nfol + 1 < m->target)
 					MP_INFO("round %u: starting %d of %d under %s (matchmaking time "
-						"is up; %d declared in the line, %d member(s) of the run "
-						"had not declared: %016" PRIx64 "%s)", round, m->nfol + 1,
-						m->target, m->key, m->ndecl, m->nmissing,
-						m->nmissing ? m->missing_id : 0,
-						m->nmissing > 1 ? ", ..." : "");
+						"is up; before the declarations expired %d had declared "
+						"in the line, %d of them live, and %d member(s) of the "
+						"run had not declared: %016" PRIx64 "%s)", round,
+						m->nfol + 1, m->target, m->key, m->seen_ndecl,
+						m->seen_nlive, m->seen_missing,
+						m->seen_missing ? m->seen_missing_id : 0,
+						m->seen_missing > 1 ? ", ..." : "");
 				rc = begin(m, g, bw, mode);
 				break;
 			}

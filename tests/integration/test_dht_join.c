@@ -453,6 +453,25 @@ static void late_peer_is_taken_back(void **s)
 }
 
 /*
+ * Four peers on @grid with 3 s records average once; peer 3 is stopped
+ * (SIGSTOP) for 3.5 s, so that its record has expired in the others' views,
+ * while they average (reports in r[0..2]); then it runs again.
+ */
+static void four_with_peer_3_late(struct kid k[4], struct report r[4], char *key, size_t keylen,
+				  char *boot, size_t bootlen, const char *grid)
+{
+	four_average_once(k, r, key, keylen, boot, bootlen, 3000, grid);
+	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
+	usleep(3500 * 1000);
+	for (int i = 0; i < 3; i++)
+		write_all(k[i].down, "a", 1);
+	for (int i = 0; i < 3; i++)
+		collect(&k[i], &r[i]);
+	/* Running again before any check: a failed test leaves no stopped child. */
+	assert_int_equal(kill(k[3].pid, SIGCONT), 0);
+}
+
+/*
  * A record that is only late is not a death while the connection is up.
  * Peer 3 is stopped (SIGSTOP) for 3.5 s with a 3 s TTL, refreshed every
  * 1 s: its record has expired in the others' views (at 2 to 3 s) when they
@@ -473,15 +492,7 @@ static void late_record_is_not_a_death(void **s)
 	char key[64], boot[64];
 
 	(void)s;
-	four_average_once(k, r, key, sizeof(key), boot, sizeof(boot), 3000, NULL);
-	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
-	usleep(3500 * 1000);
-	for (int i = 0; i < 3; i++)
-		write_all(k[i].down, "a", 1);
-	for (int i = 0; i < 3; i++)
-		collect(&k[i], &r[i]);
-	/* Running again before any check: a failed test leaves no stopped child. */
-	assert_int_equal(kill(k[3].pid, SIGCONT), 0);
+	four_with_peer_3_late(k, r, key, sizeof(key), boot, sizeof(boot), NULL);
 	for (int i = 0; i < 3; i++)
 		if (r[i].avg_rc || r[i].gone != 0)
 			fail_msg("peer %d with peer 3 stopped 3.5 s (TTL 3 s): mp_average %d, %d peer(s) "
@@ -621,14 +632,7 @@ static void behind_peer_catches_up_in_the_same_call(void **s)
 	char key[64], boot[64];
 
 	(void)s;
-	four_average_once(k, r, key, sizeof(key), boot, sizeof(boot), 3000, "4");
-	assert_int_equal(kill(k[3].pid, SIGSTOP), 0);
-	usleep(3500 * 1000);
-	for (int i = 0; i < 3; i++)
-		write_all(k[i].down, "a", 1);
-	for (int i = 0; i < 3; i++)
-		collect(&k[i], &r[i]);
-	assert_int_equal(kill(k[3].pid, SIGCONT), 0);
+	four_with_peer_3_late(k, r, key, sizeof(key), boot, sizeof(boot), "4");
 	for (int i = 0; i < 3; i++)
 		if (r[i].avg_rc || !r[i].grouped)
 			fail_msg("peer %d with peer 3 stopped: mp_average %d, %s: %s", i, r[i].avg_rc,
