@@ -1391,10 +1391,6 @@ static void on_withdraw(struct mm *m, int peer)
 		}
 }
 
-/*
- * Has every live member of the run declared for this round? Then nobody
- * else can come, and a leader need not wait for its deadline.
- */
 /* Are the round's declarations still live (ours, and so those made
  * before it), with a margin for the DHT's own expiry? */
 static int before_expiry(const struct mm *m)
@@ -1402,6 +1398,10 @@ static int before_expiry(const struct mm *m)
 	return mp_wall_ms() + 100 < m->self.expires_ms;
 }
 
+/*
+ * Has every live member of the run declared for this round? Then nobody
+ * else can come, and a leader need not wait for its deadline.
+ */
 static int everyone(struct mm *m, uint64_t now)
 {
 	struct mp_ctx *ctx = m->ctx;
