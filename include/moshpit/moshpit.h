@@ -280,7 +280,9 @@ struct mp_result {
 	uint64_t values_sent;    /**< fp32 values carried by the frames this peer sent: the
 	                              compression ratio on the wire is
 	                              4 * values_sent / bytes_sent (headers included) */
-	int rounds_alone;        /**< rounds in which no group formed (values kept as they were) */
+	int rounds_alone;        /**< rounds in which no group formed (values kept as they were),
+	                              including those a dht peer sat out to catch up with a run
+	                              that was ahead (at most 2 more than MP_ROUNDS a call) */
 	int group_size;          /**< members of the last round's group (this peer included) */
 };
 
